@@ -1,0 +1,362 @@
+//! An opened RDMA device (`ibv_open_device`) and what it can tell about
+//! itself: device attributes, ports and GID tables.
+
+use std::ffi::CStr;
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use ibverbs_sys as sys;
+
+use crate::device::{DeviceList, Guid};
+use crate::error::{check, Error, Result};
+use crate::gid::{choose_gid, Gid, GidChoice, GidEntry, GidType};
+
+/// Path MTU, as negotiated between the two ends of a queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub enum Mtu {
+    /// 256 bytes.
+    Mtu256,
+    /// 512 bytes.
+    Mtu512,
+    /// 1024 bytes.
+    Mtu1024,
+    /// 2048 bytes.
+    Mtu2048,
+    /// 4096 bytes.
+    Mtu4096,
+}
+
+impl Mtu {
+    /// From `enum ibv_mtu` (1 = 256 ... 5 = 4096).
+    pub fn from_raw(v: u32) -> Option<Mtu> {
+        Some(match v {
+            sys::IBV_MTU_256 => Mtu::Mtu256,
+            sys::IBV_MTU_512 => Mtu::Mtu512,
+            sys::IBV_MTU_1024 => Mtu::Mtu1024,
+            sys::IBV_MTU_2048 => Mtu::Mtu2048,
+            sys::IBV_MTU_4096 => Mtu::Mtu4096,
+            _ => return None,
+        })
+    }
+
+    /// As `enum ibv_mtu`.
+    pub fn to_raw(self) -> u32 {
+        match self {
+            Mtu::Mtu256 => sys::IBV_MTU_256,
+            Mtu::Mtu512 => sys::IBV_MTU_512,
+            Mtu::Mtu1024 => sys::IBV_MTU_1024,
+            Mtu::Mtu2048 => sys::IBV_MTU_2048,
+            Mtu::Mtu4096 => sys::IBV_MTU_4096,
+        }
+    }
+
+    /// The MTU in bytes.
+    pub fn bytes(self) -> u32 {
+        128 << self.to_raw()
+    }
+}
+
+impl fmt::Display for Mtu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.bytes())
+    }
+}
+
+/// What the port's link runs: InfiniBand or Ethernet (RoCE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LinkLayer {
+    /// InfiniBand: addressed by LID.
+    InfiniBand,
+    /// Ethernet (RoCE): addressed by GID only.
+    Ethernet,
+    /// Unspecified (reported by some older providers; treated as InfiniBand).
+    Unspecified,
+}
+
+/// Logical port state (`enum ibv_port_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PortState {
+    /// Link down.
+    Down,
+    /// Link up, waiting for the subnet manager (InfiniBand).
+    Init,
+    /// Armed.
+    Armed,
+    /// Ready to carry traffic.
+    Active,
+    /// Other (`NOP`, `ACTIVE_DEFER`, or unknown).
+    Other(u32),
+}
+
+/// Attributes of one port (`ibv_query_port`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortAttr {
+    /// Port number, from 1.
+    pub port: u8,
+    /// Logical state.
+    pub state: PortState,
+    /// Largest MTU the port supports.
+    pub max_mtu: Option<Mtu>,
+    /// MTU currently in force (on RoCE, derived from the netdev's MTU).
+    pub active_mtu: Option<Mtu>,
+    /// Local identifier (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// InfiniBand or Ethernet.
+    pub link_layer: LinkLayer,
+    /// Size of the GID table.
+    pub gid_table_len: u32,
+}
+
+/// The device attributes the library uses (`ibv_query_device`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Firmware version string.
+    pub fw_ver: String,
+    /// Node GUID.
+    pub node_guid: Guid,
+    /// Vendor id (PCI vendor for hardware NICs).
+    pub vendor_id: u32,
+    /// Vendor part id.
+    pub vendor_part_id: u32,
+    /// Number of physical ports.
+    pub phys_port_cnt: u8,
+    /// Most work requests on one queue.
+    pub max_qp_wr: u32,
+    /// Most entries in one completion queue.
+    pub max_cqe: u32,
+    /// Most scatter/gather entries per work request.
+    pub max_sge: u32,
+    /// Largest memory region, in bytes.
+    pub max_mr_size: u64,
+    /// Most outstanding RDMA reads/atomics a queue pair can initiate.
+    pub max_qp_init_rd_atom: u32,
+    /// Most outstanding RDMA reads/atomics a queue pair can answer.
+    pub max_qp_rd_atom: u32,
+}
+
+pub(crate) struct ContextInner {
+    ctx: NonNull<sys::ibv_context>,
+    name: String,
+    attr: DeviceAttr,
+}
+
+// SAFETY: libibverbs contexts may be used from any thread; all verbs on
+// them are thread-safe (rdma-core's libibverbs/man/ibv_open_device.3 and
+// its threading notes). The struct has no interior Rust state besides
+// immutable fields.
+unsafe impl Send for ContextInner {}
+// SAFETY: as above.
+unsafe impl Sync for ContextInner {}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        // SAFETY: every child (PD, CQ, QP, MR) holds an Arc to this context,
+        // so none remain; the pointer came from ibv_open_device.
+        let ret = unsafe { sys::ibv_close_device(self.ctx.as_ptr()) };
+        if ret != 0 {
+            tracing::warn!(device = %self.name, "ibv_close_device failed: {}", Error::returned("ibv_close_device", ret));
+        }
+    }
+}
+
+/// An opened RDMA device. Cheap to clone; every object created from it
+/// keeps it open.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context").field("device", &self.inner.name).field("guid", &self.inner.attr.node_guid).finish()
+    }
+}
+
+impl Context {
+    /// Opens the device named `name` (e.g. `"mlx5_0"`, `"rxe0"`), or the
+    /// first device when `name` is `None`.
+    ///
+    /// # Errors
+    /// [`Error::NoRdmaSubsystem`], [`Error::NoDevices`],
+    /// [`Error::DeviceNotFound`] (listing the devices present), or
+    /// [`Error::Verb`] from `ibv_open_device` / `ibv_query_device`.
+    pub fn open(name: Option<&str>) -> Result<Context> {
+        let list = DeviceList::get()?;
+        let mut found = None;
+        let mut names = Vec::new();
+        for (dev, info) in list.iter() {
+            if found.is_none() && name.map_or(true, |n| n == info.name) {
+                found = Some((dev, info.name.clone()));
+            }
+            names.push(info.name);
+        }
+        let Some((dev, name)) = found else {
+            return Err(match name {
+                _ if names.is_empty() => Error::NoDevices,
+                Some(n) => Error::DeviceNotFound { name: n.into(), available: names },
+                None => Error::NoDevices,
+            });
+        };
+        // SAFETY: `dev` is valid while `list` lives; the context outlives
+        // the list by contract of ibv_open_device(3).
+        let ctx = unsafe { sys::ibv_open_device(dev) };
+        let ctx = NonNull::new(ctx).ok_or_else(|| Error::last("ibv_open_device"))?;
+        drop(list);
+        let attr = match query_device(ctx) {
+            Ok(a) => a,
+            Err(e) => {
+                // SAFETY: just opened, nothing else refers to it.
+                unsafe { sys::ibv_close_device(ctx.as_ptr()) };
+                return Err(e);
+            }
+        };
+        tracing::debug!(device = %name, fw = %attr.fw_ver, "opened RDMA device");
+        Ok(Context { inner: Arc::new(ContextInner { ctx, name, attr }) })
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Device attributes, queried when the device was opened.
+    pub fn attr(&self) -> &DeviceAttr {
+        &self.inner.attr
+    }
+
+    /// Queries a port (numbered from 1).
+    ///
+    /// # Errors
+    /// [`Error::InvalidPort`] for a port the device lacks, or
+    /// [`Error::Verb`] from `ibv_query_port`.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        self.check_port(port)?;
+        let mut attr = MaybeUninit::<sys::ibv_port_attr>::zeroed();
+        // SAFETY: valid context, valid out-pointer of the right type. The
+        // inline `___ibv_query_port` is what the `ibv_query_port` macro
+        // expands to: it zeroes and fills the extended fields.
+        check("ibv_query_port", unsafe {
+            sys::___ibv_query_port(self.as_ptr(), port, attr.as_mut_ptr())
+        })?;
+        // SAFETY: initialised by the successful call (and zeroed before).
+        let a = unsafe { attr.assume_init() };
+        Ok(PortAttr {
+            port,
+            state: match a.state {
+                sys::IBV_PORT_DOWN => PortState::Down,
+                sys::IBV_PORT_INIT => PortState::Init,
+                sys::IBV_PORT_ARMED => PortState::Armed,
+                sys::IBV_PORT_ACTIVE => PortState::Active,
+                s => PortState::Other(s),
+            },
+            max_mtu: Mtu::from_raw(a.max_mtu),
+            active_mtu: Mtu::from_raw(a.active_mtu),
+            lid: a.lid,
+            link_layer: match u32::from(a.link_layer) {
+                sys::IBV_LINK_LAYER_ETHERNET => LinkLayer::Ethernet,
+                sys::IBV_LINK_LAYER_INFINIBAND => LinkLayer::InfiniBand,
+                _ => LinkLayer::Unspecified,
+            },
+            gid_table_len: a.gid_tbl_len.max(0) as u32,
+        })
+    }
+
+    /// The valid entries of a port's GID table, with their types and
+    /// network interfaces (`ibv_query_gid_table`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidPort`], or [`Error::Verb`] from `ibv_query_gid_table`.
+    pub fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
+        let len = self.query_port(port)?.gid_table_len as usize * usize::from(self.inner.attr.phys_port_cnt);
+        let mut raw = vec![sys::ibv_gid_entry::default(); len.max(1)];
+        // SAFETY: `raw` has room for `raw.len()` entries; the inline passes
+        // the entry size so the library writes no more than that.
+        let n = unsafe { sys::ibv_query_gid_table(self.as_ptr(), raw.as_mut_ptr(), raw.len(), 0) };
+        if n < 0 {
+            return Err(Error::returned("ibv_query_gid_table", n as i32));
+        }
+        raw.truncate(n as usize);
+        Ok(raw
+            .into_iter()
+            .filter(|e| e.port_num == u32::from(port))
+            .map(|e| GidEntry {
+                index: e.gid_index,
+                // SAFETY: `raw` is the byte view of the GID union; every
+                // bit pattern is valid.
+                gid: Gid(unsafe { e.gid.raw }),
+                gid_type: GidType::from_raw(e.gid_type),
+                netdev: ifname(e.ndev_ifindex),
+            })
+            .collect())
+    }
+
+    /// Chooses the GID a queue pair on `port` uses: `index` when given,
+    /// otherwise by the rules of [`choose_gid`]. The choice is logged at
+    /// `info` level.
+    ///
+    /// # Errors
+    /// [`Error::Gid`] when no entry fits, plus the errors of
+    /// [`query_port`](Self::query_port) and [`gid_table`](Self::gid_table).
+    pub fn choose_gid(&self, port: u8, index: Option<u32>) -> Result<GidChoice> {
+        let attr = self.query_port(port)?;
+        let table = self.gid_table(port)?;
+        let choice = choose_gid(self.name(), port, attr.link_layer, &table, index)?;
+        tracing::info!(device = %self.name(), port, gid = %choice, "using GID");
+        Ok(choice)
+    }
+
+    fn check_port(&self, port: u8) -> Result<()> {
+        let ports = self.inner.attr.phys_port_cnt;
+        if port == 0 || port > ports {
+            return Err(Error::InvalidPort { device: self.name().into(), port, ports });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_context {
+        self.inner.ctx.as_ptr()
+    }
+}
+
+fn query_device(ctx: NonNull<sys::ibv_context>) -> Result<DeviceAttr> {
+    let mut a = MaybeUninit::<sys::ibv_device_attr>::zeroed();
+    // SAFETY: valid context and out-pointer.
+    check("ibv_query_device", unsafe { sys::ibv_query_device(ctx.as_ptr(), a.as_mut_ptr()) })?;
+    // SAFETY: filled by the successful call.
+    let a = unsafe { a.assume_init() };
+    // SAFETY: fw_ver is a NUL-terminated C string within its 64 bytes (zeroed first).
+    let fw = unsafe { CStr::from_ptr(a.fw_ver.as_ptr()) };
+    let u = |v: i32| v.max(0) as u32;
+    Ok(DeviceAttr {
+        fw_ver: fw.to_string_lossy().into_owned(),
+        node_guid: Guid(u64::from_be(a.node_guid)),
+        vendor_id: a.vendor_id,
+        vendor_part_id: a.vendor_part_id,
+        phys_port_cnt: a.phys_port_cnt,
+        max_qp_wr: u(a.max_qp_wr),
+        max_cqe: u(a.max_cqe),
+        max_sge: u(a.max_sge),
+        max_mr_size: a.max_mr_size,
+        max_qp_init_rd_atom: u(a.max_qp_init_rd_atom),
+        max_qp_rd_atom: u(a.max_qp_rd_atom),
+    })
+}
+
+fn ifname(index: u32) -> Option<String> {
+    if index == 0 {
+        return None;
+    }
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `buf` has IF_NAMESIZE bytes as if_indextoname(3) requires.
+    let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: on success `buf` holds a NUL-terminated name.
+    Some(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+}

@@ -1,0 +1,531 @@
+//! Completion queues (`ibv_create_cq`, `ibv_poll_cq`) and the work
+//! completions they report.
+//!
+//! A completion is also the moment the library lets go of the memory the
+//! work request used: reaping it through [`CompletionQueue::poll`] or
+//! [`CompletionQueue::wait`] releases the request's hold on its memory
+//! region (and, for the send queue, that of the unsignaled requests posted
+//! before it).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ibverbs_sys as sys;
+
+use crate::context::Context;
+use crate::error::{check, Error, Errno, Result};
+use crate::qp::Tracker;
+
+/// The status of a work completion (`enum ibv_wc_status`), named as in the
+/// verbs man page without the `IBV_WC_` prefix and `_ERR` suffix spelled out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WcStatus {
+    /// `IBV_WC_SUCCESS`.
+    Success,
+    /// `IBV_WC_LOC_LEN_ERR`.
+    LocalLengthError,
+    /// `IBV_WC_LOC_QP_OP_ERR`.
+    LocalQpOperationError,
+    /// `IBV_WC_LOC_EEC_OP_ERR`.
+    LocalEecOperationError,
+    /// `IBV_WC_LOC_PROT_ERR`.
+    LocalProtectionError,
+    /// `IBV_WC_WR_FLUSH_ERR`.
+    WrFlushError,
+    /// `IBV_WC_MW_BIND_ERR`.
+    MwBindError,
+    /// `IBV_WC_BAD_RESP_ERR`.
+    BadResponseError,
+    /// `IBV_WC_LOC_ACCESS_ERR`.
+    LocalAccessError,
+    /// `IBV_WC_REM_INV_REQ_ERR`.
+    RemoteInvalidRequestError,
+    /// `IBV_WC_REM_ACCESS_ERR`.
+    RemoteAccessError,
+    /// `IBV_WC_REM_OP_ERR`.
+    RemoteOperationError,
+    /// `IBV_WC_RETRY_EXC_ERR`.
+    RetryExceeded,
+    /// `IBV_WC_RNR_RETRY_EXC_ERR`.
+    RnrRetryExceeded,
+    /// `IBV_WC_LOC_RDD_VIOL_ERR`.
+    LocalRddViolationError,
+    /// `IBV_WC_REM_INV_RD_REQ_ERR`.
+    RemoteInvalidRdRequestError,
+    /// `IBV_WC_REM_ABORT_ERR`.
+    RemoteAbortError,
+    /// `IBV_WC_INV_EECN_ERR`.
+    InvalidEecnError,
+    /// `IBV_WC_INV_EEC_STATE_ERR`.
+    InvalidEecStateError,
+    /// `IBV_WC_FATAL_ERR`.
+    FatalError,
+    /// `IBV_WC_RESP_TIMEOUT_ERR`.
+    ResponseTimeoutError,
+    /// `IBV_WC_GENERAL_ERR`.
+    GeneralError,
+    /// A status this library does not know.
+    Other(u32),
+}
+
+impl WcStatus {
+    /// From `enum ibv_wc_status`.
+    pub fn from_raw(s: u32) -> WcStatus {
+        use WcStatus::*;
+        match s {
+            sys::IBV_WC_SUCCESS => Success,
+            sys::IBV_WC_LOC_LEN_ERR => LocalLengthError,
+            sys::IBV_WC_LOC_QP_OP_ERR => LocalQpOperationError,
+            sys::IBV_WC_LOC_EEC_OP_ERR => LocalEecOperationError,
+            sys::IBV_WC_LOC_PROT_ERR => LocalProtectionError,
+            sys::IBV_WC_WR_FLUSH_ERR => WrFlushError,
+            sys::IBV_WC_MW_BIND_ERR => MwBindError,
+            sys::IBV_WC_BAD_RESP_ERR => BadResponseError,
+            sys::IBV_WC_LOC_ACCESS_ERR => LocalAccessError,
+            sys::IBV_WC_REM_INV_REQ_ERR => RemoteInvalidRequestError,
+            sys::IBV_WC_REM_ACCESS_ERR => RemoteAccessError,
+            sys::IBV_WC_REM_OP_ERR => RemoteOperationError,
+            sys::IBV_WC_RETRY_EXC_ERR => RetryExceeded,
+            sys::IBV_WC_RNR_RETRY_EXC_ERR => RnrRetryExceeded,
+            sys::IBV_WC_LOC_RDD_VIOL_ERR => LocalRddViolationError,
+            sys::IBV_WC_REM_INV_RD_REQ_ERR => RemoteInvalidRdRequestError,
+            sys::IBV_WC_REM_ABORT_ERR => RemoteAbortError,
+            sys::IBV_WC_INV_EECN_ERR => InvalidEecnError,
+            sys::IBV_WC_INV_EEC_STATE_ERR => InvalidEecStateError,
+            sys::IBV_WC_FATAL_ERR => FatalError,
+            sys::IBV_WC_RESP_TIMEOUT_ERR => ResponseTimeoutError,
+            sys::IBV_WC_GENERAL_ERR => GeneralError,
+            other => Other(other),
+        }
+    }
+
+    /// The C name, as `ibv_wc_status_str` and the man pages spell it.
+    pub fn verbs_name(self) -> &'static str {
+        use WcStatus::*;
+        match self {
+            Success => "IBV_WC_SUCCESS",
+            LocalLengthError => "IBV_WC_LOC_LEN_ERR",
+            LocalQpOperationError => "IBV_WC_LOC_QP_OP_ERR",
+            LocalEecOperationError => "IBV_WC_LOC_EEC_OP_ERR",
+            LocalProtectionError => "IBV_WC_LOC_PROT_ERR",
+            WrFlushError => "IBV_WC_WR_FLUSH_ERR",
+            MwBindError => "IBV_WC_MW_BIND_ERR",
+            BadResponseError => "IBV_WC_BAD_RESP_ERR",
+            LocalAccessError => "IBV_WC_LOC_ACCESS_ERR",
+            RemoteInvalidRequestError => "IBV_WC_REM_INV_REQ_ERR",
+            RemoteAccessError => "IBV_WC_REM_ACCESS_ERR",
+            RemoteOperationError => "IBV_WC_REM_OP_ERR",
+            RetryExceeded => "IBV_WC_RETRY_EXC_ERR",
+            RnrRetryExceeded => "IBV_WC_RNR_RETRY_EXC_ERR",
+            LocalRddViolationError => "IBV_WC_LOC_RDD_VIOL_ERR",
+            RemoteInvalidRdRequestError => "IBV_WC_REM_INV_RD_REQ_ERR",
+            RemoteAbortError => "IBV_WC_REM_ABORT_ERR",
+            InvalidEecnError => "IBV_WC_INV_EECN_ERR",
+            InvalidEecStateError => "IBV_WC_INV_EEC_STATE_ERR",
+            FatalError => "IBV_WC_FATAL_ERR",
+            ResponseTimeoutError => "IBV_WC_RESP_TIMEOUT_ERR",
+            GeneralError => "IBV_WC_GENERAL_ERR",
+            Other(_) => "unknown status",
+        }
+    }
+
+    /// One line on what usually causes this status and what to check.
+    pub fn hint(self) -> &'static str {
+        use WcStatus::*;
+        match self {
+            Success => "completed successfully",
+            LocalLengthError => "the message is longer than the receive buffer posted for it",
+            LocalQpOperationError => "the work request was malformed for this queue pair (e.g. too many SGEs, inline too long)",
+            LocalProtectionError => "the local buffer is not inside a region of this protection domain, or the lkey is wrong; with GPU memory, PCIe ACS or the IOMMU may be blocking peer-to-peer DMA",
+            WrFlushError => "flushed: the queue pair was already in the error state because of an earlier failed request",
+            LocalAccessError => "the local region lacks LOCAL_WRITE for an operation that writes it",
+            RemoteInvalidRequestError => "the peer rejected the request: the operation is not enabled on its queue pair, or the message exceeds its limits",
+            RemoteAccessError => "the peer refused access: wrong rkey, an address outside its region, or the region lacks REMOTE_WRITE/REMOTE_READ (or was deregistered)",
+            RemoteOperationError => "the peer could not complete the operation (e.g. its receive queue is broken)",
+            RetryExceeded => "the peer did not acknowledge within timeout x retry count: it is gone, unreachable (check GID index, MTU, routing), or its queue pair is not connected",
+            RnrRetryExceeded => "the peer had no receive posted each time a send arrived (receiver not ready): post receives before the sender sends",
+            BadResponseError => "the peer answered with an unexpected transport opcode",
+            RemoteInvalidRdRequestError => "the peer refused the RDMA read or atomic: too many outstanding reads for its max_dest_rd_atomic",
+            RemoteAbortError => "the peer aborted the operation",
+            FatalError => "the device reported a fatal error",
+            ResponseTimeoutError => "the peer's response timed out",
+            GeneralError => "the device reported a general error",
+            MwBindError | LocalEecOperationError | LocalRddViolationError | InvalidEecnError | InvalidEecStateError => "an error of a feature this library does not use",
+            Other(_) => "a status this version of the library does not know; see ibv_wc_status_str",
+        }
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WcStatus::Other(s) => write!(f, "status {s}"),
+            s => write!(f, "{} ({s:?})", s.verbs_name()),
+        }
+    }
+}
+
+/// The operation a work completion reports (`enum ibv_wc_opcode`).
+///
+/// For failed completions the verbs leave the opcode undefined; the library
+/// reports the operation that was posted instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WcOpcode {
+    /// A send (or send with immediate) finished.
+    Send,
+    /// An RDMA write (or write with immediate) finished.
+    RdmaWrite,
+    /// An RDMA read finished.
+    RdmaRead,
+    /// A receive took an incoming send.
+    Recv,
+    /// A receive was consumed by an incoming RDMA write with immediate.
+    RecvRdmaWithImm,
+    /// Another opcode.
+    Other(u32),
+}
+
+impl WcOpcode {
+    fn from_raw(op: u32) -> WcOpcode {
+        match op {
+            sys::IBV_WC_SEND => WcOpcode::Send,
+            sys::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
+            sys::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
+            sys::IBV_WC_RECV => WcOpcode::Recv,
+            sys::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
+            other => WcOpcode::Other(other),
+        }
+    }
+}
+
+/// A work completion (`struct ibv_wc`), translated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The id given to the work request.
+    pub wr_id: u64,
+    /// Success or why not.
+    pub status: WcStatus,
+    /// What completed.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives) or transferred (RDMA reads).
+    pub byte_len: u32,
+    /// Immediate data of a send or write with immediate, in host order.
+    pub imm: Option<u32>,
+    /// The local queue pair.
+    pub qp_num: u32,
+    /// Provider-specific error detail.
+    pub vendor_err: u32,
+}
+
+impl Default for WorkCompletion {
+    fn default() -> Self {
+        WorkCompletion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+            qp_num: 0,
+            vendor_err: 0,
+        }
+    }
+}
+
+impl WorkCompletion {
+    /// `Ok(self)` on success, otherwise the failure as a [`WcError`].
+    ///
+    /// # Errors
+    /// [`WcError`] naming the status and its likely cause.
+    pub fn ok(self) -> Result<WorkCompletion, WcError> {
+        if self.status == WcStatus::Success {
+            Ok(self)
+        } else {
+            Err(WcError { status: self.status, opcode: self.opcode, wr_id: self.wr_id, qp_num: self.qp_num, vendor_err: self.vendor_err })
+        }
+    }
+}
+
+/// A work request that completed with an error status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("work request {wr_id} ({opcode:?}) on QP {qp_num:#x} failed: {status}: {}; vendor error {vendor_err:#x}", status.hint())]
+pub struct WcError {
+    /// The status, by name.
+    pub status: WcStatus,
+    /// The operation that was posted.
+    pub opcode: WcOpcode,
+    /// The work request's id.
+    pub wr_id: u64,
+    /// The local queue pair.
+    pub qp_num: u32,
+    /// Provider-specific detail.
+    pub vendor_err: u32,
+}
+
+struct Channel(NonNull<sys::ibv_comp_channel>);
+
+pub(crate) struct CqInner {
+    cq: NonNull<sys::ibv_cq>,
+    channel: Channel,
+    depth: u32,
+    /// Queue pairs using this CQ, by number: how a completion finds the
+    /// work request (and memory) it releases.
+    trackers: Mutex<HashMap<u32, Arc<Tracker>>>,
+    /// Serialises arming and consuming completion events.
+    waiter: Mutex<()>,
+    ctx: Context,
+}
+
+// SAFETY: CQ and channel are kernel/provider objects whose verbs are
+// thread-safe; Rust-side state is behind mutexes.
+unsafe impl Send for CqInner {}
+// SAFETY: as above.
+unsafe impl Sync for CqInner {}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        // SAFETY: every QP using this CQ holds an Arc to it, so none remain;
+        // every event taken from the channel was acknowledged in `wait`.
+        unsafe {
+            let ret = sys::ibv_destroy_cq(self.cq.as_ptr());
+            if ret != 0 {
+                tracing::warn!("{}", Error::returned("ibv_destroy_cq", ret));
+            }
+            let ret = sys::ibv_destroy_comp_channel(self.channel.0.as_ptr());
+            if ret != 0 {
+                tracing::warn!("{}", Error::returned("ibv_destroy_comp_channel", ret));
+            }
+        }
+    }
+}
+
+/// A completion queue with its own completion channel, so it can be
+/// busy-polled ([`poll`](Self::poll)) or waited on ([`wait`](Self::wait)).
+/// Cheap to clone; queue pairs using it keep it alive.
+#[derive(Clone)]
+pub struct CompletionQueue {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompletionQueue").field("device", &self.inner.ctx.name()).field("depth", &self.inner.depth).finish()
+    }
+}
+
+/// How many completions one `ibv_poll_cq` call asks for.
+const POLL_BATCH: usize = 32;
+
+impl CompletionQueue {
+    /// Creates a completion queue of at least `depth` entries.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a depth of 0 or above the device's
+    /// `max_cqe`; [`Error::Verb`] from `ibv_create_comp_channel` or
+    /// `ibv_create_cq`.
+    pub fn new(ctx: &Context, depth: u32) -> Result<CompletionQueue> {
+        let max = ctx.attr().max_cqe;
+        if depth == 0 || depth > max {
+            return Err(Error::InvalidArgument(format!("completion queue depth {depth} is outside 1..={max} for {}", ctx.name())));
+        }
+        // SAFETY: valid context.
+        let ch = unsafe { sys::ibv_create_comp_channel(ctx.as_ptr()) };
+        let ch = Channel(NonNull::new(ch).ok_or_else(|| Error::last("ibv_create_comp_channel"))?);
+        // Non-blocking, so `wait` can bound its wait with poll(2).
+        // SAFETY: `fd` is the channel's open descriptor.
+        unsafe {
+            let fd = (*ch.0.as_ptr()).fd;
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+        // SAFETY: valid context and channel; no cq_context is used.
+        let cq = unsafe { sys::ibv_create_cq(ctx.as_ptr(), depth as i32, std::ptr::null_mut(), ch.0.as_ptr(), 0) };
+        let Some(cq) = NonNull::new(cq) else {
+            let e = Error::last("ibv_create_cq");
+            // SAFETY: the channel has no CQ attached.
+            unsafe { sys::ibv_destroy_comp_channel(ch.0.as_ptr()) };
+            return Err(e);
+        };
+        Ok(CompletionQueue {
+            inner: Arc::new(CqInner {
+                cq,
+                channel: ch,
+                depth,
+                trackers: Mutex::new(HashMap::new()),
+                waiter: Mutex::new(()),
+                ctx: ctx.clone(),
+            }),
+        })
+    }
+
+    /// The device context the queue belongs to.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// The number of entries requested at creation.
+    pub fn depth(&self) -> u32 {
+        self.inner.depth
+    }
+
+    /// Polls without blocking; fills `out` from the front and returns how
+    /// many completions were written (0 when none is ready). Failed work
+    /// requests are reported as completions with a non-success
+    /// [`WcStatus`]; use [`WorkCompletion::ok`] to turn them into errors.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] when `ibv_poll_cq` itself fails.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        let mut written = 0;
+        while written < out.len() {
+            let want = (out.len() - written).min(POLL_BATCH);
+            let mut wcs = [MaybeUninit::<sys::ibv_wc>::uninit(); POLL_BATCH];
+            // SAFETY: valid CQ; `wcs` has room for `want` entries.
+            let n = unsafe { sys::ibv_poll_cq(self.inner.cq.as_ptr(), want as i32, wcs.as_mut_ptr().cast()) };
+            if n < 0 {
+                return Err(Error::Verb { verb: "ibv_poll_cq", errno: Errno(-n) });
+            }
+            let n = n as usize;
+            if n == 0 {
+                break;
+            }
+            let trackers = self.inner.trackers.lock().unwrap_or_else(|p| p.into_inner());
+            for wc in &wcs[..n] {
+                // SAFETY: ibv_poll_cq initialised the first `n` entries.
+                let wc = unsafe { wc.assume_init_ref() };
+                if let Some(c) = translate(wc, &trackers) {
+                    out[written] = c;
+                    written += 1;
+                }
+            }
+            if n < want {
+                break;
+            }
+        }
+        Ok(written)
+    }
+
+    /// Waits until at least one completion is available, sleeping on the
+    /// completion channel instead of spinning, then behaves as
+    /// [`poll`](Self::poll). `None` waits without limit.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when `timeout` passes with no completion;
+    /// [`Error::Verb`] from `ibv_req_notify_cq`, `ibv_get_cq_event` or poll(2).
+    pub fn wait(&self, out: &mut [WorkCompletion], timeout: Option<Duration>) -> Result<usize> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let _w = self.inner.waiter.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let n = self.poll(out)?;
+            if n > 0 || out.is_empty() {
+                return Ok(n);
+            }
+            // SAFETY: valid CQ. Arm, then poll again: a completion that
+            // arrived before arming raises no event.
+            check("ibv_req_notify_cq", unsafe { sys::ibv_req_notify_cq(self.inner.cq.as_ptr(), 0) })?;
+            let n = self.poll(out)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            let ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Error::Timeout(timeout.unwrap_or_default()));
+                    }
+                    left.as_millis().clamp(1, i32::MAX as u128) as i32
+                }
+            };
+            // SAFETY: the channel's fd is open for the CQ's lifetime.
+            let fd = unsafe { (*self.inner.channel.0.as_ptr()).fd };
+            let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if r < 0 {
+                let errno = Errno::last();
+                if errno.0 == libc::EINTR {
+                    continue;
+                }
+                return Err(Error::Verb { verb: "poll", errno });
+            }
+            if r == 0 {
+                continue; // the deadline check above reports the timeout
+            }
+            let mut cq = std::ptr::null_mut();
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: valid channel and out-pointers; non-blocking fd.
+            let got = unsafe { sys::ibv_get_cq_event(self.inner.channel.0.as_ptr(), &mut cq, &mut ctx) };
+            if got == 0 {
+                // SAFETY: one event was taken for `cq` (ours: one CQ per channel).
+                unsafe { sys::ibv_ack_cq_events(cq, 1) };
+            } else if Errno::last().0 != libc::EAGAIN {
+                return Err(Error::last("ibv_get_cq_event"));
+            }
+        }
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_cq {
+        self.inner.cq.as_ptr()
+    }
+
+    pub(crate) fn register(&self, qpn: u32, t: Arc<Tracker>) {
+        self.inner.trackers.lock().unwrap_or_else(|p| p.into_inner()).insert(qpn, t);
+    }
+
+    pub(crate) fn unregister(&self, qpn: u32) {
+        self.inner.trackers.lock().unwrap_or_else(|p| p.into_inner()).remove(&qpn);
+    }
+}
+
+/// Matches a raw completion to its posted work request, releasing what the
+/// request held. `None` for completions of queue pairs already destroyed.
+fn translate(wc: &sys::ibv_wc, trackers: &HashMap<u32, Arc<Tracker>>) -> Option<WorkCompletion> {
+    let tracker = trackers.get(&wc.qp_num)?;
+    let (wr_id, posted) = tracker.complete(wc.wr_id)?;
+    let status = WcStatus::from_raw(wc.status);
+    let ok = status == WcStatus::Success;
+    let has_imm = ok && wc.wc_flags & sys::IBV_WC_WITH_IMM != 0;
+    Some(WorkCompletion {
+        wr_id,
+        status,
+        opcode: if ok { WcOpcode::from_raw(wc.opcode) } else { posted },
+        byte_len: wc.byte_len,
+        // SAFETY: imm_data is the active member when IBV_WC_WITH_IMM is set.
+        imm: has_imm.then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })),
+        qp_num: wc.qp_num,
+        vendor_err: wc.vendor_err,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_round_trip_with_names_and_hints() {
+        for raw in 0..=21 {
+            let s = WcStatus::from_raw(raw);
+            assert!(!matches!(s, WcStatus::Other(_)), "status {raw} unmapped");
+            assert!(s.verbs_name().starts_with("IBV_WC_"));
+            assert!(!s.hint().is_empty());
+        }
+        assert_eq!(WcStatus::from_raw(999), WcStatus::Other(999));
+    }
+
+    #[test]
+    fn error_completion_names_status_and_hint() {
+        let wc = WorkCompletion { wr_id: 9, status: WcStatus::RemoteAccessError, opcode: WcOpcode::RdmaWrite, qp_num: 0x11, ..Default::default() };
+        let e = wc.ok().unwrap_err();
+        let s = e.to_string();
+        assert!(s.starts_with("work request 9 (RdmaWrite) on QP 0x11 failed: IBV_WC_REM_ACCESS_ERR (RemoteAccessError): the peer refused access: wrong rkey"), "{s}");
+        let e = Error::from(e);
+        assert!(matches!(e, Error::WorkCompletion(WcError { status: WcStatus::RemoteAccessError, .. })));
+        assert_eq!(WcStatus::RetryExceeded.to_string(), "IBV_WC_RETRY_EXC_ERR (RetryExceeded)");
+    }
+}

@@ -1,0 +1,285 @@
+//! Errors: which verb failed and why, in the words of the verbs man pages.
+
+use std::fmt;
+
+use crate::cq::WcError;
+use crate::bootstrap::BootstrapError;
+
+/// Shorthand for results whose error is [`enum@Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An operating-system error number as returned by a verb (`errno`).
+///
+/// Displays as its symbolic name and its meaning, e.g.
+/// `EOPNOTSUPP (Operation not supported)`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Errno(pub i32);
+
+impl Errno {
+    /// The calling thread's current `errno`.
+    pub fn last() -> Errno {
+        Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+
+    /// The symbolic name (`"ENOMEM"`), when it is one verbs are known to return.
+    pub fn name(self) -> Option<&'static str> {
+        Some(match self.0 {
+            libc::EPERM => "EPERM",
+            libc::ENOENT => "ENOENT",
+            libc::EINTR => "EINTR",
+            libc::EIO => "EIO",
+            libc::EBADF => "EBADF",
+            libc::EAGAIN => "EAGAIN",
+            libc::ENOMEM => "ENOMEM",
+            libc::EACCES => "EACCES",
+            libc::EFAULT => "EFAULT",
+            libc::EBUSY => "EBUSY",
+            libc::EEXIST => "EEXIST",
+            libc::ENODEV => "ENODEV",
+            libc::EINVAL => "EINVAL",
+            libc::ENOSPC => "ENOSPC",
+            libc::ENOSYS => "ENOSYS",
+            libc::EPROTONOSUPPORT => "EPROTONOSUPPORT",
+            libc::EOPNOTSUPP => "EOPNOTSUPP",
+            libc::ETIMEDOUT => "ETIMEDOUT",
+            libc::ECONNREFUSED => "ECONNREFUSED",
+            _ => return None,
+        })
+    }
+
+    /// The C library's description (`strerror`).
+    pub fn description(self) -> String {
+        let s = std::io::Error::from_raw_os_error(self.0).to_string();
+        // std appends " (os error N)"; the name already says which.
+        match s.rfind(" (os error") {
+            Some(i) => s[..i].to_owned(),
+            None => s,
+        }
+    }
+}
+
+impl fmt::Display for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(n) => write!(f, "{n} ({})", self.description()),
+            None => write!(f, "errno {} ({})", self.0, self.description()),
+        }
+    }
+}
+
+impl fmt::Debug for Errno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// What a failed verb usually means, for the errnos whose cause is
+/// well known. `None` when there is nothing more useful to say.
+fn verb_hint(verb: &str, errno: Errno) -> Option<&'static str> {
+    Some(match (verb, errno.0) {
+        (v, libc::ENOMEM) if v.contains("reg_mr") => {
+            "the locked-memory limit is probably too low: raise it with `ulimit -l unlimited` \
+             (or memlock in /etc/security/limits.conf, LimitMEMLOCK= for systemd services)"
+        }
+        (v, libc::EFAULT) if v.contains("reg_mr") => {
+            "the address range is not mapped in this process, or not accessible"
+        }
+        (v, libc::EINVAL) if v.contains("modify_qp") => {
+            "the peer's endpoint or the QP settings are invalid for this port \
+             (wrong GID index, MTU above the port's, or a LID on a RoCE port)"
+        }
+        (v, libc::ETIMEDOUT) if v.contains("modify_qp") => {
+            "the address of the peer's GID could not be resolved: check the GID index and routing"
+        }
+        (v, libc::ENOMEM) if v.contains("post") => {
+            "the work queue is full: reap completions before posting more"
+        }
+        (v, libc::EPERM | libc::EACCES) if v.contains("open_device") || v.contains("alloc_pd") => {
+            "no permission on /dev/infiniband/uverbs*: check the device node's mode \
+             (containers need the device passed in)"
+        }
+        _ => return None,
+    })
+}
+
+/// Every error `gpudirect` returns.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A verb returned an error.
+    #[error("{verb} failed: {errno}{}", verb_hint(verb, *errno).map(|h| format!("; {h}")).unwrap_or_default())]
+    Verb {
+        /// The verb's C name, e.g. `ibv_reg_mr`.
+        verb: &'static str,
+        /// What it set `errno` to (or returned).
+        errno: Errno,
+    },
+
+    /// The kernel has no RDMA (InfiniBand) subsystem: `ibv_get_device_list`
+    /// reports `ENOSYS`.
+    #[error(
+        "no RDMA subsystem in this kernel (ibv_get_device_list: ENOSYS): \
+         the kernel was built without InfiniBand support or ib_uverbs is not loaded; \
+         try `modprobe ib_uverbs`, or use a kernel with CONFIG_INFINIBAND"
+    )]
+    NoRdmaSubsystem,
+
+    /// The RDMA subsystem is present but reports no device.
+    #[error(
+        "no RDMA devices found: load the NIC's driver (mlx5_ib, efa, irdma, ...) or create a \
+         Soft-RoCE device with `rdma link add rxe0 type rxe netdev <ifname>`; in a container, \
+         pass /dev/infiniband in"
+    )]
+    NoDevices,
+
+    /// No device has the requested name.
+    #[error("RDMA device {name:?} not found; devices present: {}", available.join(", "))]
+    DeviceNotFound {
+        /// The name asked for.
+        name: String,
+        /// The names that do exist.
+        available: Vec<String>,
+    },
+
+    /// The port number does not exist on this device.
+    #[error("port {port} does not exist on {device} (it has {ports} port(s), numbered from 1)")]
+    InvalidPort {
+        /// The device's name.
+        device: String,
+        /// The port asked for.
+        port: u8,
+        /// How many ports the device has.
+        ports: u8,
+    },
+
+    /// No usable GID on the port, or the requested index is empty.
+    #[error("{0}")]
+    Gid(#[from] crate::gid::GidError),
+
+    /// A local or remote range lies outside its buffer; nothing was posted.
+    #[error("{what}: range {offset}..{} is outside the {len}-byte buffer", offset.saturating_add(*requested))]
+    OutOfBounds {
+        /// Which buffer (e.g. "local memory region", "remote buffer").
+        what: &'static str,
+        /// Start of the requested range.
+        offset: u64,
+        /// Length of the requested range.
+        requested: u64,
+        /// The buffer's length.
+        len: u64,
+    },
+
+    /// A message is larger than a single work request can carry (2 GiB - 1
+    /// bytes in verbs' 32-bit scatter/gather length).
+    #[error("a {0}-byte transfer does not fit in one work request (at most {max} bytes)", max = u32::MAX)]
+    TooLong(u64),
+
+    /// A local range is still in use by a posted work request whose
+    /// completion has not been reaped.
+    #[error(
+        "bytes {offset}..{end} of the memory region are in use by a posted work request \
+         that has not completed; poll its completion queue first"
+    )]
+    Busy {
+        /// Start of the range asked for.
+        offset: u64,
+        /// End (exclusive) of the range asked for.
+        end: u64,
+    },
+
+    /// Posting would exceed the queue's depth.
+    #[error(
+        "the {queue} queue is full ({depth} work requests outstanding): reap completions first; \
+         unsignaled sends only leave the queue when a later signaled one completes"
+    )]
+    QueueFull {
+        /// `"send"` or `"receive"`.
+        queue: &'static str,
+        /// The queue's depth.
+        depth: u32,
+    },
+
+    /// A memory region from another protection domain was used with a queue pair.
+    #[error("the memory region belongs to a different protection domain than the queue pair")]
+    ForeignMemoryRegion,
+
+    /// The completion queue's other end was used with a queue pair on a different device.
+    #[error("{0}")]
+    InvalidArgument(String),
+
+    /// Waiting for a completion timed out.
+    #[error("no completion arrived within {0:?}")]
+    Timeout(std::time::Duration),
+
+    /// A work request completed with an error status.
+    #[error(transparent)]
+    WorkCompletion(#[from] WcError),
+
+    /// The out-of-band exchange with the peer failed.
+    #[error(transparent)]
+    Bootstrap(#[from] BootstrapError),
+}
+
+impl Error {
+    /// Builds [`Error::Verb`] from a verb's name and the current `errno`.
+    pub(crate) fn last(verb: &'static str) -> Error {
+        Error::Verb { verb, errno: Errno::last() }
+    }
+
+    /// Builds [`Error::Verb`] from a verb that returns the error number itself
+    /// (as `ibv_modify_qp`, `ibv_post_send` and `ibv_query_port` do).
+    pub(crate) fn returned(verb: &'static str, ret: i32) -> Error {
+        // Some providers return -1 and set errno, others return errno.
+        let errno = if ret < 0 { Errno::last() } else { Errno(ret) };
+        Error::Verb { verb, errno }
+    }
+
+    /// The errno of a failed verb, if this is one.
+    pub fn errno(&self) -> Option<Errno> {
+        match self {
+            Error::Verb { errno, .. } => Some(*errno),
+            _ => None,
+        }
+    }
+}
+
+/// Turns a verb's integer return (0 = success) into a `Result`.
+pub(crate) fn check(verb: &'static str, ret: i32) -> Result<()> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(Error::returned(verb, ret))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_displays_name_and_meaning() {
+        assert_eq!(Errno(libc::EOPNOTSUPP).to_string(), "EOPNOTSUPP (Operation not supported)");
+        assert_eq!(Errno(4095).to_string(), "errno 4095 (Unknown error 4095)");
+    }
+
+    #[test]
+    fn verb_error_names_verb_errno_and_hint() {
+        let e = Error::Verb { verb: "ibv_reg_mr", errno: Errno(libc::ENOMEM) };
+        let s = e.to_string();
+        assert!(s.starts_with("ibv_reg_mr failed: ENOMEM (Cannot allocate memory); "), "{s}");
+        assert!(s.contains("ulimit -l"), "{s}");
+        let e = Error::Verb { verb: "ibv_alloc_pd", errno: Errno(libc::EINVAL) };
+        assert_eq!(e.to_string(), "ibv_alloc_pd failed: EINVAL (Invalid argument)");
+    }
+
+    #[test]
+    fn returned_prefers_the_returned_number() {
+        assert_eq!(Error::returned("ibv_modify_qp", libc::EINVAL).errno(), Some(Errno(libc::EINVAL)));
+    }
+
+    #[test]
+    fn out_of_bounds_names_the_range() {
+        let e = Error::OutOfBounds { what: "remote buffer", offset: 4090, requested: 10, len: 4096 };
+        assert_eq!(e.to_string(), "remote buffer: range 4090..4100 is outside the 4096-byte buffer");
+    }
+}

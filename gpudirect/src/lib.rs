@@ -1,0 +1,79 @@
+//! Safe RDMA over rdma-core's verbs, for host memory today and GPU memory
+//! next, with nothing hidden: every choice the library makes (which GID,
+//! which MTU, which registration path) is visible and logged.
+//!
+//! # The path of a byte
+//! 1. [`mr`]: register memory ([`MemoryRegion`]), describe it to a peer
+//!    ([`RemoteBuffer`]).
+//! 2. [`qp`]: connect a reliable-connected [`QueuePair`] and post work
+//!    requests ([`SendWr`], [`RecvWr`]) that name that memory.
+//! 3. [`cq`]: reap [`WorkCompletion`]s from a [`CompletionQueue`]; reaping
+//!    is what releases the memory a request held.
+//!
+//! # Objects, one module each
+//! - [`device`]: listing RDMA devices.
+//! - [`context`]: an opened device ([`Context`]), its ports and GID table.
+//! - [`gid`]: GIDs and the RoCE GID choice.
+//! - [`pd`]: protection domains.
+//! - [`mr`]: memory regions and access flags.
+//! - [`cq`]: completion queues and work completions.
+//! - [`qp`]: queue pairs, endpoints and posting.
+//! - [`wr`]: work requests.
+//! - [`bootstrap`]: the out-of-band TCP exchange of endpoints and buffers.
+//! - [`error`]: the error type.
+//!
+//! # Example
+//! ```no_run
+//! use gpudirect::{AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain,
+//!                 QpConfig, QueuePair, RecvWr, SendWr, WorkCompletion};
+//! use gpudirect::bootstrap::{Handshake, OobChannel, DEFAULT_TIMEOUT};
+//!
+//! # fn main() -> gpudirect::Result<()> {
+//! let ctx = Context::open(Some("mlx5_0"))?;
+//! let pd = ProtectionDomain::new(&ctx)?;
+//! let cq = CompletionQueue::new(&ctx, 256)?;
+//! let buf = MemoryRegion::alloc(&pd, 1 << 20, AccessFlags::REMOTE_WRITE)?;
+//! let qp = QueuePair::create(&pd, &cq, &cq, &QpConfig::default())?;
+//!
+//! // Swap endpoints and buffer descriptors with the peer over TCP.
+//! let mut oob = OobChannel::connect("peer-host:18515", DEFAULT_TIMEOUT)?;
+//! let peer = oob.exchange(&Handshake {
+//!     endpoint: Some(qp.endpoint()),
+//!     buffers: vec![buf.remote()],
+//!     ..Default::default()
+//! })?;
+//! let qp = qp.connect(&peer.endpoint.expect("peer sent its endpoint"))?;
+//!
+//! // Write 4 KiB into the peer's buffer and wait for the completion.
+//! buf.write_at(0, &[42; 4096])?;
+//! qp.post_send(&[SendWr::write(buf.slice(0..4096)?, &peer.buffers[0], 0)?.wr_id(1)])?;
+//! let mut wc = [WorkCompletion::default(); 1];
+//! cq.wait(&mut wc, None)?;
+//! wc[0].ok()?;
+//! # let _ = RecvWr::new(buf.slice(0..0)?);
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+pub mod bootstrap;
+pub mod context;
+pub mod cq;
+pub mod device;
+pub mod error;
+pub mod gid;
+pub mod mr;
+pub mod pd;
+pub mod qp;
+pub mod wr;
+
+pub use context::{Context, DeviceAttr, LinkLayer, Mtu, PortAttr, PortState};
+pub use cq::{CompletionQueue, WcError, WcOpcode, WcStatus, WorkCompletion};
+pub use device::{devices, DeviceInfo, Guid};
+pub use error::{Errno, Error, Result};
+pub use gid::{Gid, GidChoice, GidEntry, GidType};
+pub use mr::{AccessFlags, HostBuffer, LocalSlice, MemoryRegion, Registerable, RemoteBuffer};
+pub use pd::ProtectionDomain;
+pub use qp::{Endpoint, PreparedQueuePair, QpConfig, QpState, QueuePair};
+pub use wr::{RecvWr, SendWr};

@@ -1,0 +1,657 @@
+//! Memory regions (`ibv_reg_mr`): memory the NIC may read and write.
+//!
+//! # Why there is no `&[u8]` into a registered buffer
+//! Once registered, memory can change under the program's feet: the local
+//! NIC writes it for receives and RDMA reads, and a peer holding the rkey
+//! writes it whenever it likes. A Rust reference promises the opposite, so
+//! [`MemoryRegion`] never hands one out in safe code. Bytes move in and out
+//! by copy ([`write_at`](MemoryRegion::write_at),
+//! [`read_at`](MemoryRegion::read_at)), and those copies refuse ranges that
+//! a posted, not yet completed work request is using (so a send's source is
+//! not overwritten mid-flight and a receive's destination is not read
+//! half-written). Zero-copy access is available as an `unsafe` escape hatch.
+//!
+//! # Lifetimes
+//! A [`MemoryRegion`] is a cheap, clonable handle. The region is
+//! deregistered, and its memory freed, only when the last handle is gone,
+//! and every posted work request holds a handle until its completion is
+//! reaped: memory the NIC may still touch is never freed.
+
+use std::alloc::{self, Layout};
+use std::fmt;
+use std::ops::{Bound, RangeBounds};
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bitflags::bitflags;
+use ibverbs_sys as sys;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::pd::ProtectionDomain;
+
+bitflags! {
+    /// Who may access a memory region, and how (`enum ibv_access_flags`).
+    ///
+    /// The default is least privilege: [`LOCAL_WRITE`](Self::LOCAL_WRITE)
+    /// only, so the region can be a send source or receive destination and
+    /// no peer can touch it. Remote access is granted only when asked for.
+    /// (Verbs require `LOCAL_WRITE` whenever `REMOTE_WRITE` or
+    /// `REMOTE_ATOMIC` is set; [`MemoryRegion::register`] adds it.)
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct AccessFlags: u32 {
+        /// The local NIC may write (receives, RDMA read destinations).
+        const LOCAL_WRITE = sys::IBV_ACCESS_LOCAL_WRITE;
+        /// Peers may RDMA-write into the region.
+        const REMOTE_WRITE = sys::IBV_ACCESS_REMOTE_WRITE;
+        /// Peers may RDMA-read from the region.
+        const REMOTE_READ = sys::IBV_ACCESS_REMOTE_READ;
+        /// Peers may perform atomics on the region.
+        const REMOTE_ATOMIC = sys::IBV_ACCESS_REMOTE_ATOMIC;
+        /// Allow the NIC to relax PCIe ordering (faster on some systems;
+        /// ignored where unsupported).
+        const RELAXED_ORDERING = sys::IBV_ACCESS_RELAXED_ORDERING;
+    }
+}
+
+impl Default for AccessFlags {
+    fn default() -> Self {
+        AccessFlags::LOCAL_WRITE
+    }
+}
+
+/// Memory that can be handed to [`MemoryRegion::register`].
+///
+/// # Safety
+/// An implementor promises that, from the call to
+/// [`as_mut_ptr`](Self::as_mut_ptr) until the value is dropped:
+/// - the pointer addresses [`len`](Self::len) bytes that stay allocated at
+///   the same address (moving the value must not move them), and
+/// - nothing reads or writes those bytes except through that pointer (the
+///   region owns the value and never calls anything else on it but `Drop`).
+#[allow(clippy::len_without_is_empty)]
+pub unsafe trait Registerable: Send + Sync + 'static {
+    /// Pointer to the first byte; called once, before registration.
+    fn as_mut_ptr(&mut self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+}
+
+// SAFETY: a Vec's heap buffer does not move when the Vec is moved, and the
+// region never touches the Vec again until dropping it.
+unsafe impl Registerable for Vec<u8> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.as_mut_slice().as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
+// SAFETY: as for Vec: the boxed slice stays put when the Box moves.
+unsafe impl Registerable for Box<[u8]> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        <[u8]>::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+}
+
+/// A zeroed, page-aligned host buffer: the usual backing for a region.
+///
+/// Page alignment keeps the region from sharing pages with unrelated
+/// allocations (which `fork` would otherwise copy-on-write away from the
+/// NIC) and is what NICs translate fastest.
+pub struct HostBuffer {
+    ptr: NonNull<u8>,
+    layout: Layout,
+    len: usize,
+}
+
+// SAFETY: HostBuffer owns its allocation exclusively; it is plain bytes.
+unsafe impl Send for HostBuffer {}
+// SAFETY: no interior mutability is reachable through `&HostBuffer`.
+unsafe impl Sync for HostBuffer {}
+
+/// The system page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+impl HostBuffer {
+    /// Allocates `len` zeroed bytes, page-aligned (at least one byte is
+    /// allocated even for `len == 0`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `len` cannot be allocated.
+    pub fn new(len: usize) -> Result<HostBuffer> {
+        let page = page_size();
+        let size = len.max(1).checked_next_multiple_of(page);
+        let layout = size
+            .and_then(|s| Layout::from_size_align(s, page).ok())
+            .ok_or_else(|| Error::InvalidArgument(format!("cannot allocate a {len}-byte host buffer")))?;
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr)
+            .ok_or_else(|| Error::InvalidArgument(format!("out of memory allocating {len} bytes")))?;
+        Ok(HostBuffer { ptr, layout, len })
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+// SAFETY: the allocation never moves and only the region uses it.
+unsafe impl Registerable for HostBuffer {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// A range of a region that a posted work request is using.
+struct BusyRange {
+    start: usize,
+    end: usize,
+    /// The NIC writes the range (receive, RDMA read destination): reading
+    /// it locally would see partial data. Otherwise it only reads it.
+    nic_writes: bool,
+    token: u64,
+}
+
+#[derive(Default)]
+struct BusyRanges {
+    /// Fast path: no lock taken when nothing is in flight.
+    count: AtomicUsize,
+    ranges: Mutex<(u64, Vec<BusyRange>)>,
+}
+
+pub(crate) struct MrInner {
+    mr: NonNull<sys::ibv_mr>,
+    addr: *mut u8,
+    len: usize,
+    lkey: u32,
+    rkey: u32,
+    access: AccessFlags,
+    busy: BusyRanges,
+    pd: ProtectionDomain,
+    // Dropped after the Drop body deregistered the region.
+    _backing: Box<dyn Registerable>,
+}
+
+// SAFETY: the raw pointers address memory owned by `_backing` (Send+Sync)
+// or promised valid by the caller of `register_raw`; every access goes
+// through raw-pointer copies guarded by `busy`.
+unsafe impl Send for MrInner {}
+// SAFETY: as above; shared access never creates references to the bytes.
+unsafe impl Sync for MrInner {}
+
+impl Drop for MrInner {
+    fn drop(&mut self) {
+        // SAFETY: the last handle is gone, so no work request references
+        // the region; deregister before the backing memory is freed.
+        let ret = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+        if ret != 0 {
+            tracing::warn!("{}", Error::returned("ibv_dereg_mr", ret));
+        }
+    }
+}
+
+/// A registered memory region. Cheap to clone (a reference-counted
+/// handle); deregistered when the last handle and the last work request
+/// using it are gone.
+///
+/// ```compile_fail
+/// # fn f(mr: &gpudirect::MemoryRegion) {
+/// // Zero-copy views are unsafe: the NIC or a peer may change the bytes.
+/// let bytes: &[u8] = mr.as_slice();
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MemoryRegion {
+    pub(crate) inner: Arc<MrInner>,
+}
+
+impl fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inner;
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", i.addr as usize))
+            .field("len", &i.len)
+            .field("lkey", &format_args!("{:#x}", i.lkey))
+            .field("rkey", &format_args!("{:#x}", i.rkey))
+            .field("access", &i.access)
+            .finish()
+    }
+}
+
+impl MemoryRegion {
+    /// Allocates a zeroed, page-aligned [`HostBuffer`] of `len` bytes and
+    /// registers it.
+    ///
+    /// # Errors
+    /// See [`register`](Self::register).
+    pub fn alloc(pd: &ProtectionDomain, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
+        Self::register(pd, HostBuffer::new(len)?, access)
+    }
+
+    /// Registers caller-owned memory, taking ownership of it for the
+    /// region's lifetime.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] from `ibv_reg_mr`: `ENOMEM` usually means the
+    /// locked-memory limit (`ulimit -l`) is too low; `EINVAL` an access
+    /// combination the device refuses.
+    pub fn register<B: Registerable>(pd: &ProtectionDomain, mut buf: B, access: AccessFlags) -> Result<MemoryRegion> {
+        let ptr = buf.as_mut_ptr();
+        let len = buf.len();
+        // SAFETY: `Registerable` promises `ptr..ptr+len` stays valid and
+        // unaliased while `buf` lives, and the region owns `buf`.
+        unsafe { Self::register_inner(pd, ptr, len, access, Box::new(buf)) }
+    }
+
+    /// Registers memory the caller keeps owning, such as a mapping made
+    /// with `mmap` or another framework's allocation.
+    ///
+    /// # Safety
+    /// The caller promises that `addr..addr + len` is mapped, readable and
+    /// writable memory that stays allocated at that address until the
+    /// region and every clone of its handle have been dropped, and that
+    /// nothing else creates Rust references to those bytes meanwhile (the
+    /// NIC and peers may write them at any time).
+    ///
+    /// # Errors
+    /// As [`register`](Self::register).
+    pub unsafe fn register_raw(pd: &ProtectionDomain, addr: *mut u8, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
+        // SAFETY: forwarded to our caller.
+        unsafe { Self::register_inner(pd, addr, len, access, Box::new(RawMemory)) }
+    }
+
+    /// # Safety
+    /// `addr..addr+len` is valid as in `register_raw`, kept alive by `backing`
+    /// or by the caller.
+    unsafe fn register_inner(
+        pd: &ProtectionDomain,
+        addr: *mut u8,
+        len: usize,
+        mut access: AccessFlags,
+        backing: Box<dyn Registerable>,
+    ) -> Result<MemoryRegion> {
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC) {
+            // ibv_reg_mr(3): "If IBV_ACCESS_REMOTE_WRITE or
+            // IBV_ACCESS_REMOTE_ATOMIC is set, then IBV_ACCESS_LOCAL_WRITE
+            // must be set too."
+            access |= AccessFlags::LOCAL_WRITE;
+        }
+        // SAFETY: valid PD; the range is valid per our contract. `__ibv_reg_mr`
+        // is the inline `ibv_reg_mr` expands to (handles optional flags).
+        let mr = unsafe { sys::__ibv_reg_mr(pd.as_ptr(), addr.cast(), len, access.bits(), 0) };
+        let mr = NonNull::new(mr).ok_or_else(|| Error::last("ibv_reg_mr"))?;
+        // SAFETY: a successfully registered MR is readable.
+        let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
+        tracing::trace!(addr = addr as usize, len, lkey, rkey, ?access, "registered memory region");
+        Ok(MemoryRegion {
+            inner: Arc::new(MrInner {
+                mr,
+                addr,
+                len,
+                lkey,
+                rkey,
+                access,
+                busy: BusyRanges::default(),
+                pd: pd.clone(),
+                _backing: backing,
+            }),
+        })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// Start address as the NIC sees it (the virtual address registered).
+    pub fn addr(&self) -> u64 {
+        self.inner.addr as u64
+    }
+
+    /// Local key, used in this side's scatter/gather entries.
+    pub fn lkey(&self) -> u32 {
+        self.inner.lkey
+    }
+
+    /// Remote key: what a peer needs (with the address) to access the region.
+    pub fn rkey(&self) -> u32 {
+        self.inner.rkey
+    }
+
+    /// The access flags the region was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.inner.access
+    }
+
+    /// The protection domain the region lives in.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.inner.pd
+    }
+
+    /// The descriptor of the whole region that a peer needs to RDMA-write
+    /// or RDMA-read it. Only meaningful if the region was registered with
+    /// [`AccessFlags::REMOTE_WRITE`] / [`AccessFlags::REMOTE_READ`]; without
+    /// them the peer's accesses fail with a remote access error.
+    pub fn remote(&self) -> RemoteBuffer {
+        RemoteBuffer { addr: self.addr(), len: self.len() as u64, rkey: self.rkey() }
+    }
+
+    /// A sub-range of the region, to name in a work request.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] when the range exceeds the region.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<LocalSlice<'_>> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => self.len(),
+        };
+        self.check(start, end.saturating_sub(start))?;
+        if end < start {
+            return Err(self.oob(start, 0));
+        }
+        Ok(LocalSlice { mr: self, offset: start, len: end - start })
+    }
+
+    /// Copies `src` into the region at `offset`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`], or [`Error::Busy`] when a posted work
+    /// request still uses any byte of the range.
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len())?;
+        self.check_idle(offset, src.len(), false)?;
+        // SAFETY: in bounds (checked); no Rust reference to the region's
+        // bytes exists (the type hands none out); `src` cannot overlap
+        // them for the same reason.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.inner.addr.add(offset), src.len()) };
+        // Make the bytes visible before a later post rings the doorbell.
+        fence(Ordering::Release);
+        Ok(())
+    }
+
+    /// Copies bytes from the region at `offset` into `dst`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`], or [`Error::Busy`] when a posted receive or
+    /// RDMA read into the range has not completed.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len())?;
+        self.check_idle(offset, dst.len(), true)?;
+        // Order the copy after the completion (or flag) that announced the data.
+        fence(Ordering::Acquire);
+        // SAFETY: in bounds; see `write_at`.
+        unsafe { std::ptr::copy_nonoverlapping(self.inner.addr.add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies the whole region into a new vector.
+    ///
+    /// # Errors
+    /// As [`read_at`](Self::read_at).
+    pub fn to_vec(&self) -> Result<Vec<u8>> {
+        let mut v = vec![0; self.len()];
+        self.read_at(0, &mut v)?;
+        Ok(v)
+    }
+
+    /// Sets every byte of `range` to `byte`.
+    ///
+    /// # Errors
+    /// As [`write_at`](Self::write_at).
+    pub fn fill(&self, range: impl RangeBounds<usize>, byte: u8) -> Result<()> {
+        let s = self.slice(range)?;
+        self.check_idle(s.offset, s.len, false)?;
+        // SAFETY: in bounds (slice checked it); no references exist.
+        unsafe { std::ptr::write_bytes(self.inner.addr.add(s.offset), byte, s.len) };
+        fence(Ordering::Release);
+        Ok(())
+    }
+
+    /// Reads one byte with a volatile load: for polling a flag a peer
+    /// writes with RDMA (the compiler may not cache it across iterations).
+    /// It is not checked against posted work requests: a flag is expected
+    /// to change under the reader.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`].
+    pub fn read_volatile(&self, offset: usize) -> Result<u8> {
+        self.check(offset, 1)?;
+        // SAFETY: in bounds; a byte load cannot tear.
+        let b = unsafe { std::ptr::read_volatile(self.inner.addr.add(offset)) };
+        fence(Ordering::Acquire);
+        Ok(b)
+    }
+
+    /// The region's bytes as a slice, without copying.
+    ///
+    /// # Safety
+    /// While the returned slice lives, nothing may write the region: no
+    /// posted receive or RDMA read into it may be outstanding, no peer may
+    /// RDMA-write it (e.g. it has no `REMOTE_WRITE` access or the
+    /// application protocol rules it out), and no `write_at`/`fill` or
+    /// `as_mut_slice` may run on any handle of it.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: the caller promises no writer exists meanwhile.
+        unsafe { std::slice::from_raw_parts(self.inner.addr, self.inner.len) }
+    }
+
+    /// The region's bytes as a mutable slice, without copying.
+    ///
+    /// # Safety
+    /// While the returned slice lives, nothing else may read or write the
+    /// region: no posted work request may use it, no peer may access it
+    /// remotely, and no other handle's accessors or slices may be used.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
+        // SAFETY: the caller promises exclusive access meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(self.inner.addr, self.inner.len) }
+    }
+
+    fn oob(&self, offset: usize, requested: usize) -> Error {
+        Error::OutOfBounds {
+            what: "local memory region",
+            offset: offset as u64,
+            requested: requested as u64,
+            len: self.len() as u64,
+        }
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(self.oob(offset, len)),
+        }
+    }
+
+    /// Refuses local access to bytes a posted work request uses: writes
+    /// conflict with any use, reads only with the NIC writing.
+    fn check_idle(&self, offset: usize, len: usize, reading: bool) -> Result<()> {
+        let busy = &self.inner.busy;
+        if busy.count.load(Ordering::Acquire) == 0 || len == 0 {
+            return Ok(());
+        }
+        let end = offset + len;
+        let guard = busy.ranges.lock().unwrap_or_else(|p| p.into_inner());
+        let conflict = guard.1.iter().any(|r| r.start < end && offset < r.end && (r.nic_writes || !reading));
+        if conflict {
+            Err(Error::Busy { offset: offset as u64, end: end as u64 })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Marks a range as used by a work request until the guard drops.
+    pub(crate) fn mark_busy(&self, offset: usize, len: usize, nic_writes: bool) -> InFlight {
+        let busy = &self.inner.busy;
+        let mut g = busy.ranges.lock().unwrap_or_else(|p| p.into_inner());
+        g.0 += 1;
+        let token = g.0;
+        g.1.push(BusyRange { start: offset, end: offset + len, nic_writes, token });
+        busy.count.fetch_add(1, Ordering::AcqRel);
+        InFlight { mr: self.clone(), token }
+    }
+}
+
+/// Holds a region (alive and marked busy) on behalf of a posted work
+/// request, until its completion is reaped or its queue pair destroyed.
+pub(crate) struct InFlight {
+    mr: MemoryRegion,
+    token: u64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let busy = &self.mr.inner.busy;
+        let mut g = busy.ranges.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = g.1.iter().position(|r| r.token == self.token) {
+            g.1.swap_remove(i);
+            busy.count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Backing for `register_raw`: the caller owns the memory.
+struct RawMemory;
+
+// SAFETY: never asked for a pointer (register_raw passes its own).
+unsafe impl Registerable for RawMemory {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        std::ptr::null_mut()
+    }
+    fn len(&self) -> usize {
+        0
+    }
+}
+
+/// A byte range of a local [`MemoryRegion`], named in a work request.
+///
+/// It borrows the region handle, so it cannot outlive it:
+///
+/// ```compile_fail
+/// # fn f(pd: &gpudirect::ProtectionDomain) -> gpudirect::Result<()> {
+/// use gpudirect::{AccessFlags, MemoryRegion};
+/// let slice = {
+///     let mr = MemoryRegion::alloc(pd, 4096, AccessFlags::default())?;
+///     mr.slice(0..64)?
+/// }; // `mr` dropped here while still borrowed
+/// # let _ = slice; Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct LocalSlice<'a> {
+    pub(crate) mr: &'a MemoryRegion,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+}
+
+impl LocalSlice<'_> {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the slice is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Offset within the region.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+}
+
+/// What a peer needs to access a region of ours with RDMA: address, length
+/// and remote key. Give it to the peer over the bootstrap channel
+/// ([`crate::bootstrap`]) or any channel of your own (it is `serde`
+/// serialisable).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RemoteBuffer {
+    /// Start address in the peer's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// The peer region's rkey.
+    pub rkey: u32,
+}
+
+impl RemoteBuffer {
+    /// The remote address of `offset`, after checking that `len` bytes from
+    /// there lie within the buffer.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`]: nothing is posted for a range outside the
+    /// buffer the peer described.
+    pub fn addr_of(&self, offset: u64, len: u64) -> Result<u64> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.addr.wrapping_add(offset)),
+            _ => Err(Error::OutOfBounds { what: "remote buffer", offset, requested: len, len: self.len }),
+        }
+    }
+}
+
+impl fmt::Display for RemoteBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} bytes at {:#x} rkey {:#x}", self.len, self.addr, self.rkey)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_buffer_is_page_aligned_and_zeroed() {
+        let mut b = HostBuffer::new(10_000).unwrap();
+        let p = b.as_mut_ptr();
+        assert_eq!(p as usize % page_size(), 0);
+        assert_eq!(Registerable::len(&b), 10_000);
+        // SAFETY: 10_000 bytes were allocated zeroed.
+        let s = unsafe { std::slice::from_raw_parts(p, 10_000) };
+        assert!(s.iter().all(|&x| x == 0));
+        assert!(HostBuffer::new(usize::MAX).is_err());
+    }
+
+    #[test]
+    fn remote_buffer_bounds() {
+        let r = RemoteBuffer { addr: 0x1000, len: 4096, rkey: 7 };
+        assert_eq!(r.addr_of(0, 4096).unwrap(), 0x1000);
+        assert_eq!(r.addr_of(4000, 96).unwrap(), 0x1000 + 4000);
+        assert!(matches!(r.addr_of(4000, 97), Err(Error::OutOfBounds { offset: 4000, requested: 97, len: 4096, .. })));
+        assert!(r.addr_of(u64::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn default_access_is_local_write_only() {
+        assert_eq!(AccessFlags::default(), AccessFlags::LOCAL_WRITE);
+    }
+}

@@ -1,0 +1,783 @@
+//! Reliable-connected queue pairs (`ibv_create_qp`, `ibv_modify_qp`,
+//! `ibv_post_send`, `ibv_post_recv`).
+//!
+//! A queue pair is created by [`QueuePair::create`] in the `INIT` state as a
+//! [`PreparedQueuePair`]: it has an [`Endpoint`] to give the peer and can
+//! already take receives. [`PreparedQueuePair::connect`] drives it through
+//! `RTR` and `RTS` with the peer's endpoint and yields a [`QueuePair`], the
+//! only type that can post sends:
+//!
+//! ```compile_fail
+//! # fn f(qp: gpudirect::PreparedQueuePair, wr: gpudirect::SendWr<'_>) {
+//! qp.post_send(&[wr]); // not connected yet: no such method
+//! # }
+//! ```
+//!
+//! Connecting consumes the prepared queue pair, so it cannot be connected twice:
+//!
+//! ```compile_fail
+//! # fn f(qp: gpudirect::PreparedQueuePair, peer: gpudirect::Endpoint) -> gpudirect::Result<()> {
+//! let a = qp.connect(&peer)?;
+//! let b = qp.connect(&peer)?; // use of moved value
+//! # Ok(()) }
+//! ```
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ibverbs_sys as sys;
+use serde::{Deserialize, Serialize};
+
+use crate::context::{LinkLayer, Mtu, PortAttr};
+use crate::cq::{CompletionQueue, WcOpcode};
+use crate::error::{check, Error, Result};
+use crate::gid::{Gid, GidChoice};
+use crate::mr::{AccessFlags, InFlight, LocalSlice};
+use crate::pd::ProtectionDomain;
+use crate::wr::{RecvWr, SendOp, SendWr};
+
+/// What a peer needs to connect its queue pair to ours. Exchange it out of
+/// band ([`crate::bootstrap`], or any channel: it is `serde` serialisable).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// Queue pair number (24 bits).
+    pub qp_num: u32,
+    /// Initial packet sequence number (24 bits).
+    pub psn: u32,
+    /// Port LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// The GID the queue pair sends from.
+    pub gid: Gid,
+    /// The port's active MTU; the connection uses the smaller of both ends'.
+    pub mtu: Mtu,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "QP {:#08x} PSN {:#08x} LID {} GID {} MTU {}", self.qp_num, self.psn, self.lid, self.gid, self.mtu)
+    }
+}
+
+/// Queue pair settings. The defaults suit a LAN: perftest's timeout and
+/// retry counts, 128-deep queues, and remote write and read allowed at the
+/// queue-pair level (each memory region still grants its own access).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Port number (from 1).
+    pub port: u8,
+    /// GID index override; `None` chooses by [`crate::gid::choose_gid`].
+    pub gid_index: Option<u32>,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Largest inline payload ([`SendWr::inline`]); 0 disables inline.
+    pub max_inline_data: u32,
+    /// Remote operations the queue pair accepts (`qp_access_flags`).
+    pub access: AccessFlags,
+    /// Local ACK timeout: 4.096 µs × 2^timeout per try (14 ≈ 67 ms).
+    pub timeout: u8,
+    /// Retransmissions before [`RetryExceeded`](crate::WcStatus::RetryExceeded) (0..=7).
+    pub retry_cnt: u8,
+    /// Receiver-not-ready retries (0..=7; 7 means forever).
+    pub rnr_retry: u8,
+    /// Minimum RNR NAK timer the peer is asked to wait (encoded, 12 ≈ 0.64 ms).
+    pub min_rnr_timer: u8,
+    /// Outstanding RDMA reads per direction (capped by the device).
+    pub max_rd_atomic: u8,
+    /// Upper bound on the path MTU; `None` uses the port's active MTU.
+    pub mtu: Option<Mtu>,
+    /// Service level.
+    pub service_level: u8,
+    /// IP traffic class (RoCE) / GRH traffic class.
+    pub traffic_class: u8,
+    /// Hop limit (RoCE TTL).
+    pub hop_limit: u8,
+}
+
+impl Default for QpConfig {
+    fn default() -> Self {
+        QpConfig {
+            port: 1,
+            gid_index: None,
+            max_send_wr: 128,
+            max_recv_wr: 128,
+            max_inline_data: 0,
+            access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 16,
+            mtu: None,
+            service_level: 0,
+            traffic_class: 0,
+            hop_limit: 64,
+        }
+    }
+}
+
+/// Queue pair state (`enum ibv_qp_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum QpState {
+    /// Reset.
+    Reset,
+    /// Initialised: receives may be posted.
+    Init,
+    /// Ready to receive.
+    Rtr,
+    /// Ready to send.
+    Rts,
+    /// Send queue drained.
+    Sqd,
+    /// Send queue error.
+    Sqe,
+    /// Error: every outstanding and new work request completes flushed.
+    Error,
+    /// Unknown.
+    Other(u32),
+}
+
+// ---------------------------------------------------------------------------
+// In-flight tracking.
+//
+// The wr_id handed to the NIC is the library's own: bit 63 says which queue
+// (send or receive, since failed completions leave the opcode undefined),
+// bits 40..63 a per-queue-pair generation (so a stale completion of a
+// destroyed queue pair never releases work of a new one with the same
+// number), bits 0..40 a sequence number. Completions arrive in posting order
+// on each queue of an RC queue pair, so releasing is popping from the front.
+
+const RECV_BIT: u64 = 1 << 63;
+const GEN_SHIFT: u32 = 40;
+const SEQ_MASK: u64 = (1 << GEN_SHIFT) - 1;
+static GENERATION: AtomicU32 = AtomicU32::new(1);
+
+struct Pending {
+    seq: u64,
+    wr_id: u64,
+    opcode: WcOpcode,
+    _hold: Option<InFlight>,
+}
+
+/// Reused between posts so posting allocates nothing.
+#[derive(Default)]
+struct Scratch {
+    sges: Vec<sys::ibv_sge>,
+    send: Vec<sys::ibv_send_wr>,
+    recv: Vec<sys::ibv_recv_wr>,
+}
+
+// SAFETY: the vectors' raw pointers only point into themselves while the
+// owning queue's mutex is held during one post, and are never read after.
+unsafe impl Send for Scratch {}
+
+pub(crate) struct WorkQueue {
+    depth: u32,
+    next_seq: u64,
+    pending: VecDeque<Pending>,
+    scratch: Scratch,
+}
+
+impl WorkQueue {
+    fn new(depth: u32) -> Self {
+        WorkQueue { depth, next_seq: 0, pending: VecDeque::with_capacity(depth as usize), scratch: Scratch::default() }
+    }
+}
+
+pub(crate) struct Tracker {
+    tag: u64,
+    send: Mutex<WorkQueue>,
+    recv: Mutex<WorkQueue>,
+}
+
+fn lock(m: &Mutex<WorkQueue>) -> MutexGuard<'_, WorkQueue> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Tracker {
+    /// Releases the work request a completion's raw wr_id names (and, on
+    /// the send queue, the unsignaled ones posted before it). Returns the
+    /// user's wr_id and the posted operation.
+    pub(crate) fn complete(&self, raw: u64) -> Option<(u64, WcOpcode)> {
+        if raw & !RECV_BIT & !SEQ_MASK != self.tag {
+            return None;
+        }
+        let q = if raw & RECV_BIT != 0 { &self.recv } else { &self.send };
+        let seq = raw & SEQ_MASK;
+        let mut q = lock(q);
+        let pos = q.pending.iter().position(|p| p.seq == seq)?;
+        let done = q.pending.drain(..=pos).next_back()?;
+        Some((done.wr_id, done.opcode))
+    }
+
+    fn clear(&self) {
+        lock(&self.send).pending.clear();
+        lock(&self.recv).pending.clear();
+    }
+}
+
+struct QpInner {
+    qp: NonNull<sys::ibv_qp>,
+    qp_num: u32,
+    psn: u32,
+    pd: ProtectionDomain,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    tracker: Arc<Tracker>,
+    gid: GidChoice,
+    port: PortAttr,
+    config: QpConfig,
+    max_inline: u32,
+}
+
+// SAFETY: posting and modifying are thread-safe verbs; Rust-side state
+// lives behind the tracker's mutexes.
+unsafe impl Send for QpInner {}
+// SAFETY: as above.
+unsafe impl Sync for QpInner {}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        // SAFETY: the QP came from ibv_create_qp and is destroyed once.
+        // After this returns the NIC no longer touches memory on its behalf,
+        // so the holds of its outstanding work requests may be released.
+        let ret = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+        if ret != 0 {
+            tracing::warn!("{}", Error::returned("ibv_destroy_qp", ret));
+            // Leak the held memory rather than free what the NIC may still use.
+            std::mem::forget(self.tracker.clone());
+        }
+        self.send_cq.unregister(self.qp_num);
+        self.recv_cq.unregister(self.qp_num);
+        if ret == 0 {
+            self.tracker.clear();
+        }
+    }
+}
+
+impl fmt::Debug for QpInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("device", &self.pd.context().name())
+            .field("qp_num", &format_args!("{:#x}", self.qp_num))
+            .field("port", &self.config.port)
+            .field("gid", &format_args!("{}", self.gid))
+            .field("active_mtu", &self.port.active_mtu)
+            .finish()
+    }
+}
+
+impl QpInner {
+    fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            qp_num: self.qp_num,
+            psn: self.psn,
+            lid: self.port.lid,
+            gid: self.gid.entry.gid,
+            mtu: self.port.active_mtu.unwrap_or(Mtu::Mtu1024),
+        }
+    }
+
+    fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32) -> Result<()> {
+        // SAFETY: valid QP and attribute struct; the mask names fields set.
+        check("ibv_modify_qp", unsafe { sys::ibv_modify_qp(self.qp.as_ptr(), attr, mask as i32) })
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        for wr in wrs {
+            self.check_local(&wr.local)?;
+        }
+        let mut q = lock(&self.tracker.recv);
+        let q = &mut *q;
+        if q.pending.len() + wrs.len() > q.depth as usize {
+            return Err(Error::QueueFull { queue: "receive", depth: q.depth });
+        }
+        let first_seq = q.next_seq;
+        let s = &mut q.scratch;
+        s.sges.clear();
+        s.recv.clear();
+        for (i, wr) in wrs.iter().enumerate() {
+            let seq = (first_seq + i as u64) & SEQ_MASK;
+            s.sges.push(sge(&wr.local));
+            s.recv.push(sys::ibv_recv_wr { wr_id: RECV_BIT | self.tracker.tag | seq, ..Default::default() });
+            q.pending.push_back(Pending {
+                seq,
+                wr_id: wr.wr_id,
+                opcode: WcOpcode::Recv,
+                _hold: (!wr.local.is_empty()).then(|| wr.local.mr.mark_busy(wr.local.offset, wr.local.len, true)),
+            });
+        }
+        link(&mut s.recv, &mut s.sges, |wr| &mut wr.next, |wr, sg, n| {
+            wr.sg_list = sg;
+            wr.num_sge = n;
+        }, wrs.iter().map(|w| !w.local.is_empty()));
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `recv` is a valid, NUL-terminated chain whose SGEs name
+        // registered memory held alive (and busy) by the pending entries.
+        let ret = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), s.recv.as_mut_ptr(), &mut bad) };
+        let posted = posted_count(ret, bad, &s.recv);
+        finish_post(q, wrs.len(), posted, "ibv_post_recv", ret)
+    }
+
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        for wr in wrs {
+            self.check_local(&wr.local)?;
+            if wr.inline && (wr.op == SendOp::Read || wr.local.len > self.max_inline as usize) {
+                return Err(Error::InvalidArgument(format!(
+                    "inline {:?} of {} bytes: the queue pair allows inline writes and sends of at most {} bytes (QpConfig::max_inline_data)",
+                    wr.op, wr.local.len, self.max_inline
+                )));
+            }
+        }
+        let mut q = lock(&self.tracker.send);
+        let q = &mut *q;
+        if q.pending.len() + wrs.len() > q.depth as usize {
+            return Err(Error::QueueFull { queue: "send", depth: q.depth });
+        }
+        let first_seq = q.next_seq;
+        let s = &mut q.scratch;
+        s.sges.clear();
+        s.send.clear();
+        for (i, wr) in wrs.iter().enumerate() {
+            let seq = (first_seq + i as u64) & SEQ_MASK;
+            s.sges.push(sge(&wr.local));
+            let mut raw = sys::ibv_send_wr { wr_id: self.tracker.tag | seq, ..Default::default() };
+            let (opcode, imm) = match wr.op {
+                SendOp::Send => (sys::IBV_WR_SEND, None),
+                SendOp::SendWithImm(imm) => (sys::IBV_WR_SEND_WITH_IMM, Some(imm)),
+                SendOp::Write => (sys::IBV_WR_RDMA_WRITE, None),
+                SendOp::WriteWithImm(imm) => (sys::IBV_WR_RDMA_WRITE_WITH_IMM, Some(imm)),
+                SendOp::Read => (sys::IBV_WR_RDMA_READ, None),
+            };
+            raw.opcode = opcode;
+            if let Some(imm) = imm {
+                raw.__bindgen_anon_1.imm_data = imm.to_be();
+            }
+            if matches!(wr.op, SendOp::Write | SendOp::WriteWithImm(_) | SendOp::Read) {
+                raw.wr.rdma.remote_addr = wr.remote_addr;
+                raw.wr.rdma.rkey = wr.rkey;
+            }
+            raw.send_flags = if wr.signaled { sys::IBV_SEND_SIGNALED } else { 0 } | if wr.inline { sys::IBV_SEND_INLINE } else { 0 };
+            s.send.push(raw);
+            // Inline payloads are copied during the post: nothing to hold.
+            let hold = (!wr.inline && !wr.local.is_empty())
+                .then(|| wr.local.mr.mark_busy(wr.local.offset, wr.local.len, wr.op.nic_writes_local()));
+            q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), _hold: hold });
+        }
+        link(&mut s.send, &mut s.sges, |wr| &mut wr.next, |wr, sg, n| {
+            wr.sg_list = sg;
+            wr.num_sge = n;
+        }, wrs.iter().map(|w| !w.local.is_empty()));
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `send` is a valid, NULL-terminated chain whose SGEs name
+        // registered memory held alive (and busy) by the pending entries;
+        // remote addresses were bounds-checked against the peer's buffer.
+        let ret = unsafe { sys::ibv_post_send(self.qp.as_ptr(), s.send.as_mut_ptr(), &mut bad) };
+        let posted = posted_count(ret, bad, &s.send);
+        finish_post(q, wrs.len(), posted, "ibv_post_send", ret)
+    }
+
+    fn check_local(&self, l: &LocalSlice<'_>) -> Result<()> {
+        if !l.mr.pd().same_as(&self.pd) {
+            return Err(Error::ForeignMemoryRegion);
+        }
+        if l.len > u32::MAX as usize {
+            return Err(Error::TooLong(l.len as u64));
+        }
+        Ok(())
+    }
+}
+
+fn sge(l: &LocalSlice<'_>) -> sys::ibv_sge {
+    sys::ibv_sge { addr: l.mr.addr() + l.offset as u64, length: l.len as u32, lkey: l.mr.lkey() }
+}
+
+/// Chains work requests (`next`) and points each at its SGE; done after
+/// the vectors stopped growing so the pointers stay valid.
+fn link<W>(
+    wrs: &mut [W],
+    sges: &mut [sys::ibv_sge],
+    next: impl Fn(&mut W) -> &mut *mut W,
+    set_sg: impl Fn(&mut W, *mut sys::ibv_sge, i32),
+    has_data: impl Iterator<Item = bool>,
+) {
+    let base = wrs.as_mut_ptr();
+    let n = wrs.len();
+    for ((i, wr), data) in wrs.iter_mut().enumerate().zip(has_data) {
+        // SAFETY: i + 1 <= n, one-past-the-end is not dereferenced.
+        *next(wr) = if i + 1 < n { unsafe { base.add(i + 1) } } else { std::ptr::null_mut() };
+        if data {
+            set_sg(wr, &mut sges[i], 1);
+        } else {
+            set_sg(wr, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+/// How many requests of a chain the provider accepted: all on success,
+/// those before `bad` on failure (ibv_post_send(3)).
+fn posted_count<W>(ret: i32, bad: *mut W, chain: &[W]) -> usize {
+    if ret == 0 {
+        return chain.len();
+    }
+    let base = chain.as_ptr() as usize;
+    let b = bad as usize;
+    if bad.is_null() || b < base {
+        return 0;
+    }
+    ((b - base) / std::mem::size_of::<W>()).min(chain.len())
+}
+
+/// Keeps the pending entries of posted requests and drops the holds of the
+/// ones the provider refused.
+fn finish_post(q: &mut WorkQueue, n: usize, posted: usize, verb: &'static str, ret: i32) -> Result<()> {
+    for _ in posted..n {
+        q.pending.pop_back();
+    }
+    q.next_seq = (q.next_seq + posted as u64) & SEQ_MASK;
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(Error::returned(verb, ret))
+    }
+}
+
+/// A queue pair in the `INIT` state: give its [`endpoint`](Self::endpoint)
+/// to the peer, post receives, then [`connect`](Self::connect).
+#[derive(Debug)]
+pub struct PreparedQueuePair {
+    inner: QpInner,
+}
+
+/// A connected reliable-connected queue pair (`RTS`).
+#[derive(Debug)]
+pub struct QueuePair {
+    inner: QpInner,
+    remote: Endpoint,
+}
+
+impl QueuePair {
+    /// Creates an RC queue pair in `pd`, completing sends on `send_cq` and
+    /// receives on `recv_cq` (which may be the same queue), and moves it to
+    /// `INIT`. The GID it will use is chosen (and logged) here.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the completion queues belong to
+    /// another device; [`Error::Gid`] / [`Error::InvalidPort`] for the
+    /// port and GID; [`Error::Verb`] from `ibv_create_qp` (`EINVAL`: a
+    /// depth or `max_inline_data` the device does not support) or
+    /// `ibv_modify_qp`.
+    pub fn create(
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        config: &QpConfig,
+    ) -> Result<PreparedQueuePair> {
+        let ctx = pd.context();
+        for cq in [send_cq, recv_cq] {
+            if !Arc::ptr_eq(&cq.context().inner, &ctx.inner) {
+                return Err(Error::InvalidArgument(format!(
+                    "completion queue of device {} used with a protection domain of {}",
+                    cq.context().name(),
+                    ctx.name()
+                )));
+            }
+        }
+        let port = ctx.query_port(config.port)?;
+        let gid = ctx.choose_gid(config.port, config.gid_index)?;
+        let mut init = sys::ibv_qp_init_attr {
+            send_cq: send_cq.as_ptr(),
+            recv_cq: recv_cq.as_ptr(),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: config.max_send_wr,
+                max_recv_wr: config.max_recv_wr,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: config.max_inline_data,
+            },
+            qp_type: sys::IBV_QPT_RC,
+            sq_sig_all: 0,
+            ..Default::default()
+        };
+        // SAFETY: valid PD and CQs of the same device; `init` is fully set.
+        let qp = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) };
+        let qp = NonNull::new(qp).ok_or_else(|| Error::last("ibv_create_qp"))?;
+        // SAFETY: a created QP is readable.
+        let qp_num = unsafe { (*qp.as_ptr()).qp_num };
+        let tag = u64::from(GENERATION.fetch_add(1, Ordering::Relaxed) & 0x7f_ffff) << GEN_SHIFT;
+        let tracker = Arc::new(Tracker {
+            tag,
+            // The provider may round the depths up; ours stay as requested
+            // so QueueFull fires before the provider's ENOMEM would.
+            send: Mutex::new(WorkQueue::new(config.max_send_wr)),
+            recv: Mutex::new(WorkQueue::new(config.max_recv_wr)),
+        });
+        // Registered before any post, so no completion can go unmatched.
+        send_cq.register(qp_num, tracker.clone());
+        recv_cq.register(qp_num, tracker.clone());
+        let inner = QpInner {
+            qp,
+            qp_num,
+            psn: random_psn(),
+            pd: pd.clone(),
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            tracker,
+            gid,
+            port,
+            config: config.clone(),
+            max_inline: init.cap.max_inline_data,
+        };
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_INIT,
+            pkey_index: 0,
+            port_num: config.port,
+            qp_access_flags: config.access.bits(),
+            ..Default::default()
+        };
+        inner.modify(&mut attr, sys::IBV_QP_STATE | sys::IBV_QP_PKEY_INDEX | sys::IBV_QP_PORT | sys::IBV_QP_ACCESS_FLAGS)?;
+        tracing::debug!(qp = ?inner, "created queue pair");
+        Ok(PreparedQueuePair { inner })
+    }
+
+    /// This side's endpoint.
+    pub fn endpoint(&self) -> Endpoint {
+        self.inner.endpoint()
+    }
+
+    /// The peer's endpoint this queue pair is connected to.
+    pub fn remote(&self) -> &Endpoint {
+        &self.remote
+    }
+
+    /// The GID this queue pair sends from, and why it was chosen.
+    pub fn gid(&self) -> &GidChoice {
+        &self.inner.gid
+    }
+
+    /// The largest payload [`SendWr::inline`] accepts here.
+    pub fn max_inline_data(&self) -> u32 {
+        self.inner.max_inline
+    }
+
+    /// Posts a batch of send-queue work requests with one call (one
+    /// doorbell). The memory they name stays held, and refused to local
+    /// writes (and, for RDMA reads, reads), until each request's completion
+    /// is reaped from the send completion queue.
+    ///
+    /// # Errors
+    /// Nothing is posted when the batch would overfill the queue
+    /// ([`Error::QueueFull`]), names a region of another protection domain
+    /// ([`Error::ForeignMemoryRegion`]) or an inline payload that is too
+    /// long. [`Error::Verb`] from `ibv_post_send`: the requests before the
+    /// failing one were posted and will complete.
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.inner.post_send(wrs)
+    }
+
+    /// Posts a batch of receives with one call. See
+    /// [`PreparedQueuePair::post_recv`].
+    ///
+    /// # Errors
+    /// As [`PreparedQueuePair::post_recv`].
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.inner.post_recv(wrs)
+    }
+
+    /// The current state (`ibv_query_qp`); [`QpState::Error`] after a
+    /// failed work request.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] from `ibv_query_qp`.
+    pub fn state(&self) -> Result<QpState> {
+        let mut attr = MaybeUninit::<sys::ibv_qp_attr>::zeroed();
+        let mut init = MaybeUninit::<sys::ibv_qp_init_attr>::zeroed();
+        // SAFETY: valid QP and out-pointers.
+        check("ibv_query_qp", unsafe {
+            sys::ibv_query_qp(self.inner.qp.as_ptr(), attr.as_mut_ptr(), sys::IBV_QP_STATE as i32, init.as_mut_ptr())
+        })?;
+        // SAFETY: qp_state was written (and everything was zeroed).
+        Ok(match unsafe { attr.assume_init() }.qp_state {
+            sys::IBV_QPS_RESET => QpState::Reset,
+            sys::IBV_QPS_INIT => QpState::Init,
+            sys::IBV_QPS_RTR => QpState::Rtr,
+            sys::IBV_QPS_RTS => QpState::Rts,
+            sys::IBV_QPS_SQD => QpState::Sqd,
+            sys::IBV_QPS_SQE => QpState::Sqe,
+            sys::IBV_QPS_ERR => QpState::Error,
+            s => QpState::Other(s),
+        })
+    }
+}
+
+impl PreparedQueuePair {
+    /// This side's endpoint, for the peer.
+    pub fn endpoint(&self) -> Endpoint {
+        self.inner.endpoint()
+    }
+
+    /// The GID this queue pair sends from, and why it was chosen.
+    pub fn gid(&self) -> &GidChoice {
+        &self.inner.gid
+    }
+
+    /// Posts a batch of receives with one call. Post them before the peer
+    /// can send, or its sends wait for receiver-not-ready retries. The
+    /// memory stays held, and refused to local access, until each receive's
+    /// completion is reaped from the receive completion queue.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`], [`Error::ForeignMemoryRegion`] (nothing
+    /// posted), or [`Error::Verb`] from `ibv_post_recv`.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.inner.post_recv(wrs)
+    }
+
+    /// Connects to the peer: `INIT` → `RTR` → `RTS`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an endpoint that cannot be valid (a
+    /// QP number or PSN over 24 bits, no LID on an InfiniBand port), and
+    /// [`Error::Verb`] from `ibv_modify_qp`.
+    pub fn connect(self, remote: &Endpoint) -> Result<QueuePair> {
+        let inner = self.inner;
+        if remote.qp_num > 0xff_ffff || remote.psn > 0xff_ffff {
+            return Err(Error::InvalidArgument(format!("peer endpoint out of range: {remote}")));
+        }
+        let ethernet = inner.port.link_layer == LinkLayer::Ethernet;
+        if !ethernet && remote.lid == 0 {
+            return Err(Error::InvalidArgument(format!("peer endpoint has no LID on an InfiniBand port: {remote}")));
+        }
+        let c = &inner.config;
+        let dev = inner.pd.context().attr();
+        let local_mtu = inner.port.active_mtu.unwrap_or(Mtu::Mtu1024);
+        let mtu = [Some(local_mtu), Some(remote.mtu), c.mtu].into_iter().flatten().min().unwrap_or(local_mtu);
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_RTR,
+            path_mtu: mtu.to_raw(),
+            dest_qp_num: remote.qp_num,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: c.max_rd_atomic.min(dev.max_qp_rd_atom.min(255) as u8).max(1),
+            min_rnr_timer: c.min_rnr_timer,
+            ..Default::default()
+        };
+        attr.ah_attr.dlid = remote.lid;
+        attr.ah_attr.sl = c.service_level;
+        attr.ah_attr.port_num = c.port;
+        if ethernet {
+            attr.ah_attr.is_global = 1;
+            attr.ah_attr.grh.dgid.raw = remote.gid.0;
+            attr.ah_attr.grh.sgid_index = inner.gid.entry.index as u8;
+            attr.ah_attr.grh.hop_limit = c.hop_limit;
+            attr.ah_attr.grh.traffic_class = c.traffic_class;
+        }
+        inner.modify(
+            &mut attr,
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_AV
+                | sys::IBV_QP_PATH_MTU
+                | sys::IBV_QP_DEST_QPN
+                | sys::IBV_QP_RQ_PSN
+                | sys::IBV_QP_MAX_DEST_RD_ATOMIC
+                | sys::IBV_QP_MIN_RNR_TIMER,
+        )?;
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_RTS,
+            timeout: c.timeout,
+            retry_cnt: c.retry_cnt.min(7),
+            rnr_retry: c.rnr_retry.min(7),
+            sq_psn: inner.psn,
+            max_rd_atomic: c.max_rd_atomic.min(dev.max_qp_init_rd_atom.min(255) as u8).max(1),
+            ..Default::default()
+        };
+        inner.modify(
+            &mut attr,
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_TIMEOUT
+                | sys::IBV_QP_RETRY_CNT
+                | sys::IBV_QP_RNR_RETRY
+                | sys::IBV_QP_SQ_PSN
+                | sys::IBV_QP_MAX_QP_RD_ATOMIC,
+        )?;
+        tracing::info!(local = %inner.endpoint(), remote = %remote, %mtu, gid = %inner.gid, "queue pair connected");
+        Ok(QueuePair { inner, remote: *remote })
+    }
+}
+
+fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    (h.finish() & 0xff_ffff) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tracker(tag: u64) -> Tracker {
+        Tracker { tag: tag << GEN_SHIFT, send: Mutex::new(WorkQueue::new(8)), recv: Mutex::new(WorkQueue::new(8)) }
+    }
+
+    fn push(t: &Tracker, recv: bool, seq: u64, wr_id: u64) {
+        let q = if recv { &t.recv } else { &t.send };
+        lock(q).pending.push_back(Pending { seq, wr_id, opcode: WcOpcode::Send, _hold: None });
+    }
+
+    #[test]
+    fn signaled_completion_releases_earlier_unsignaled() {
+        let t = tracker(5);
+        for s in 0..4 {
+            push(&t, false, s, 100 + s);
+        }
+        assert_eq!(t.complete((5 << GEN_SHIFT) | 2), Some((102, WcOpcode::Send)));
+        assert_eq!(lock(&t.send).pending.len(), 1);
+        assert_eq!(lock(&t.send).pending[0].seq, 3);
+    }
+
+    #[test]
+    fn queues_and_generations_are_kept_apart() {
+        let t = tracker(5);
+        push(&t, false, 0, 1);
+        push(&t, true, 0, 2);
+        assert_eq!(t.complete(RECV_BIT | (5 << GEN_SHIFT)), Some((2, WcOpcode::Send)));
+        // A stale completion from another generation releases nothing.
+        assert_eq!(t.complete(6 << GEN_SHIFT), None);
+        assert_eq!(lock(&t.send).pending.len(), 1);
+        // Unknown sequence numbers release nothing either.
+        assert_eq!(t.complete((5 << GEN_SHIFT) | 7), None);
+        assert_eq!(t.complete(5 << GEN_SHIFT), Some((1, WcOpcode::Send)));
+    }
+
+    #[test]
+    fn partial_post_keeps_only_accepted_requests() {
+        let mut q = WorkQueue::new(8);
+        for s in 0..3 {
+            q.pending.push_back(Pending { seq: s, wr_id: s, opcode: WcOpcode::Send, _hold: None });
+        }
+        let chain = [0u64; 3];
+        let bad = &chain[1] as *const u64 as *mut u64;
+        assert_eq!(posted_count(libc::ENOMEM, bad, &chain), 1);
+        let r = finish_post(&mut q, 3, 1, "ibv_post_send", libc::ENOMEM);
+        assert!(matches!(r, Err(Error::Verb { verb: "ibv_post_send", .. })));
+        assert_eq!(q.pending.len(), 1);
+        assert_eq!(q.next_seq, 1);
+    }
+
+    #[test]
+    fn psn_fits_24_bits() {
+        assert!(random_psn() <= 0xff_ffff);
+    }
+}

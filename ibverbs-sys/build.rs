@@ -1,0 +1,111 @@
+//! Generates the libibverbs bindings from the system's rdma-core headers.
+//!
+//! rdma-core defines the data-path verbs (`ibv_post_send`, `ibv_poll_cq`,
+//! `ibv_req_notify_cq`, ...) as `static inline` functions that jump through
+//! the provider's ops table, so there is no symbol to link against. bindgen's
+//! `wrap_static_fns` writes a C file with one exported wrapper per inline
+//! function and `cc` compiles it: the bodies always come from the installed
+//! headers and cannot drift from them.
+
+use std::env;
+use std::path::{Path, PathBuf};
+
+const PACKAGES: &str = "libibverbs-dev libclang-dev pkg-config";
+
+fn fail(what: &str) -> ! {
+    eprintln!();
+    eprintln!("error: ibverbs-sys cannot be built: {what}");
+    eprintln!("  On Debian or Ubuntu install the rdma-core headers and libclang:");
+    eprintln!("      sudo apt-get install {PACKAGES}");
+    eprintln!("  On Fedora/RHEL: sudo dnf install rdma-core-devel clang-devel pkgconf");
+    eprintln!("  Or point IBVERBS_INCLUDE_DIR (the folder holding infiniband/verbs.h)");
+    eprintln!("  and IBVERBS_LIB_DIR (the folder holding libibverbs.so) at an rdma-core build.");
+    eprintln!();
+    std::process::exit(1);
+}
+
+/// The include folders for `infiniband/verbs.h`; emits the link flags.
+fn locate() -> Vec<PathBuf> {
+    println!("cargo:rerun-if-env-changed=IBVERBS_INCLUDE_DIR");
+    println!("cargo:rerun-if-env-changed=IBVERBS_LIB_DIR");
+    let inc = env::var_os("IBVERBS_INCLUDE_DIR").map(PathBuf::from);
+    let lib = env::var_os("IBVERBS_LIB_DIR").map(PathBuf::from);
+    if inc.is_some() || lib.is_some() {
+        let (Some(inc), Some(lib)) = (inc, lib) else {
+            fail("set both IBVERBS_INCLUDE_DIR and IBVERBS_LIB_DIR, or neither");
+        };
+        if !inc.join("infiniband/verbs.h").is_file() {
+            fail(&format!("{}/infiniband/verbs.h does not exist", inc.display()));
+        }
+        println!("cargo:rustc-link-search=native={}", lib.display());
+        println!("cargo:rustc-link-lib=dylib=ibverbs");
+        return vec![inc];
+    }
+    match pkg_config::Config::new()
+        .atleast_version("1.8")
+        .probe("libibverbs")
+    {
+        Ok(lib) => lib.include_paths,
+        Err(e) => fail(&format!("pkg-config could not find libibverbs ({e})")),
+    }
+}
+
+fn main() {
+    println!("cargo:rerun-if-changed=wrapper.h");
+    println!("cargo:rerun-if-changed=build.rs");
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let here = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let includes = locate();
+    let header = here.join("wrapper.h");
+    let inline_c = out.join("verbs_inline");
+
+    let builder = bindgen::Builder::default()
+        .header(header.to_string_lossy())
+        .clang_args(includes.iter().map(|p| format!("-I{}", p.display())))
+        .allowlist_function("_*ibv_.*")
+        .allowlist_type("_*ibv_.*")
+        .allowlist_var("IBV_.*")
+        .allowlist_var("IB_UVERBS_.*")
+        // Enums stay plain integer constants: a C library may hand back a
+        // value this header version does not know, which a Rust enum
+        // cannot hold without undefined behaviour.
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .derive_default(true)
+        .derive_debug(true)
+        .prepend_enum_name(false)
+        .layout_tests(true)
+        // ibv_context and friends embed pthread types; keep them opaque
+        // (their layout is libc's business, only their size matters here).
+        .allowlist_type("pthread_(mutex|cond)_t")
+        .opaque_type("pthread_.*")
+        .impl_debug(true)
+        .use_core()
+        .wrap_static_fns(true)
+        .wrap_static_fns_path(&inline_c)
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
+
+    // bindgen panics when it cannot load libclang; turn that into the same
+    // one readable message as a missing header.
+    let generated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
+    let bindings = match generated {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => fail(&format!("bindgen could not parse infiniband/verbs.h ({e})")),
+        Err(_) => fail("bindgen could not load libclang"),
+    };
+    bindings
+        .write_to_file(out.join("bindings.rs"))
+        .unwrap_or_else(|e| fail(&format!("cannot write bindings: {e}")));
+
+    let mut cc = cc::Build::new();
+    cc.file(inline_c.with_extension("c"))
+        .include(&here)
+        // The wrappers repeat the inline bodies verbatim; one of them
+        // (ibv_alloc_mw) ends without a return on a path rdma-core knows is
+        // unreachable.
+        .flag_if_supported("-Wno-return-type");
+    for p in includes.iter().filter(|p| Path::new(p).is_dir()) {
+        cc.include(p);
+    }
+    cc.compile("ibverbs_inline");
+    println!("cargo:rustc-link-lib=dylib=ibverbs");
+}

@@ -1,0 +1,24 @@
+//! Raw bindings to rdma-core's `libibverbs`.
+//!
+//! Generated at build time by bindgen from the installed
+//! `<infiniband/verbs.h>`, so struct layouts always match the headers the
+//! program is compiled against. The `static inline` verbs (`ibv_post_send`,
+//! `ibv_post_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_query_gid_ex`,
+//! `__ibv_reg_mr`, `___ibv_query_port`, ...) are callable under their own
+//! names through small C wrappers compiled from the same headers.
+//!
+//! Enums are plain integer constants (`IBV_WC_SUCCESS`, of type
+//! `ibv_wc_status`), never Rust enums: a provider may return values this
+//! header version does not know.
+//!
+//! Linking is dynamic: providers (rxe, mlx5, efa, ...) are loaded by
+//! libibverbs at run time from the system's rdma-core.
+//!
+//! Everything here is `unsafe` and undocumented beyond the verbs man pages;
+//! the `gpudirect` crate is the safe layer.
+
+#![no_std]
+#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case)]
+#![allow(clippy::all, rustdoc::all, missing_docs, unsafe_op_in_unsafe_fn)]
+
+include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
