@@ -1,1 +1,393 @@
-fn main(){}
+//! RDMA ping-pong between two processes or nodes, verifying every byte.
+//!
+//! ```text
+//! node A:  cargo run --release --example pingpong -- --server --device mlx5_0
+//! node B:  cargo run --release --example pingpong -- --connect nodeA:18515 --device mlx5_0 --op write-imm --size 8,4096,65536
+//! ```
+//!
+//! The client's operation, sizes and iteration count are sent to the
+//! server in the bootstrap handshake; a server given its own values refuses
+//! a client whose values differ. Each side prints per-size round-trip
+//! latency (min, median, p99) and bandwidth, and exits non-zero on any
+//! error, including a byte that arrived wrong.
+
+use std::net::TcpListener;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use gpudirect::bootstrap::{Handshake, OobChannel};
+use gpudirect::{
+    AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RecvWr,
+    RemoteBuffer, SendWr, WcOpcode, WorkCompletion,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Op {
+    /// RDMA write; the receiver polls the last byte of the buffer.
+    Write,
+    /// RDMA write with immediate; the receiver waits for its completion.
+    WriteImm,
+    /// Send/receive.
+    Send,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "RDMA ping-pong with data verification")]
+struct Args {
+    /// Wait for a client.
+    #[arg(long, conflicts_with = "connect", required_unless_present = "connect")]
+    server: bool,
+    /// Connect to a server at HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    connect: Option<String>,
+    /// Server: address and port to listen on.
+    #[arg(long, default_value = "0.0.0.0:18515", value_name = "ADDR:PORT")]
+    listen: String,
+    /// RDMA device (default: the first one).
+    #[arg(long, short = 'd')]
+    device: Option<String>,
+    /// Port of the device.
+    #[arg(long, default_value_t = 1)]
+    ib_port: u8,
+    /// GID index (default: the RoCE v2 IPv4-mapped entry; the choice is printed).
+    #[arg(long, short = 'x')]
+    gid_index: Option<u32>,
+    /// Message sizes in bytes, comma-separated [default: 2,64,4096,65536].
+    #[arg(long, short = 's', value_delimiter = ',')]
+    size: Vec<usize>,
+    /// Round trips per size [default: 1000].
+    #[arg(long, short = 'n')]
+    iters: Option<u32>,
+    /// Operation [default: write].
+    #[arg(long, value_enum)]
+    op: Option<Op>,
+    /// Seconds to wait for the peer (bootstrap and each message).
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+}
+
+/// The parameters both sides must agree on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Params {
+    op: Op,
+    sizes: Vec<usize>,
+    iters: u32,
+}
+
+impl Params {
+    fn encode(&self) -> Vec<u8> {
+        let sizes: Vec<_> = self.sizes.iter().map(|s| s.to_string()).collect();
+        let op = self.op.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
+        format!("op={op};iters={};sizes={}", self.iters, sizes.join(",")).into_bytes()
+    }
+
+    fn decode(b: &[u8]) -> Result<Params, String> {
+        let s = std::str::from_utf8(b).map_err(|_| "peer parameters are not UTF-8".to_string())?;
+        let (mut op, mut iters, mut sizes) = (None, None, None);
+        for kv in s.split(';') {
+            let (k, v) = kv.split_once('=').ok_or_else(|| format!("malformed peer parameter {kv:?}"))?;
+            match k {
+                "op" => op = Some(Op::from_str(v, false).map_err(|_| format!("unknown peer op {v:?}"))?),
+                "iters" => iters = Some(v.parse().map_err(|_| format!("bad peer iters {v:?}"))?),
+                "sizes" => {
+                    sizes = Some(
+                        v.split(',').map(|x| x.parse::<usize>()).collect::<Result<Vec<_>, _>>().map_err(|_| format!("bad peer sizes {v:?}"))?,
+                    )
+                }
+                _ => return Err(format!("unknown peer parameter {k:?}")),
+            }
+        }
+        let p = Params {
+            op: op.ok_or("peer sent no op")?,
+            iters: iters.ok_or("peer sent no iters")?,
+            sizes: sizes.ok_or("peer sent no sizes")?,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.sizes.is_empty() || self.sizes.iter().any(|&s| s == 0 || s > (1 << 30)) {
+            return Err(format!("sizes must be 1 byte to 1 GiB, got {:?}", self.sizes));
+        }
+        if self.iters == 0 {
+            return Err("iters must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// The bytes side `side` sends in iteration `iter`: different for every
+/// iteration and side, with a last byte that is never 0 and never the
+/// previous iteration's (the write receiver polls it).
+fn payload(buf: &mut [u8], size: usize, iter: u32, side: u8) {
+    let seed = (iter as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (size as u64) ^ (u64::from(side) << 56);
+    let mut x = seed | 1;
+    for b in buf[..size].iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    buf[size - 1] = marker(iter);
+}
+
+fn marker(iter: u32) -> u8 {
+    (iter % 255) as u8 + 1
+}
+
+struct Conn {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    mr: MemoryRegion,
+    peer: RemoteBuffer,
+    max: usize,
+    timeout: Duration,
+    /// Send completions still to reap before the send area is reused.
+    unreaped_sends: u32,
+    scratch: Vec<u8>,
+    expect: Vec<u8>,
+}
+
+impl Conn {
+    /// Receive area: [0, max); send area: [max, 2 max).
+    fn post_recv(&self, op: Op, size: usize) -> Res<()> {
+        let range = if op == Op::Send { 0..size } else { 0..0 };
+        self.qp.post_recv(&[RecvWr::new(self.mr.slice(range)?).wr_id(1)])?;
+        Ok(())
+    }
+
+    fn reap(&mut self, wcs: &mut [WorkCompletion]) -> Res<Option<WorkCompletion>> {
+        let n = self.cq.poll(wcs)?;
+        let mut recv = None;
+        for wc in &wcs[..n] {
+            let wc = wc.ok()?;
+            match wc.opcode {
+                WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => recv = Some(wc),
+                _ => self.unreaped_sends -= 1,
+            }
+        }
+        Ok(recv)
+    }
+
+    fn send(&mut self, op: Op, size: usize, iter: u32, side: u8) -> Res<()> {
+        let deadline = Instant::now() + self.timeout;
+        let mut wcs = [WorkCompletion::default(); 4];
+        while self.unreaped_sends > 0 {
+            if self.reap(&mut wcs)?.is_some() {
+                return Err("unexpected receive completion while waiting for a send to complete".into());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("send completion did not arrive within {:?}", self.timeout).into());
+            }
+        }
+        payload(&mut self.scratch, size, iter, side);
+        self.mr.write_at(self.max, &self.scratch[..size])?;
+        let local = self.mr.slice(self.max..self.max + size)?;
+        let wr = match op {
+            Op::Write => SendWr::write(local, &self.peer, 0)?,
+            Op::WriteImm => SendWr::write_with_imm(local, &self.peer, 0, iter)?,
+            Op::Send => SendWr::send(local),
+        };
+        self.qp.post_send(&[wr])?;
+        self.unreaped_sends += 1;
+        Ok(())
+    }
+
+    /// Waits for the peer's message of iteration `iter` and checks every
+    /// byte; re-arms the receive when another message of this size follows.
+    fn receive(&mut self, op: Op, size: usize, iter: u32, peer_side: u8, rearm: bool) -> Res<()> {
+        let deadline = Instant::now() + self.timeout;
+        let mut wcs = [WorkCompletion::default(); 4];
+        loop {
+            let recv = self.reap(&mut wcs)?;
+            let arrived = match op {
+                Op::Write => self.mr.read_volatile(size - 1)? == marker(iter),
+                Op::WriteImm | Op::Send => match recv {
+                    None => false,
+                    Some(wc) => {
+                        if op == Op::WriteImm && wc.imm != Some(iter) {
+                            return Err(format!("iteration {iter}: immediate data {:?}, expected {iter}", wc.imm).into());
+                        }
+                        if op == Op::Send && wc.byte_len as usize != size {
+                            return Err(format!("iteration {iter}: received {} bytes, expected {size}", wc.byte_len).into());
+                        }
+                        true
+                    }
+                },
+            };
+            if arrived {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("iteration {iter} of {size} bytes: nothing arrived from the peer within {:?}", self.timeout).into());
+            }
+        }
+        payload(&mut self.expect, size, iter, peer_side);
+        self.mr.read_at(0, &mut self.scratch[..size])?;
+        if self.scratch[..size] != self.expect[..size] {
+            let at = self.scratch.iter().zip(&self.expect).position(|(a, b)| a != b).unwrap_or(0);
+            return Err(format!(
+                "data corruption: iteration {iter}, {size} bytes, first difference at byte {at}: got {:#04x}, expected {:#04x}",
+                self.scratch[at], self.expect[at]
+            )
+            .into());
+        }
+        // Re-arm before answering, so the peer's next message finds a receive.
+        if op != Op::Write && rearm {
+            self.post_recv(op, size)?;
+        }
+        Ok(())
+    }
+
+    fn drain_sends(&mut self) -> Res<()> {
+        let deadline = Instant::now() + self.timeout;
+        let mut wcs = [WorkCompletion::default(); 4];
+        while self.unreaped_sends > 0 {
+            self.reap(&mut wcs)?;
+            if Instant::now() > deadline {
+                return Err("send completions did not arrive".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn run(args: Args) -> Res<()> {
+    let timeout = Duration::from_secs(args.timeout);
+    let given = Params {
+        op: args.op.unwrap_or(Op::Write),
+        sizes: if args.size.is_empty() { vec![2, 64, 4096, 65536] } else { args.size.clone() },
+        iters: args.iters.unwrap_or(1000),
+    };
+    given.validate()?;
+    let is_server = args.server;
+
+    let ctx = Context::open(args.device.as_deref())?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let cq = CompletionQueue::new(&ctx, 64)?;
+    let config = QpConfig { port: args.ib_port, gid_index: args.gid_index, max_send_wr: 16, max_recv_wr: 16, ..QpConfig::default() };
+    let qp = QueuePair::create(&pd, &cq, &cq, &config)?;
+    println!("device {} port {}: {}", ctx.name(), args.ib_port, qp.gid());
+
+    let mut oob = if is_server {
+        let listener = TcpListener::bind(&args.listen).map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+        println!("waiting for a client on {}", args.listen);
+        OobChannel::accept(&listener, timeout)?
+    } else {
+        OobChannel::connect(args.connect.as_deref().unwrap_or_default(), timeout)?
+    };
+
+    // The server sizes its buffer from the client's parameters, so the
+    // parameters travel first, then the endpoint and buffer.
+    let params = if is_server {
+        let peer = Params::decode(&oob.exchange(&Handshake::default())?.app)?;
+        // Values the server was given explicitly must match the client's.
+        if args.op.is_some_and(|o| o != peer.op)
+            || (!args.size.is_empty() && args.size != peer.sizes)
+            || args.iters.is_some_and(|n| n != peer.iters)
+        {
+            return Err(format!("the client's parameters {peer:?} differ from this server's {given:?}").into());
+        }
+        peer
+    } else {
+        oob.exchange(&Handshake { app: given.encode(), ..Default::default() })?;
+        given
+    };
+    let max = *params.sizes.iter().max().unwrap_or(&1);
+    let mr = MemoryRegion::alloc(&pd, 2 * max, AccessFlags::REMOTE_WRITE)?;
+    let local_ep = qp.endpoint();
+    let peer = oob.exchange(&Handshake { endpoint: Some(local_ep), buffers: vec![mr.remote()], app: vec![] })?;
+    let peer_ep = peer.endpoint.ok_or("the peer sent no endpoint")?;
+    let peer_buf = *peer.buffers.first().ok_or("the peer sent no buffer")?;
+    if peer_buf.len < max as u64 {
+        return Err(format!("the peer's buffer ({peer_buf}) is smaller than the largest message ({max} bytes)").into());
+    }
+    println!("local  {local_ep}\nremote {peer_ep}");
+    println!("op {:?}, {} iterations per size", params.op, params.iters);
+    let mut conn = Conn {
+        qp: qp.connect(&peer_ep)?,
+        cq,
+        mr,
+        peer: peer_buf,
+        max,
+        timeout,
+        unreaped_sends: 0,
+        scratch: vec![0; max],
+        expect: vec![0; max],
+    };
+
+    let (me, them) = if is_server { (1u8, 0u8) } else { (0u8, 1u8) };
+    if is_server {
+        println!("{:>10} {:>8} {:>10}", "#bytes", "#iters", "verified");
+    } else {
+        println!("{:>10} {:>8} {:>12} {:>12} {:>12} {:>12}", "#bytes", "#iters", "min[us]", "median[us]", "p99[us]", "MB/s");
+    }
+    for &size in &params.sizes {
+        conn.mr.fill(0..max, 0)?;
+        if params.op != Op::Write {
+            conn.post_recv(params.op, size)?;
+        }
+        // Both sides are armed and zeroed before anything is sent.
+        oob.barrier()?;
+        let mut rtts = Vec::with_capacity(params.iters as usize);
+        let start = Instant::now();
+        for iter in 0..params.iters {
+            let rearm = iter + 1 < params.iters;
+            if is_server {
+                conn.receive(params.op, size, iter, them, rearm)?;
+                conn.send(params.op, size, iter, me)?;
+            } else {
+                let t0 = Instant::now();
+                conn.send(params.op, size, iter, me)?;
+                conn.receive(params.op, size, iter, them, rearm)?;
+                rtts.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        let total = start.elapsed().as_secs_f64();
+        conn.drain_sends()?;
+        if is_server {
+            println!("{size:>10} {:>8} {:>10}", params.iters, "ok");
+        } else {
+            rtts.sort_by(|a, b| a.total_cmp(b));
+            let mbps = 2.0 * size as f64 * f64::from(params.iters) / total / 1e6;
+            println!(
+                "{size:>10} {:>8} {:>12.2} {:>12.2} {:>12.2} {:>12.4}",
+                params.iters,
+                rtts[0],
+                percentile(&rtts, 0.5),
+                percentile(&rtts, 0.99),
+                mbps
+            );
+        }
+        // Nothing of this size is in flight any more on either side.
+        oob.barrier()?;
+    }
+    oob.barrier()?;
+    println!("all data verified");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let role = if args.server { "server" } else { "client" };
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pingpong {role}: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

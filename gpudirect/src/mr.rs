@@ -253,6 +253,7 @@ impl MemoryRegion {
     /// region's lifetime.
     ///
     /// # Errors
+    /// [`Error::InvalidArgument`] for an empty buffer;
     /// [`Error::Verb`] from `ibv_reg_mr`: `ENOMEM` usually means the
     /// locked-memory limit (`ulimit -l`) is too low; `EINVAL` an access
     /// combination the device refuses.
@@ -291,6 +292,11 @@ impl MemoryRegion {
         mut access: AccessFlags,
         backing: Box<dyn Registerable>,
     ) -> Result<MemoryRegion> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "a memory region cannot be empty; a zero-length work request can name an empty slice of any region".into(),
+            ));
+        }
         if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC) {
             // ibv_reg_mr(3): "If IBV_ACCESS_REMOTE_WRITE or
             // IBV_ACCESS_REMOTE_ATOMIC is set, then IBV_ACCESS_LOCAL_WRITE

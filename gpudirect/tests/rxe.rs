@@ -1,0 +1,329 @@
+//! Integration tests against a real RDMA device (Soft-RoCE in the test
+//! bed, or any NIC). They are ignored by default; run them with
+//!
+//! ```text
+//! GPUDIRECT_TEST_DEVICE=rxe0 cargo test -p gpudirect --test rxe -- --ignored
+//! ```
+//!
+//! or let `testbed/run` boot a guest with rxe and run them inside.
+
+use std::time::Duration;
+
+use gpudirect::{
+    AccessFlags, CompletionQueue, Context, Error, GidType, LinkLayer, MemoryRegion, PortState, ProtectionDomain,
+    QpConfig, QpState, QueuePair, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn device() -> String {
+    std::env::var("GPUDIRECT_TEST_DEVICE")
+        .expect("set GPUDIRECT_TEST_DEVICE to the RDMA device to test (e.g. rxe0); testbed/run sets it")
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// One side of a loopback connection.
+struct Side {
+    cq: CompletionQueue,
+    qp: QueuePair,
+}
+
+struct Loopback {
+    pd: ProtectionDomain,
+    a: Side,
+    b: Side,
+}
+
+fn loopback(config: &QpConfig) -> Loopback {
+    let ctx = Context::open(Some(&device())).unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq_a = CompletionQueue::new(&ctx, 256).unwrap();
+    let cq_b = CompletionQueue::new(&ctx, 256).unwrap();
+    let qa = QueuePair::create(&pd, &cq_a, &cq_a, config).unwrap();
+    let qb = QueuePair::create(&pd, &cq_b, &cq_b, config).unwrap();
+    let (ea, eb) = (qa.endpoint(), qb.endpoint());
+    Loopback {
+        pd,
+        a: Side { cq: cq_a, qp: qa.connect(&eb).unwrap() },
+        b: Side { cq: cq_b, qp: qb.connect(&ea).unwrap() },
+    }
+}
+
+fn wait_one(cq: &CompletionQueue) -> WorkCompletion {
+    let mut wc = [WorkCompletion::default(); 1];
+    let n = cq.wait(&mut wc, Some(TIMEOUT)).unwrap();
+    assert_eq!(n, 1);
+    wc[0]
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn open_and_query_device_port_and_gid() {
+    let name = device();
+    let listed = gpudirect::devices().unwrap();
+    assert!(listed.iter().any(|d| d.name == name), "{name} not in {listed:?}");
+    let ctx = Context::open(Some(&name)).unwrap();
+    assert_eq!(ctx.name(), name);
+    assert!(ctx.attr().phys_port_cnt >= 1);
+    assert!(ctx.attr().max_qp_wr > 0 && ctx.attr().max_cqe > 0);
+    let port = ctx.query_port(1).unwrap();
+    assert_eq!(port.state, PortState::Active, "{port:?}");
+    assert!(port.active_mtu.is_some());
+    let table = ctx.gid_table(1).unwrap();
+    assert!(!table.is_empty());
+    let choice = ctx.choose_gid(1, None).unwrap();
+    assert!(table.contains(&choice.entry));
+    if port.link_layer == LinkLayer::Ethernet {
+        assert_eq!(choice.entry.gid_type, GidType::RoceV2, "{choice}");
+        if table.iter().any(|e| e.gid_type == GidType::RoceV2 && e.gid.is_ipv4_mapped()) {
+            assert!(choice.entry.gid.is_ipv4_mapped(), "{choice}");
+        }
+    }
+    eprintln!("{name}: {port:?}; chose {choice}");
+    // An override outside the table is refused, naming the table.
+    let e = ctx.choose_gid(1, Some(250)).unwrap_err();
+    assert!(e.to_string().contains("GID index 250 is not a valid entry"), "{e}");
+    assert!(matches!(ctx.query_port(9), Err(Error::InvalidPort { port: 9, .. })));
+    match Context::open(Some("no_such_dev")) {
+        Err(Error::DeviceNotFound { available, .. }) => assert!(available.contains(&name)),
+        other => panic!("expected DeviceNotFound, got {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn register_and_deregister_memory_regions() {
+    let ctx = Context::open(Some(&device())).unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let mut keys = Vec::new();
+    for len in [1, 4096, 65536, 1 << 20, 16 << 20] {
+        let mr = MemoryRegion::alloc(&pd, len, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ).unwrap();
+        assert_eq!(mr.len(), len);
+        assert_eq!(mr.addr() % 4096, 0);
+        assert!(mr.access().contains(AccessFlags::LOCAL_WRITE), "LOCAL_WRITE is implied by REMOTE_WRITE");
+        mr.write_at(len - 1, &[7]).unwrap();
+        let mut b = [0];
+        mr.read_at(len - 1, &mut b).unwrap();
+        assert_eq!(b, [7]);
+        keys.push(mr.lkey());
+    }
+    // Caller-owned memory: a Vec is moved in and kept for the region's life.
+    let v = pattern(10_000, 3);
+    let mr = MemoryRegion::register(&pd, v.clone(), AccessFlags::default()).unwrap();
+    assert_eq!(mr.to_vec().unwrap(), v);
+    assert_eq!(mr.access(), AccessFlags::LOCAL_WRITE);
+    // Memory the caller maps itself.
+    let len = 8192;
+    // SAFETY: anonymous private mapping; unmapped below after the region is gone.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: the mapping outlives the region (dropped before munmap) and
+    // is only accessed through it.
+    let raw = unsafe { MemoryRegion::register_raw(&pd, p.cast(), len, AccessFlags::default()) }.unwrap();
+    raw.write_at(0, b"mapped").unwrap();
+    drop(raw);
+    // SAFETY: mapping made above, no region refers to it any more.
+    unsafe { libc::munmap(p, len) };
+    // Out-of-range access is an error, not a panic.
+    assert!(matches!(mr.write_at(9_999, &[1, 2]), Err(Error::OutOfBounds { .. })));
+    assert!(matches!(mr.slice(0..10_001), Err(Error::OutOfBounds { .. })));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn rdma_write_then_read_back() {
+    let lb = loopback(&QpConfig::default());
+    let src = MemoryRegion::alloc(&lb.pd, 65536, AccessFlags::default()).unwrap();
+    let dst = MemoryRegion::alloc(&lb.pd, 65536, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ).unwrap();
+    let back = MemoryRegion::alloc(&lb.pd, 65536, AccessFlags::LOCAL_WRITE).unwrap();
+    let data = pattern(65536, 1);
+    src.write_at(0, &data).unwrap();
+    let remote = dst.remote();
+
+    lb.a.qp.post_send(&[SendWr::write(src.slice(..).unwrap(), &remote, 0).unwrap().wr_id(11)]).unwrap();
+    let wc = wait_one(&lb.a.cq).ok().unwrap();
+    assert_eq!((wc.wr_id, wc.opcode), (11, WcOpcode::RdmaWrite));
+    assert_eq!(dst.to_vec().unwrap(), data);
+
+    // Read the middle back into another region at an offset.
+    lb.a.qp.post_send(&[SendWr::read(back.slice(100..4196).unwrap(), &remote, 1000).unwrap().wr_id(12)]).unwrap();
+    // Until its completion is reaped, the destination may not be read.
+    assert!(matches!(back.read_at(100, &mut [0; 8]), Err(Error::Busy { .. })));
+    let wc = wait_one(&lb.a.cq).ok().unwrap();
+    assert_eq!((wc.wr_id, wc.opcode, wc.byte_len), (12, WcOpcode::RdmaRead, 4096));
+    let mut got = vec![0; 4096];
+    back.read_at(100, &mut got).unwrap();
+    assert_eq!(got, &data[1000..5096]);
+
+    // A range outside the peer's buffer is refused before posting.
+    let e = SendWr::write(src.slice(0..4096).unwrap(), &remote, 65536 - 100).unwrap_err();
+    assert!(matches!(e, Error::OutOfBounds { what: "remote buffer", .. }), "{e}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn write_with_immediate_notifies_the_receiver() {
+    let lb = loopback(&QpConfig::default());
+    let src = MemoryRegion::alloc(&lb.pd, 8192, AccessFlags::default()).unwrap();
+    let dst = MemoryRegion::alloc(&lb.pd, 8192, AccessFlags::REMOTE_WRITE).unwrap();
+    // Registering nothing is refused with a clear error, not EINVAL.
+    let e = MemoryRegion::alloc(&lb.pd, 0, AccessFlags::default()).unwrap_err();
+    assert!(e.to_string().contains("cannot be empty"), "{e}");
+    let data = pattern(5000, 9);
+    src.write_at(0, &data).unwrap();
+    // A write with immediate consumes a receive but puts no bytes in it.
+    lb.b.qp.post_recv(&[RecvWr::new(dst.slice(0..0).unwrap()).wr_id(77)]).unwrap();
+    lb.a.qp
+        .post_send(&[SendWr::write_with_imm(src.slice(0..5000).unwrap(), &dst.remote(), 3000, 0xdead_beef).unwrap()])
+        .unwrap();
+    let wc = wait_one(&lb.b.cq).ok().unwrap();
+    assert_eq!(wc.wr_id, 77);
+    assert_eq!(wc.opcode, WcOpcode::RecvRdmaWithImm);
+    assert_eq!(wc.imm, Some(0xdead_beef));
+    assert_eq!(wc.byte_len, 5000);
+    let mut got = vec![0; 5000];
+    dst.read_at(3000, &mut got).unwrap();
+    assert_eq!(got, data);
+    wait_one(&lb.a.cq).ok().unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn send_and_receive_with_and_without_immediate() {
+    let lb = loopback(&QpConfig { max_inline_data: 64, ..QpConfig::default() });
+    let src = MemoryRegion::alloc(&lb.pd, 4096, AccessFlags::default()).unwrap();
+    let dst = MemoryRegion::alloc(&lb.pd, 8192, AccessFlags::default()).unwrap();
+    lb.b.qp
+        .post_recv(&[RecvWr::new(dst.slice(0..4096).unwrap()).wr_id(1), RecvWr::new(dst.slice(4096..).unwrap()).wr_id(2)])
+        .unwrap();
+    // The receive buffers are the NIC's until their completions are reaped.
+    assert!(matches!(dst.read_at(0, &mut [0; 4]), Err(Error::Busy { .. })));
+    let msg = pattern(3000, 5);
+    src.write_at(0, &msg).unwrap();
+    lb.a.qp.post_send(&[SendWr::send(src.slice(0..3000).unwrap()).wr_id(10)]).unwrap();
+    // The send's source may be read but not overwritten while in flight.
+    let mut peek = [0; 4];
+    src.read_at(0, &mut peek).unwrap();
+    assert!(matches!(src.write_at(0, &[0; 4]), Err(Error::Busy { .. })));
+    let wc = wait_one(&lb.b.cq).ok().unwrap();
+    assert_eq!((wc.wr_id, wc.opcode, wc.byte_len, wc.imm), (1, WcOpcode::Recv, 3000, None));
+    let mut got = vec![0; 3000];
+    dst.read_at(0, &mut got).unwrap();
+    assert_eq!(got, msg);
+    assert_eq!(wait_one(&lb.a.cq).ok().unwrap().opcode, WcOpcode::Send);
+    src.write_at(0, &[0; 4]).unwrap();
+
+    // Inline small send with immediate: the source is free right after posting.
+    src.write_at(0, b"hello, inline").unwrap();
+    lb.a.qp.post_send(&[SendWr::send_with_imm(src.slice(0..13).unwrap(), 42).inline().wr_id(11)]).unwrap();
+    src.write_at(0, b"overwritten!!").unwrap();
+    let wc = wait_one(&lb.b.cq).ok().unwrap();
+    assert_eq!((wc.wr_id, wc.byte_len, wc.imm), (2, 13, Some(42)));
+    let mut got = [0; 13];
+    dst.read_at(4096, &mut got).unwrap();
+    assert_eq!(&got, b"hello, inline");
+    wait_one(&lb.a.cq).ok().unwrap();
+    // Inline beyond the queue pair's limit is refused before posting.
+    let e = lb.a.qp.post_send(&[SendWr::send(src.slice(0..4096).unwrap()).inline()]).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn batch_of_unsignaled_writes_with_one_signaled() {
+    let lb = loopback(&QpConfig { max_send_wr: 32, ..QpConfig::default() });
+    let chunk = 1024;
+    let n = 16;
+    let src = MemoryRegion::alloc(&lb.pd, chunk * n, AccessFlags::default()).unwrap();
+    let dst = MemoryRegion::alloc(&lb.pd, chunk * n, AccessFlags::REMOTE_WRITE).unwrap();
+    let data = pattern(chunk * n, 77);
+    src.write_at(0, &data).unwrap();
+    let remote = dst.remote();
+    let wrs: Vec<_> = (0..n)
+        .map(|i| {
+            let wr = SendWr::write(src.slice(i * chunk..(i + 1) * chunk).unwrap(), &remote, (i * chunk) as u64)
+                .unwrap()
+                .wr_id(i as u64);
+            if i + 1 == n { wr } else { wr.unsignaled() }
+        })
+        .collect();
+    lb.a.qp.post_send(&wrs).unwrap();
+    // Every chunk, unsignaled ones included, stays held until the signaled
+    // completion is reaped.
+    assert!(matches!(src.write_at(0, &[1]), Err(Error::Busy { .. })));
+    let wc = wait_one(&lb.a.cq).ok().unwrap();
+    assert_eq!(wc.wr_id, (n - 1) as u64);
+    let mut more = [WorkCompletion::default(); 4];
+    assert_eq!(lb.a.cq.poll(&mut more).unwrap(), 0, "unsignaled writes must not complete");
+    src.write_at(0, &[1]).unwrap();
+    assert_eq!(dst.to_vec().unwrap(), data);
+
+    // More outstanding requests than the queue holds are refused up front.
+    let small = src.slice(0..8).unwrap();
+    let many: Vec<_> = (0..33).map(|_| SendWr::write(small, &remote, 0).unwrap().unsignaled()).collect();
+    assert!(matches!(lb.a.qp.post_send(&many), Err(Error::QueueFull { queue: "send", depth: 32 })));
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn wait_times_out_when_nothing_completes() {
+    let lb = loopback(&QpConfig::default());
+    let mut wc = [WorkCompletion::default(); 1];
+    let start = std::time::Instant::now();
+    assert!(matches!(lb.a.cq.wait(&mut wc, Some(Duration::from_millis(200))), Err(Error::Timeout(_))));
+    assert!(start.elapsed() >= Duration::from_millis(200));
+}
+
+fn expect_remote_access_error(target_access: AccessFlags, wrong_rkey: bool) {
+    let lb = loopback(&QpConfig::default());
+    let src = MemoryRegion::alloc(&lb.pd, 4096, AccessFlags::default()).unwrap();
+    let dst = MemoryRegion::alloc(&lb.pd, 4096, target_access).unwrap();
+    src.write_at(0, &pattern(4096, 1)).unwrap();
+    let mut remote = dst.remote();
+    if wrong_rkey {
+        remote.rkey ^= 0x5a5a00;
+    }
+    lb.a.qp.post_send(&[SendWr::write(src.slice(..).unwrap(), &remote, 0).unwrap().wr_id(5)]).unwrap();
+    let wc = wait_one(&lb.a.cq);
+    let err = wc.ok().unwrap_err();
+    assert_eq!(err.status, WcStatus::RemoteAccessError, "{err}");
+    assert_eq!((err.wr_id, err.opcode), (5, WcOpcode::RdmaWrite));
+    assert!(err.to_string().contains("IBV_WC_REM_ACCESS_ERR (RemoteAccessError)"), "{err}");
+    // The target's memory is untouched and the initiator's QP is in error.
+    assert_eq!(dst.to_vec().unwrap(), vec![0; 4096]);
+    assert_eq!(lb.a.qp.state().unwrap(), QpState::Error);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn write_without_remote_write_permission_is_a_remote_access_error() {
+    expect_remote_access_error(AccessFlags::REMOTE_READ, false);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn write_with_wrong_rkey_is_a_remote_access_error() {
+    expect_remote_access_error(AccessFlags::REMOTE_WRITE, true);
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn objects_drop_in_any_order() {
+    let lb = loopback(&QpConfig::default());
+    let src = MemoryRegion::alloc(&lb.pd, 4096, AccessFlags::default()).unwrap();
+    let dst = MemoryRegion::alloc(&lb.pd, 4096, AccessFlags::REMOTE_WRITE).unwrap();
+    let remote = dst.remote();
+    lb.a.qp.post_send(&[SendWr::write(src.slice(..).unwrap(), &remote, 0).unwrap()]).unwrap();
+    // Drop the handles while the write may be in flight: the queue pair
+    // keeps the source region alive until it is destroyed.
+    drop(src);
+    let Loopback { pd, a, b } = lb;
+    drop(pd);
+    drop(a.cq);
+    drop(a.qp);
+    drop(b);
+    assert_eq!(dst.len(), 4096);
+}
