@@ -46,7 +46,9 @@ fn locate() -> Vec<PathBuf> {
         .probe("libibverbs")
     {
         Ok(lib) => lib.include_paths,
-        Err(e) => fail(&format!("pkg-config could not find libibverbs ({e})")),
+        // The pkg-config crate's own text is a page long; the cause is
+        // nearly always the missing -dev package.
+        Err(_) => fail("the rdma-core headers were not found (`pkg-config libibverbs` failed)"),
     }
 }
 
@@ -59,38 +61,42 @@ fn main() {
     let header = here.join("wrapper.h");
     let inline_c = out.join("verbs_inline");
 
-    let builder = bindgen::Builder::default()
-        .header(header.to_string_lossy())
-        .clang_args(includes.iter().map(|p| format!("-I{}", p.display())))
-        .allowlist_function("_*ibv_.*")
-        .allowlist_type("_*ibv_.*")
-        .allowlist_var("IBV_.*")
-        .allowlist_var("IB_UVERBS_.*")
-        // Enums stay plain integer constants: a C library may hand back a
-        // value this header version does not know, which a Rust enum
-        // cannot hold without undefined behaviour.
-        .default_enum_style(bindgen::EnumVariation::Consts)
-        .derive_default(true)
-        .derive_debug(true)
-        .prepend_enum_name(false)
-        .layout_tests(true)
-        // ibv_context and friends embed pthread types; keep them opaque
-        // (their layout is libc's business, only their size matters here).
-        .allowlist_type("pthread_(mutex|cond)_t")
-        .opaque_type("pthread_.*")
-        .impl_debug(true)
-        .use_core()
-        .wrap_static_fns(true)
-        .wrap_static_fns_path(&inline_c)
-        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()));
-
-    // bindgen panics when it cannot load libclang; turn that into the same
-    // one readable message as a missing header.
-    let generated = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || builder.generate()));
+    // bindgen panics when it cannot load libclang (already while the
+    // builder is configured); turn that into the same one readable message
+    // as a missing header, without the panic's backtrace.
+    std::panic::set_hook(Box::new(|_| {}));
+    let generated = std::panic::catch_unwind(|| {
+        bindgen::Builder::default()
+            .header(header.to_string_lossy())
+            .clang_args(includes.iter().map(|p| format!("-I{}", p.display())))
+            .allowlist_function("_*ibv_.*")
+            .allowlist_type("_*ibv_.*")
+            .allowlist_var("IBV_.*")
+            .allowlist_var("IB_UVERBS_.*")
+            // Enums stay plain integer constants: a C library may hand back
+            // a value this header version does not know, which a Rust enum
+            // cannot hold without undefined behaviour.
+            .default_enum_style(bindgen::EnumVariation::Consts)
+            .derive_default(true)
+            .derive_debug(true)
+            .prepend_enum_name(false)
+            .layout_tests(true)
+            // ibv_context and friends embed pthread types; keep them opaque
+            // (their layout is libc's business, only their size matters here).
+            .allowlist_type("pthread_(mutex|cond)_t")
+            .opaque_type("pthread_.*")
+            .impl_debug(true)
+            .use_core()
+            .wrap_static_fns(true)
+            .wrap_static_fns_path(&inline_c)
+            .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+            .generate()
+    });
+    let _ = std::panic::take_hook();
     let bindings = match generated {
         Ok(Ok(b)) => b,
-        Ok(Err(e)) => fail(&format!("bindgen could not parse infiniband/verbs.h ({e})")),
-        Err(_) => fail("bindgen could not load libclang"),
+        Ok(Err(e)) => fail(&format!("bindgen could not parse infiniband/verbs.h ({})", e.to_string().trim())),
+        Err(_) => fail("bindgen could not load libclang (set LIBCLANG_PATH if it is installed somewhere unusual)"),
     };
     bindings
         .write_to_file(out.join("bindings.rs"))
@@ -107,5 +113,7 @@ fn main() {
         cc.include(p);
     }
     cc.compile("ibverbs_inline");
+    // Again after the wrappers' static library, which calls into
+    // libibverbs: linkers resolve left to right.
     println!("cargo:rustc-link-lib=dylib=ibverbs");
 }

@@ -169,8 +169,9 @@ pub enum Error {
         len: u64,
     },
 
-    /// A message is larger than a single work request can carry (2 GiB - 1
-    /// bytes in verbs' 32-bit scatter/gather length).
+    /// A message is larger than a single work request can carry (verbs'
+    /// scatter/gather length is 32 bits; ports usually cap messages at
+    /// 2 GiB, their `max_msg_sz`).
     #[error("a {0}-byte transfer does not fit in one work request (at most {max} bytes)", max = u32::MAX)]
     TooLong(u64),
 
@@ -203,7 +204,8 @@ pub enum Error {
     #[error("the memory region belongs to a different protection domain than the queue pair")]
     ForeignMemoryRegion,
 
-    /// The completion queue's other end was used with a queue pair on a different device.
+    /// An argument rejected before any verb was called; the message says
+    /// which and why.
     #[error("{0}")]
     InvalidArgument(String),
 

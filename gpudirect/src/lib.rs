@@ -77,3 +77,33 @@ pub use mr::{AccessFlags, HostBuffer, LocalSlice, MemoryRegion, Registerable, Re
 pub use pd::ProtectionDomain;
 pub use qp::{Endpoint, PreparedQueuePair, QpConfig, QpState, QueuePair};
 pub use wr::{RecvWr, SendWr};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Handles are meant to be shared across threads: posting, polling and
+    /// the copy accessors are all thread-safe.
+    #[test]
+    fn handles_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Context>();
+        check::<ProtectionDomain>();
+        check::<CompletionQueue>();
+        check::<MemoryRegion>();
+        check::<QueuePair>();
+        check::<PreparedQueuePair>();
+        check::<Error>();
+    }
+
+    /// Endpoints and buffer descriptors can travel over the user's own
+    /// channel (JSON here).
+    #[test]
+    fn endpoint_and_remote_buffer_are_serde() {
+        let ep = Endpoint { qp_num: 0x1234, psn: 0x42, lid: 0, gid: Gid([0xfe; 16]), mtu: Mtu::Mtu4096 };
+        let rb = RemoteBuffer { addr: 0x7f00_0000_0000, len: 1 << 20, rkey: 0xabc };
+        let s = serde_json::to_string(&(ep, rb)).unwrap();
+        assert_eq!(serde_json::from_str::<(Endpoint, RemoteBuffer)>(&s).unwrap(), (ep, rb));
+        assert!(serde_json::from_str::<Endpoint>(r#"{"qp_num":1,"psn":1,"lid":0,"gid":[0],"mtu":"Mtu4096"}"#).is_err());
+    }
+}
