@@ -5,6 +5,11 @@
 //! node B:  cargo run --release --example pingpong -- --connect nodeA:18515 --device mlx5_0 --op write-imm --size 8,4096,65536
 //! ```
 //!
+//! With `--gpu N` both sides' buffers are GPU memory, registered for
+//! GPUDirect RDMA (dma-buf, else peer memory) or, per `--gpu-policy`,
+//! staged through host memory; each side prints the path it got
+//! (`memory: GPU0 memory, path: dma-buf`) and the peer's.
+//!
 //! The client's operation, sizes and iteration count are sent to the
 //! server in the bootstrap handshake; a server given its own values refuses
 //! a client whose values differ. Each side prints per-size round-trip
@@ -18,8 +23,8 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use gpudirect::bootstrap::{Handshake, OobChannel};
 use gpudirect::{
-    AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RecvWr,
-    RemoteBuffer, SendWr, WcOpcode, WorkCompletion,
+    AccessFlags, CompletionQueue, Context, Gpu, GpuBuffer, GpuPolicy, MemoryRegion, ProtectionDomain, QpConfig,
+    QueuePair, RecvWr, RemoteBuffer, SendWr, WcOpcode, WorkCompletion,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -65,6 +70,13 @@ struct Args {
     /// Seconds to wait for the peer (bootstrap and each message).
     #[arg(long, default_value_t = 60)]
     timeout: u64,
+    /// Use memory of this CUDA GPU instead of host memory.
+    #[arg(long, value_name = "N")]
+    gpu: Option<usize>,
+    /// With --gpu: require GPUDirect RDMA, prefer it (falling back to host
+    /// staging), or stage through host memory.
+    #[arg(long, default_value = "require", value_name = "require|prefer|host-staged", requires = "gpu")]
+    gpu_policy: GpuPolicy,
 }
 
 /// The parameters both sides must agree on.
@@ -226,6 +238,14 @@ impl Conn {
                 return Err(format!("iteration {iter} of {size} bytes: nothing arrived from the peer within {:?}", self.timeout).into());
             }
         }
+        if op == Op::WriteImm {
+            // A host-staged GPU region learns of a peer's write only here.
+            self.mr.stage_in(0..size)?;
+        }
+        // GPU kernels would consume the data now; make the NIC's writes
+        // visible to them (free on GPUs that order RDMA writes, a no-op
+        // for host memory).
+        self.mr.flush_gpu_writes()?;
         payload(&mut self.expect, size, iter, peer_side);
         self.mr.read_at(0, &mut self.scratch[..size])?;
         if self.scratch[..size] != self.expect[..size] {
@@ -302,10 +322,22 @@ fn run(args: Args) -> Res<()> {
         oob.exchange(&Handshake { app: given.encode(), ..Default::default() })?;
         given
     };
+    if args.gpu.is_some() && params.op == Op::Write {
+        return Err("the CPU cannot poll GPU memory for a plain write's arrival: use --op write-imm or --op send with --gpu".into());
+    }
     let max = *params.sizes.iter().max().unwrap_or(&1);
-    let mr = MemoryRegion::alloc(&pd, 2 * max, AccessFlags::REMOTE_WRITE)?;
+    let mr = match args.gpu {
+        None => MemoryRegion::alloc(&pd, 2 * max, AccessFlags::REMOTE_WRITE)?,
+        Some(n) => {
+            let gpu = Gpu::open(n)?;
+            MemoryRegion::register_gpu(&pd, GpuBuffer::alloc(&gpu, 2 * max)?, AccessFlags::REMOTE_WRITE, args.gpu_policy)?
+        }
+    };
+    let location = mr.location().to_string();
+    println!("memory: {location}");
     let local_ep = qp.endpoint();
-    let peer = oob.exchange(&Handshake { endpoint: Some(local_ep), buffers: vec![mr.remote()], app: vec![] })?;
+    let peer = oob.exchange(&Handshake { endpoint: Some(local_ep), buffers: vec![mr.remote()], app: location.into_bytes() })?;
+    println!("peer memory: {}", String::from_utf8_lossy(&peer.app));
     let peer_ep = peer.endpoint.ok_or("the peer sent no endpoint")?;
     let peer_buf = *peer.buffers.first().ok_or("the peer sent no buffer")?;
     if peer_buf.len < max as u64 {

@@ -190,7 +190,7 @@ impl Context {
         let mut found = None;
         let mut names = Vec::new();
         for (dev, info) in list.iter() {
-            if found.is_none() && name.map_or(true, |n| n == info.name) {
+            if found.is_none() && name.is_none_or(|n| n == info.name) {
                 found = Some((dev, info.name.clone()));
             }
             names.push(info.name);

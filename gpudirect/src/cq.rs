@@ -398,7 +398,7 @@ impl CompletionQueue {
             for wc in &wcs[..n] {
                 // SAFETY: ibv_poll_cq initialised the first `n` entries.
                 let wc = unsafe { wc.assume_init_ref() };
-                if let Some(c) = translate(wc, &trackers) {
+                if let Some(c) = translate(wc, &trackers)? {
                     out[written] = c;
                     written += 1;
                 }
@@ -485,13 +485,23 @@ impl CompletionQueue {
 
 /// Matches a raw completion to its posted work request, releasing what the
 /// request held. `None` for completions of queue pairs already destroyed.
-fn translate(wc: &sys::ibv_wc, trackers: &HashMap<u32, Arc<Tracker>>) -> Option<WorkCompletion> {
-    let tracker = trackers.get(&wc.qp_num)?;
-    let (wr_id, posted) = tracker.complete(wc.wr_id)?;
+fn translate(wc: &sys::ibv_wc, trackers: &HashMap<u32, Arc<Tracker>>) -> Result<Option<WorkCompletion>> {
+    let Some(tracker) = trackers.get(&wc.qp_num) else {
+        return Ok(None);
+    };
     let status = WcStatus::from_raw(wc.status);
     let ok = status == WcStatus::Success;
+    let Some((wr_id, posted, hold)) = tracker.complete(wc.wr_id, ok)? else {
+        return Ok(None);
+    };
+    if let (true, Some(hold)) = (ok, &hold) {
+        // For receives the NIC wrote byte_len bytes; for RDMA reads, all.
+        let written = if posted == WcOpcode::Recv { wc.byte_len as usize } else { usize::MAX };
+        hold.landed(written)?;
+    }
+    drop(hold);
     let has_imm = ok && wc.wc_flags & sys::IBV_WC_WITH_IMM != 0;
-    Some(WorkCompletion {
+    Ok(Some(WorkCompletion {
         wr_id,
         status,
         opcode: if ok { WcOpcode::from_raw(wc.opcode) } else { posted },
@@ -500,7 +510,7 @@ fn translate(wc: &sys::ibv_wc, trackers: &HashMap<u32, Arc<Tracker>>) -> Option<
         imm: has_imm.then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })),
         qp_num: wc.qp_num,
         vendor_err: wc.vendor_err,
-    })
+    }))
 }
 
 #[cfg(test)]

@@ -217,6 +217,32 @@ pub enum Error {
     #[error(transparent)]
     WorkCompletion(#[from] WcError),
 
+    /// A CUDA driver call failed.
+    #[error("{call} failed: {error}")]
+    Cuda {
+        /// The driver call, e.g. `cuMemAlloc`.
+        call: &'static str,
+        /// The CUDA error's name and description.
+        error: String,
+    },
+
+    /// CUDA cannot be used on this machine (no driver, `cuInit` failed).
+    #[error("CUDA is not available: {0}")]
+    CudaUnavailable(String),
+
+    /// No GPU with that ordinal.
+    #[error("GPU{ordinal} does not exist: CUDA sees {count} GPU(s) (check CUDA_VISIBLE_DEVICES)")]
+    GpuNotFound {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// How many GPUs CUDA sees.
+        count: usize,
+    },
+
+    /// GPUDirect RDMA is unavailable and the policy did not allow a fallback.
+    #[error(transparent)]
+    Gdr(#[from] Box<crate::gdr::GdrError>),
+
     /// The out-of-band exchange with the peer failed.
     #[error(transparent)]
     Bootstrap(#[from] BootstrapError),

@@ -19,6 +19,10 @@
 //! - [`cq`]: completion queues and work completions.
 //! - [`qp`]: queue pairs, endpoints and posting.
 //! - [`wr`]: work requests.
+//! - [`gpu`]: CUDA GPUs and GPU buffers (driver loaded at run time).
+//! - [`gdr`]: GPUDirect RDMA: registering GPU memory (dma-buf, peer
+//!   memory, or explicitly host-staged) and saying why not.
+//! - [`sysroot`]: the machine's sysfs/procfs, read through one root.
 //! - [`bootstrap`]: the out-of-band TCP exchange of endpoints and buffers.
 //! - [`error`]: the error type.
 //!
@@ -62,10 +66,13 @@ pub mod context;
 pub mod cq;
 pub mod device;
 pub mod error;
+pub mod gdr;
 pub mod gid;
+pub mod gpu;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+pub mod sysroot;
 pub mod wr;
 
 pub use context::{Context, DeviceAttr, LinkLayer, Mtu, PortAttr, PortState};
@@ -73,7 +80,9 @@ pub use cq::{CompletionQueue, WcError, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{devices, DeviceInfo, Guid};
 pub use error::{Errno, Error, Result};
 pub use gid::{Gid, GidChoice, GidEntry, GidType};
-pub use mr::{AccessFlags, HostBuffer, LocalSlice, MemoryRegion, Registerable, RemoteBuffer};
+pub use gdr::{GdrError, GpuPolicy, RegistrationPath};
+pub use gpu::{Gpu, GpuBuffer};
+pub use mr::{AccessFlags, HostBuffer, LocalSlice, Location, MemoryRegion, Registerable, RemoteBuffer};
 pub use pd::ProtectionDomain;
 pub use qp::{Endpoint, PreparedQueuePair, QpConfig, QpState, QueuePair};
 pub use wr::{RecvWr, SendWr};

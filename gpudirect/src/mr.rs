@@ -18,7 +18,9 @@
 //! reaped: memory the NIC may still touch is never freed.
 
 use std::alloc::{self, Layout};
+use std::any::Any;
 use std::fmt;
+use std::os::fd::AsRawFd;
 use std::ops::{Bound, RangeBounds};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicUsize, Ordering};
@@ -28,7 +30,9 @@ use bitflags::bitflags;
 use ibverbs_sys as sys;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Errno, Error, Result};
+use crate::gdr::RegistrationPath;
+use crate::gpu::{GpuBuffer, PinnedHost};
 use crate::pd::ProtectionDomain;
 
 bitflags! {
@@ -189,13 +193,46 @@ pub(crate) struct MrInner {
     access: AccessFlags,
     busy: BusyRanges,
     pd: ProtectionDomain,
+    /// GPU memory behind the region, if any.
+    gpu: Option<GpuMemory>,
     // Dropped after the Drop body deregistered the region.
-    _backing: Box<dyn Registerable>,
+    _backing: Box<dyn Any + Send + Sync>,
 }
 
-// SAFETY: the raw pointers address memory owned by `_backing` (Send+Sync)
-// or promised valid by the caller of `register_raw`; every access goes
-// through raw-pointer copies guarded by `busy`.
+/// The GPU side of a GPU memory region. Its bytes are the region's bytes
+/// as the program sees them; for [`RegistrationPath::HostStaged`] the NIC
+/// works on a pinned host mirror at the region's address instead.
+struct GpuMemory {
+    buf: GpuBuffer,
+    path: RegistrationPath,
+}
+
+/// Where a region's bytes live and how the NIC reaches them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Location {
+    /// Host memory.
+    Host,
+    /// GPU memory.
+    Gpu {
+        /// CUDA ordinal.
+        ordinal: usize,
+        /// How it was registered.
+        path: RegistrationPath,
+    },
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Location::Host => f.write_str("host memory"),
+            Location::Gpu { ordinal, path } => write!(f, "GPU{ordinal} memory, path: {path}"),
+        }
+    }
+}
+
+// SAFETY: the raw pointers address memory owned by `_backing` or `gpu`
+// (Send+Sync) or promised valid by the caller of `register_raw`; every
+// access goes through copies guarded by `busy`.
 unsafe impl Send for MrInner {}
 // SAFETY: as above; shared access never creates references to the bytes.
 unsafe impl Sync for MrInner {}
@@ -218,7 +255,7 @@ impl Drop for MrInner {
 /// ```compile_fail
 /// # fn f(mr: &gpudirect::MemoryRegion) {
 /// // Zero-copy views are unsafe: the NIC or a peer may change the bytes.
-/// let bytes: &[u8] = mr.as_slice();
+/// let bytes: Option<&[u8]> = mr.as_slice();
 /// # }
 /// ```
 #[derive(Clone)]
@@ -235,6 +272,7 @@ impl fmt::Debug for MemoryRegion {
             .field("lkey", &format_args!("{:#x}", i.lkey))
             .field("rkey", &format_args!("{:#x}", i.rkey))
             .field("access", &i.access)
+            .field("location", &self.location())
             .finish()
     }
 }
@@ -262,7 +300,8 @@ impl MemoryRegion {
         let len = buf.len();
         // SAFETY: `Registerable` promises `ptr..ptr+len` stays valid and
         // unaliased while `buf` lives, and the region owns `buf`.
-        unsafe { Self::register_inner(pd, ptr, len, access, Box::new(buf)) }
+        let (mr, access) = unsafe { reg_mr(pd, ptr, len, access)? };
+        Ok(Self::finish(pd, mr, ptr, len, access, Box::new(buf), None))
     }
 
     /// Registers memory the caller keeps owning, such as a mapping made
@@ -279,38 +318,85 @@ impl MemoryRegion {
     /// As [`register`](Self::register).
     pub unsafe fn register_raw(pd: &ProtectionDomain, addr: *mut u8, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
         // SAFETY: forwarded to our caller.
-        unsafe { Self::register_inner(pd, addr, len, access, Box::new(RawMemory)) }
+        let (mr, access) = unsafe { reg_mr(pd, addr, len, access)? };
+        Ok(Self::finish(pd, mr, addr, len, access, Box::new(()), None))
     }
 
-    /// # Safety
-    /// `addr..addr+len` is valid as in `register_raw`, kept alive by `backing`
-    /// or by the caller.
-    unsafe fn register_inner(
+    /// Registers GPU memory directly (zero-copy) by `path`:
+    /// [`RegistrationPath::DmaBuf`] or [`RegistrationPath::PeerMemory`].
+    /// [`crate::gdr`] decides which path to try; this performs it, and
+    /// hands the buffer back on failure so the next path can be tried.
+    pub(crate) fn register_gpu_direct_or_return(
         pd: &ProtectionDomain,
+        buf: GpuBuffer,
+        path: RegistrationPath,
+        access: AccessFlags,
+    ) -> std::result::Result<MemoryRegion, (GpuBuffer, Error)> {
+        let iova = buf.device_ptr();
+        let len = buf.len();
+        let registered = match path {
+            RegistrationPath::DmaBuf => buf.export_dma_buf().and_then(|(fd, offset, _)| {
+                // SAFETY: `fd` is a dma-buf exporting the buffer's pages;
+                // the region will own `buf`, so the memory outlives it. The
+                // registration holds its own reference to the dma-buf, so
+                // `fd` may close when this returns.
+                unsafe { reg_dmabuf_mr(pd, offset, len, iova, fd.as_raw_fd(), access) }
+            }),
+            // SAFETY: a peer-memory client pins and maps the device range;
+            // the region will own `buf`, so the memory outlives it. The CPU
+            // never dereferences the address (accessors copy through CUDA).
+            RegistrationPath::PeerMemory => unsafe { reg_mr(pd, iova as *mut u8, len, access) },
+            RegistrationPath::HostStaged => {
+                return Err((buf, Error::InvalidArgument("host staging is not a direct registration path".into())))
+            }
+        };
+        match registered {
+            Ok((mr, access)) => Ok(Self::finish(pd, mr, iova as *mut u8, len, access, Box::new(()), Some(GpuMemory { buf, path }))),
+            Err(e) => Err((buf, e)),
+        }
+    }
+
+    /// Registers a pinned host mirror of `buf` for the NIC: the
+    /// [`RegistrationPath::HostStaged`] fallback.
+    pub(crate) fn register_gpu_staged(pd: &ProtectionDomain, buf: GpuBuffer, access: AccessFlags) -> Result<MemoryRegion> {
+        let mirror = PinnedHost::alloc(buf.gpu(), buf.len())?;
+        let (ptr, len) = (mirror.ptr(), mirror.len());
+        // SAFETY: the mirror is owned by the region and outlives the registration.
+        let (mr, access) = unsafe { reg_mr(pd, ptr, len, access)? };
+        let gpu = GpuMemory { buf, path: RegistrationPath::HostStaged };
+        Ok(Self::finish(pd, mr, ptr, len, access, Box::new(mirror), Some(gpu)))
+    }
+
+    /// Asks the NIC's provider whether it can register dma-buf memory, the
+    /// way NCCL and UCX do: `ibv_reg_dmabuf_mr` with `fd = -1`, returning
+    /// the errno (`EBADF` from a capable provider, `EOPNOTSUPP` or
+    /// `EPROTONOSUPPORT` from one that is not).
+    pub(crate) fn probe_dmabuf(pd: &ProtectionDomain) -> Errno {
+        // SAFETY: an invalid descriptor makes the verb fail before it maps
+        // anything; should a provider accept it anyway, the region is
+        // deregistered at once.
+        match unsafe { reg_dmabuf_mr(pd, 0, 4096, 0, -1, AccessFlags::LOCAL_WRITE) } {
+            Err(e) => e.errno().unwrap_or(Errno(0)),
+            Ok((mr, _)) => {
+                // SAFETY: just registered, unused.
+                unsafe { sys::ibv_dereg_mr(mr.as_ptr()) };
+                Errno(libc::EBADF)
+            }
+        }
+    }
+
+    fn finish(
+        pd: &ProtectionDomain,
+        mr: NonNull<sys::ibv_mr>,
         addr: *mut u8,
         len: usize,
-        mut access: AccessFlags,
-        backing: Box<dyn Registerable>,
-    ) -> Result<MemoryRegion> {
-        if len == 0 {
-            return Err(Error::InvalidArgument(
-                "a memory region cannot be empty; a zero-length work request can name an empty slice of any region".into(),
-            ));
-        }
-        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC) {
-            // ibv_reg_mr(3): "If IBV_ACCESS_REMOTE_WRITE or
-            // IBV_ACCESS_REMOTE_ATOMIC is set, then IBV_ACCESS_LOCAL_WRITE
-            // must be set too."
-            access |= AccessFlags::LOCAL_WRITE;
-        }
-        // SAFETY: valid PD; the range is valid per our contract. `__ibv_reg_mr`
-        // is the inline `ibv_reg_mr` expands to (handles optional flags).
-        let mr = unsafe { sys::__ibv_reg_mr(pd.as_ptr(), addr.cast(), len, access.bits(), 0) };
-        let mr = NonNull::new(mr).ok_or_else(|| Error::last("ibv_reg_mr"))?;
+        access: AccessFlags,
+        backing: Box<dyn Any + Send + Sync>,
+        gpu: Option<GpuMemory>,
+    ) -> MemoryRegion {
         // SAFETY: a successfully registered MR is readable.
         let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
-        tracing::trace!(addr = addr as usize, len, lkey, rkey, ?access, "registered memory region");
-        Ok(MemoryRegion {
+        let region = MemoryRegion {
             inner: Arc::new(MrInner {
                 mr,
                 addr,
@@ -320,9 +406,80 @@ impl MemoryRegion {
                 access,
                 busy: BusyRanges::default(),
                 pd: pd.clone(),
+                gpu,
                 _backing: backing,
             }),
-        })
+        };
+        match region.location() {
+            Location::Host => tracing::trace!(?region, "registered memory region"),
+            Location::Gpu { ordinal, path } => tracing::info!(gpu = ordinal, %path, ?region, "registered GPU memory region"),
+        }
+        region
+    }
+
+    /// Where the region's bytes live; for GPU memory, which path
+    /// registered it ([`RegistrationPath`]).
+    pub fn location(&self) -> Location {
+        match &self.inner.gpu {
+            None => Location::Host,
+            Some(g) => Location::Gpu { ordinal: g.buf.gpu().ordinal(), path: g.path },
+        }
+    }
+
+    fn staged(&self) -> Option<&GpuBuffer> {
+        self.inner.gpu.as_ref().filter(|g| g.path == RegistrationPath::HostStaged).map(|g| &g.buf)
+    }
+
+    /// Before a GPU kernel consumes data the NIC wrote into this region
+    /// (a receive, an RDMA read, or a peer's write announced by a write
+    /// with immediate): makes those writes visible to the GPU. On GPUs that
+    /// order RDMA writes ([`Gpu::rdma_writes_ordered`](crate::Gpu::rdma_writes_ordered),
+    /// Hopper and newer) there is nothing to do; older ones are flushed
+    /// with `cuFlushGPUDirectRDMAWrites`. Host-staged regions need nothing
+    /// more than their (synchronous) stage-in; host memory nothing at all.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`].
+    pub fn flush_gpu_writes(&self) -> Result<()> {
+        match &self.inner.gpu {
+            Some(g) if g.path != RegistrationPath::HostStaged => {
+                if g.buf.gpu().rdma_writes_ordered()? {
+                    Ok(())
+                } else {
+                    g.buf.gpu().flush_rdma_writes()
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Host-staged regions: copies `len` bytes at `offset` from the GPU to
+    /// the NIC's host mirror. Called before the NIC reads them.
+    pub(crate) fn stage_out(&self, offset: usize, len: usize) -> Result<()> {
+        match self.staged() {
+            // SAFETY: the mirror range is inside the region (callers pass
+            // slices of it) and no Rust reference to it exists.
+            Some(buf) => unsafe { buf.copy_to_raw(offset, self.inner.addr.add(offset), len) },
+            None => Ok(()),
+        }
+    }
+
+    /// For a host-staged region ([`RegistrationPath::HostStaged`]): copies
+    /// `range` from the NIC's host mirror to the GPU. Receives and RDMA
+    /// reads into the region are staged in automatically when their
+    /// completions are reaped; call this after learning (e.g. from a write
+    /// with immediate) that a peer RDMA-wrote the range. Other regions:
+    /// nothing to do.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`], [`Error::Cuda`].
+    pub fn stage_in(&self, range: impl RangeBounds<usize>) -> Result<()> {
+        let s = self.slice(range)?;
+        match self.staged() {
+            // SAFETY: the mirror range is inside the region and no Rust reference to it exists.
+            Some(buf) => unsafe { buf.copy_from_raw(s.offset, self.inner.addr.add(s.offset), s.len) },
+            None => Ok(()),
+        }
     }
 
     /// Length in bytes.
@@ -398,6 +555,9 @@ impl MemoryRegion {
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.check(offset, src.len())?;
         self.check_idle(offset, src.len(), false)?;
+        if let Some(g) = &self.inner.gpu {
+            return g.buf.copy_from_host(offset, src);
+        }
         // SAFETY: in bounds (checked); no Rust reference to the region's
         // bytes exists (the type hands none out); `src` cannot overlap
         // them for the same reason.
@@ -417,6 +577,9 @@ impl MemoryRegion {
         self.check_idle(offset, dst.len(), true)?;
         // Order the copy after the completion (or flag) that announced the data.
         fence(Ordering::Acquire);
+        if let Some(g) = &self.inner.gpu {
+            return g.buf.copy_to_host(offset, dst);
+        }
         // SAFETY: in bounds; see `write_at`.
         unsafe { std::ptr::copy_nonoverlapping(self.inner.addr.add(offset), dst.as_mut_ptr(), dst.len()) };
         Ok(())
@@ -439,6 +602,9 @@ impl MemoryRegion {
     pub fn fill(&self, range: impl RangeBounds<usize>, byte: u8) -> Result<()> {
         let s = self.slice(range)?;
         self.check_idle(s.offset, s.len, false)?;
+        if let Some(g) = &self.inner.gpu {
+            return g.buf.copy_from_host(s.offset, &vec![byte; s.len]);
+        }
         // SAFETY: in bounds (slice checked it); no references exist.
         unsafe { std::ptr::write_bytes(self.inner.addr.add(s.offset), byte, s.len) };
         fence(Ordering::Release);
@@ -451,16 +617,23 @@ impl MemoryRegion {
     /// to change under the reader.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`].
+    /// [`Error::OutOfBounds`]; [`Error::InvalidArgument`] for GPU memory,
+    /// which the CPU cannot poll (use writes with immediate data instead).
     pub fn read_volatile(&self, offset: usize) -> Result<u8> {
         self.check(offset, 1)?;
+        if self.inner.gpu.is_some() {
+            return Err(Error::InvalidArgument(
+                "GPU memory cannot be polled by the CPU: signal arrival with a write with immediate data".into(),
+            ));
+        }
         // SAFETY: in bounds; a byte load cannot tear.
         let b = unsafe { std::ptr::read_volatile(self.inner.addr.add(offset)) };
         fence(Ordering::Acquire);
         Ok(b)
     }
 
-    /// The region's bytes as a slice, without copying.
+    /// The region's bytes as a slice, without copying; `None` for GPU
+    /// memory, which the CPU cannot address.
     ///
     /// # Safety
     /// While the returned slice lives, nothing may write the region: no
@@ -468,21 +641,28 @@ impl MemoryRegion {
     /// RDMA-write it (e.g. it has no `REMOTE_WRITE` access or the
     /// application protocol rules it out), and no `write_at`/`fill` or
     /// `as_mut_slice` may run on any handle of it.
-    pub unsafe fn as_slice(&self) -> &[u8] {
-        // SAFETY: the caller promises no writer exists meanwhile.
-        unsafe { std::slice::from_raw_parts(self.inner.addr, self.inner.len) }
+    pub unsafe fn as_slice(&self) -> Option<&[u8]> {
+        if self.inner.gpu.is_some() {
+            return None;
+        }
+        // SAFETY: host memory; the caller promises no writer exists meanwhile.
+        Some(unsafe { std::slice::from_raw_parts(self.inner.addr, self.inner.len) })
     }
 
-    /// The region's bytes as a mutable slice, without copying.
+    /// The region's bytes as a mutable slice, without copying; `None` for
+    /// GPU memory.
     ///
     /// # Safety
     /// While the returned slice lives, nothing else may read or write the
     /// region: no posted work request may use it, no peer may access it
     /// remotely, and no other handle's accessors or slices may be used.
     #[allow(clippy::mut_from_ref)]
-    pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
-        // SAFETY: the caller promises exclusive access meanwhile.
-        unsafe { std::slice::from_raw_parts_mut(self.inner.addr, self.inner.len) }
+    pub unsafe fn as_mut_slice(&self) -> Option<&mut [u8]> {
+        if self.inner.gpu.is_some() {
+            return None;
+        }
+        // SAFETY: host memory; the caller promises exclusive access meanwhile.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.inner.addr, self.inner.len) })
     }
 
     fn oob(&self, offset: usize, requested: usize) -> Error {
@@ -526,8 +706,56 @@ impl MemoryRegion {
         let token = g.0;
         g.1.push(BusyRange { start: offset, end: offset + len, nic_writes, token });
         busy.count.fetch_add(1, Ordering::AcqRel);
-        InFlight { mr: self.clone(), token }
+        InFlight { mr: self.clone(), token, offset, len, nic_writes }
     }
+}
+
+/// `ibv_reg_mr`, with `LOCAL_WRITE` added where verbs require it. Returns
+/// the MR and the access actually registered.
+///
+/// # Safety
+/// `addr..addr+len` must stay registrable (mapped, or claimed by a
+/// peer-memory client) until the MR is deregistered.
+unsafe fn reg_mr(pd: &ProtectionDomain, addr: *mut u8, len: usize, access: AccessFlags) -> Result<(NonNull<sys::ibv_mr>, AccessFlags)> {
+    let access = checked_access(len, access)?;
+    // SAFETY: valid PD; the range per our contract. `__ibv_reg_mr` is the
+    // inline `ibv_reg_mr` expands to (it handles optional access flags).
+    let mr = unsafe { sys::__ibv_reg_mr(pd.as_ptr(), addr.cast(), len, access.bits(), 0) };
+    Ok((NonNull::new(mr).ok_or_else(|| Error::last("ibv_reg_mr"))?, access))
+}
+
+/// `ibv_reg_dmabuf_mr`.
+///
+/// # Safety
+/// `fd` must be a dma-buf (or invalid, which fails) whose exporter keeps the
+/// memory alive until the MR is deregistered.
+unsafe fn reg_dmabuf_mr(
+    pd: &ProtectionDomain,
+    offset: u64,
+    len: usize,
+    iova: u64,
+    fd: i32,
+    access: AccessFlags,
+) -> Result<(NonNull<sys::ibv_mr>, AccessFlags)> {
+    let access = checked_access(len, access)?;
+    // SAFETY: valid PD; the dma-buf per our contract.
+    let mr = unsafe { sys::ibv_reg_dmabuf_mr(pd.as_ptr(), offset, len, iova, fd, access.bits() as i32) };
+    Ok((NonNull::new(mr).ok_or_else(|| Error::last("ibv_reg_dmabuf_mr"))?, access))
+}
+
+fn checked_access(len: usize, mut access: AccessFlags) -> Result<AccessFlags> {
+    if len == 0 {
+        return Err(Error::InvalidArgument(
+            "a memory region cannot be empty; a zero-length work request can name an empty slice of any region".into(),
+        ));
+    }
+    if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC) {
+        // ibv_reg_mr(3): "If IBV_ACCESS_REMOTE_WRITE or
+        // IBV_ACCESS_REMOTE_ATOMIC is set, then IBV_ACCESS_LOCAL_WRITE
+        // must be set too."
+        access |= AccessFlags::LOCAL_WRITE;
+    }
+    Ok(access)
 }
 
 /// Holds a region (alive and marked busy) on behalf of a posted work
@@ -535,6 +763,21 @@ impl MemoryRegion {
 pub(crate) struct InFlight {
     mr: MemoryRegion,
     token: u64,
+    offset: usize,
+    len: usize,
+    nic_writes: bool,
+}
+
+impl InFlight {
+    /// After the NIC wrote `written` bytes of the range (a receive or an
+    /// RDMA read completed): brings them to the GPU if the region is
+    /// host-staged, before anyone is told the data is there.
+    pub(crate) fn landed(&self, written: usize) -> Result<()> {
+        if self.nic_writes && self.mr.staged().is_some() {
+            self.mr.stage_in(self.offset..self.offset + written.min(self.len))?;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for InFlight {
@@ -545,19 +788,6 @@ impl Drop for InFlight {
             g.1.swap_remove(i);
             busy.count.fetch_sub(1, Ordering::AcqRel);
         }
-    }
-}
-
-/// Backing for `register_raw`: the caller owns the memory.
-struct RawMemory;
-
-// SAFETY: never asked for a pointer (register_raw passes its own).
-unsafe impl Registerable for RawMemory {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        std::ptr::null_mut()
-    }
-    fn len(&self) -> usize {
-        0
     }
 }
 

@@ -162,7 +162,7 @@ struct Pending {
     seq: u64,
     wr_id: u64,
     opcode: WcOpcode,
-    _hold: Option<InFlight>,
+    hold: Option<InFlight>,
 }
 
 /// Reused between posts so posting allocates nothing.
@@ -202,18 +202,29 @@ fn lock(m: &Mutex<WorkQueue>) -> MutexGuard<'_, WorkQueue> {
 
 impl Tracker {
     /// Releases the work request a completion's raw wr_id names (and, on
-    /// the send queue, the unsignaled ones posted before it). Returns the
-    /// user's wr_id and the posted operation.
-    pub(crate) fn complete(&self, raw: u64) -> Option<(u64, WcOpcode)> {
+    /// the send queue, the unsignaled ones posted before it, whose data
+    /// has landed too when `ok`). Returns the user's wr_id, the posted
+    /// operation and the request's hold on its memory (dropped by the
+    /// caller once done with it); `None` for a completion of no request of
+    /// this queue pair.
+    pub(crate) fn complete(&self, raw: u64, ok: bool) -> Result<Option<(u64, WcOpcode, Option<InFlight>)>> {
         if raw & !RECV_BIT & !SEQ_MASK != self.tag {
-            return None;
+            return Ok(None);
         }
         let q = if raw & RECV_BIT != 0 { &self.recv } else { &self.send };
         let seq = raw & SEQ_MASK;
         let mut q = lock(q);
-        let pos = q.pending.iter().position(|p| p.seq == seq)?;
-        let done = q.pending.drain(..=pos).next_back()?;
-        Some((done.wr_id, done.opcode))
+        let Some(pos) = q.pending.iter().position(|p| p.seq == seq) else {
+            return Ok(None);
+        };
+        let mut drained = q.pending.drain(..=pos);
+        let done = drained.next_back().expect("the range ends at a found entry");
+        for earlier in drained {
+            if let (true, Some(h)) = (ok, &earlier.hold) {
+                h.landed(usize::MAX)?;
+            }
+        }
+        Ok(Some((done.wr_id, done.opcode, done.hold)))
     }
 
     fn clear(&self) {
@@ -313,7 +324,7 @@ impl QpInner {
                 seq,
                 wr_id: wr.wr_id,
                 opcode: WcOpcode::Recv,
-                _hold: (!wr.local.is_empty()).then(|| wr.local.mr.mark_busy(wr.local.offset, wr.local.len, true)),
+                hold: (!wr.local.is_empty()).then(|| wr.local.mr.mark_busy(wr.local.offset, wr.local.len, true)),
             });
         }
         link(&mut s.recv, &mut s.sges, |wr| &mut wr.next, |wr, sg, n| {
@@ -334,6 +345,11 @@ impl QpInner {
         }
         for wr in wrs {
             self.check_local(&wr.local)?;
+            if wr.op != SendOp::Read {
+                // Host-staged GPU regions: the NIC reads the host mirror,
+                // so the bytes go there first, synchronously.
+                wr.local.mr.stage_out(wr.local.offset, wr.local.len)?;
+            }
             if wr.inline && (wr.op == SendOp::Read || wr.local.len > self.max_inline as usize) {
                 return Err(Error::InvalidArgument(format!(
                     "inline {:?} of {} bytes: the queue pair allows inline writes and sends of at most {} bytes (QpConfig::max_inline_data)",
@@ -374,7 +390,7 @@ impl QpInner {
             // Inline payloads are copied during the post: nothing to hold.
             let hold = (!wr.inline && !wr.local.is_empty())
                 .then(|| wr.local.mr.mark_busy(wr.local.offset, wr.local.len, wr.op.nic_writes_local()));
-            q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), _hold: hold });
+            q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), hold });
         }
         link(&mut s.send, &mut s.sges, |wr| &mut wr.next, |wr, sg, n| {
             wr.sg_list = sg;
@@ -733,7 +749,7 @@ mod tests {
 
     fn push(t: &Tracker, recv: bool, seq: u64, wr_id: u64) {
         let q = if recv { &t.recv } else { &t.send };
-        lock(q).pending.push_back(Pending { seq, wr_id, opcode: WcOpcode::Send, _hold: None });
+        lock(q).pending.push_back(Pending { seq, wr_id, opcode: WcOpcode::Send, hold: None });
     }
 
     #[test]
@@ -742,7 +758,7 @@ mod tests {
         for s in 0..4 {
             push(&t, false, s, 100 + s);
         }
-        assert_eq!(t.complete((5 << GEN_SHIFT) | 2), Some((102, WcOpcode::Send)));
+        assert_eq!(t.complete((5 << GEN_SHIFT) | 2, true).unwrap().map(|c| (c.0, c.1)), Some((102, WcOpcode::Send)));
         assert_eq!(lock(&t.send).pending.len(), 1);
         assert_eq!(lock(&t.send).pending[0].seq, 3);
     }
@@ -752,20 +768,20 @@ mod tests {
         let t = tracker(5);
         push(&t, false, 0, 1);
         push(&t, true, 0, 2);
-        assert_eq!(t.complete(RECV_BIT | (5 << GEN_SHIFT)), Some((2, WcOpcode::Send)));
+        assert_eq!(t.complete(RECV_BIT | (5 << GEN_SHIFT), true).unwrap().map(|c| (c.0, c.1)), Some((2, WcOpcode::Send)));
         // A stale completion from another generation releases nothing.
-        assert_eq!(t.complete(6 << GEN_SHIFT), None);
+        assert!(t.complete(6 << GEN_SHIFT, true).unwrap().is_none());
         assert_eq!(lock(&t.send).pending.len(), 1);
         // Unknown sequence numbers release nothing either.
-        assert_eq!(t.complete((5 << GEN_SHIFT) | 7), None);
-        assert_eq!(t.complete(5 << GEN_SHIFT), Some((1, WcOpcode::Send)));
+        assert!(t.complete((5 << GEN_SHIFT) | 7, true).unwrap().is_none());
+        assert_eq!(t.complete(5 << GEN_SHIFT, true).unwrap().map(|c| (c.0, c.1)), Some((1, WcOpcode::Send)));
     }
 
     #[test]
     fn partial_post_keeps_only_accepted_requests() {
         let mut q = WorkQueue::new(8);
         for s in 0..3 {
-            q.pending.push_back(Pending { seq: s, wr_id: s, opcode: WcOpcode::Send, _hold: None });
+            q.pending.push_back(Pending { seq: s, wr_id: s, opcode: WcOpcode::Send, hold: None });
         }
         let chain = [0u64; 3];
         let bad = &chain[1] as *const u64 as *mut u64;

@@ -327,3 +327,28 @@ fn objects_drop_in_any_order() {
     drop(b);
     assert_eq!(dst.len(), 4096);
 }
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn gpudirect_facts_name_the_provider_without_dma_buf() {
+    use gpudirect::gdr::{plan, Cause, DmaBufProbe, GdrError, GdrFacts};
+    use gpudirect::sysroot::SysRoot;
+    let ctx = Context::open(Some(&device())).unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let facts = GdrFacts::gather(&pd, 0, &SysRoot::live());
+    eprintln!("{facts:#?}");
+    if device().starts_with("rxe") {
+        // The real probe: Soft-RoCE cannot register dma-buf memory.
+        assert_eq!(facts.nic.dma_buf, DmaBufProbe::Unsupported(gpudirect::Errno(libc::EOPNOTSUPP)));
+        let p = plan(&facts);
+        assert!(!p.try_paths.contains(&gpudirect::RegistrationPath::DmaBuf));
+        assert!(p.causes.contains(&Cause::NicWithoutDmaBuf(gpudirect::Errno(libc::EOPNOTSUPP))));
+        let e = GdrError { facts, causes: p.causes };
+        let s = e.to_string();
+        eprintln!("{s}");
+        assert!(s.contains("rxe0: ibv_reg_dmabuf_mr(fd = -1) probe answered EOPNOTSUPP (Operation not supported)"), "{s}");
+    } else {
+        // A real NIC answers the probe one way or the other; either is a fact.
+        assert!(matches!(facts.nic.dma_buf, DmaBufProbe::Supported(_) | DmaBufProbe::Unsupported(_)));
+    }
+}

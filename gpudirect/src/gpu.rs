@@ -1,0 +1,489 @@
+//! CUDA GPUs and GPU memory, through the CUDA driver API (cudarc, loaded at
+//! run time).
+//!
+//! Nothing here needs CUDA at build time, and on a machine without the
+//! driver every entry point returns [`Error::CudaUnavailable`] instead of
+//! panicking (cudarc panics on first use when `libcuda` is missing; this
+//! module checks first).
+
+use std::fmt;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::result as cu;
+use cudarc::driver::sys as cusys;
+use cudarc::driver::DriverError;
+
+use crate::error::{Error, Result};
+
+/// GPU pages are 64 KiB: GPUDirect RDMA maps GPU memory to the NIC in these
+/// units, and peer-memory registration refuses other sizes.
+pub const GPU_PAGE: usize = 64 * 1024;
+
+pub(crate) fn cuda_err(call: &'static str, e: DriverError) -> Error {
+    let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
+    let text = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    Error::Cuda { call, error: if text.is_empty() { name } else { format!("{name} ({text})") } }
+}
+
+/// Loads the driver and runs `cuInit` once per process.
+fn driver() -> Result<()> {
+    static INIT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        // SAFETY: only probes whether the shared library can be loaded.
+        if !unsafe { cusys::is_culib_present() } {
+            return Err("the CUDA driver library (libcuda.so.1) cannot be loaded: no NVIDIA driver is installed, \
+                        or, in a container, the driver is not mounted in (run with --gpus / the NVIDIA container toolkit)"
+                .into());
+        }
+        cu::init().map_err(|e| match cuda_err("cuInit", e) {
+            Error::Cuda { error, .. } => format!("cuInit failed: {error}"),
+            other => other.to_string(),
+        })
+    })
+    .clone()
+    .map_err(Error::CudaUnavailable)
+}
+
+/// The CUDA driver's version, e.g. 12080 for 12.8.
+///
+/// # Errors
+/// [`Error::CudaUnavailable`] without a driver.
+pub fn driver_version() -> Result<i32> {
+    driver()?;
+    let mut v = 0;
+    // SAFETY: valid out-pointer; the driver is loaded.
+    unsafe { cusys::cuDriverGetVersion(&mut v) }.result().map_err(|e| cuda_err("cuDriverGetVersion", e))?;
+    Ok(v)
+}
+
+/// How many CUDA GPUs this process sees.
+///
+/// # Errors
+/// [`Error::CudaUnavailable`] without a driver.
+pub fn gpu_count() -> Result<usize> {
+    driver()?;
+    Ok(cu::device::get_count().map_err(|e| cuda_err("cuDeviceGetCount", e))?.max(0) as usize)
+}
+
+struct GpuInner {
+    ordinal: usize,
+    dev: cusys::CUdevice,
+    ctx: cusys::CUcontext,
+    name: String,
+    pci_bus_id: String,
+}
+
+// SAFETY: a CUDA context may be made current on any thread; the handle is
+// only used through driver calls, which are thread-safe.
+unsafe impl Send for GpuInner {}
+// SAFETY: as above.
+unsafe impl Sync for GpuInner {}
+
+impl Drop for GpuInner {
+    fn drop(&mut self) {
+        // SAFETY: retained in `Gpu::open`; every buffer holds an Arc to us.
+        if let Err(e) = unsafe { cu::primary_ctx::release(self.dev) } {
+            tracing::warn!("{}", cuda_err("cuDevicePrimaryCtxRelease", e));
+        }
+    }
+}
+
+/// A CUDA GPU with its primary context retained. Cheap to clone.
+#[derive(Clone)]
+pub struct Gpu {
+    inner: Arc<GpuInner>,
+}
+
+impl fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gpu").field("ordinal", &self.inner.ordinal).field("name", &self.inner.name).field("pci", &self.inner.pci_bus_id).finish()
+    }
+}
+
+impl fmt::Display for Gpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GPU{} ({}, {})", self.inner.ordinal, self.inner.name, self.inner.pci_bus_id)
+    }
+}
+
+impl Gpu {
+    /// Opens GPU `ordinal` (as numbered by CUDA, honouring
+    /// `CUDA_VISIBLE_DEVICES`).
+    ///
+    /// # Errors
+    /// [`Error::CudaUnavailable`] without a driver, [`Error::GpuNotFound`]
+    /// for an ordinal past the last GPU, [`Error::Cuda`] otherwise.
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        let count = gpu_count()?;
+        if ordinal >= count {
+            return Err(Error::GpuNotFound { ordinal, count });
+        }
+        let dev = cu::device::get(ordinal as i32).map_err(|e| cuda_err("cuDeviceGet", e))?;
+        // SAFETY: `dev` came from cuDeviceGet.
+        let ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(|e| cuda_err("cuDevicePrimaryCtxRetain", e))?;
+        let name = cu::device::get_name(dev).unwrap_or_else(|_| "unknown GPU".into());
+        let mut bus = [0 as std::ffi::c_char; 32];
+        // SAFETY: the buffer is 32 bytes, as passed; the id is NUL-terminated.
+        let pci_bus_id = match unsafe { cusys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) }.result() {
+            // SAFETY: NUL-terminated on success.
+            Ok(()) => unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().to_lowercase(),
+            Err(_) => "unknown PCI address".into(),
+        };
+        Ok(Gpu { inner: Arc::new(GpuInner { ordinal, dev, ctx, name, pci_bus_id }) })
+    }
+
+    /// CUDA ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.inner.ordinal
+    }
+
+    /// Marketing name, e.g. `NVIDIA H200`.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// PCI address, e.g. `0000:17:00.0`.
+    pub fn pci_bus_id(&self) -> &str {
+        &self.inner.pci_bus_id
+    }
+
+    /// A device attribute (`cuDeviceGetAttribute`).
+    ///
+    /// # Errors
+    /// [`Error::Cuda`].
+    pub fn attribute(&self, attr: cusys::CUdevice_attribute) -> Result<i32> {
+        // SAFETY: `dev` came from cuDeviceGet.
+        unsafe { cu::device::get_attribute(self.inner.dev, attr) }.map_err(|e| cuda_err("cuDeviceGetAttribute", e))
+    }
+
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED` (116): whether the
+    /// GPU can do GPUDirect RDMA at all (0 on GeForce and some cloud SKUs).
+    ///
+    /// # Errors
+    /// [`Error::Cuda`].
+    pub fn gpudirect_rdma_supported(&self) -> Result<bool> {
+        Ok(self.attribute(cusys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED)? != 0)
+    }
+
+    /// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED` (124): whether the GPU's
+    /// memory can be exported as dma-buf (needs the open kernel module).
+    ///
+    /// # Errors
+    /// [`Error::Cuda`].
+    pub fn dma_buf_supported(&self) -> Result<bool> {
+        Ok(self.attribute(cusys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)? != 0)
+    }
+
+    /// Whether data the NIC wrote into this GPU's memory is visible to the
+    /// GPU's own kernels, in order, once the RDMA completion is seen
+    /// (`CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING` (118) is
+    /// OWNER or ALL_DEVICES: Hopper and newer report it). When `false`,
+    /// call [`flush_rdma_writes`](Self::flush_rdma_writes) before a kernel
+    /// consumes received data.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`].
+    pub fn rdma_writes_ordered(&self) -> Result<bool> {
+        let v = self.attribute(cusys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING)?;
+        Ok(v >= cusys::CUGPUDirectRDMAWritesOrdering::CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER as i32)
+    }
+
+    /// Makes every GPUDirect RDMA write that reached this GPU so far
+    /// visible to its kernels (`cuFlushGPUDirectRDMAWrites`, to-owner
+    /// scope). The driver's equivalent of the loopback RDMA read NCCL
+    /// issues after a receive on pre-Hopper GPUs. Cheap where the GPU
+    /// already orders such writes.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] (e.g. `CUDA_ERROR_NOT_SUPPORTED` on drivers older than 11.3).
+    pub fn flush_rdma_writes(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: a context is current; the enum values are the documented ones.
+        unsafe {
+            cusys::cuFlushGPUDirectRDMAWrites(
+                cusys::CUflushGPUDirectRDMAWritesTarget::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+                cusys::CUflushGPUDirectRDMAWritesScope::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER,
+            )
+        }
+        .result()
+        .map_err(|e| cuda_err("cuFlushGPUDirectRDMAWrites", e))
+    }
+
+    /// Makes the GPU's primary context current on this thread.
+    fn bind(&self) -> Result<()> {
+        // SAFETY: the context is retained for as long as `self` lives.
+        unsafe { cu::ctx::set_current(self.inner.ctx) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))
+    }
+}
+
+/// GPU memory the NIC may be given: allocated with `cuMemAlloc` (not
+/// stream-ordered pool memory, which GPUDirect RDMA does not support),
+/// with `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` set so CUDA copies on it are
+/// complete before they return, as the NIC's view requires.
+pub struct GpuBuffer {
+    gpu: Gpu,
+    ptr: cusys::CUdeviceptr,
+    len: usize,
+    /// Freed on drop (allocated here) or owned by the caller.
+    owned: bool,
+}
+
+impl fmt::Debug for GpuBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GpuBuffer").field("gpu", &self.gpu.ordinal()).field("ptr", &format_args!("{:#x}", self.ptr)).field("len", &self.len).finish()
+    }
+}
+
+impl Drop for GpuBuffer {
+    fn drop(&mut self) {
+        if self.owned && self.gpu.bind().is_ok() {
+            // SAFETY: allocated by cuMemAlloc in `alloc`; no region uses it
+            // any more (regions own their buffer).
+            if let Err(e) = unsafe { cu::free_sync(self.ptr) } {
+                tracing::warn!("{}", cuda_err("cuMemFree", e));
+            }
+        }
+    }
+}
+
+fn set_sync_memops(ptr: cusys::CUdeviceptr) -> Result<()> {
+    let one: std::ffi::c_uint = 1;
+    // SAFETY: `ptr` is device memory of the current context; the value is a c_uint as documented.
+    unsafe {
+        cusys::cuPointerSetAttribute(
+            (&one as *const std::ffi::c_uint).cast(),
+            cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+            ptr,
+        )
+    }
+    .result()
+    .map_err(|e| cuda_err("cuPointerSetAttribute(SYNC_MEMOPS)", e))
+}
+
+fn pointer_attr<T: Default>(ptr: cusys::CUdeviceptr, attr: cusys::CUpointer_attribute) -> Result<T> {
+    let mut v = T::default();
+    // SAFETY: `v` has the type the attribute is documented to return (checked by the callers).
+    unsafe { cusys::cuPointerGetAttribute((&mut v as *mut T).cast(), attr, ptr) }
+        .result()
+        .map_err(|e| cuda_err("cuPointerGetAttribute", e))?;
+    Ok(v)
+}
+
+impl GpuBuffer {
+    /// Allocates `len` bytes (rounded up to 64 KiB) on `gpu`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 bytes, [`Error::Cuda`] (e.g.
+    /// `CUDA_ERROR_OUT_OF_MEMORY`).
+    pub fn alloc(gpu: &Gpu, len: usize) -> Result<GpuBuffer> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("a GPU buffer cannot be empty".into()));
+        }
+        let size = len
+            .checked_next_multiple_of(GPU_PAGE)
+            .ok_or_else(|| Error::InvalidArgument(format!("cannot allocate {len} bytes of GPU memory")))?;
+        gpu.bind()?;
+        // SAFETY: a context is current; the memory is zeroed below before use.
+        let ptr = unsafe { cu::malloc_sync(size) }.map_err(|e| cuda_err("cuMemAlloc", e))?;
+        let buf = GpuBuffer { gpu: gpu.clone(), ptr, len: size, owned: true };
+        set_sync_memops(ptr)?;
+        // SAFETY: `ptr` is `size` bytes of device memory just allocated.
+        unsafe { cu::memset_d8_sync(ptr, 0, size) }.map_err(|e| cuda_err("cuMemsetD8", e))?;
+        Ok(buf)
+    }
+
+    /// Wraps device memory the caller allocated (e.g. another framework's
+    /// tensor), checking that it can be given to a NIC: it must be device
+    /// memory of `gpu` from `cuMemAlloc`-style allocation (not a
+    /// stream-ordered pool), and the range must lie in one allocation.
+    /// `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` is set on it.
+    ///
+    /// # Safety
+    /// The memory must stay allocated until the returned buffer (and any
+    /// region made from it) is dropped; it is not freed here.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the rule broken, [`Error::Cuda`].
+    pub unsafe fn from_raw(gpu: &Gpu, ptr: u64, len: usize) -> Result<GpuBuffer> {
+        gpu.bind()?;
+        let bad = |why: String| Err(Error::InvalidArgument(format!("device pointer {ptr:#x} (+{len} bytes): {why}")));
+        if len == 0 {
+            return bad("empty range".into());
+        }
+        let mem_type: std::ffi::c_uint = pointer_attr(ptr, cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE)?;
+        if mem_type != cusys::CUmemorytype::CU_MEMORYTYPE_DEVICE as std::ffi::c_uint {
+            return bad(format!("not device memory (CU_POINTER_ATTRIBUTE_MEMORY_TYPE = {mem_type})"));
+        }
+        let ordinal: std::ffi::c_int = pointer_attr(ptr, cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)?;
+        if ordinal as usize != gpu.ordinal() {
+            return bad(format!("belongs to GPU{ordinal}, not GPU{}", gpu.ordinal()));
+        }
+        let pool: usize = pointer_attr(ptr, cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE).unwrap_or(0);
+        if pool != 0 {
+            return bad("allocated from a stream-ordered memory pool (cudaMallocAsync), which GPUDirect RDMA does not support; allocate with cuMemAlloc/cudaMalloc".into());
+        }
+        let start: cusys::CUdeviceptr = pointer_attr(ptr, cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)?;
+        let size: usize = pointer_attr(ptr, cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE)?;
+        if ptr.checked_add(len as u64).is_none_or(|end| end > start + size as u64) {
+            return bad(format!("extends past its allocation ({start:#x} + {size} bytes)"));
+        }
+        set_sync_memops(ptr)?;
+        Ok(GpuBuffer { gpu: gpu.clone(), ptr, len, owned: false })
+    }
+
+    /// The GPU holding the buffer.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// The device address (also the address peers use for RDMA).
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Length in bytes (a multiple of 64 KiB when allocated here).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty (never, for allocated buffers).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(Error::OutOfBounds { what: "GPU buffer", offset: offset as u64, requested: len as u64, len: self.len as u64 }),
+        }
+    }
+
+    /// Copies host bytes into the buffer at `offset` (synchronous).
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`], [`Error::Cuda`].
+    pub fn copy_from_host(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len())?;
+        self.gpu.bind()?;
+        // SAFETY: the range is inside the allocation (checked).
+        unsafe { cu::memcpy_htod_sync(self.ptr + offset as u64, src) }.map_err(|e| cuda_err("cuMemcpyHtoD", e))
+    }
+
+    /// Copies bytes of the buffer at `offset` to the host (synchronous).
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`], [`Error::Cuda`].
+    pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len())?;
+        self.gpu.bind()?;
+        // SAFETY: the range is inside the allocation (checked).
+        unsafe { cu::memcpy_dtoh_sync(dst, self.ptr + offset as u64) }.map_err(|e| cuda_err("cuMemcpyDtoH", e))
+    }
+
+    /// Exports the buffer as a dma-buf (`cuMemGetHandleForAddressRange`):
+    /// the file descriptor, the offset of the buffer's start within it, and
+    /// the exported length. The export starts at the host page below the
+    /// buffer and ends at the host page above it, as the kernel requires.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`]: `CUDA_ERROR_NOT_SUPPORTED` when the GPU or driver
+    /// cannot export dma-buf (see [`Gpu::dma_buf_supported`]).
+    pub fn export_dma_buf(&self) -> Result<(OwnedFd, u64, usize)> {
+        let page = crate::mr::page_size() as u64;
+        let base = self.ptr & !(page - 1);
+        let offset = self.ptr - base;
+        let len = (offset + self.len as u64).next_multiple_of(page) as usize;
+        self.gpu.bind()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: `fd` is an int out-parameter as the DMA_BUF_FD handle type requires;
+        // the range covers allocated device memory rounded to host pages.
+        unsafe {
+            cusys::cuMemGetHandleForAddressRange(
+                (&mut fd as *mut std::ffi::c_int).cast(),
+                base,
+                len,
+                cusys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        }
+        .result()
+        .map_err(|e| cuda_err("cuMemGetHandleForAddressRange", e))?;
+        // SAFETY: on success `fd` is a new descriptor we own.
+        Ok((unsafe { OwnedFd::from_raw_fd(fd) }, offset, len))
+    }
+}
+
+impl GpuBuffer {
+    /// Copies `len` bytes from the buffer at `offset` to raw host memory.
+    ///
+    /// # Safety
+    /// `dst..dst+len` must be writable host memory not referenced by Rust
+    /// references meanwhile.
+    pub(crate) unsafe fn copy_to_raw(&self, offset: usize, dst: *mut u8, len: usize) -> Result<()> {
+        self.check(offset, len)?;
+        self.gpu.bind()?;
+        // SAFETY: device range checked; host range per our contract.
+        unsafe { cusys::cuMemcpyDtoH_v2(dst.cast(), self.ptr + offset as u64, len) }
+            .result()
+            .map_err(|e| cuda_err("cuMemcpyDtoH", e))
+    }
+
+    /// Copies `len` bytes from raw host memory into the buffer at `offset`.
+    ///
+    /// # Safety
+    /// `src..src+len` must be readable host memory.
+    pub(crate) unsafe fn copy_from_raw(&self, offset: usize, src: *const u8, len: usize) -> Result<()> {
+        self.check(offset, len)?;
+        self.gpu.bind()?;
+        // SAFETY: device range checked; host range per our contract.
+        unsafe { cusys::cuMemcpyHtoD_v2(self.ptr + offset as u64, src.cast(), len) }
+            .result()
+            .map_err(|e| cuda_err("cuMemcpyHtoD", e))
+    }
+}
+
+/// Pinned (page-locked) host memory from `cuMemHostAlloc`: the bounce
+/// buffer of a host-staged region, which CUDA copies to and from at full
+/// PCIe speed and the NIC registers like any host memory.
+pub(crate) struct PinnedHost {
+    gpu: Gpu,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: plain bytes owned exclusively; only used through raw pointers.
+unsafe impl Send for PinnedHost {}
+// SAFETY: as above.
+unsafe impl Sync for PinnedHost {}
+
+impl PinnedHost {
+    pub(crate) fn alloc(gpu: &Gpu, len: usize) -> Result<PinnedHost> {
+        gpu.bind()?;
+        // SAFETY: a context is current; the memory is zeroed before use.
+        let ptr = unsafe { cu::malloc_host(len, cusys::CU_MEMHOSTALLOC_PORTABLE) }.map_err(|e| cuda_err("cuMemHostAlloc", e))?;
+        // SAFETY: `len` bytes were just allocated.
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, len) };
+        Ok(PinnedHost { gpu: gpu.clone(), ptr: ptr.cast(), len })
+    }
+
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: allocated by cuMemHostAlloc; the region that used it
+            // was deregistered first (it is dropped after the MR).
+            if let Err(e) = unsafe { cu::free_host(self.ptr.cast()) } {
+                tracing::warn!("{}", cuda_err("cuMemFreeHost", e));
+            }
+        }
+    }
+}

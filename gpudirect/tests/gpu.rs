@@ -1,0 +1,124 @@
+//! GPU tests. Those needing a GPU are ignored by default; run them on a
+//! machine with one:
+//!
+//! ```text
+//! cargo test -p gpudirect --test gpu -- --ignored --nocapture
+//! ```
+
+use cudarc::driver::sys as cusys;
+use gpudirect::gdr::{plan, GdrFacts, GpuFacts, HostFacts};
+use gpudirect::gpu::{self, GPU_PAGE};
+use gpudirect::sysroot::SysRoot;
+use gpudirect::{Error, Gpu, GpuBuffer};
+
+/// The contract on machines without a driver (CI): a typed error that
+/// names the missing library, never a panic. With a driver: a GPU count.
+#[test]
+fn cuda_entry_points_never_panic() {
+    // SAFETY: only probes whether the library loads.
+    let present = unsafe { cusys::is_culib_present() };
+    match (present, gpu::gpu_count()) {
+        (false, Err(Error::CudaUnavailable(why))) => {
+            assert!(why.contains("libcuda.so.1"), "{why}");
+            assert!(matches!(Gpu::open(0), Err(Error::CudaUnavailable(_))));
+            assert!(matches!(gpu::driver_version(), Err(Error::CudaUnavailable(_))));
+            let f = GpuFacts::gather(0, &SysRoot::live());
+            assert!(f.cuda_unavailable.as_deref().is_some_and(|w| w.contains("libcuda.so.1")));
+        }
+        (true, Ok(n)) => assert!(matches!(Gpu::open(n), Err(Error::GpuNotFound { ordinal, count }) if ordinal == n && count == n)),
+        (true, Err(e)) => eprintln!("driver present but unusable: {e}"),
+        (false, other) => panic!("no libcuda, yet gpu_count gave {other:?}"),
+    }
+}
+
+fn gpu0() -> Gpu {
+    Gpu::open(0).expect("this test needs a CUDA GPU (GPU0)")
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn capabilities_and_facts() {
+    let gpu = gpu0();
+    println!("{gpu}");
+    println!("driver version {}", gpu::driver_version().unwrap());
+    println!("GPU_DIRECT_RDMA_SUPPORTED (116) = {}", gpu.gpudirect_rdma_supported().unwrap());
+    println!("DMA_BUF_SUPPORTED (124) = {}", gpu.dma_buf_supported().unwrap());
+    let f = GpuFacts::gather(0, &SysRoot::live());
+    println!("{f:#?}\n{:#?}", HostFacts::read(&SysRoot::live()));
+    assert!(f.cuda_unavailable.is_none());
+    assert!(f.label.starts_with("GPU0 ("));
+    // What registration would say on this machine: with no RDMA device
+    // there is no protection domain to probe, so show the GPU-side plan.
+    match gpudirect::Context::open(None) {
+        Ok(ctx) => {
+            let pd = gpudirect::ProtectionDomain::new(&ctx).unwrap();
+            let facts = GdrFacts::gather(&pd, 0, &SysRoot::live());
+            println!("plan with {}: {:#?}", ctx.name(), plan(&facts));
+        }
+        Err(e) => println!("no RDMA device here: {e}"),
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn allocation_is_rounded_synchronous_and_copies_round_trip() {
+    let gpu = gpu0();
+    let buf = GpuBuffer::alloc(&gpu, 100_000).unwrap();
+    assert_eq!(buf.len(), 2 * GPU_PAGE);
+    let mut sync: std::ffi::c_uint = 0;
+    // SAFETY: valid device pointer of the current context; c_uint out-parameter.
+    unsafe {
+        cusys::cuPointerGetAttribute(
+            (&mut sync as *mut std::ffi::c_uint).cast(),
+            cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+            buf.device_ptr(),
+        )
+    }
+    .result()
+    .unwrap();
+    assert_eq!(sync, 1, "SYNC_MEMOPS must be set");
+    let data: Vec<u8> = (0..buf.len()).map(|i| (i * 7) as u8).collect();
+    buf.copy_from_host(0, &data).unwrap();
+    let mut back = vec![0; buf.len()];
+    buf.copy_to_host(0, &mut back).unwrap();
+    assert_eq!(back, data);
+    assert!(matches!(buf.copy_to_host(buf.len() - 1, &mut [0; 2]), Err(Error::OutOfBounds { .. })));
+    assert!(matches!(GpuBuffer::alloc(&gpu, 0), Err(Error::InvalidArgument(_))));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dma_buf_export() {
+    let gpu = gpu0();
+    let buf = GpuBuffer::alloc(&gpu, GPU_PAGE).unwrap();
+    match buf.export_dma_buf() {
+        Ok((fd, offset, len)) => {
+            use std::os::fd::AsRawFd;
+            println!("dma-buf fd {} offset {offset} len {len}", fd.as_raw_fd());
+            assert!(fd.as_raw_fd() >= 0);
+            assert!(len >= GPU_PAGE);
+            assert!(gpu.dma_buf_supported().unwrap());
+        }
+        Err(e) => {
+            println!("dma-buf export failed: {e}");
+            assert!(!gpu.dma_buf_supported().unwrap(), "attribute 124 says yes but export failed: {e}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn caller_owned_device_memory_is_checked() {
+    let gpu = gpu0();
+    let owner = GpuBuffer::alloc(&gpu, 4 * GPU_PAGE).unwrap();
+    // SAFETY: `owner` outlives the views.
+    let view = unsafe { GpuBuffer::from_raw(&gpu, owner.device_ptr() + GPU_PAGE as u64, GPU_PAGE) }.unwrap();
+    view.copy_from_host(0, b"inside").unwrap();
+    // SAFETY: as above; the range is rejected before use.
+    let past = unsafe { GpuBuffer::from_raw(&gpu, owner.device_ptr() + 3 * GPU_PAGE as u64, 2 * GPU_PAGE) };
+    assert!(matches!(past, Err(Error::InvalidArgument(ref m)) if m.contains("extends past its allocation")), "{past:?}");
+    let host = [0u8; 64];
+    // SAFETY: rejected before use: not device memory.
+    let not_dev = unsafe { GpuBuffer::from_raw(&gpu, host.as_ptr() as u64, 64) };
+    assert!(not_dev.is_err(), "{not_dev:?}");
+}
