@@ -1,0 +1,82 @@
+//! `gpudirect doctor`: whether GPUDirect RDMA works on this machine, and
+//! exactly why not.
+//!
+//! Every check returns [`Finding`]s: a status, what it read (evidence) and,
+//! when something is wrong, the fix. File-based checks read the machine
+//! through a [`SysRoot`], so tests run them against fixture trees; live
+//! probes (verbs, CUDA) sit behind [`Probes`] so the file-based checks work
+//! on a machine with neither.
+
+use serde::Serialize;
+
+use gpudirect::sysroot::SysRoot;
+
+/// How a check came out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Fine.
+    Ok,
+    /// Works, but something is off (slower path, fragile setting).
+    Warn,
+    /// Prevents GPUDirect RDMA.
+    Fail,
+    /// Could not be checked here (say why in the summary).
+    Skipped,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Status::Ok => "ok",
+            Status::Warn => "warn",
+            Status::Fail => "fail",
+            Status::Skipped => "skipped",
+        })
+    }
+}
+
+/// One finding of one check.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// Stable identifier, `area.check` (e.g. `topology.path`, `acs.bridge`).
+    pub check: String,
+    /// Outcome.
+    pub status: Status,
+    /// One line saying what was found.
+    pub summary: String,
+    /// What was read to reach it (file paths and their contents, command answers).
+    pub evidence: Vec<String>,
+    /// What to do, when status is warn or fail.
+    pub fix: Option<String>,
+}
+
+impl Finding {
+    /// A finding with no evidence or fix yet.
+    pub fn new(check: impl Into<String>, status: Status, summary: impl Into<String>) -> Finding {
+        Finding { check: check.into(), status, summary: summary.into(), evidence: Vec::new(), fix: None }
+    }
+
+    /// Adds a line of evidence.
+    pub fn evidence(mut self, e: impl Into<String>) -> Finding {
+        self.evidence.push(e.into());
+        self
+    }
+
+    /// Sets the fix.
+    pub fn fix(mut self, f: impl Into<String>) -> Finding {
+        self.fix = Some(f.into());
+        self
+    }
+}
+
+/// What the doctor needs from the machine beyond its files.
+pub struct Machine {
+    /// Where sysfs/procfs/dev are read.
+    pub root: SysRoot,
+    /// The environment variables to judge (normally the process's).
+    pub env: Vec<(String, String)>,
+}
+
+pub mod env;
+pub mod pci;

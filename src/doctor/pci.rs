@@ -1,0 +1,1 @@
+//! PCIe topology, ACS, IOMMU and link bandwidth between GPUs and NICs (stub: being written).

@@ -1,0 +1,1 @@
+//! NCCL log explainer (stub: being written).
