@@ -151,6 +151,8 @@ pub struct GpuFacts {
     pub ordinal: usize,
     /// `GPU0 (NVIDIA H200, 0000:17:00.0)` or just `GPU0` when unknown.
     pub label: String,
+    /// PCI address (`0000:17:00.0`) when CUDA could tell.
+    pub pci_bus_id: Option<String>,
     /// Why CUDA could not be asked (no driver, no such GPU); `None` when it could.
     pub cuda_unavailable: Option<String>,
     /// CUDA driver version (12080 = 12.8).
@@ -423,11 +425,12 @@ impl GdrFacts {
     /// on a real machine). Never fails: what cannot be learned is recorded
     /// as unknown or as the reason it is unavailable.
     pub fn gather(pd: &ProtectionDomain, ordinal: usize, root: &SysRoot) -> GdrFacts {
-        GdrFacts {
-            gpu: GpuFacts::gather(ordinal, root),
-            nic: NicFacts { device: pd.context().name().to_owned(), dma_buf: DmaBufProbe::from_errno(MemoryRegion::probe_dmabuf(pd)) },
-            host: HostFacts::read(root),
-        }
+        GdrFacts { gpu: GpuFacts::gather(ordinal, root), nic: Self::gather_nic(pd), host: HostFacts::read(root) }
+    }
+
+    /// The NIC side alone: the dma-buf probe on the device of `pd`.
+    pub fn gather_nic(pd: &ProtectionDomain) -> NicFacts {
+        NicFacts { device: pd.context().name().to_owned(), dma_buf: DmaBufProbe::from_errno(MemoryRegion::probe_dmabuf(pd)) }
     }
 }
 
@@ -438,6 +441,7 @@ impl GpuFacts {
         let unknown = |why: String| GpuFacts {
             ordinal,
             label: format!("GPU{ordinal}"),
+            pci_bus_id: None,
             cuda_unavailable: Some(why),
             driver_version: None,
             gdr_supported: None,
@@ -450,6 +454,7 @@ impl GpuFacts {
             Ok(gpu) => GpuFacts {
                 ordinal,
                 label: gpu.to_string(),
+                pci_bus_id: Some(gpu.pci_bus_id().to_owned()),
                 cuda_unavailable: None,
                 driver_version: gpu::driver_version().ok(),
                 gdr_supported: gpu.gpudirect_rdma_supported().ok(),
@@ -534,6 +539,7 @@ mod tests {
             gpu: GpuFacts {
                 ordinal: 0,
                 label: "GPU0 (NVIDIA H200, 0000:17:00.0)".into(),
+                pci_bus_id: Some("0000:17:00.0".into()),
                 cuda_unavailable: None,
                 driver_version: Some(12080),
                 gdr_supported: Some(true),

@@ -80,3 +80,5 @@ pub struct Machine {
 
 pub mod env;
 pub mod pci;
+pub mod probes;
+pub mod stack;

@@ -1,0 +1,72 @@
+//! The live probes (verbs and CUDA) behind one trait, so the file-based
+//! checks run on machines with neither and tests can inject answers.
+
+use gpudirect::gdr::{DmaBufProbe, GpuFacts};
+use gpudirect::sysroot::SysRoot;
+use gpudirect::{Context, GidChoice, GidEntry, PortAttr, ProtectionDomain};
+
+/// What the verbs say about one RDMA device.
+#[derive(Clone, Debug)]
+pub struct RdmaDevice {
+    /// Kernel name (`mlx5_0`, `rxe0`).
+    pub name: String,
+    /// Firmware version.
+    pub fw_ver: String,
+    /// Each port's attributes, from port 1.
+    pub ports: Vec<PortAttr>,
+    /// Port 1's valid GID entries.
+    pub gids: Vec<GidEntry>,
+    /// The GID a connection on port 1 would use, or why none.
+    pub chosen_gid: Result<GidChoice, String>,
+    /// The dma-buf probe's answer, or why it could not run.
+    pub dma_buf: Result<DmaBufProbe, String>,
+}
+
+/// Live answers the doctor needs.
+pub trait Probes {
+    /// The RDMA devices, or why they cannot be listed.
+    fn rdma(&self) -> Result<Vec<RdmaDevice>, String>;
+    /// CUDA's view of every GPU, or why CUDA cannot be used.
+    fn gpus(&self, root: &SysRoot) -> Result<Vec<GpuFacts>, String>;
+}
+
+/// The real machine, through `gpudirect`.
+pub struct LiveProbes;
+
+impl Probes for LiveProbes {
+    fn rdma(&self) -> Result<Vec<RdmaDevice>, String> {
+        let list = gpudirect::devices().map_err(|e| e.to_string())?;
+        Ok(list
+            .into_iter()
+            .map(|d| match Context::open(Some(&d.name)) {
+                Err(e) => RdmaDevice {
+                    name: d.name,
+                    fw_ver: String::new(),
+                    ports: vec![],
+                    gids: vec![],
+                    chosen_gid: Err(e.to_string()),
+                    dma_buf: Err(e.to_string()),
+                },
+                Ok(ctx) => {
+                    let ports = (1..=ctx.attr().phys_port_cnt).filter_map(|p| ctx.query_port(p).ok()).collect();
+                    let dma_buf = ProtectionDomain::new(&ctx)
+                        .map(|pd| gpudirect::gdr::GdrFacts::gather_nic(&pd).dma_buf)
+                        .map_err(|e| e.to_string());
+                    RdmaDevice {
+                        name: d.name,
+                        fw_ver: ctx.attr().fw_ver.clone(),
+                        ports,
+                        gids: ctx.gid_table(1).unwrap_or_default(),
+                        chosen_gid: ctx.choose_gid(1, None).map_err(|e| e.to_string()),
+                        dma_buf,
+                    }
+                }
+            })
+            .collect())
+    }
+
+    fn gpus(&self, root: &SysRoot) -> Result<Vec<GpuFacts>, String> {
+        let n = gpudirect::gpu::gpu_count().map_err(|e| e.to_string())?;
+        Ok((0..n).map(|i| GpuFacts::gather(i, root)).collect())
+    }
+}
