@@ -206,3 +206,130 @@ fn none_or(v: &[String]) -> String {
         v.join(", ")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpudirect::{Errno, Gid, GidChoice, GidEntry, PortAttr};
+
+    struct Tree(std::path::PathBuf);
+    impl Tree {
+        fn new(name: &str) -> Tree {
+            let d = std::env::temp_dir().join(format!("doctor-stack-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).unwrap();
+            Tree(d)
+        }
+        fn file(&self, p: &str, text: &str) -> &Self {
+            let path = self.root().path(p);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+            self
+        }
+        fn root(&self) -> SysRoot {
+            SysRoot::at(&self.0)
+        }
+    }
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn rxe(mtu: Mtu, dma_buf: DmaBufProbe) -> RdmaDevice {
+        let entry = GidEntry { index: 1, gid: Gid(std::net::Ipv6Addr::from([0, 0, 0, 0, 0, 0xffff, 0xc000, 0x0201]).octets()), gid_type: GidType::RoceV2, netdev: Some("eth0".into()) };
+        RdmaDevice {
+            name: "rxe0".into(),
+            fw_ver: "0.0.0".into(),
+            ports: vec![PortAttr { port: 1, state: PortState::Active, max_mtu: Some(Mtu::Mtu4096), active_mtu: Some(mtu), lid: 0, link_layer: LinkLayer::Ethernet, gid_table_len: 64 }],
+            gids: vec![entry.clone()],
+            chosen_gid: Ok(GidChoice { entry, reason: "RoCE v2, IPv4-mapped" }),
+            dma_buf: Ok(dma_buf),
+        }
+    }
+
+    fn find<'a>(f: &'a [Finding], check: &str) -> &'a Finding {
+        f.iter().find(|x| x.check == check).unwrap_or_else(|| panic!("no finding {check} in {f:#?}"))
+    }
+
+    #[test]
+    fn soft_roce_host() {
+        let t = Tree::new("rxe");
+        t.file("/sys/class/infiniband/rxe0/device/net/eth0/address", "52:54:00:00:00:01\n").file("/dev/infiniband/uverbs0", "");
+        let f = rdma(&t.root(), &Ok(vec![rxe(Mtu::Mtu1024, DmaBufProbe::Unsupported(Errno(libc::EOPNOTSUPP)))]));
+        assert_eq!(find(&f, "rdma.devices").status, Status::Ok);
+        assert_eq!(find(&f, "rdma.uverbs").status, Status::Ok);
+        assert_eq!(find(&f, "rdma.netdev.rxe0").summary, "rxe0 sits on eth0");
+        let port = find(&f, "rdma.port.rxe0");
+        assert_eq!(port.status, Status::Warn);
+        assert!(port.fix.as_deref().unwrap().contains("9000"));
+        assert_eq!(find(&f, "rdma.gid.rxe0").status, Status::Ok);
+        let d = find(&f, "rdma.dmabuf.rxe0");
+        assert_eq!(d.status, Status::Fail);
+        assert_eq!(d.evidence, vec!["ibv_reg_dmabuf_mr(fd = -1) answered EOPNOTSUPP (Operation not supported)".to_string()]);
+    }
+
+    #[test]
+    fn container_without_uverbs_nodes() {
+        let t = Tree::new("container");
+        t.file("/sys/class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE\n");
+        let f = rdma(&t.root(), &Ok(vec![]));
+        assert_eq!(find(&f, "rdma.devices").status, Status::Fail);
+        let u = find(&f, "rdma.uverbs");
+        assert_eq!(u.status, Status::Fail);
+        assert!(u.fix.as_deref().unwrap().contains("--device /dev/infiniband/uverbs0"));
+    }
+
+    #[test]
+    fn no_rdma_subsystem() {
+        let t = Tree::new("nordma");
+        let f = rdma(&t.root(), &Err("no RDMA subsystem in this kernel".into()));
+        let d = find(&f, "rdma.devices");
+        assert_eq!((d.status, d.evidence[0].as_str()), (Status::Fail, "no RDMA subsystem in this kernel"));
+        assert_eq!(find(&f, "rdma.uverbs").status, Status::Skipped);
+    }
+
+    fn gpu(gdr: bool, dmabuf: bool) -> GpuFacts {
+        GpuFacts {
+            ordinal: 0,
+            label: "GPU0 (NVIDIA H200, 0000:17:00.0)".into(),
+            pci_bus_id: Some("0000:17:00.0".into()),
+            cuda_unavailable: None,
+            driver_version: Some(12080),
+            gdr_supported: Some(gdr),
+            dma_buf_supported: Some(dmabuf),
+            module: ModuleFlavour::Open,
+        }
+    }
+
+    #[test]
+    fn cuda_findings() {
+        let t = Tree::new("cuda");
+        t.file("/proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n");
+        let f = cuda(&t.root(), &Ok(vec![gpu(true, false)]));
+        assert_eq!(find(&f, "cuda.driver").summary, "CUDA driver 12.8, 1 GPU(s)");
+        assert_eq!(find(&f, "cuda.gdr.gpu0").status, Status::Ok);
+        assert_eq!(find(&f, "cuda.dmabuf.gpu0").status, Status::Warn);
+        let m = find(&f, "cuda.module");
+        assert_eq!(m.status, Status::Warn);
+        assert!(m.evidence[0].contains("535.104.05"));
+        let f = cuda(&t.root(), &Ok(vec![gpu(false, true)]));
+        assert!(find(&f, "cuda.gdr.gpu0").fix.as_deref().unwrap().contains("data-center GPU"));
+        let f = cuda(&Tree::new("nodriver").root(), &Err("CUDA is not available: libcuda.so.1 cannot be loaded".into()));
+        assert_eq!(find(&f, "cuda.driver").status, Status::Fail);
+        assert_eq!(find(&f, "cuda.module").status, Status::Fail);
+    }
+
+    #[test]
+    fn peer_memory_and_kernel() {
+        let h = HostFacts { kernel_release: Some("5.10.0-32-amd64".into()), peer_memory_found: vec![], peer_memory_api: Some(true) };
+        let f = host(&h);
+        assert_eq!(find(&f, "peermem.client").status, Status::Warn);
+        assert_eq!(find(&f, "peermem.client").fix.as_deref(), Some("`modprobe nvidia-peermem` if dma-buf is unavailable"));
+        assert_eq!(find(&f, "dmabuf.kernel").status, Status::Fail);
+        let h = HostFacts { kernel_release: Some("6.8.0-45-generic".into()), peer_memory_found: vec!["/sys/module/nvidia_peermem/version".into()], peer_memory_api: Some(true) };
+        let f = host(&h);
+        assert_eq!(find(&f, "peermem.client").status, Status::Ok);
+        assert_eq!(find(&f, "dmabuf.kernel").status, Status::Ok);
+    }
+}
