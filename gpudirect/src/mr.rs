@@ -426,6 +426,12 @@ impl MemoryRegion {
         }
     }
 
+    /// Whether the region's address is host memory the CPU can read (host
+    /// regions and the mirrors of host-staged GPU regions).
+    pub(crate) fn cpu_addressable(&self) -> bool {
+        self.inner.gpu.as_ref().is_none_or(|g| g.path == RegistrationPath::HostStaged)
+    }
+
     fn staged(&self) -> Option<&GpuBuffer> {
         self.inner.gpu.as_ref().filter(|g| g.path == RegistrationPath::HostStaged).map(|g| &g.buf)
     }

@@ -350,6 +350,11 @@ impl QpInner {
                 // so the bytes go there first, synchronously.
                 wr.local.mr.stage_out(wr.local.offset, wr.local.len)?;
             }
+            if wr.inline && !wr.local.mr.cpu_addressable() {
+                return Err(Error::InvalidArgument(
+                    "inline sends copy the payload with the CPU, which cannot read GPU memory registered for GPUDirect RDMA".into(),
+                ));
+            }
             if wr.inline && (wr.op == SendOp::Read || wr.local.len > self.max_inline as usize) {
                 return Err(Error::InvalidArgument(format!(
                     "inline {:?} of {} bytes: the queue pair allows inline writes and sends of at most {} bytes (QpConfig::max_inline_data)",
