@@ -432,6 +432,11 @@ impl MemoryRegion {
         self.inner.gpu.as_ref().is_none_or(|g| g.path == RegistrationPath::HostStaged)
     }
 
+    /// Whether this is a GPU region registered by host staging.
+    pub(crate) fn is_host_staged(&self) -> bool {
+        self.staged().is_some()
+    }
+
     fn staged(&self) -> Option<&GpuBuffer> {
         self.inner.gpu.as_ref().filter(|g| g.path == RegistrationPath::HostStaged).map(|g| &g.buf)
     }

@@ -153,6 +153,14 @@ pub enum QpState {
 // number), bits 0..40 a sequence number. Completions arrive in posting order
 // on each queue of an RC queue pair, so releasing is popping from the front.
 
+/// Writes from host-staged GPU regions longer than this are posted in
+/// chunks of this size, so GPU-to-host copies overlap the NIC's transfer.
+const STAGE_CHUNK: usize = 1 << 20;
+
+fn splits_for_staging(w: &SendWr<'_>) -> bool {
+    matches!(w.op, SendOp::Write | SendOp::WriteWithImm(_)) && w.local.len > STAGE_CHUNK && w.local.mr.is_host_staged()
+}
+
 const RECV_BIT: u64 = 1 << 63;
 const GEN_SHIFT: u32 = 40;
 const SEQ_MASK: u64 = (1 << GEN_SHIFT) - 1;
@@ -605,7 +613,43 @@ impl QueuePair {
     /// long. [`Error::Verb`] from `ibv_post_send`: the requests before the
     /// failing one were posted and will complete.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        self.inner.post_send(wrs)
+        if !wrs.iter().any(|w| splits_for_staging(w)) {
+            return self.inner.post_send(wrs);
+        }
+        // Host-staged GPU sources: post each large write as chunks, copying
+        // chunk k+1 from the GPU while the NIC sends chunk k, instead of
+        // copying the whole message before the NIC may start.
+        let chunks: usize = wrs.iter().map(|w| if splits_for_staging(w) { w.local.len.div_ceil(STAGE_CHUNK) } else { 1 }).sum();
+        {
+            let q = lock(&self.inner.tracker.send);
+            if q.pending.len() + chunks > q.depth as usize {
+                return Err(Error::QueueFull { queue: "send", depth: q.depth });
+            }
+        }
+        for wr in wrs {
+            if !splits_for_staging(wr) {
+                self.inner.post_send(std::slice::from_ref(wr))?;
+                continue;
+            }
+            let n = wr.local.len.div_ceil(STAGE_CHUNK);
+            for k in 0..n {
+                let off = k * STAGE_CHUNK;
+                let len = STAGE_CHUNK.min(wr.local.len - off);
+                let last = k + 1 == n;
+                let chunk = SendWr {
+                    local: LocalSlice { mr: wr.local.mr, offset: wr.local.offset + off, len },
+                    remote_addr: wr.remote_addr + off as u64,
+                    // Only the last chunk carries the immediate, the id and
+                    // the caller's signaling; RC ordering completes the rest first.
+                    op: if last { wr.op } else { SendOp::Write },
+                    signaled: last && wr.signaled,
+                    wr_id: wr.wr_id,
+                    ..*wr
+                };
+                self.inner.post_send(&[chunk])?;
+            }
+        }
+        Ok(())
     }
 
     /// Posts a batch of receives with one call. See
