@@ -1,6 +1,111 @@
-//! The `gpudirect` command: `doctor` and `nccl-log`.
+//! `gpudirect`: says whether GPUDirect RDMA works on this machine and why
+//! not (`doctor`), and what an NCCL log says about it (`nccl-log`).
+//!
+//! Exit status: `doctor` 0 when GPUDirect RDMA is available, 1 when not,
+//! 2 when the tool itself could not run; `nccl-log` 0 when the log shows
+//! GPUDirect RDMA used, 1 when not or only partly, 3 when the log cannot
+//! tell, 2 when the log could not be read.
 
 mod doctor;
 mod nccl_log;
 
-fn main() {}
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use gpudirect::sysroot::SysRoot;
+
+#[derive(Parser)]
+#[command(name = "gpudirect", version, about = "GPUDirect RDMA diagnostics")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check whether GPUDirect RDMA works on this machine, and why not.
+    Doctor {
+        /// Machine-readable output (schema documented in docs/doctor-json.md).
+        #[arg(long)]
+        json: bool,
+        /// Only this GPU (CUDA ordinal).
+        #[arg(long)]
+        gpu: Option<usize>,
+        /// Only this RDMA device.
+        #[arg(long)]
+        device: Option<String>,
+        /// Read sysfs/procfs under this directory instead of / (for
+        /// fixture trees and offline analysis of a copied tree).
+        #[arg(long, hide = true, default_value = "/")]
+        root: PathBuf,
+    },
+    /// Explain an NCCL_DEBUG=INFO log: was GPUDirect RDMA used?
+    NcclLog {
+        /// The log file, or - for standard input.
+        file: String,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Doctor { json, gpu, device, root } => {
+            if !root.join("proc").is_dir() && !root.join("sys").is_dir() {
+                eprintln!("gpudirect doctor: {} has neither proc/ nor sys/: nothing to examine", root.display());
+                return ExitCode::from(2);
+            }
+            let machine = doctor::Machine {
+                root: SysRoot::at(root),
+                env: std::env::vars().filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("UCX_")).collect(),
+            };
+            let report = doctor::report::run(&machine, &doctor::probes::LiveProbes, &doctor::report::Options { gpu, device });
+            if let Err(code) = emit(&report, json, "doctor") {
+                return code;
+            }
+            ExitCode::from(if report.verdict.available { 0 } else { 1 })
+        }
+        Command::NcclLog { file, json } => {
+            let mut bytes = Vec::new();
+            let read = if file == "-" {
+                std::io::stdin().read_to_end(&mut bytes).map(|_| ())
+            } else {
+                std::fs::File::open(&file).and_then(|mut f| f.read_to_end(&mut bytes)).map(|_| ())
+            };
+            if let Err(e) = read {
+                eprintln!("gpudirect nccl-log: cannot read {file}: {e}");
+                return ExitCode::from(2);
+            }
+            let report = nccl_log::explain(&String::from_utf8_lossy(&bytes));
+            if let Err(code) = emit(&report, json, "nccl-log") {
+                return code;
+            }
+            ExitCode::from(match report.verdict {
+                nccl_log::Verdict::Used => 0,
+                nccl_log::Verdict::Partial | nccl_log::Verdict::NotUsed => 1,
+                nccl_log::Verdict::Unknown => 3,
+            })
+        }
+    }
+}
+
+/// Prints a report as text or JSON. A closed pipe (`| head`) is not an
+/// error worth a panic: the output is simply cut.
+fn emit<R: std::fmt::Display + serde::Serialize>(report: &R, json: bool, cmd: &str) -> Result<(), ExitCode> {
+    let text = if json {
+        match serde_json::to_string_pretty(report) {
+            Ok(s) => s + "\n",
+            Err(e) => {
+                eprintln!("gpudirect {cmd}: cannot encode the report: {e}");
+                return Err(ExitCode::from(2));
+            }
+        }
+    } else {
+        report.to_string()
+    };
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+    Ok(())
+}

@@ -1,1 +1,757 @@
-//! NCCL log explainer (stub: being written).
+//! `gpudirect nccl-log`: did GPUDirect RDMA carry NCCL's network traffic?
+//!
+//! GPUDirect RDMA fails open: when it is unavailable NCCL quietly stages
+//! every network transfer through host memory and the job merely runs at
+//! about half the bandwidth. The only reliable trace is in an
+//! `NCCL_DEBUG=INFO` log: each network connection line
+//! (`Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA`) ends in
+//! `/GDRDMA` exactly when that connection registers GPU memory with the NIC.
+//! [`explain`] reads such a log (NCCL 2.4 `Ring` lines through 2.2x
+//! `Channel NN/N` lines, with host names, stripped prefixes or launcher
+//! prefixes such as `[1,3]<stdout>:`) and says whether it was used, per rank
+//! and per direction, what would settle it when the log cannot, and what to
+//! check next.
+//!
+//! # Verdict rules
+//! 1. NET connection lines decide when present: all `/GDRDMA` → used; none →
+//!    not used; a mix → partial, naming the ranks (host, GPU) and directions
+//!    on each side.
+//!    A NET connection between GPUs of one host counts like any other.
+//! 2. Without NET connection lines, these settle "not used": the socket
+//!    transport (`Using network Socket`, `NET/Socket : Using`, or a
+//!    `*Socket` plugin), a line in which a plugin says GDR is disabled or
+//!    unsupported, `GPU Direct RDMA Disabled` on every per-HCA / per-GPU
+//!    line (no `Enabled` anywhere), `NCCL_NET_GDR_LEVEL` set to `LOC`/`0`,
+//!    `NCCL_NET=Socket`, or `NCCL_IB_DISABLE=1` with NCCL's internal network.
+//! 3. Anything else is "cannot tell", with the setting or line that would
+//!    settle it. `DMA-BUF is available`, the `use ring PXN 0 GDR 1` summary
+//!    and GDRCopy lines never count as evidence (see [`Misleading`]);
+//!    `Enabled for HCA` alone only says a NIC could. An IB completion error 4
+//!    (local protection, often ACS breaking GDR) is reported as a cause.
+//!
+//! # JSON (`--json`)
+//! The [`Report`] serialises with serde; field names are stable and new
+//! fields are only ever added. Line numbers are 1-based in the input given.
+//! - `verdict`: `"used"`, `"partial"`, `"not-used"` or `"unknown"`.
+//! - `headline`: the verdict sentence (first line of the text output).
+//! - `evidence`: sentences naming the lines that decided the verdict.
+//! - `settle_with`: for `unknown`, the setting or line that would settle it
+//!   (otherwise `null`).
+//! - `nccl_versions`: distinct `NCCL version` strings, e.g. `"2.5.7+cuda10.0"`.
+//! - `networks`: distinct `Using network <name>` names.
+//! - `net_devices`: `NET/<plugin> : Using ...` lines ([`NetDevices`]).
+//! - `gdr_support`: per-HCA / per-GPU `GPU Direct RDMA Enabled|Disabled`
+//!   lines ([`GdrSupport`]).
+//! - `environment`: `NAME set by environment to VALUE` lines ([`EnvSetting`]).
+//! - `ranks`: per-rank summary of its connections ([`RankSummary`]).
+//! - `connections`: every distinct connection line ([`Connection`]), the
+//!   per-rank, per-channel transports.
+//! - `misleading`: lines that look like evidence but are not ([`Misleading`]).
+//! - `warnings`: distinct `NCCL WARN` lines ([`LogLine`], at most 200).
+//! - `causes`: what to check next, most specific first.
+//! - `lines_read`, `nccl_lines`: lines in the input, and those carrying an
+//!   `NCCL INFO` / `NCCL WARN` marker.
+
+mod parse;
+#[cfg(test)]
+mod tests;
+mod text;
+mod verdict;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+/// Whether GPUDirect RDMA carried the network traffic seen in a log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Every NET connection in the log used GPUDirect RDMA.
+    Used,
+    /// Some NET connections (ranks, GPUs or directions) used it, others
+    /// went through host memory.
+    Partial,
+    /// Network traffic demonstrably went through host memory.
+    NotUsed,
+    /// The log cannot settle it; [`Report::settle_with`] says what would.
+    Unknown,
+}
+
+/// Which side of a connection a line describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Direction {
+    /// `[send]`: the line is printed by the sending rank. With GDR the NIC
+    /// reads GPU memory.
+    Send,
+    /// `[receive]`: printed by the receiving rank. With GDR the NIC writes
+    /// GPU memory.
+    Receive,
+    /// No direction tag (intra-node transports).
+    Unspecified,
+}
+
+impl Direction {
+    fn word(self) -> &'static str {
+        match self {
+            Direction::Send => "send",
+            Direction::Receive => "receive",
+            Direction::Unspecified => "unspecified",
+        }
+    }
+}
+
+/// The kind of transport after `via`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Transport {
+    /// `NET/<plugin>/...`: through a NIC (IB, RoCE, sockets, plugins), the
+    /// only kind GPUDirect RDMA applies to.
+    Net,
+    /// `P2P/...`: GPU to GPU inside a node (NVLink or PCIe).
+    P2p,
+    /// `SHM` or `direct shared memory`: through host memory inside a node.
+    Shm,
+    /// Anything else NCCL printed after `via`.
+    Other,
+}
+
+/// One line of the input, for quoting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LogLine {
+    /// 1-based line number in the input.
+    pub line: usize,
+    /// Host name from NCCL's prefix, when present.
+    pub host: Option<String>,
+    /// The message after NCCL's prefix (clipped to 300 characters).
+    pub text: String,
+}
+
+/// A `NET/<plugin> : Using ...` line: the NICs a network plugin chose.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NetDevices {
+    /// 1-based line number.
+    pub line: usize,
+    /// Host name from the prefix, when present.
+    pub host: Option<String>,
+    /// Plugin name: `IB`, `Socket`, `IBext`, ...
+    pub net: String,
+    /// Device names in the list (`mlx5_0`, `eth0`).
+    pub devices: Vec<String>,
+    /// Everything after `Using `.
+    pub text: String,
+}
+
+/// A `GPU Direct RDMA Enabled|Disabled for HCA n 'name'` line (NIC side) or
+/// `... for GPU g / HCA n (distance ...)` line (GPU-NIC topology check).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GdrSupport {
+    /// 1-based line number.
+    pub line: usize,
+    /// Host name from the prefix, when present.
+    pub host: Option<String>,
+    /// Plugin name from `NET/<plugin> :`, when printed.
+    pub net: Option<String>,
+    /// `Enabled` (true) or `Disabled` (false).
+    pub enabled: bool,
+    /// HCA index.
+    pub hca: Option<u64>,
+    /// HCA name, per-HCA form only.
+    pub hca_name: Option<String>,
+    /// GPU as printed (`2[2]`, `1b000`), per-GPU form only.
+    pub gpu: Option<String>,
+    /// What follows: `(no module)`, `(distance 3 >= 2)`, `..., read 0`.
+    pub detail: Option<String>,
+}
+
+/// A `NAME set by environment to VALUE` line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EnvSetting {
+    /// 1-based line number of the first occurrence.
+    pub line: usize,
+    /// Variable name.
+    pub name: String,
+    /// Value, without the trailing period NCCL prints.
+    pub value: String,
+}
+
+/// One side of one channel connection, as NCCL printed it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Connection {
+    /// 1-based line number.
+    pub line: usize,
+    /// Host name from the prefix, when present.
+    pub host: Option<String>,
+    /// Process id from the prefix, when present.
+    pub pid: Option<u64>,
+    /// CUDA device of the logging thread (`[n]` in the prefix).
+    pub device: Option<u64>,
+    /// Channel (or 2.4 ring) number.
+    pub channel: u64,
+    /// The number after `/` in `Channel 00/1` (connection index, 2.12+).
+    pub sub: Option<u64>,
+    /// Sending rank.
+    pub from_rank: u64,
+    /// Sending GPU as printed in brackets (index or PCI bus id).
+    pub from_gpu: Option<String>,
+    /// Receiving rank.
+    pub to_rank: u64,
+    /// Receiving GPU as printed in brackets.
+    pub to_gpu: Option<String>,
+    /// `[send]`, `[receive]` or none.
+    pub direction: Direction,
+    /// The rank whose side this is: the sender for send lines, the receiver
+    /// for receive lines.
+    pub rank: u64,
+    /// That rank's GPU (bracket, else the prefix device).
+    pub gpu: Option<String>,
+    /// Kind of transport.
+    pub transport: Transport,
+    /// The transport as printed after `via` (`NET/IB/0/GDRDMA`, `P2P/IPC`).
+    pub via: String,
+    /// Network plugin name for NET transports (`IB`, `Socket`, `OFI`, ...).
+    pub net: Option<String>,
+    /// NIC index for NET transports.
+    pub net_dev: Option<u64>,
+    /// PXN proxy rank (`NET/IB/0(3)`), when printed.
+    pub proxy_rank: Option<u64>,
+    /// For NET transports, whether the line ends in `/GDRDMA`; `null`
+    /// otherwise.
+    pub gdr: Option<bool>,
+    /// `/Shared` (shared network buffers for point-to-point operations).
+    pub shared: bool,
+}
+
+/// What one rank's connection lines say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RankSummary {
+    /// Rank number.
+    pub rank: u64,
+    /// Host, when the prefix named it (the same rank number on two hosts
+    /// means two communicators or runs and is listed twice).
+    pub host: Option<String>,
+    /// GPU as printed.
+    pub gpu: Option<String>,
+    /// Directions in which this rank has NET connections with `/GDRDMA`.
+    pub net_with_gdr: Vec<Direction>,
+    /// Directions in which it has NET connections without it.
+    pub net_without_gdr: Vec<Direction>,
+    /// Distinct transports (as printed after `via`) of its connections.
+    pub transports: Vec<String>,
+    /// Number of its connection lines.
+    pub connections: usize,
+}
+
+/// A line that looks like evidence about GPUDirect RDMA but is not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Misleading {
+    /// 1-based line number of the first occurrence.
+    pub line: usize,
+    /// The message.
+    pub text: String,
+    /// How many times the same message appears.
+    pub count: usize,
+    /// Why it was not used as evidence.
+    pub why: String,
+}
+
+/// The explanation of one NCCL log.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The verdict as a sentence; the first line of the text output.
+    pub headline: String,
+    /// The lines that decided it, as sentences.
+    pub evidence: Vec<String>,
+    /// For [`Verdict::Unknown`], the setting or line that would settle it.
+    pub settle_with: Option<String>,
+    /// Distinct NCCL versions printed (`2.11.4+cuda11.4`).
+    pub nccl_versions: Vec<String>,
+    /// Distinct `Using network <name>` names.
+    pub networks: Vec<String>,
+    /// NIC lists the network plugins printed.
+    pub net_devices: Vec<NetDevices>,
+    /// Per-HCA and per-GPU GPUDirect RDMA lines.
+    pub gdr_support: Vec<GdrSupport>,
+    /// Settings NCCL reported taking from the environment.
+    pub environment: Vec<EnvSetting>,
+    /// Per-rank summaries, ordered by rank.
+    pub ranks: Vec<RankSummary>,
+    /// Every distinct connection line, in input order.
+    pub connections: Vec<Connection>,
+    /// Lines not taken as evidence, and why.
+    pub misleading: Vec<Misleading>,
+    /// Distinct `NCCL WARN` lines (at most 200).
+    pub warnings: Vec<LogLine>,
+    /// What to check next, most specific first.
+    pub causes: Vec<String>,
+    /// Lines in the input.
+    pub lines_read: usize,
+    /// Lines with an `NCCL INFO` or `NCCL WARN` marker.
+    pub nccl_lines: usize,
+}
+
+const MAX_WARNINGS: usize = 200;
+/// Lines kept per kind of internal evidence; the first ones are quoted.
+const MAX_QUOTED: usize = 20;
+const CLIP: usize = 300;
+
+const SETTLE_SUBSYS: &str = "rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET and keep \
+     the lines printed while communicators connect: each 'Channel NN/N : a[x] -> b[y] \
+     [send|receive] via NET/...' line ends in /GDRDMA exactly when that connection uses \
+     GPUDirect RDMA, and 'NET/<plugin> : GPU Direct RDMA Enabled|Disabled for HCA n' (NET \
+     subsystem) says whether each NIC can";
+
+const WHY_DMABUF: &str = "says the GPU driver can export dma-buf handles; NCCL prints it \
+     whether or not the NIC accepts them and whether or not any connection uses GPUDirect \
+     RDMA";
+const WHY_PXN_GDR: &str = "a communicator-wide setting printed after ring setup, even on \
+     socket runs; it does not say which connections used GPUDirect RDMA: only the /GDRDMA \
+     suffix of NET channel lines does";
+const WHY_GDRCOPY: &str = "GDRCopy lets the CPU map GPU memory for small copies; it is not \
+     the NIC reading or writing GPU memory";
+
+/// Reads an NCCL debug log and explains whether GPUDirect RDMA carried its
+/// network traffic. Never fails: text that is not an NCCL log yields
+/// [`Verdict::Unknown`].
+#[must_use]
+pub fn explain(text: &str) -> Report {
+    let scan = Scan::read(text);
+    let decision = verdict::decide(&scan);
+    let causes = verdict::causes(&scan, &decision);
+    let ranks = summarise_ranks(&scan.conns);
+    Report {
+        verdict: decision.verdict,
+        headline: decision.headline,
+        evidence: decision.evidence,
+        settle_with: decision.settle_with,
+        nccl_versions: scan.versions,
+        networks: scan.networks.into_iter().map(|(name, _)| name).collect(),
+        net_devices: scan.net_devices,
+        gdr_support: scan.support,
+        environment: scan.env,
+        ranks,
+        connections: scan.conns,
+        misleading: scan.misleading,
+        warnings: scan.warnings,
+        causes,
+        lines_read: scan.lines_read,
+        nccl_lines: scan.nccl_lines,
+    }
+}
+
+fn clip(text: &str) -> String {
+    if text.chars().count() <= CLIP {
+        text.to_string()
+    } else {
+        let mut s: String = text.chars().take(CLIP).collect();
+        s.push('…');
+        s
+    }
+}
+
+/// Everything recognised in one pass over the log.
+#[derive(Default)]
+struct Scan {
+    lines_read: usize,
+    nccl_lines: usize,
+    versions: Vec<String>,
+    networks: Vec<(String, LogLine)>,
+    net_devices: Vec<NetDevices>,
+    support: Vec<GdrSupport>,
+    env: Vec<EnvSetting>,
+    conns: Vec<Connection>,
+    misleading: Vec<Misleading>,
+    warnings: Vec<LogLine>,
+    plugin_gdr_off: Vec<LogLine>,
+    completion_errors: Vec<CompletionError>,
+    reg_failures: Vec<LogLine>,
+    no_ib_device: Option<LogLine>,
+    internal_net: Option<LogLine>,
+    plugin_loaded: Option<LogLine>,
+    geforce: Option<LogLine>,
+}
+
+impl Scan {
+    fn read(text: &str) -> Scan {
+        let mut scan = Scan::default();
+        // Logs repeat themselves (one copy per rank, per communicator, or a
+        // paste twice); the explanation counts distinct facts.
+        // Sets and index maps, not list scans, so a pathological input of
+        // many distinct lines stays linear.
+        let mut seen: HashSet<(u8, Option<String>, String)> = HashSet::new();
+        let mut seen_conn = HashSet::new();
+        let mut misleading_at: HashMap<String, usize> = HashMap::new();
+        let mut error_at: HashMap<(u64, Option<String>), usize> = HashMap::new();
+        for (index, raw) in text.lines().enumerate() {
+            scan.lines_read += 1;
+            let n = index + 1;
+            let (prefix, level, msg) = parse::split_line(raw);
+            if level != parse::Level::None {
+                scan.nccl_lines += 1;
+            }
+            if msg.is_empty() {
+                continue;
+            }
+            let here = |text: &str| LogLine {
+                line: n,
+                host: prefix.host.clone(),
+                text: clip(text),
+            };
+            if let Some(v) = parse::parse_version(msg) {
+                if seen.insert((3, None, v.clone())) {
+                    scan.versions.push(v);
+                }
+            }
+            if level == parse::Level::Warn
+                && scan.warnings.len() < MAX_WARNINGS
+                && seen.insert((0, None, msg.to_string()))
+            {
+                scan.warnings.push(here(msg));
+            }
+            if let Some(c) = parse::parse_connection(msg) {
+                let key = (
+                    prefix.host.clone(),
+                    prefix.pid,
+                    c.channel,
+                    c.sub,
+                    c.from_rank,
+                    c.to_rank,
+                    c.direction,
+                    c.via.clone(),
+                );
+                if seen_conn.insert(key) {
+                    scan.conns.push(connection(n, &prefix, c));
+                }
+                continue;
+            }
+            if let Some(s) = parse::parse_support(msg) {
+                if seen.insert((1, prefix.host.clone(), msg.to_string())) {
+                    scan.support.push(GdrSupport {
+                        line: n,
+                        host: prefix.host.clone(),
+                        net: s.net,
+                        enabled: s.enabled,
+                        hca: s.hca,
+                        hca_name: s.hca_name,
+                        gpu: s.gpu,
+                        detail: s.detail,
+                    });
+                }
+                continue;
+            }
+            if let Some((net, list)) = parse::parse_net_using(msg) {
+                if seen.insert((2, prefix.host.clone(), msg.to_string())) {
+                    scan.net_devices.push(NetDevices {
+                        line: n,
+                        host: prefix.host.clone(),
+                        devices: parse::net_device_names(&list),
+                        net,
+                        text: clip(&list),
+                    });
+                }
+                continue;
+            }
+            if let Some(name) = msg.strip_prefix("Using network ") {
+                let name = name.trim();
+                if !name.is_empty() && seen.insert((4, None, name.to_string())) {
+                    scan.networks.push((clip(name), here(msg)));
+                }
+                continue;
+            }
+            if let Some((name, value)) = parse::parse_env(msg) {
+                if seen.insert((5, Some(name.clone()), value.clone())) {
+                    scan.env.push(EnvSetting {
+                        line: n,
+                        name,
+                        value: clip(&value),
+                    });
+                }
+                continue;
+            }
+            if let Some((status, vendor)) = parse::parse_completion_error(msg) {
+                match error_at.get(&(status, vendor.clone())) {
+                    Some(&i) => scan.completion_errors[i].count += 1,
+                    None => {
+                        error_at.insert((status, vendor.clone()), scan.completion_errors.len());
+                        scan.completion_errors.push(CompletionError {
+                            status,
+                            vendor,
+                            first: here(msg),
+                            count: 1,
+                        });
+                    }
+                }
+                continue;
+            }
+            let lower = msg.to_ascii_lowercase();
+            let misleading = if msg.contains("DMA-BUF is available") {
+                Some(WHY_DMABUF)
+            } else if msg.contains("use ring PXN") && msg.contains("GDR") {
+                Some(WHY_PXN_GDR)
+            } else if lower.contains("gdrcopy") {
+                Some(WHY_GDRCOPY)
+            } else {
+                None
+            };
+            if let Some(why) = misleading {
+                let text = clip(msg);
+                match misleading_at.get(&text) {
+                    Some(&i) => scan.misleading[i].count += 1,
+                    None => {
+                        misleading_at.insert(text.clone(), scan.misleading.len());
+                        scan.misleading.push(Misleading {
+                            line: n,
+                            text,
+                            count: 1,
+                            why: why.to_string(),
+                        });
+                    }
+                }
+                continue;
+            }
+            let mentions_gdr = lower.contains("gdr")
+                || lower.contains("gpudirect")
+                || lower.contains("gpu direct");
+            let says_off = ["disabl", "not supported", "unsupported", "not available"]
+                .iter()
+                .any(|w| lower.contains(w));
+            // `NCCL_GDR_FLUSH_DISABLE` and friends tune GDR, they do not turn it off.
+            // The rule is broad, so it only trusts lines NCCL (or its plugin)
+            // printed itself: prose pasted around a log must not settle it.
+            if level != parse::Level::None && mentions_gdr && says_off && !lower.contains("flush") {
+                if scan.plugin_gdr_off.len() < MAX_QUOTED {
+                    scan.plugin_gdr_off.push(here(msg));
+                }
+                continue;
+            }
+            if msg.contains("NET/IB") && msg.contains("No device found") {
+                scan.no_ib_device.get_or_insert_with(|| here(msg));
+            }
+            if msg.contains("NET/Plugin") {
+                if lower.contains("loaded") {
+                    scan.plugin_loaded.get_or_insert_with(|| here(msg));
+                } else if [
+                    "no plugin found",
+                    "could not find",
+                    "using internal",
+                    "cannot open",
+                ]
+                .iter()
+                .any(|w| lower.contains(w))
+                {
+                    scan.internal_net.get_or_insert_with(|| here(msg));
+                }
+            }
+            if [
+                "reg_dmabuf_mr failed",
+                "reg_mr failed",
+                "failed to register",
+            ]
+            .iter()
+            .any(|w| lower.contains(w))
+                && scan.reg_failures.len() < MAX_QUOTED
+            {
+                scan.reg_failures.push(here(msg));
+            }
+            if msg.contains("GeForce") {
+                scan.geforce.get_or_insert_with(|| here(msg));
+            }
+        }
+        scan
+    }
+
+    fn env(&self, name: &str) -> Option<&EnvSetting> {
+        self.env.iter().rev().find(|e| e.name == name)
+    }
+
+    fn net_conns(&self) -> impl Iterator<Item = &Connection> {
+        self.conns.iter().filter(|c| c.transport == Transport::Net)
+    }
+
+    /// Lines showing the socket transport was NCCL's network.
+    fn socket_evidence(&self) -> Vec<&LogLine> {
+        self.networks
+            .iter()
+            .filter(|(name, _)| is_socket(name))
+            .map(|(_, l)| l)
+            .collect()
+    }
+
+    /// Networks other than sockets named anywhere (`Using network IB`, a
+    /// `NET/IB : Using` list, a non-socket NET connection).
+    fn rdma_network_named(&self) -> bool {
+        self.networks.iter().any(|(name, _)| !is_socket(name))
+            || self.net_devices.iter().any(|d| !is_socket(&d.net))
+            || self
+                .net_conns()
+                .any(|c| !c.net.as_deref().is_some_and(is_socket))
+    }
+
+    fn socket_devices(&self) -> Vec<&NetDevices> {
+        self.net_devices
+            .iter()
+            .filter(|d| is_socket(&d.net))
+            .collect()
+    }
+}
+
+/// IB work-completion errors, grouped by status and vendor syndrome.
+struct CompletionError {
+    status: u64,
+    vendor: Option<String>,
+    first: LogLine,
+    count: usize,
+}
+
+impl CompletionError {
+    /// `error 4, vendor err 81 (2 times; first line 1: '...')`.
+    fn describe(&self) -> String {
+        let vendor = self
+            .vendor
+            .as_ref()
+            .map(|v| format!(", vendor err {v}"))
+            .unwrap_or_default();
+        let times = if self.count > 1 {
+            format!("{} times; first ", self.count)
+        } else {
+            String::new()
+        };
+        format!(
+            "error {}{vendor} ({times}{})",
+            self.status,
+            quote(&self.first)
+        )
+    }
+
+    fn is_protection(&self) -> bool {
+        self.status == 4
+    }
+}
+
+fn is_socket(net: &str) -> bool {
+    net.to_ascii_lowercase().contains("socket")
+}
+
+fn connection(line: usize, prefix: &parse::Prefix, c: parse::ConnLine) -> Connection {
+    let (rank, gpu) = match c.direction {
+        Direction::Receive => (c.to_rank, c.to_gpu.clone()),
+        _ => (c.from_rank, c.from_gpu.clone()),
+    };
+    let gpu = gpu.or_else(|| prefix.device.map(|d| d.to_string()));
+    let net = c.net.as_ref();
+    Connection {
+        line,
+        host: prefix.host.clone(),
+        pid: prefix.pid,
+        device: prefix.device,
+        channel: c.channel,
+        sub: c.sub,
+        from_rank: c.from_rank,
+        from_gpu: c.from_gpu,
+        to_rank: c.to_rank,
+        to_gpu: c.to_gpu,
+        direction: c.direction,
+        rank,
+        gpu,
+        transport: c.transport,
+        net: net.map(|n| n.name.clone()),
+        net_dev: net.and_then(|n| n.dev),
+        proxy_rank: net.and_then(|n| n.proxy_rank),
+        gdr: net.map(parse::NetVia::gdr),
+        shared: net.is_some_and(|n| n.flags.iter().any(|f| f.starts_with("Shared"))),
+        via: c.via,
+    }
+}
+
+impl Connection {
+    fn describe(&self) -> String {
+        let sub = self.sub.map(|s| format!("/{s}")).unwrap_or_default();
+        let gpu = |g: &Option<String>| g.as_ref().map(|g| format!("[{g}]")).unwrap_or_default();
+        let dir = match self.direction {
+            Direction::Unspecified => String::new(),
+            d => format!(" [{}]", d.word()),
+        };
+        format!(
+            "line {}: channel {:02}{sub} : {}{} -> {}{}{dir} via {}",
+            self.line,
+            self.channel,
+            self.from_rank,
+            gpu(&self.from_gpu),
+            self.to_rank,
+            gpu(&self.to_gpu),
+            self.via
+        )
+    }
+}
+
+fn quote(l: &LogLine) -> String {
+    format!("line {}: '{}'", l.line, l.text)
+}
+
+fn summarise_ranks(conns: &[Connection]) -> Vec<RankSummary> {
+    let mut by_rank: BTreeMap<(u64, Option<String>), RankSummary> = BTreeMap::new();
+    for c in conns {
+        let s = by_rank
+            .entry((c.rank, c.host.clone()))
+            .or_insert_with(|| RankSummary {
+                rank: c.rank,
+                host: c.host.clone(),
+                gpu: c.gpu.clone(),
+                net_with_gdr: Vec::new(),
+                net_without_gdr: Vec::new(),
+                transports: Vec::new(),
+                connections: 0,
+            });
+        s.connections += 1;
+        if !s.transports.contains(&c.via) {
+            s.transports.push(c.via.clone());
+        }
+        let list = match c.gdr {
+            Some(true) => &mut s.net_with_gdr,
+            Some(false) => &mut s.net_without_gdr,
+            None => continue,
+        };
+        if !list.contains(&c.direction) {
+            list.push(c.direction);
+            list.sort();
+        }
+    }
+    by_rank.into_values().collect()
+}
+
+const HEAD_USED: &str = "GPUDirect RDMA was used";
+const HEAD_PARTIAL: &str = "GPUDirect RDMA was partially used";
+const HEAD_NOT_USED: &str =
+    "GPUDirect RDMA was NOT used: inter-node traffic went through host memory";
+const HEAD_UNKNOWN: &str = "cannot tell from this log whether GPUDirect RDMA was used";
+
+fn describe_support(s: &GdrSupport) -> String {
+    let mut out = String::new();
+    if let Some(net) = &s.net {
+        let _ = write!(out, "NET/{net} : ");
+    }
+    out.push_str(if s.enabled {
+        "GPU Direct RDMA Enabled for "
+    } else {
+        "GPU Direct RDMA Disabled for "
+    });
+    if let Some(g) = &s.gpu {
+        let _ = write!(out, "GPU {g} / ");
+    }
+    if let Some(h) = s.hca {
+        let _ = write!(out, "HCA {h}");
+    }
+    if let Some(name) = &s.hca_name {
+        let _ = write!(out, " '{name}'");
+    }
+    if let Some(d) = &s.detail {
+        let _ = write!(out, " {d}");
+    }
+    if let Some(h) = &s.host {
+        let _ = write!(out, " on {h}");
+    }
+    out
+}

@@ -4,7 +4,7 @@
 //! Every check returns [`Finding`]s: a status, what it read (evidence) and,
 //! when something is wrong, the fix. File-based checks read the machine
 //! through a [`SysRoot`], so tests run them against fixture trees; live
-//! probes (verbs, CUDA) sit behind [`Probes`] so the file-based checks work
+//! probes (verbs, CUDA) sit behind [`probes::Probes`] so the file-based checks work
 //! on a machine with neither.
 
 use serde::Serialize;
@@ -81,4 +81,5 @@ pub struct Machine {
 pub mod env;
 pub mod pci;
 pub mod probes;
+pub mod report;
 pub mod stack;
