@@ -51,15 +51,19 @@ pub fn rdma(root: &SysRoot, devices: &Result<Vec<RdmaDevice>, String>) -> Vec<Fi
 fn device(root: &SysRoot, d: &RdmaDevice) -> Vec<Finding> {
     let mut out = Vec::new();
     let id = |what: &str| format!("rdma.{what}.{}", d.name);
-    let netdevs = list_dir(root, &format!("/sys/class/infiniband/{}/device/net", d.name));
-    out.push(
-        Finding::new(
-            id("netdev"),
-            Status::Ok,
-            format!("{} sits on {}", d.name, if netdevs.is_empty() { "no network interface (InfiniBand or virtual)".into() } else { netdevs.join(", ") }),
-        )
-        .evidence(format!("/sys/class/infiniband/{}/device/net", d.name)),
-    );
+    // Hardware NICs list their netdevs under the PCI function; software
+    // RDMA (rxe, siw) has no PCI function and names its netdev in `parent`.
+    let net_dir = format!("/sys/class/infiniband/{}/device/net", d.name);
+    let parent = format!("/sys/class/infiniband/{}/parent", d.name);
+    let netdevs = list_dir(root, &net_dir);
+    let (on, source) = if !netdevs.is_empty() {
+        (netdevs.join(", "), net_dir)
+    } else if let Ok(p) = root.read(&parent) {
+        (p, parent)
+    } else {
+        ("no network interface (an InfiniBand port)".to_string(), net_dir)
+    };
+    out.push(Finding::new(id("netdev"), Status::Ok, format!("{} sits on {on}", d.name)).evidence(source));
     let Some(p) = d.ports.first() else {
         out.push(Finding::new(id("port"), Status::Fail, format!("{}: the device could not be opened or queried", d.name)).evidence(
             d.chosen_gid.as_ref().err().cloned().unwrap_or_default(),
