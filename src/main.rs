@@ -1,13 +1,16 @@
 //! `gpudirect`: says whether GPUDirect RDMA works on this machine and why
-//! not (`doctor`), and what an NCCL log says about it (`nccl-log`).
+//! not (`doctor`), what an NCCL log says about it (`nccl-log`), and
+//! measures bandwidth and latency the way perftest does (`bw`, `lat`).
 //!
 //! Exit status: `doctor` 0 when GPUDirect RDMA is available, 1 when not,
 //! 2 when the tool itself could not run; `nccl-log` 0 when the log shows
 //! GPUDirect RDMA used, 1 when not or only partly, 3 when the log cannot
-//! tell, 2 when the log could not be read.
+//! tell, 2 when the log could not be read; `bw` and `lat` 0 on success, 1
+//! on any error.
 
 mod doctor;
 mod nccl_log;
+mod perf;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -41,6 +44,10 @@ enum Command {
         #[arg(long, hide = true, default_value = "/")]
         root: PathBuf,
     },
+    /// Bandwidth per message size, measured as perftest's ib_*_bw.
+    Bw(perf::bw::BwArgs),
+    /// Latency per message size, measured as perftest's ib_write_lat / ib_send_lat.
+    Lat(perf::lat::LatArgs),
     /// Explain an NCCL_DEBUG=INFO log: was GPUDirect RDMA used?
     NcclLog {
         /// The log file, or - for standard input.
@@ -68,6 +75,8 @@ fn main() -> ExitCode {
             }
             ExitCode::from(if report.verdict.available { 0 } else { 1 })
         }
+        Command::Bw(a) => perf_result(perf::bw::run(&a), a.common.json, "bw"),
+        Command::Lat(a) => perf_result(perf::lat::run(&a), a.common.json, "lat"),
         Command::NcclLog { file, json } => {
             let mut bytes = Vec::new();
             let read = if file == "-" {
@@ -88,6 +97,21 @@ fn main() -> ExitCode {
                 nccl_log::Verdict::Partial | nccl_log::Verdict::NotUsed => 1,
                 nccl_log::Verdict::Unknown => 3,
             })
+        }
+    }
+}
+
+/// Prints a perf tool's report (client side) or its error.
+fn perf_result<R: std::fmt::Display + serde::Serialize>(r: perf::Res<Option<R>>, json: bool, cmd: &str) -> ExitCode {
+    match r {
+        Ok(Some(report)) => match emit(&report, json, cmd) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(code) => code,
+        },
+        Ok(None) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpudirect {cmd}: error: {e}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -1,0 +1,184 @@
+//! `gpudirect bw`: bandwidth as perftest's `ib_*_bw` measures it: bytes ×
+//! iterations over the time from the first post to the last completion,
+//! with `tx_depth` requests in flight and one completion every `cq_mod`.
+
+use std::time::Instant;
+
+use clap::Args;
+use serde::Serialize;
+
+use gpudirect::{RecvWr, SendWr, WcOpcode, WorkCompletion};
+
+use super::{connect, sizes, Common, Link, Op, Params, Res};
+
+/// `gpudirect bw` options.
+#[derive(Args, Clone, Debug)]
+pub struct BwArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Operation.
+    #[arg(long, value_enum, default_value = "write")]
+    pub op: Op,
+    /// Work requests in flight (perftest's -t).
+    #[arg(long, short = 't', default_value_t = 128)]
+    pub tx_depth: u32,
+    /// One signaled completion every this many requests (perftest's --cq-mod).
+    #[arg(long, short = 'Q', default_value_t = 100)]
+    pub cq_mod: u32,
+    /// Requests posted per call, one doorbell each (perftest's --post_list).
+    #[arg(long, short = 'l', default_value_t = 16)]
+    pub post_list: u32,
+}
+
+/// One size's result, perftest's columns.
+#[derive(Clone, Debug, Serialize)]
+pub struct BwResult {
+    /// Message size.
+    pub bytes: usize,
+    /// Messages.
+    pub iterations: u32,
+    /// Best rate between two successive signaled completions, MB/s (2^20).
+    pub bw_peak_mb_s: f64,
+    /// bytes × iterations / elapsed, MB/s (2^20).
+    pub bw_avg_mb_s: f64,
+    /// Millions of messages per second.
+    pub msg_rate_mpps: f64,
+}
+
+/// The client's report.
+#[derive(Clone, Debug, Serialize)]
+pub struct BwReport {
+    /// `"gpudirect bw"`.
+    pub tool: &'static str,
+    /// The operation.
+    pub op: Op,
+    /// Work requests in flight.
+    pub tx_depth: u32,
+    /// Per size.
+    pub results: Vec<BwResult>,
+}
+
+impl std::fmt::Display for BwReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]")?;
+        for r in &self.results {
+            writeln!(f, " {:<10} {:<14} {:<18.2} {:<20.2} {:.6}", r.bytes, r.iterations, r.bw_peak_mb_s, r.bw_avg_mb_s, r.msg_rate_mpps)?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs either side; the client returns the report.
+pub fn run(a: &BwArgs) -> Res<Option<BwReport>> {
+    let params = Params { op: a.op, sizes: sizes(&a.common, 65536), iters: a.common.iters.unwrap_or(5000), tx_depth: a.tx_depth };
+    let mut link = connect(&a.common, params, 0, 1)?;
+    if !a.common.json {
+        eprintln!("{}", super::banner("gpudirect bw", &link, &format!("  cq_mod {}  post_list {}", a.cq_mod, a.post_list)));
+    }
+    let mut results = Vec::new();
+    for size in link.params.sizes.clone() {
+        let r = if link.is_server { serve(&mut link, size)? } else { Some(drive(&mut link, size, a.cq_mod, a.post_list)?) };
+        results.extend(r);
+    }
+    link.oob.barrier()?;
+    Ok((!link.is_server).then_some(BwReport { tool: "gpudirect bw", op: link.params.op, tx_depth: link.params.tx_depth, results }))
+}
+
+/// Server side of one size: passive for RDMA; for sends, keeps receives posted.
+fn serve(link: &mut Link, size: usize) -> Res<Option<BwResult>> {
+    if link.params.op != Op::Send {
+        link.oob.barrier()?;
+        link.oob.barrier()?;
+        return Ok(None);
+    }
+    let iters = u64::from(link.params.iters);
+    let depth = u64::from(link.params.tx_depth);
+    let local = link.mr.slice(0..size)?;
+    let mut posted = 0u64;
+    let mut wrs = Vec::with_capacity(depth as usize);
+    while posted < depth.min(iters) {
+        wrs.push(RecvWr::new(local).wr_id(posted));
+        posted += 1;
+    }
+    link.qp.post_recv(&wrs)?;
+    link.oob.barrier()?;
+    let mut got = 0u64;
+    let mut wcs = [WorkCompletion::default(); 64];
+    while got < iters {
+        let n = link.cq.poll(&mut wcs)?;
+        wrs.clear();
+        for wc in &wcs[..n] {
+            let wc = wc.ok()?;
+            if wc.opcode == WcOpcode::Recv {
+                got += 1;
+                if posted < iters {
+                    wrs.push(RecvWr::new(local).wr_id(posted));
+                    posted += 1;
+                }
+            }
+        }
+        link.qp.post_recv(&wrs)?;
+    }
+    link.oob.barrier()?;
+    Ok(None)
+}
+
+/// Client side of one size.
+fn drive(link: &mut Link, size: usize, cq_mod: u32, post_list: u32) -> Res<BwResult> {
+    let p = link.params.clone();
+    let iters = u64::from(p.iters);
+    let depth = u64::from(p.tx_depth);
+    let cq_mod = u64::from(cq_mod.clamp(1, p.tx_depth));
+    let batch = u64::from(post_list.max(1));
+    let local = link.mr.slice(0..size)?;
+    let base = match p.op {
+        Op::Write => SendWr::write(local, &link.peer, 0)?,
+        Op::Read => SendWr::read(local, &link.peer, 0)?,
+        Op::Send => SendWr::send(local),
+    };
+    // The server has its receives posted (or nothing to do) once past this.
+    link.oob.barrier()?;
+    let mut wrs = Vec::with_capacity(batch as usize);
+    let mut wcs = [WorkCompletion::default(); 64];
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut marks: Vec<(u64, Instant)> = Vec::with_capacity((iters / cq_mod + 2) as usize);
+    let start = Instant::now();
+    marks.push((0, start));
+    while done < iters {
+        while posted < iters && posted - done < depth {
+            let n = batch.min(depth - (posted - done)).min(iters - posted);
+            wrs.clear();
+            for i in posted..posted + n {
+                let signaled = (i + 1) % cq_mod == 0 || i + 1 == iters;
+                let wr = base.wr_id(i);
+                wrs.push(if signaled { wr } else { wr.unsignaled() });
+            }
+            link.qp.post_send(&wrs)?;
+            posted += n;
+        }
+        let n = link.cq.poll(&mut wcs)?;
+        for wc in &wcs[..n] {
+            let wc = wc.ok()?;
+            // A signaled completion means every request up to it is done (RC order).
+            done = done.max(wc.wr_id + 1);
+            marks.push((done, Instant::now()));
+        }
+    }
+    let elapsed = marks.last().map(|m| m.1).unwrap_or(start).duration_since(start).as_secs_f64();
+    link.oob.barrier()?;
+    let mb = (1u64 << 20) as f64;
+    let peak = marks
+        .windows(2)
+        .filter_map(|w| {
+            let dt = w[1].1.duration_since(w[0].1).as_secs_f64();
+            (dt > 0.0).then(|| (w[1].0 - w[0].0) as f64 * size as f64 / dt / mb)
+        })
+        .fold(0.0, f64::max);
+    Ok(BwResult {
+        bytes: size,
+        iterations: p.iters,
+        bw_peak_mb_s: peak,
+        bw_avg_mb_s: iters as f64 * size as f64 / elapsed / mb,
+        msg_rate_mpps: iters as f64 / elapsed / 1e6,
+    })
+}
