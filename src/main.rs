@@ -11,6 +11,8 @@
 mod doctor;
 mod nccl_log;
 mod perf;
+#[cfg(test)]
+mod test_rng;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;

@@ -2433,54 +2433,7 @@ mod tests {
         assert!(with(&f, "topology.nics").iter().all(|f| f.status == Status::Fail));
     }
 
-    /// xorshift64*: deterministic, so a failure reproduces.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-
-        fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| self.next() as u8).collect()
-        }
-    }
-
-    #[test]
-    fn garbage_config_space_never_panics() {
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-        let mut present = 0;
-        for i in 0..4000 {
-            let len = match i % 4 {
-                0 => rng.below(5000),
-                1 => 4096,
-                2 => 64,
-                _ => 256 + rng.below(64),
-            };
-            let mut cfg = rng.bytes(len);
-            if i % 3 == 0 && len >= 0x104 {
-                // Plant a chain head so the walk goes deep instead of stopping at once.
-                let next = 0x100 + 4 * rng.below(900);
-                cfg[0x100..0x104].copy_from_slice(&(0x0001u32 | ((next as u32) << 20)).to_le_bytes());
-                if i % 2 == 0 && next + 4 <= len {
-                    // ...and sometimes an ACS header there, with whatever follows.
-                    cfg[next..next + 2].copy_from_slice(&0x000du16.to_le_bytes());
-                }
-            }
-            if let ConfigAcs::Present { .. } = acs_from_config(&cfg) {
-                present += 1;
-            }
-            let _ = pcie_port_type(&cfg);
-        }
-        assert!(present > 0, "the fuzz never reached an ACS capability");
-    }
+    use crate::test_rng::Rng;
 
     const TEXT_GARBAGE: [&[u8]; 14] = [
         b"",

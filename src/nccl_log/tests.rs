@@ -901,20 +901,7 @@ fn support_lines_of_every_era() {
 
 // --- never panics ---------------------------------------------------------
 
-/// xorshift64*: deterministic, so a failure reproduces.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use crate::test_rng::Rng;
 
 const PIECES: &[&str] = &[
     "Channel ",
