@@ -92,7 +92,7 @@ fn serve(link: &mut Link, size: usize) -> Res<Option<BwResult>> {
         return Ok(None);
     }
     let iters = u64::from(link.params.iters);
-    let depth = u64::from(link.params.tx_depth);
+    let depth = u64::from(link.rx_depth);
     let local = link.mr.slice(0..size)?;
     let mut posted = 0u64;
     let mut wrs = Vec::with_capacity(depth as usize);

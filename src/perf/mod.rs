@@ -128,7 +128,12 @@ pub struct Link {
     pub peer: RemoteBuffer,
     pub oob: OobChannel,
     pub local: Endpoint,
+    /// Receive queue depth.
+    pub rx_depth: u32,
 }
+
+/// Minimum receive queue depth, as perftest's default `--rx-depth`.
+const RX_DEPTH: u32 = 512;
 
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -153,12 +158,15 @@ pub fn connect(c: &Common, client_params: Params, max_inline: u32, areas: usize)
         client_params
     };
     let depth = params.tx_depth;
-    let cq = CompletionQueue::new(&ctx, (2 * depth + 16).min(ctx.attr().max_cqe))?;
+    // Receives are kept deeper than sends (perftest's rx depth is 512): a
+    // sender that finds no receive waits out a receiver-not-ready timer.
+    let rx_depth = depth.max(RX_DEPTH).min(ctx.attr().max_qp_wr);
+    let cq = CompletionQueue::new(&ctx, (depth + rx_depth + 16).min(ctx.attr().max_cqe))?;
     let config = QpConfig {
         port: c.ib_port,
         gid_index: c.gid_index,
         max_send_wr: depth,
-        max_recv_wr: depth,
+        max_recv_wr: rx_depth,
         max_inline_data: max_inline,
         ..QpConfig::default()
     };
@@ -173,7 +181,7 @@ pub fn connect(c: &Common, client_params: Params, max_inline: u32, areas: usize)
         return Err(format!("the peer's buffer ({peer_buf}) is smaller than {max} bytes").into());
     }
     let qp = qp.connect(&peer_ep)?;
-    Ok(Link { params, is_server: c.server, qp, cq, mr, peer: peer_buf, oob, local })
+    Ok(Link { params, is_server: c.server, qp, cq, mr, peer: peer_buf, oob, local, rx_depth })
 }
 
 /// The sizes the options ask for.
