@@ -278,6 +278,10 @@ pub(crate) struct CqInner {
     trackers: Mutex<HashMap<u32, Arc<Tracker>>>,
     /// Serialises arming and consuming completion events.
     waiter: Mutex<()>,
+    /// Work-queue entries of the queue pairs completing here: a CQ smaller
+    /// than that can overrun, which verbs report only as an asynchronous
+    /// event while the queue pairs stall.
+    committed: Mutex<u64>,
     ctx: Context,
 }
 
@@ -358,6 +362,7 @@ impl CompletionQueue {
                 depth,
                 trackers: Mutex::new(HashMap::new()),
                 waiter: Mutex::new(()),
+                committed: Mutex::new(0),
                 ctx: ctx.clone(),
             }),
         })
@@ -474,12 +479,37 @@ impl CompletionQueue {
         self.inner.cq.as_ptr()
     }
 
+    /// Reserves room for `n` more outstanding work requests; the returned
+    /// guard gives it back.
+    pub(crate) fn reserve(&self, n: u32) -> Result<Reservation> {
+        let mut c = self.inner.committed.lock().unwrap_or_else(|p| p.into_inner());
+        let needed = *c + u64::from(n);
+        if needed > u64::from(self.inner.depth) {
+            return Err(Error::CqTooSmall { depth: self.inner.depth, needed });
+        }
+        *c = needed;
+        Ok(Reservation { cq: self.clone(), n })
+    }
+
     pub(crate) fn register(&self, qpn: u32, t: Arc<Tracker>) {
         self.inner.trackers.lock().unwrap_or_else(|p| p.into_inner()).insert(qpn, t);
     }
 
     pub(crate) fn unregister(&self, qpn: u32) {
         self.inner.trackers.lock().unwrap_or_else(|p| p.into_inner()).remove(&qpn);
+    }
+}
+
+/// Room a queue pair holds in a completion queue.
+pub(crate) struct Reservation {
+    cq: CompletionQueue,
+    n: u32,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut c = self.cq.inner.committed.lock().unwrap_or_else(|p| p.into_inner());
+        *c = c.saturating_sub(u64::from(self.n));
     }
 }
 

@@ -200,6 +200,17 @@ pub enum Error {
         depth: u32,
     },
 
+    /// A completion queue would be too small for the queue pairs using it.
+    #[error(
+        "the completion queue has {depth} entries but its queue pairs could have {needed} work requests          outstanding: it could overrun (the queue pairs would stall with only an asynchronous error);          create it with at least {needed} entries, or give the queue pairs smaller queues"
+    )]
+    CqTooSmall {
+        /// The queue's depth.
+        depth: u32,
+        /// Entries needed by all its queue pairs together.
+        needed: u64,
+    },
+
     /// A memory region from another protection domain was used with a queue pair.
     #[error("the memory region belongs to a different protection domain than the queue pair")]
     ForeignMemoryRegion,

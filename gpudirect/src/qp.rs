@@ -33,7 +33,7 @@ use ibverbs_sys as sys;
 use serde::{Deserialize, Serialize};
 
 use crate::context::{LinkLayer, Mtu, PortAttr};
-use crate::cq::{CompletionQueue, WcOpcode};
+use crate::cq::{CompletionQueue, Reservation, WcOpcode};
 use crate::error::{check, Error, Result};
 use crate::gid::{Gid, GidChoice};
 use crate::mr::{AccessFlags, InFlight, LocalSlice};
@@ -253,6 +253,9 @@ struct QpInner {
     port: PortAttr,
     config: QpConfig,
     max_inline: u32,
+    // Given back to the CQs after the QP is destroyed (fields drop after
+    // the Drop body).
+    _room: [Reservation; 2],
 }
 
 // SAFETY: posting and modifying are thread-safe verbs; Rust-side state
@@ -504,7 +507,10 @@ impl QueuePair {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when the completion queues belong to
-    /// another device; [`Error::Gid`] / [`Error::InvalidPort`] for the
+    /// another device; [`Error::CqTooSmall`] when they could not hold a
+    /// completion for every work request of their queue pairs together
+    /// (`max_send_wr` on the send CQ, `max_recv_wr` on the receive CQ);
+    /// [`Error::Gid`] / [`Error::InvalidPort`] for the
     /// port and GID; [`Error::Verb`] from `ibv_create_qp` (`EINVAL`: a
     /// depth or `max_inline_data` the device does not support) or
     /// `ibv_modify_qp`.
@@ -526,6 +532,9 @@ impl QueuePair {
         }
         let port = ctx.query_port(config.port)?;
         let gid = ctx.choose_gid(config.port, config.gid_index)?;
+        // Every send may be signaled and every receive completes: the CQs
+        // must hold them all, or they overrun.
+        let room = [send_cq.reserve(config.max_send_wr)?, recv_cq.reserve(config.max_recv_wr)?];
         let mut init = sys::ibv_qp_init_attr {
             send_cq: send_cq.as_ptr(),
             recv_cq: recv_cq.as_ptr(),
@@ -568,6 +577,7 @@ impl QueuePair {
             port,
             config: config.clone(),
             max_inline: init.cap.max_inline_data,
+            _room: room,
         };
         let mut attr = sys::ibv_qp_attr {
             qp_state: sys::IBV_QPS_INIT,

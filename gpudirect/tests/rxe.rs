@@ -352,3 +352,20 @@ fn gpudirect_facts_name_the_provider_without_dma_buf() {
         assert!(matches!(facts.nic.dma_buf, DmaBufProbe::Supported(_) | DmaBufProbe::Unsupported(_)));
     }
 }
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn completion_queue_too_small_for_its_queue_pairs_is_refused() {
+    let ctx = Context::open(Some(&device())).unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 64).unwrap();
+    let config = QpConfig { max_send_wr: 32, max_recv_wr: 32, ..QpConfig::default() };
+    let first = QueuePair::create(&pd, &cq, &cq, &config).unwrap();
+    // A second queue pair would need 128 entries of a 64-entry queue.
+    let e = QueuePair::create(&pd, &cq, &cq, &config).unwrap_err();
+    assert!(matches!(e, Error::CqTooSmall { depth: 64, needed: 96 }), "{e:?}");
+    assert!(e.to_string().contains("create it with at least 96 entries"), "{e}");
+    // Destroying the first gives its room back.
+    drop(first);
+    QueuePair::create(&pd, &cq, &cq, &config).unwrap();
+}
