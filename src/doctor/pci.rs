@@ -123,13 +123,13 @@ fn read_bounded(root: &SysRoot, machine_path: &str, limit: u64) -> io::Result<Ve
 }
 
 /// A sysfs text attribute, trimmed (the kernel ends them with a newline).
-fn read_text(root: &SysRoot, machine_path: &str) -> Option<String> {
+pub(super) fn read_text(root: &SysRoot, machine_path: &str) -> Option<String> {
     let bytes = read_bounded(root, machine_path, TEXT_LIMIT).ok()?;
     Some(String::from_utf8_lossy(&bytes).trim().to_owned())
 }
 
 /// Directory entry names, sorted so findings come out in a stable order.
-fn list_dir(root: &SysRoot, machine_path: &str) -> io::Result<Vec<String>> {
+pub(super) fn list_dir(root: &SysRoot, machine_path: &str) -> io::Result<Vec<String>> {
     let resolved = resolve(root, machine_path).ok_or_else(|| io::Error::other("symlink loop or unreadable link"))?;
     let mut names: Vec<String> = std::fs::read_dir(root.path(&resolved))?
         .filter_map(Result::ok)

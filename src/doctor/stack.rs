@@ -6,6 +6,7 @@ use gpudirect::gdr::{DmaBufProbe, GpuFacts, HostFacts, ModuleFlavour, PEER_MEMOR
 use gpudirect::sysroot::SysRoot;
 use gpudirect::{GidType, LinkLayer, Mtu, PortState};
 
+use super::pci::{self, read_text};
 use super::probes::RdmaDevice;
 use super::{Finding, Status};
 
@@ -58,7 +59,7 @@ fn device(root: &SysRoot, d: &RdmaDevice) -> Vec<Finding> {
     let netdevs = list_dir(root, &net_dir);
     let (on, source) = if !netdevs.is_empty() {
         (netdevs.join(", "), net_dir)
-    } else if let Ok(p) = root.read(&parent) {
+    } else if let Some(p) = read_text(root, &parent) {
         (p, parent)
     } else {
         ("no network interface (an InfiniBand port)".to_string(), net_dir)
@@ -191,12 +192,11 @@ pub fn host(host: &HostFacts) -> Vec<Finding> {
     out
 }
 
+/// Entry names of a machine directory (none when it is missing), read
+/// with the PCI checks' symlink-safe resolution so a fixture root is never
+/// escaped.
 fn list_dir(root: &SysRoot, dir: &str) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(root.path(dir))
-        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-        .unwrap_or_default();
-    v.sort();
-    v
+    pci::list_dir(root, dir).unwrap_or_default()
 }
 
 fn names(list: &[RdmaDevice]) -> String {
