@@ -272,7 +272,13 @@ impl Context {
     /// # Errors
     /// [`Error::InvalidPort`], or [`Error::Verb`] from `ibv_query_gid_table`.
     pub fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
-        let len = self.query_port(port)?.gid_table_len as usize * usize::from(self.inner.attr.phys_port_cnt);
+        self.gid_table_of(&self.query_port(port)?)
+    }
+
+    /// The GID table of a port already queried.
+    fn gid_table_of(&self, attr: &PortAttr) -> Result<Vec<GidEntry>> {
+        let port = attr.port;
+        let len = attr.gid_table_len as usize * usize::from(self.inner.attr.phys_port_cnt);
         let mut raw = vec![sys::ibv_gid_entry::default(); len.max(1)];
         // SAFETY: `raw` has room for `raw.len()` entries; the inline passes
         // the entry size so the library writes no more than that.
@@ -303,10 +309,14 @@ impl Context {
     /// [`Error::Gid`] when no entry fits, plus the errors of
     /// [`query_port`](Self::query_port) and [`gid_table`](Self::gid_table).
     pub fn choose_gid(&self, port: u8, index: Option<u32>) -> Result<GidChoice> {
-        let attr = self.query_port(port)?;
-        let table = self.gid_table(port)?;
-        let choice = choose_gid(self.name(), port, attr.link_layer, &table, index)?;
-        tracing::info!(device = %self.name(), port, gid = %choice, "using GID");
+        self.choose_gid_on(&self.query_port(port)?, index)
+    }
+
+    /// [`choose_gid`](Self::choose_gid) for a port already queried.
+    pub(crate) fn choose_gid_on(&self, attr: &PortAttr, index: Option<u32>) -> Result<GidChoice> {
+        let table = self.gid_table_of(attr)?;
+        let choice = choose_gid(self.name(), attr.port, attr.link_layer, &table, index)?;
+        tracing::info!(device = %self.name(), port = attr.port, gid = %choice, "using GID");
         Ok(choice)
     }
 

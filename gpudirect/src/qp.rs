@@ -531,7 +531,7 @@ impl QueuePair {
             }
         }
         let port = ctx.query_port(config.port)?;
-        let gid = ctx.choose_gid(config.port, config.gid_index)?;
+        let gid = ctx.choose_gid_on(&port, config.gid_index)?;
         // Every send may be signaled and every receive completes: the CQs
         // must hold them all, or they overrun.
         let room = [send_cq.reserve(config.max_send_wr)?, recv_cq.reserve(config.max_recv_wr)?];
