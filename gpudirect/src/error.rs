@@ -124,6 +124,28 @@ pub enum Error {
     )]
     NoRdmaSubsystem,
 
+    /// Registering memory would pin more than the process's locked-memory
+    /// limit (`RLIMIT_MEMLOCK`) allows, so the kernel refused with `ENOMEM`.
+    /// Processes with `CAP_IPC_LOCK` (root, usually) are not limited.
+    #[error(
+        "{verb} failed: ENOMEM: registering {requested} bytes would exceed the locked-memory limit \
+         (RLIMIT_MEMLOCK = {limit} bytes{}); raise it with `ulimit -l unlimited` (or `ulimit -l <KiB>`), \
+         memlock in /etc/security/limits.conf, LimitMEMLOCK=infinity for a systemd service, \
+         or `--ulimit memlock=-1` for a container",
+        pinned.map(|p| format!(", of which {p} bytes are already pinned")).unwrap_or_default()
+    )]
+    LockedMemoryLimit {
+        /// The verb, e.g. `ibv_reg_mr`.
+        verb: &'static str,
+        /// Bytes the registration asked to pin.
+        requested: u64,
+        /// The soft `RLIMIT_MEMLOCK`, in bytes.
+        limit: u64,
+        /// Bytes this process had pinned already (`VmPin` in
+        /// /proc/self/status), when readable.
+        pinned: Option<u64>,
+    },
+
     /// The RDMA subsystem is present but reports no device.
     #[error(
         "no RDMA devices found: load the NIC's driver (mlx5_ib, efa, irdma, ...) or create a \
@@ -202,7 +224,9 @@ pub enum Error {
 
     /// A completion queue would be too small for the queue pairs using it.
     #[error(
-        "the completion queue has {depth} entries but its queue pairs could have {needed} work requests          outstanding: it could overrun (the queue pairs would stall with only an asynchronous error);          create it with at least {needed} entries, or give the queue pairs smaller queues"
+        "the completion queue has {depth} entries but its queue pairs could have {needed} work requests \
+         outstanding: it could overrun (the queue pairs would stall with only an asynchronous error); \
+         create it with at least {needed} entries, or give the queue pairs smaller queues"
     )]
     CqTooSmall {
         /// The queue's depth.
@@ -277,6 +301,7 @@ impl Error {
     pub fn errno(&self) -> Option<Errno> {
         match self {
             Error::Verb { errno, .. } => Some(*errno),
+            Error::LockedMemoryLimit { .. } => Some(Errno(libc::ENOMEM)),
             _ => None,
         }
     }
@@ -309,6 +334,18 @@ mod tests {
         assert!(s.contains("ulimit -l"), "{s}");
         let e = Error::Verb { verb: "ibv_alloc_pd", errno: Errno(libc::EINVAL) };
         assert_eq!(e.to_string(), "ibv_alloc_pd failed: EINVAL (Invalid argument)");
+    }
+
+    #[test]
+    fn locked_memory_limit_names_the_limit_and_the_fix() {
+        let e = Error::LockedMemoryLimit { verb: "ibv_reg_mr", requested: 2 << 20, limit: 1 << 20, pinned: Some(4096) };
+        let s = e.to_string();
+        assert!(s.starts_with("ibv_reg_mr failed: ENOMEM: registering 2097152 bytes"), "{s}");
+        assert!(s.contains("RLIMIT_MEMLOCK = 1048576 bytes, of which 4096 bytes are already pinned"), "{s}");
+        assert!(s.contains("ulimit -l unlimited") && s.contains("LimitMEMLOCK"), "{s}");
+        assert_eq!(e.errno(), Some(Errno(libc::ENOMEM)));
+        let e = Error::CqTooSmall { depth: 4, needed: 9 };
+        assert!(!e.to_string().contains("  "), "{e}");
     }
 
     #[test]

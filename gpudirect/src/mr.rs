@@ -292,9 +292,10 @@ impl MemoryRegion {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty buffer;
-    /// [`Error::Verb`] from `ibv_reg_mr`: `ENOMEM` usually means the
-    /// locked-memory limit (`ulimit -l`) is too low; `EINVAL` an access
-    /// combination the device refuses.
+    /// [`Error::LockedMemoryLimit`] when the pages would exceed the
+    /// process's locked-memory limit (`ulimit -l`), naming the limit;
+    /// [`Error::Verb`] from `ibv_reg_mr` otherwise, e.g. `EINVAL` for an
+    /// access combination the device refuses.
     pub fn register<B: Registerable>(pd: &ProtectionDomain, mut buf: B, access: AccessFlags) -> Result<MemoryRegion> {
         let ptr = buf.as_mut_ptr();
         let len = buf.len();
@@ -732,7 +733,49 @@ unsafe fn reg_mr(pd: &ProtectionDomain, addr: *mut u8, len: usize, access: Acces
     // SAFETY: valid PD; the range per our contract. `__ibv_reg_mr` is the
     // inline `ibv_reg_mr` expands to (it handles optional access flags).
     let mr = unsafe { sys::__ibv_reg_mr(pd.as_ptr(), addr.cast(), len, access.bits(), 0) };
-    Ok((NonNull::new(mr).ok_or_else(|| Error::last("ibv_reg_mr"))?, access))
+    match NonNull::new(mr) {
+        Some(mr) => Ok((mr, access)),
+        None => Err(reg_mr_error(Error::last("ibv_reg_mr"), addr as usize, len)),
+    }
+}
+
+/// Tells a locked-memory limit apart from other `ENOMEM`s: the kernel pins
+/// registered pages and refuses once the process's pinned total would pass
+/// `RLIMIT_MEMLOCK`, unless it holds `CAP_IPC_LOCK`.
+fn reg_mr_error(err: Error, addr: usize, len: usize) -> Error {
+    if err.errno() != Some(Errno(libc::ENOMEM)) {
+        return err;
+    }
+    let Some(limit) = memlock_limit() else { return err };
+    // The kernel pins whole pages.
+    let page = page_size();
+    let requested = ((addr + len).next_multiple_of(page) - addr / page * page) as u64;
+    let status = std::fs::read_to_string("/proc/self/status").ok();
+    let pinned = status.as_deref().and_then(|s| status_kib(s, "VmPin:")).map(|k| k * 1024);
+    if pinned.unwrap_or(0).saturating_add(requested) <= limit {
+        return err; // within the limit: some other shortage
+    }
+    Error::LockedMemoryLimit { verb: "ibv_reg_mr", requested, limit, pinned }
+}
+
+/// The soft `RLIMIT_MEMLOCK` in bytes, or `None` when it does not apply
+/// (unlimited, or the process holds `CAP_IPC_LOCK`).
+fn memlock_limit() -> Option<u64> {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: valid out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) } != 0 || rl.rlim_cur == libc::RLIM_INFINITY {
+        return None;
+    }
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let cap_eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(str::trim)?;
+    let caps = u64::from_str_radix(cap_eff, 16).ok()?;
+    const CAP_IPC_LOCK: u32 = 14;
+    (caps & (1 << CAP_IPC_LOCK) == 0).then_some(rl.rlim_cur)
+}
+
+/// A `kB` field of /proc/self/status, e.g. `VmPin:       8 kB`.
+fn status_kib(status: &str, field: &str) -> Option<u64> {
+    status.lines().find_map(|l| l.strip_prefix(field))?.split_whitespace().next()?.parse().ok()
 }
 
 /// `ibv_reg_dmabuf_mr`.
@@ -886,6 +929,17 @@ mod tests {
         let s = unsafe { std::slice::from_raw_parts(p, 10_000) };
         assert!(s.iter().all(|&x| x == 0));
         assert!(HostBuffer::new(usize::MAX).is_err());
+    }
+
+    #[test]
+    fn pinned_kib_is_read_from_proc_status() {
+        let s = "Name:\tx\nVmLck:\t       0 kB\nVmPin:\t     132 kB\nCapEff:\t0000000000000000\n";
+        assert_eq!(status_kib(s, "VmPin:"), Some(132));
+        assert_eq!(status_kib(s, "VmHWM:"), None);
+        assert_eq!(status_kib("VmPin: lots kB", "VmPin:"), None);
+        // Any other errno passes through untouched.
+        let e = reg_mr_error(Error::Verb { verb: "ibv_reg_mr", errno: Errno(libc::EFAULT) }, 0, 4096);
+        assert!(matches!(e, Error::Verb { errno: Errno(libc::EFAULT), .. }));
     }
 
     #[test]

@@ -63,7 +63,8 @@ impl fmt::Display for Endpoint {
 }
 
 /// Queue pair settings. The defaults suit a LAN: perftest's timeout and
-/// retry counts, 128-deep queues, and remote write and read allowed at the
+/// RNR retry count, a retry count of 6 (see [`retry_cnt`](Self::retry_cnt)),
+/// 128-deep queues, and remote write and read allowed at the
 /// queue-pair level (each memory region still grants its own access).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QpConfig {
@@ -82,6 +83,12 @@ pub struct QpConfig {
     /// Local ACK timeout: 4.096 µs × 2^timeout per try (14 ≈ 67 ms).
     pub timeout: u8,
     /// Retransmissions before [`RetryExceeded`](crate::WcStatus::RetryExceeded) (0..=7).
+    ///
+    /// The default is 6, one less than perftest's and NCCL's 7: Soft-RoCE
+    /// (rxe) treats 7 as "retry forever", so a peer that died would never
+    /// fail its survivor's requests. With 6, every provider reports a dead
+    /// peer within about `(retry_cnt + 1) × 4.096 µs × 2^timeout`
+    /// (0.5 s with the default timeout; measured in docs/reliability.md).
     pub retry_cnt: u8,
     /// Receiver-not-ready retries (0..=7; 7 means forever).
     pub rnr_retry: u8,
@@ -109,7 +116,7 @@ impl Default for QpConfig {
             max_inline_data: 0,
             access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
             timeout: 14,
-            retry_cnt: 7,
+            retry_cnt: 6,
             rnr_retry: 7,
             min_rnr_timer: 12,
             max_rd_atomic: 16,
@@ -768,6 +775,12 @@ impl PreparedQueuePair {
                 | sys::IBV_QP_MAX_DEST_RD_ATOMIC
                 | sys::IBV_QP_MIN_RNR_TIMER,
         )?;
+        if c.retry_cnt >= 7 && dev.vendor_id == RXE_VENDOR_ID {
+            tracing::warn!(
+                retry_cnt = c.retry_cnt,
+                "Soft-RoCE retries forever with retry_cnt 7: requests to a peer that died will never fail; use 6 or less"
+            );
+        }
         let mut attr = sys::ibv_qp_attr {
             qp_state: sys::IBV_QPS_RTS,
             timeout: c.timeout,
@@ -790,6 +803,9 @@ impl PreparedQueuePair {
         Ok(QueuePair { inner, remote: *remote })
     }
 }
+
+/// The vendor id Soft-RoCE (rxe) reports.
+const RXE_VENDOR_ID: u32 = 0xff_ffff;
 
 fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};

@@ -1,0 +1,776 @@
+//! Fault tests between two RDMA hosts: a peer that dies mid-transfer, a
+//! lossy and reordering link, a misbehaving remote, and the locked-memory
+//! limit. They need two hosts joined by RoCE, so they run in the two-guest
+//! test bed:
+//!
+//! ```text
+//! testbed/faults [SCENARIO...]     # peer-death lossy-link remote-misuse memlock
+//! ```
+//!
+//! Elsewhere (`cargo test`) this binary reports its scenarios as not run and
+//! exits 0; it has no libtest harness, so `--list` shows nothing and the
+//! one-guest device-test step of `testbed/test-all` leaves it alone.
+//!
+//! In the bed both guests run it with the same arguments. `GPUDIRECT_ROLE`
+//! (`a` or `b`) and `GPUDIRECT_PEER` say which side each is: A drives every
+//! scenario and asserts; B serves memory, obeys control messages sent over
+//! TCP, and reports what its side saw. Each result is printed as one
+//! `FIGURE {json}` line, which docs/reliability.md quotes.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use gpudirect::bootstrap::{Handshake, OobChannel};
+use gpudirect::{
+    AccessFlags, CompletionQueue, Context, Error, MemoryRegion, ProtectionDomain, QpConfig, QpState, QueuePair,
+    RemoteBuffer, SendWr, WcStatus, WorkCompletion,
+};
+use serde_json::{json, Value};
+
+type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(format!($($fmt)+).into());
+        }
+    };
+}
+
+const SCENARIOS: [&str; 4] = ["peer-death", "lossy-link", "remote-misuse", "memlock"];
+/// Control ports: each scenario (and each reconnection) gets its own, so a
+/// side that failed one scenario cannot be paired with the wrong step.
+const PORT_BASE: u16 = 18600;
+const CTL_TIMEOUT: Duration = Duration::from_secs(180);
+/// Longest wait for any one completion before calling it a hang.
+const HANG: Duration = Duration::from_secs(60);
+const CHUNK: usize = 64 * 1024;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Role {
+    A,
+    B,
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("memlock-child") => return report("memlock-child", memlock_child()),
+        Some("victim") => {
+            let spec = std::env::var("GPUDIRECT_FAULTS_VICTIM").unwrap_or_default();
+            return report("victim", victim(&spec));
+        }
+        _ => {}
+    }
+    // libtest-style flags (`--list`, `--ignored`, ...) come from tools that
+    // treat every test binary alike; there is nothing to list or run here.
+    let names: Vec<&str> = args.iter().map(String::as_str).filter(|a| !a.starts_with('-')).collect();
+    let role = match std::env::var("GPUDIRECT_ROLE").as_deref() {
+        Ok("a") => Role::A,
+        Ok("b") => Role::B,
+        _ => {
+            if !args.iter().any(|a| a == "--list") {
+                println!(
+                    "faults: {} scenarios not run: they need two RDMA hosts (run testbed/faults, \
+                     which boots two Soft-RoCE guests)",
+                    SCENARIOS.len()
+                );
+            }
+            return ExitCode::SUCCESS;
+        }
+    };
+    let chosen: Vec<&str> = if names.is_empty() { SCENARIOS.to_vec() } else { names };
+    let mut failed = 0;
+    for (i, name) in chosen.iter().enumerate() {
+        let port = PORT_BASE + 10 * i as u16;
+        let started = Instant::now();
+        println!("--- {name} ({role:?})");
+        let r = match *name {
+            "peer-death" => peer_death(role, port),
+            "lossy-link" => lossy_link(role, port),
+            "remote-misuse" => remote_misuse(role, port),
+            "memlock" => memlock(role, port),
+            other => Err(format!("unknown scenario {other:?}; known: {}", SCENARIOS.join(", ")).into()),
+        };
+        match r {
+            Ok(()) => println!("ok   {name} ({:.1} s)", started.elapsed().as_secs_f64()),
+            Err(e) => {
+                println!("FAIL {name}: {e}");
+                failed += 1;
+            }
+        }
+    }
+    println!("faults ({role:?}): {} passed, {failed} failed", chosen.len() - failed);
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn report(what: &str, r: R<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            println!("FAIL {what}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn figure(v: Value) {
+    println!("FIGURE {v}");
+}
+
+// ---------------------------------------------------------------- plumbing --
+
+fn device() -> String {
+    std::env::var("GPUDIRECT_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())
+}
+
+fn peer() -> R<String> {
+    Ok(std::env::var("GPUDIRECT_PEER").map_err(|_| "GPUDIRECT_PEER is not set (testbed/run --two sets it)")?)
+}
+
+/// A's side listens, B's connects (retrying until A listens).
+fn control(role: Role, port: u16) -> R<OobChannel> {
+    Ok(match role {
+        Role::A => OobChannel::accept(&TcpListener::bind(("0.0.0.0", port))?, CTL_TIMEOUT)?,
+        Role::B => OobChannel::connect(format!("{}:{port}", peer()?), CTL_TIMEOUT)?,
+    })
+}
+
+/// Both sides send a message and get the other's.
+fn say(ctl: &mut OobChannel, msg: &str) -> R<String> {
+    let got = ctl.exchange(&Handshake { app: msg.as_bytes().to_vec(), ..Default::default() })?;
+    Ok(String::from_utf8(got.app)?)
+}
+
+/// Both sides say the same step name; a mismatch means they lost step.
+fn step(ctl: &mut OobChannel, name: &str) -> R<()> {
+    let got = say(ctl, name)?;
+    ensure!(got == name, "peer is at step {got:?}, this side at {name:?}");
+    Ok(())
+}
+
+/// A: tells B that `what` is finished and returns B's report on it.
+fn ask(ctl: &mut OobChannel, what: &str) -> R<Value> {
+    let got = say(ctl, what)?;
+    ensure!(got == "waiting", "peer is at {got:?}, expected it waiting for {what:?}");
+    Ok(serde_json::from_str(&say(ctl, "")?)?)
+}
+
+/// B: waits until A says `what` is finished, then sends `report()`.
+fn answer(ctl: &mut OobChannel, what: &str, report: impl FnOnce() -> R<Value>) -> R<()> {
+    let got = say(ctl, "waiting")?;
+    ensure!(got == what, "peer says {got:?}, expected {what:?}");
+    let v = report()?;
+    say(ctl, &v.to_string())?;
+    Ok(())
+}
+
+struct Host {
+    // Field order is drop order: queue users first, the context last.
+    cq: CompletionQueue,
+    pd: ProtectionDomain,
+    #[allow(dead_code)]
+    ctx: Context,
+}
+
+impl Host {
+    fn open() -> R<Host> {
+        let ctx = Context::open(Some(&device()))?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let cq = CompletionQueue::new(&ctx, 1024)?;
+        Ok(Host { cq, pd, ctx })
+    }
+
+    /// A fresh RC queue pair connected to the peer's, swapping buffers.
+    fn connect(&self, ctl: &mut OobChannel, cfg: &QpConfig, buffers: Vec<RemoteBuffer>) -> R<(QueuePair, Vec<RemoteBuffer>)> {
+        let prepared = QueuePair::create(&self.pd, &self.cq, &self.cq, cfg)?;
+        let peer = ctl.exchange(&Handshake { endpoint: Some(prepared.endpoint()), buffers, app: vec![] })?;
+        let ep = peer.endpoint.ok_or("the peer sent no queue pair endpoint")?;
+        let qp = prepared.connect(&ep)?;
+        // Neither side sends before both are ready to receive.
+        ctl.barrier()?;
+        Ok((qp, peer.buffers))
+    }
+
+    /// Waits for completions, calling anything longer than [`HANG`] a hang.
+    fn wait(&self, wcs: &mut [WorkCompletion]) -> R<usize> {
+        match self.cq.wait(wcs, Some(HANG)) {
+            Err(Error::Timeout(_)) => Err(format!("no completion within {HANG:?}: the initiator hung").into()),
+            r => Ok(r?),
+        }
+    }
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
+
+fn run(cmd: &str, args: &[&str]) -> R<String> {
+    let out = Command::new(cmd).args(args).stdin(Stdio::null()).output()?;
+    ensure!(out.status.success(), "{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn hw_counter(name: &str) -> u64 {
+    let p = format!("/sys/class/infiniband/{}/ports/1/hw_counters/{name}", device());
+    std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Packets netem dropped on eth0 (`tc -s qdisc show`: "(dropped N,").
+fn netem_dropped() -> u64 {
+    run("tc", &["-s", "qdisc", "show", "dev", "eth0"])
+        .ok()
+        .and_then(|s| s.split("(dropped ").nth(1).and_then(|t| t.split(',').next()).and_then(|n| n.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+fn set_netem(spec: Option<&str>) -> R<()> {
+    // Removing a qdisc that is not there fails harmlessly.
+    let _ = run("tc", &["qdisc", "del", "dev", "eth0", "root"]);
+    if let Some(spec) = spec {
+        let mut args = vec!["qdisc", "add", "dev", "eth0", "root", "netem"];
+        args.extend(spec.split_whitespace());
+        run("tc", &args)?;
+    }
+    Ok(())
+}
+
+/// Copies all of `local` as `chunk`-sized writes (or reads) to (from) the
+/// same offsets of `remote`, keeping up to `depth` outstanding, and returns
+/// how long it took. Any failed completion is an error.
+fn stream(h: &Host, qp: &QueuePair, write: bool, local: &MemoryRegion, remote: &RemoteBuffer, depth: usize, chunk: usize) -> R<Duration> {
+    let n = local.len() / chunk;
+    let (mut posted, mut done) = (0, 0);
+    let mut wcs = [WorkCompletion::default(); 32];
+    let t = Instant::now();
+    while done < n {
+        while posted < n && posted - done < depth {
+            let off = posted * chunk;
+            let s = local.slice(off..off + chunk)?;
+            let wr = if write { SendWr::write(s, remote, off as u64)? } else { SendWr::read(s, remote, off as u64)? };
+            qp.post_send(&[wr.wr_id(posted as u64)])?;
+            posted += 1;
+        }
+        let k = h.wait(&mut wcs)?;
+        for wc in &wcs[..k] {
+            let wc = wc.ok()?;
+            ensure!(wc.wr_id == done as u64, "completion {} arrived out of order (expected {done})", wc.wr_id);
+            done += 1;
+        }
+    }
+    Ok(t.elapsed())
+}
+
+// -------------------------------------------------------------- peer death --
+
+/// Outstanding requests kept in flight against the peer that will die.
+const DEATH_DEPTH: usize = 32;
+
+/// The longest a survivor may wait for its outstanding requests to fail:
+/// each of the `retry_cnt + 1` tries waits for the local ACK timeout,
+/// 4.096 µs × 2^timeout, which the InfiniBand spec lets an HCA stretch to
+/// four times that; plus one second for scheduling in the emulated guests.
+fn death_bound(cfg: &QpConfig) -> Duration {
+    let per_try = Duration::from_nanos(4096 << cfg.timeout);
+    per_try * 4 * (cfg.retry_cnt as u32 + 1) + Duration::from_secs(1)
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Death {
+    /// The peer's process is killed (SIGKILL): its kernel destroys the queue
+    /// pair and silently drops what arrives for it.
+    ProcessKilled,
+    /// Everything the peer sends is dropped (netem `loss 100%` on its
+    /// link), as when its host hangs or its cable is cut: its queue pair
+    /// stays alive but no acknowledgement or read response comes back.
+    Unreachable,
+}
+
+fn death_cases() -> Vec<(Death, QpConfig)> {
+    let default = QpConfig::default();
+    let longer = QpConfig { timeout: 16, retry_cnt: 3, ..QpConfig::default() };
+    vec![(Death::ProcessKilled, default.clone()), (Death::ProcessKilled, longer), (Death::Unreachable, default)]
+}
+
+fn peer_death(role: Role, port: u16) -> R<()> {
+    for (i, (death, cfg)) in death_cases().into_iter().enumerate() {
+        let port = port + 3 * i as u16;
+        match role {
+            Role::A => survivor(death, &cfg, port)?,
+            Role::B => victim_host(death, &cfg, port)?,
+        }
+    }
+    Ok(())
+}
+
+/// A: streams writes and reads at the peer, has it die, and checks that
+/// every outstanding request fails with a typed status within the bound,
+/// that everything tears down, and that a rebuilt connection works.
+fn survivor(death: Death, cfg: &QpConfig, port: u16) -> R<()> {
+    let mut ctl = control(Role::A, port)?;
+    let fds_before = open_fds();
+    let h = Host::open()?;
+    let len = CHUNK * DEATH_DEPTH;
+    let src = MemoryRegion::alloc(&h.pd, len, AccessFlags::default())?;
+    let dst = MemoryRegion::alloc(&h.pd, len, AccessFlags::LOCAL_WRITE)?;
+    src.write_at(0, &pattern(len, 7))?;
+    let (qp, bufs) = match death {
+        // The victim is a child process of B's side, with its own channel.
+        Death::ProcessKilled => h.connect(&mut OobChannel::accept(&TcpListener::bind(("0.0.0.0", port + 1))?, CTL_TIMEOUT)?, cfg, vec![])?,
+        Death::Unreachable => h.connect(&mut ctl, cfg, vec![])?,
+    };
+    let remote = *bufs.first().ok_or("the victim sent no buffer")?;
+
+    let (mut posted, mut done, mut ok) = (0usize, 0usize, 0usize);
+    let mut statuses: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut first_error: Option<(WcStatus, Duration)> = None;
+    let mut trigger: Option<Instant> = None;
+    let mut wcs = [WorkCompletion::default(); 64];
+    loop {
+        while first_error.is_none() && posted - done < DEATH_DEPTH {
+            let off = (posted % DEATH_DEPTH) * CHUNK;
+            let wr = if posted % 2 == 0 {
+                SendWr::write(src.slice(off..off + CHUNK)?, &remote, off as u64)?
+            } else {
+                SendWr::read(dst.slice(off..off + CHUNK)?, &remote, off as u64)?
+            };
+            qp.post_send(&[wr.wr_id(posted as u64)])?;
+            posted += 1;
+        }
+        if first_error.is_some() && done == posted {
+            break;
+        }
+        let k = h.wait(&mut wcs).map_err(|e| {
+            let since = trigger.map(|t| format!("{:?} after the peer was told to die", t.elapsed())).unwrap_or_default();
+            format!("{e} ({posted} posted, {done} completed, {ok} ok, first error {first_error:?}) {since}")
+        })?;
+        for wc in &wcs[..k] {
+            done += 1;
+            if wc.status == WcStatus::Success {
+                ok += 1;
+                continue;
+            }
+            *statuses.entry(wc.status.verbs_name()).or_default() += 1;
+            if first_error.is_none() {
+                let since = trigger.map(|t| t.elapsed()).ok_or_else(|| format!("{} before the peer died", wc.status))?;
+                first_error = Some((wc.status, since));
+            }
+        }
+        // A stream is running: now the peer dies (B acts on this message
+        // at once; this side keeps posting and polling meanwhile).
+        if trigger.is_none() && ok >= 64 {
+            trigger = Some(Instant::now());
+            let got = say(&mut ctl, "die")?;
+            ensure!(got == "ready to die", "victim side answered {got:?}");
+        }
+    }
+    let trigger = trigger.ok_or("the peer never got the signal to die")?;
+    let drained = trigger.elapsed();
+    let (first_status, detected) = first_error.ok_or("no request failed")?;
+    let state = qp.state()?;
+
+    let t = Instant::now();
+    drop((qp, src, dst, h));
+    let teardown = t.elapsed();
+    let fds_after = open_fds();
+
+    let bound = death_bound(cfg);
+    figure(json!({
+        "scenario": "peer-death", "death": format!("{death:?}"),
+        "timeout": cfg.timeout, "retry_cnt": cfg.retry_cnt,
+        "per_try_ms": (4096u64 << cfg.timeout) as f64 / 1e6, "bound_ms": bound.as_millis() as u64,
+        "requests_ok_before_death": ok, "outstanding_at_failure": posted - ok,
+        "first_error": first_status.verbs_name(), "statuses": statuses,
+        "detected_ms": detected.as_millis() as u64, "all_completed_ms": drained.as_millis() as u64,
+        "qp_state": format!("{state:?}"), "teardown_ms": teardown.as_millis() as u64,
+        "fds_before": fds_before, "fds_after": fds_after,
+    }));
+    ensure!(first_status == WcStatus::RetryExceeded, "first failure was {first_status}, expected IBV_WC_RETRY_EXC_ERR");
+    ensure!(
+        statuses.keys().all(|s| *s == "IBV_WC_RETRY_EXC_ERR" || *s == "IBV_WC_WR_FLUSH_ERR"),
+        "unexpected failure statuses {statuses:?}"
+    );
+    ensure!(done == posted, "{} requests never completed", posted - done);
+    ensure!(drained <= bound, "outstanding requests took {drained:?} to fail, over the {bound:?} bound");
+    ensure!(state == QpState::Error, "queue pair is {state:?} after the failure, expected Error");
+    ensure!(fds_after == fds_before, "{fds_before} descriptors open before, {fds_after} after teardown");
+    ensure!(teardown < Duration::from_secs(5), "teardown took {teardown:?}");
+
+    // Rebuild: a new connection to the (new) peer works end to end.
+    step(&mut ctl, "rebuild")?;
+    let h = Host::open()?;
+    let (qp, bufs) = h.connect(&mut ctl, cfg, vec![])?;
+    let remote = *bufs.first().ok_or("the rebuilt peer sent no buffer")?;
+    let src = MemoryRegion::alloc(&h.pd, CHUNK, AccessFlags::default())?;
+    let back = MemoryRegion::alloc(&h.pd, CHUNK, AccessFlags::LOCAL_WRITE)?;
+    src.write_at(0, &pattern(CHUNK, 99))?;
+    stream(&h, &qp, true, &src, &remote, 1, CHUNK)?;
+    stream(&h, &qp, false, &back, &remote, 1, CHUNK)?;
+    ensure!(back.to_vec()? == pattern(CHUNK, 99), "data read back after the rebuild differs");
+    step(&mut ctl, "rebuilt")?;
+    Ok(())
+}
+
+/// B: hosts the victim (a child process, or this process behind a link it
+/// takes down), then serves a rebuilt connection.
+fn victim_host(death: Death, cfg: &QpConfig, port: u16) -> R<()> {
+    let mut ctl = control(Role::B, port)?;
+    let mut ctl = match death {
+        Death::ProcessKilled => {
+            let mut child = Command::new(std::env::current_exe()?)
+                .arg("victim")
+                .env("GPUDIRECT_FAULTS_VICTIM", format!("{port} {} {}", cfg.timeout, cfg.retry_cnt))
+                .stdin(Stdio::null())
+                .spawn()?;
+            let got = say(&mut ctl, "ready to die");
+            // Whatever happened, the child does not outlive this step.
+            let killed = child.kill().and_then(|()| child.wait());
+            ensure!(got? == "die", "survivor did not ask the victim to die");
+            let st = killed?;
+            ensure!(st.code().is_none(), "the victim exited by itself ({st}) instead of being killed");
+            ctl
+        }
+        Death::Unreachable => {
+            let h = Host::open()?;
+            let target = MemoryRegion::alloc(&h.pd, CHUNK * DEATH_DEPTH, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)?;
+            let (qp, _) = h.connect(&mut ctl, cfg, vec![target.remote()])?;
+            let got = say(&mut ctl, "ready to die")?;
+            ensure!(got == "die", "survivor sent {got:?}");
+            set_netem(Some("loss 100%"))?;
+            // Past the survivor's bound; the control connection's TCP
+            // retransmits once the link works again.
+            std::thread::sleep(death_bound(cfg) + Duration::from_secs(3));
+            set_netem(None)?;
+            drop((qp, target, h));
+            ctl
+        }
+    };
+    step(&mut ctl, "rebuild")?;
+    let h = Host::open()?;
+    let target = MemoryRegion::alloc(&h.pd, CHUNK, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)?;
+    let (_qp, _) = h.connect(&mut ctl, cfg, vec![target.remote()])?;
+    step(&mut ctl, "rebuilt")?;
+    ensure!(target.to_vec()? == pattern(CHUNK, 99), "the rebuilt connection's write did not arrive intact");
+    Ok(())
+}
+
+/// The child process B kills: connects a queue pair to A's survivor,
+/// exposes a buffer, then waits to be killed.
+fn victim(spec: &str) -> R<()> {
+    let v: Vec<u64> = spec.split_whitespace().map(str::parse).collect::<Result<_, _>>()?;
+    let [port, timeout, retry_cnt] = v[..] else { return Err(format!("bad victim spec {spec:?}").into()) };
+    let cfg = QpConfig { timeout: timeout as u8, retry_cnt: retry_cnt as u8, ..QpConfig::default() };
+    let mut ch = OobChannel::connect(format!("{}:{}", peer()?, port + 1), CTL_TIMEOUT)?;
+    let h = Host::open()?;
+    let target = MemoryRegion::alloc(&h.pd, CHUNK * DEATH_DEPTH, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)?;
+    let (_qp, _) = h.connect(&mut ch, &cfg, vec![target.remote()])?;
+    // Killed from outside; the sleep only bounds a victim nobody kills.
+    std::thread::sleep(Duration::from_secs(600));
+    Err("the victim was never killed".into())
+}
+
+// -------------------------------------------------------------- lossy link --
+
+const LOSSY_REGION: usize = 4 << 20;
+/// Message size on the lossy link: 16 packets at the link's 1024-byte RoCE
+/// MTU. rxe counts retries per work request and resets the count only when
+/// one completes, so under 5 % loss a 64 KiB message (64 packets) can use
+/// up `retry_cnt` before it gets through; see docs/reliability.md.
+const LOSSY_CHUNK: usize = 16 * 1024;
+const LOSSY_DEPTH: usize = 32;
+
+fn lossy_phases() -> Vec<(&'static str, Option<&'static str>)> {
+    vec![
+        ("clean", None),
+        ("loss 1%", Some("loss 1%")),
+        ("loss 5%", Some("loss 5%")),
+        ("loss 5% + reordering", Some("delay 2ms reorder 25% 50% loss 5%")),
+    ]
+}
+
+fn lossy_rounds() -> usize {
+    let mib: usize = std::env::var("GPUDIRECT_FAULTS_LOSSY_MIB").ok().and_then(|s| s.parse().ok()).unwrap_or(8);
+    (mib << 20).div_ceil(LOSSY_REGION).max(1)
+}
+
+fn lossy_link(role: Role, port: u16) -> R<()> {
+    let mut ctl = control(role, port)?;
+    let h = Host::open()?;
+    let cfg = QpConfig::default();
+    let rounds = lossy_rounds();
+    match role {
+        Role::A => {
+            let src = MemoryRegion::alloc(&h.pd, LOSSY_REGION, AccessFlags::default())?;
+            let dst = MemoryRegion::alloc(&h.pd, LOSSY_REGION, AccessFlags::LOCAL_WRITE)?;
+            let (qp, bufs) = h.connect(&mut ctl, &cfg, vec![])?;
+            let remote = *bufs.first().ok_or("peer sent no buffer")?;
+            for (i, (name, spec)) in lossy_phases().into_iter().enumerate() {
+                step(&mut ctl, name)?;
+                set_netem(spec)?;
+                step(&mut ctl, "netem set")?;
+                let (retries0, naks0) = (hw_counter("completer_retry_err"), hw_counter("rcvd_seq_err"));
+                let (mut wt, mut rt) = (Duration::ZERO, Duration::ZERO);
+                let mut expected = Vec::new();
+                for r in 0..rounds {
+                    expected = pattern(LOSSY_REGION, (i * 1000 + r) as u64);
+                    src.write_at(0, &expected)?;
+                    dst.fill(.., 0)?;
+                    wt += stream(&h, &qp, true, &src, &remote, LOSSY_DEPTH, LOSSY_CHUNK).map_err(|e| format!("{name}, round {r}, writes: {e}"))?;
+                    rt += stream(&h, &qp, false, &dst, &remote, LOSSY_DEPTH, LOSSY_CHUNK).map_err(|e| format!("{name}, round {r}, reads: {e}"))?;
+                    ensure!(dst.to_vec()? == expected, "{name}, round {r}: data read back differs from what was written");
+                }
+                let dropped_here = netem_dropped();
+                let (retries, naks) = (hw_counter("completer_retry_err") - retries0, hw_counter("rcvd_seq_err") - naks0);
+                // B answers with its own view: checksum of the target and its drops.
+                let peer = ask(&mut ctl, "phase done")?;
+                let want = format!("{:016x}", fnv64(&expected));
+                ensure!(peer["fnv64"] == want.as_str(), "{name}: target memory checksum {} != {want}", peer["fnv64"]);
+                let dropped = dropped_here + peer["dropped"].as_u64().unwrap_or(0);
+                let bytes = (rounds * LOSSY_REGION) as f64;
+                figure(json!({
+                    "scenario": "lossy-link", "phase": name, "netem": spec, "bytes_each_way": bytes as u64,
+                    "write_mb_s": bytes / wt.as_secs_f64() / 1e6, "read_mb_s": bytes / rt.as_secs_f64() / 1e6,
+                    "packets_dropped": dropped, "timeout_retries": retries, "seq_naks": naks,
+                    "verified": "every byte read back and the target's checksum",
+                }));
+                ensure!(spec.is_none() || dropped > 0, "{name}: netem dropped no packet, so the phase tested nothing");
+                set_netem(None)?;
+            }
+            step(&mut ctl, "end")?;
+        }
+        Role::B => {
+            let target = MemoryRegion::alloc(&h.pd, LOSSY_REGION, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)?;
+            let (_qp, _) = h.connect(&mut ctl, &cfg, vec![target.remote()])?;
+            for (name, spec) in lossy_phases() {
+                step(&mut ctl, name)?;
+                set_netem(spec)?;
+                step(&mut ctl, "netem set")?;
+                answer(&mut ctl, "phase done", || {
+                    let sum = format!("{:016x}", fnv64(&target.to_vec()?));
+                    Ok(json!({ "fnv64": sum, "dropped": netem_dropped() }))
+                })?;
+                set_netem(None)?;
+            }
+            step(&mut ctl, "end")?;
+        }
+    }
+    Ok(())
+}
+
+// ----------------------------------------------------------- remote misuse --
+
+/// B's regions: (name, access). `gone` is deregistered right after its
+/// description is sent; `fresh` is registered after that, likely reusing
+/// its slot, and must not be reachable through the old key.
+const REGIONS: [(&str, AccessFlags); 5] = [
+    ("rw", AccessFlags::REMOTE_WRITE.union(AccessFlags::REMOTE_READ)),
+    ("ro", AccessFlags::REMOTE_READ),
+    ("wo", AccessFlags::REMOTE_WRITE),
+    ("gone", AccessFlags::REMOTE_WRITE.union(AccessFlags::REMOTE_READ)),
+    ("fresh", AccessFlags::REMOTE_WRITE.union(AccessFlags::REMOTE_READ)),
+];
+const MISUSE_LEN: usize = 64 * 1024;
+
+#[derive(Clone, Copy)]
+enum Misuse {
+    WrongRkey,
+    PastTheEnd,
+    WriteToReadOnly,
+    ReadFromWriteOnly,
+    WriteAfterDereg,
+    ReadAfterDereg,
+}
+
+const MISUSES: [(&str, Misuse); 6] = [
+    ("write with a wrong rkey", Misuse::WrongRkey),
+    ("write past the end of the region (the peer lied about its length)", Misuse::PastTheEnd),
+    ("write to a region without REMOTE_WRITE", Misuse::WriteToReadOnly),
+    ("read from a region without REMOTE_READ", Misuse::ReadFromWriteOnly),
+    ("write after the peer deregistered the region", Misuse::WriteAfterDereg),
+    ("read after the peer deregistered the region", Misuse::ReadAfterDereg),
+];
+
+fn remote_misuse(role: Role, port: u16) -> R<()> {
+    let mut ctl = control(role, port)?;
+    let h = Host::open()?;
+    let cfg = QpConfig::default();
+    match role {
+        Role::A => misuse_initiator(&h, &cfg, &mut ctl),
+        Role::B => misuse_target(&h, &cfg, &mut ctl),
+    }
+}
+
+fn misuse_initiator(h: &Host, cfg: &QpConfig, ctl: &mut OobChannel) -> R<()> {
+    let src = MemoryRegion::alloc(&h.pd, 2 * MISUSE_LEN, AccessFlags::default())?;
+    src.write_at(0, &pattern(2 * MISUSE_LEN, 42))?;
+    let dst = MemoryRegion::alloc(&h.pd, 2 * MISUSE_LEN, AccessFlags::LOCAL_WRITE)?;
+    let mut bufs = Vec::new();
+    for (case, misuse) in MISUSES {
+        step(ctl, case)?;
+        let (qp, b) = h.connect(ctl, cfg, vec![])?;
+        if bufs.is_empty() {
+            bufs = b;
+        }
+        ensure!(bufs.len() == 4, "target described {} regions, expected rw ro wo gone", bufs.len());
+        let (rw, ro, wo, gone) = (bufs[0], bufs[1], bufs[2], bufs[3]);
+        let wr = match misuse {
+            Misuse::WrongRkey => SendWr::write(src.slice(..4096)?, &RemoteBuffer { rkey: rw.rkey ^ 0x5a_5a00, ..rw }, 0)?,
+            Misuse::PastTheEnd => {
+                let liar = RemoteBuffer { len: rw.len * 2, ..rw };
+                SendWr::write(src.slice(..8192)?, &liar, rw.len - 4096)?
+            }
+            Misuse::WriteToReadOnly => SendWr::write(src.slice(..4096)?, &ro, 0)?,
+            Misuse::ReadFromWriteOnly => SendWr::read(dst.slice(..4096)?, &wo, 0)?,
+            Misuse::WriteAfterDereg => SendWr::write(src.slice(..4096)?, &gone, 0)?,
+            Misuse::ReadAfterDereg => SendWr::read(dst.slice(..4096)?, &gone, 0)?,
+        };
+        qp.post_send(&[wr.wr_id(1)])?;
+        let mut wc = [WorkCompletion::default(); 1];
+        h.wait(&mut wc)?;
+        let state = qp.state()?;
+        let local_untouched = dst.to_vec()?.iter().all(|&b| b == 0);
+        let peer = ask(ctl, "completed")?;
+        figure(json!({
+            "scenario": "remote-misuse", "case": case, "initiator_status": wc[0].status.verbs_name(),
+            "initiator_qp": format!("{state:?}"), "target_qp": peer["qp_state"],
+            "target_memory_untouched": peer["untouched"], "recovery": "rebuild both queue pairs",
+        }));
+        ensure!(wc[0].status == WcStatus::RemoteAccessError, "{case}: got {}, expected IBV_WC_REM_ACCESS_ERR", wc[0].status);
+        ensure!(state == QpState::Error, "{case}: initiator queue pair is {state:?}, expected Error");
+        ensure!(peer["untouched"] == true, "{case}: the target's memory changed: {peer}");
+        ensure!(local_untouched, "{case}: the failed read wrote local memory");
+    }
+
+    // The library's own bounds check refuses before posting; the queue
+    // pair stays usable, so the same queue pair then does a valid write.
+    step(ctl, "bounds check, then valid traffic")?;
+    let (qp, _) = h.connect(ctl, cfg, vec![])?;
+    let rw = bufs[0];
+    let refused = SendWr::write(src.slice(..4096)?, &rw, rw.len - 100);
+    ensure!(matches!(refused, Err(Error::OutOfBounds { .. })), "an out-of-bounds write was not refused locally");
+    ensure!(qp.state()? == QpState::Rts, "the queue pair left RTS after a local refusal");
+    let one = MemoryRegion::alloc(&h.pd, MISUSE_LEN, AccessFlags::default())?;
+    let back = MemoryRegion::alloc(&h.pd, MISUSE_LEN, AccessFlags::LOCAL_WRITE)?;
+    one.write_at(0, &pattern(MISUSE_LEN, 77))?;
+    stream(h, &qp, true, &one, &rw, 1, CHUNK)?;
+    stream(h, &qp, false, &back, &rw, 1, CHUNK)?;
+    ensure!(back.to_vec()? == pattern(MISUSE_LEN, 77), "valid traffic after the rebuilds read back wrong data");
+    let peer = ask(ctl, "valid traffic done")?;
+    figure(json!({ "scenario": "remote-misuse", "case": "local bounds check, then valid traffic on the same queue pair",
+                   "refused_locally": true, "qp_state_after_refusal": "Rts", "target": peer }));
+    ensure!(peer["rw_written"] == true && peer["others_untouched"] == true, "target after valid traffic: {peer}");
+    Ok(())
+}
+
+fn misuse_target(h: &Host, cfg: &QpConfig, ctl: &mut OobChannel) -> R<()> {
+    let canary = |i: usize| pattern(MISUSE_LEN, 100 + i as u64);
+    let mut regions: Vec<Option<MemoryRegion>> = Vec::new();
+    for (i, (_, access)) in REGIONS.iter().take(4).enumerate() {
+        let mr = MemoryRegion::alloc(&h.pd, MISUSE_LEN, *access)?;
+        mr.write_at(0, &canary(i))?;
+        regions.push(Some(mr));
+    }
+    let described: Vec<RemoteBuffer> = regions.iter().flatten().map(MemoryRegion::remote).collect();
+    let mut first = true;
+    for (case, _) in MISUSES {
+        step(ctl, case)?;
+        let (qp, _) = h.connect(ctl, cfg, if first { described.clone() } else { vec![] })?;
+        if first {
+            first = false;
+            // Deregister `gone`, then register `fresh`, which may take its slot.
+            regions[3] = None;
+            let fresh = MemoryRegion::alloc(&h.pd, MISUSE_LEN, REGIONS[4].1)?;
+            fresh.write_at(0, &canary(4))?;
+            regions.push(Some(fresh));
+        }
+        answer(ctl, "completed", || {
+            let untouched =
+                regions.iter().enumerate().all(|(i, r)| r.as_ref().is_none_or(|mr| mr.to_vec().is_ok_and(|v| v == canary(i))));
+            Ok(json!({ "untouched": untouched, "qp_state": format!("{:?}", qp.state()?) }))
+        })?;
+    }
+    step(ctl, "bounds check, then valid traffic")?;
+    let (_qp, _) = h.connect(ctl, cfg, vec![])?;
+    answer(ctl, "valid traffic done", || {
+        let rw = regions[0].as_ref().ok_or("rw region missing")?;
+        let rw_written = rw.to_vec()? == pattern(MISUSE_LEN, 77);
+        let others_untouched =
+            regions.iter().enumerate().skip(1).all(|(i, r)| r.as_ref().is_none_or(|mr| mr.to_vec().is_ok_and(|v| v == canary(i))));
+        Ok(json!({ "rw_written": rw_written, "others_untouched": others_untouched }))
+    })
+}
+
+// ----------------------------------------------------------------- memlock --
+
+/// Locked-memory limit the unprivileged child runs under.
+const MEMLOCK_LIMIT: u64 = 1 << 20;
+
+/// A: runs `memlock-child` as an unprivileged user under a 1 MiB
+/// `RLIMIT_MEMLOCK` (root has CAP_IPC_LOCK and is never limited).
+fn memlock(role: Role, port: u16) -> R<()> {
+    let mut ctl = control(role, port)?;
+    if role == Role::A {
+        let exe = std::env::current_exe()?;
+        let limit = MEMLOCK_LIMIT.to_string();
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"])
+            .args(["prlimit", &format!("--memlock={limit}:{limit}"), "--"])
+            .arg(&exe)
+            .arg("memlock-child")
+            .stdin(Stdio::null())
+            .output()?;
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+        ensure!(out.status.success(), "memlock child failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    step(&mut ctl, "memlock done")
+}
+
+fn memlock_child() -> R<()> {
+    // SAFETY: geteuid has no preconditions.
+    ensure!(unsafe { libc::geteuid() } != 0, "memlock-child must run unprivileged");
+    let ctx = Context::open(Some(&device()))?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let small = MemoryRegion::alloc(&pd, 256 << 10, AccessFlags::default())?;
+    let t = Instant::now();
+    let err = match MemoryRegion::alloc(&pd, 2 << 20, AccessFlags::default()) {
+        Ok(_) => return Err("registering 2 MiB under a 1 MiB locked-memory limit succeeded".into()),
+        Err(e) => e,
+    };
+    let took = t.elapsed();
+    let text = err.to_string();
+    figure(json!({ "scenario": "memlock", "limit": MEMLOCK_LIMIT, "requested": 2 << 20, "error": text, "took_ms": took.as_millis() as u64 }));
+    ensure!(
+        matches!(err, Error::LockedMemoryLimit { limit: MEMLOCK_LIMIT, requested, pinned: Some(p), .. }
+            if requested == 2 << 20 && p >= 256 << 10),
+        "expected Error::LockedMemoryLimit naming the 1 MiB limit, got {err:?}"
+    );
+    ensure!(text.contains("ulimit -l"), "the error does not say how to raise the limit: {text}");
+    ensure!(took < Duration::from_secs(2), "the refusal took {took:?}");
+    // Deregistering returns the pages to the budget.
+    drop(small);
+    let again = MemoryRegion::alloc(&pd, 768 << 10, AccessFlags::default());
+    ensure!(again.is_ok(), "768 KiB after freeing 256 KiB under a 1 MiB limit failed: {:?}", again.err());
+    Ok(())
+}
