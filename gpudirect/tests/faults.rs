@@ -530,6 +530,8 @@ fn lossy_link(role: Role, port: u16) -> R<()> {
                 step(&mut ctl, name)?;
                 set_netem(spec)?;
                 step(&mut ctl, "netem set")?;
+                // rxe counters on this side: retry sequences the requester started
+                // (timeouts and NAKs) and out-of-sequence packets received.
                 let (retries0, naks0) = (hw_counter("completer_retry_err"), hw_counter("rcvd_seq_err"));
                 let (mut wt, mut rt) = (Duration::ZERO, Duration::ZERO);
                 let mut expected = Vec::new();
@@ -552,7 +554,7 @@ fn lossy_link(role: Role, port: u16) -> R<()> {
                 figure(json!({
                     "scenario": "lossy-link", "phase": name, "netem": spec, "bytes_each_way": bytes as u64,
                     "write_mb_s": bytes / wt.as_secs_f64() / 1e6, "read_mb_s": bytes / rt.as_secs_f64() / 1e6,
-                    "packets_dropped": dropped, "timeout_retries": retries, "seq_naks": naks,
+                    "packets_dropped": dropped, "retry_sequences": retries, "out_of_sequence": naks,
                     "verified": "every byte read back and the target's checksum",
                 }));
                 ensure!(spec.is_none() || dropped > 0, "{name}: netem dropped no packet, so the phase tested nothing");
