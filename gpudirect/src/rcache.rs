@@ -96,7 +96,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::error::{Error, Result};
+use crate::error::{Errno, Error, Result};
 use crate::gdr::{GpuPolicy, RegistrationPath};
 use crate::gpu::{Gpu, GpuAllocation, GpuBuffer};
 use crate::mr::{AccessFlags, LocalSlice, Location, MemoryRegion, RemoteBuffer};
@@ -128,7 +128,8 @@ pub struct CacheStats {
     pub hits: u64,
     /// Lookups that registered memory (successfully or not).
     pub misses: u64,
-    /// Entries dropped to stay within [`CacheConfig`].
+    /// Entries dropped to stay within [`CacheConfig`], or all at once when
+    /// a registration failed with `ENOMEM` (then retried).
     pub evictions: u64,
     /// Entries dropped because their memory changed: by
     /// [`RegistrationCache::invalidate`] and [`RegistrationCache::clear`],
@@ -351,6 +352,17 @@ impl<R: Clone> Core<R> {
     fn clear(&mut self) -> Vec<R> {
         self.epoch += 1;
         self.stats.invalidations += self.entries.len() as u64;
+        self.take_all()
+    }
+
+    /// Evicts everything (to free pinned memory): unlike `clear`, the
+    /// memory has not changed, so registrations under way may be cached.
+    fn evict_all(&mut self) -> Vec<R> {
+        self.stats.evictions += self.entries.len() as u64;
+        self.take_all()
+    }
+
+    fn take_all(&mut self) -> Vec<R> {
         self.lru.clear();
         self.stats.bytes = 0;
         std::mem::take(&mut self.entries).into_values().map(|e| e.region).collect()
@@ -438,6 +450,10 @@ fn range(start: u64, len: usize) -> Result<(u64, u64)> {
 /// A lookup of one kind of memory: a hit, or `register` (called with the
 /// access to grant, outside the lock) and insert. Returns the region and
 /// the range's offset in it.
+///
+/// When registering fails with `ENOMEM` (the locked-memory limit, which
+/// cached regions count against) the cache evicts everything and tries
+/// once more, as a cache that is in the way should.
 fn lookup<R: Clone>(
     core: &Mutex<Core<R>>,
     space: Space,
@@ -445,7 +461,7 @@ fn lookup<R: Clone>(
     len: u64,
     want: AccessFlags,
     accept: &dyn Fn(&R) -> bool,
-    register: impl FnOnce(AccessFlags) -> Result<(R, AccessFlags)>,
+    mut register: impl FnMut(AccessFlags) -> Result<(R, AccessFlags)>,
 ) -> Result<(R, u64)> {
     let (epoch, grant) = {
         let mut c = lock(core);
@@ -455,7 +471,19 @@ fn lookup<R: Clone>(
         c.stats.misses += 1;
         (c.epoch, normalized(want) | c.same_range_access(space, start, len, want))
     };
-    let (region, granted) = register(grant)?;
+    let (region, granted) = match register(grant) {
+        Err(e) if e.errno() == Some(Errno(libc::ENOMEM)) => {
+            let evicted = lock(core).evict_all();
+            if evicted.is_empty() {
+                return Err(e);
+            }
+            tracing::debug!(regions = evicted.len(), "registration failed with ENOMEM: evicted the registration cache, retrying");
+            // Deregisters the regions nobody else holds, unpinning their memory.
+            drop(evicted);
+            register(grant)?
+        }
+        other => other?,
+    };
     let gone = lock(core).insert(space, start, len, granted, region.clone(), epoch);
     drop(gone);
     Ok((region, 0))
@@ -470,7 +498,7 @@ fn lookup_gpu<R: Clone>(
     len: usize,
     want: AccessFlags,
     accept: &dyn Fn(&R) -> bool,
-    register: impl FnOnce(&GpuAllocation, AccessFlags) -> Result<(R, AccessFlags)>,
+    mut register: impl FnMut(&GpuAllocation, AccessFlags) -> Result<(R, AccessFlags)>,
 ) -> Result<(R, u64)> {
     let (start, len) = range(ptr, len)?;
     let a = ids.identify(ptr)?;
@@ -557,9 +585,10 @@ impl RegistrationCache {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty or wrapping range; on a miss,
-    /// the errors of [`MemoryRegion::register_raw`] (`ENOMEM`: the
-    /// locked-memory limit, which cached regions count against; lower
-    /// [`CacheConfig::max_bytes`] or call [`clear`](Self::clear)).
+    /// the errors of [`MemoryRegion::register_raw`]. `ENOMEM` (the
+    /// locked-memory limit, which cached regions count against) is
+    /// returned only if it persists after the whole cache was evicted:
+    /// regions the caller still holds stay pinned.
     pub unsafe fn get(&self, addr: *mut u8, len: usize, access: AccessFlags) -> Result<CachedRegion> {
         let (start, len64) = range(addr as u64, len)?;
         let (mr, offset) = lookup(&self.core, Space::Host, start, len64, access, &|_| true, |grant| {
@@ -588,10 +617,12 @@ impl RegistrationCache {
     /// `ptr..ptr + len` must be device memory of `gpu` that stays allocated
     /// for as long as the returned handle (or a clone, or a work request
     /// using it) is used. The cache's own handle may outlive the
-    /// allocation: it is never used again once the allocation is gone
-    /// (dma-buf and peer-memory registrations of freed GPU memory are
-    /// detached by the driver, and a host-staged region is only
-    /// deregistered).
+    /// allocation, as in UCX's and NCCL's caches: it is never served or
+    /// used again once the allocation is gone, only deregistered. What the
+    /// NIC's mapping of the freed memory does meanwhile is the driver's
+    /// business (a dma-buf holds its own reference to the memory;
+    /// `nvidia-peermem` revokes a registration whose memory is freed); a
+    /// host-staged region's GPU side is never copied to again.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty range, one that is not
@@ -836,6 +867,46 @@ mod tests {
         assert_eq!((s.entries, s.misses, s.hits), (1, 2, 0));
         assert!(c.get(0x1000, 10, LW).is_ok());
         assert_eq!(c.stats().misses, 3);
+    }
+
+    #[test]
+    fn enomem_evicts_everything_and_retries_once() {
+        let c = Cache::new(16, 1 << 30);
+        c.get(0x1000, 10, LW).unwrap();
+        c.get(0x2000, 10, LW).unwrap();
+        let enomem = || Error::Verb { verb: "ibv_reg_mr", errno: crate::Errno(libc::ENOMEM) };
+        let (start, len) = range(0x3000, 10).unwrap();
+        let mut tries = 0;
+        let (r, _) = lookup(&c.core, Space::Host, start, len, LW, &|_| true, |g| {
+            tries += 1;
+            if tries == 1 {
+                Err(enomem())
+            } else {
+                c.reg.reg(g)
+            }
+        })
+        .unwrap();
+        assert_eq!((tries, r.id), (2, 3));
+        let s = c.stats();
+        assert_eq!((s.entries, s.evictions, s.invalidations, s.misses), (1, 2, 0, 3), "the retried region is cached");
+        // Still failing with the cache empty: the error, after one retry.
+        c.invalidate(0, u64::MAX);
+        let (start, len) = range(0x4000, 10).unwrap();
+        let mut tries = 0;
+        let e = lookup::<Fake>(&c.core, Space::Host, start, len, LW, &|_| true, |_| {
+            tries += 1;
+            Err(enomem())
+        })
+        .unwrap_err();
+        assert_eq!((tries, e.errno()), (1, Some(crate::Errno(libc::ENOMEM))), "nothing to evict: no retry");
+        c.get(0x1000, 10, LW).unwrap();
+        let mut tries = 0;
+        assert!(lookup::<Fake>(&c.core, Space::Host, start, len, LW, &|_| true, |_| {
+            tries += 1;
+            Err(enomem())
+        })
+        .is_err());
+        assert_eq!(tries, 2);
     }
 
     #[test]
