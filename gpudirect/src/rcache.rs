@@ -909,6 +909,47 @@ mod tests {
         assert_eq!(tries, 2);
     }
 
+    /// Threads each owning a range remap it over and over (invalidate, new
+    /// generation of memory, look up) while the others do the same to
+    /// theirs and share a small cache: no lookup ever gets a region made
+    /// for an earlier generation, and the books balance.
+    #[test]
+    fn concurrent_lookups_and_invalidations_never_serve_stale_regions() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        const THREADS: u64 = 4;
+        let core: Mutex<Core<(u64, u64)>> = Mutex::new(Core::new(CacheConfig { max_entries: 6, max_bytes: 1 << 30 }));
+        let generation: Vec<AtomicU64> = (0..THREADS).map(|_| AtomicU64::new(0)).collect();
+        std::thread::scope(|scope| {
+            for t in 0..THREADS {
+                let (core, generation) = (&core, &generation);
+                scope.spawn(move || {
+                    let start = 0x10_0000 * (t + 1);
+                    for round in 0..300u64 {
+                        if round % 3 == 0 {
+                            drop(lock(core).invalidate(start, start + 0x1000));
+                            generation[t as usize].fetch_add(1, Ordering::SeqCst);
+                        }
+                        let now = generation[t as usize].load(Ordering::SeqCst);
+                        let sub = (round % 2) * 0x100;
+                        let ((gen, owner), off) = lookup(core, Space::Host, start + sub, 0x100, LW, &|_| true, |g| {
+                            Ok(((generation[t as usize].load(Ordering::SeqCst), start), g))
+                        })
+                        .unwrap();
+                        assert_eq!((gen, owner), (now, start), "thread {t} round {round}: a stale or foreign region");
+                        assert_eq!(off, 0);
+                    }
+                });
+            }
+        });
+        let c = lock(&core);
+        let s = c.stats();
+        assert!(s.entries <= 6, "{s:?}");
+        assert_eq!(s.bytes, c.entries.values().map(|e| e.len).sum::<u64>());
+        assert_eq!(c.lru.len(), c.entries.len());
+        assert_eq!(s.hits + s.misses, THREADS * 300);
+        assert!(s.hits > 0 && s.evictions > 0, "{s:?}");
+    }
+
     #[test]
     fn clear_drops_everything() {
         let c = Cache::new(16, 1 << 30);
