@@ -5,7 +5,7 @@
 //! GPUDIRECT_BENCH_DEVICE=mlx5_0 cargo bench --bench registration
 //! ```
 //!
-//! One group, `registration`, with four benchmarks per size:
+//! One group, `registration`, with six benchmarks per size:
 //!
 //! - `alloc/<size>`: `MemoryRegion::alloc` and dropping the region: the
 //!   whole life of a fresh region (zeroed page-aligned allocation,
@@ -19,6 +19,12 @@
 //!   the process registered (and deregistered) before.
 //! - `deregister/<size>`: dropping a region made by `register_raw`, whose
 //!   memory the caller keeps: `ibv_dereg_mr` alone.
+//! - `cache_miss/<size>`: a [`RegistrationCache`] lookup of that reused
+//!   buffer right after invalidating it (untimed, with the deregistration
+//!   it causes): `ibv_reg_mr` plus the cache's bookkeeping, what the first
+//!   use of a buffer costs with the cache.
+//! - `cache_hit/<size>`: a lookup of the same buffer while it is cached,
+//!   and dropping the returned handle: what every later use costs.
 //!
 //! Without a device the binary says so on one line and exits 0.
 
@@ -28,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use common::OrDie;
 use criterion::{BenchmarkId, SamplingMode};
+use gpudirect::rcache::{CacheConfig, RegistrationCache};
 use gpudirect::{AccessFlags, HostBuffer, MemoryRegion, ProtectionDomain, Registerable};
 
 /// Regions are registered for remote access, as the RDMA benchmarks' are.
@@ -99,6 +106,32 @@ fn main() {
                 total
             })
         });
+        let cache = RegistrationCache::new(&pd, CacheConfig::default());
+        // SAFETY (both lookups below): as for `register_raw`; and the cache
+        // is told before `buf` goes (the `invalidate` after the benchmarks)
+        // and dropped with it.
+        let lookup = || unsafe { cache.get(ptr, size, ACCESS) }.or_die(&what);
+
+        g.bench_with_input(BenchmarkId::new("cache_miss", size), &size, |b, _| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    cache.invalidate(ptr as u64, size);
+                    let start = Instant::now();
+                    let r = lookup();
+                    total += start.elapsed();
+                    drop(r);
+                }
+                total
+            })
+        });
+
+        g.bench_with_input(BenchmarkId::new("cache_hit", size), &size, |b, _| {
+            drop(lookup());
+            b.iter(lookup)
+        });
+        cache.invalidate(ptr as u64, size);
+        drop(cache);
         drop(buf);
     }
     g.finish();

@@ -217,6 +217,86 @@ impl Gpu {
     }
 }
 
+/// The CUDA allocation a device address lies in, as the driver identifies
+/// it: what a registration cache keys GPU memory by
+/// ([`crate::rcache`]).
+///
+/// `buffer_id` (`CU_POINTER_ATTRIBUTE_BUFFER_ID`) is unique per allocation
+/// for the life of the process: memory freed and allocated again at the
+/// same address gets a new id, so a registration made for the old
+/// allocation is recognisably stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GpuAllocation {
+    /// CUDA ordinal of the GPU holding the allocation.
+    pub ordinal: usize,
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`.
+    pub buffer_id: u64,
+    /// First address of the allocation (`CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`).
+    pub base: u64,
+    /// Its size in bytes (`CU_POINTER_ATTRIBUTE_RANGE_SIZE`).
+    pub size: u64,
+}
+
+impl GpuAllocation {
+    /// One past the allocation's last address (saturating).
+    pub fn end(&self) -> u64 {
+        self.base.saturating_add(self.size)
+    }
+}
+
+impl Gpu {
+    /// Which allocation of this GPU `ptr` points into.
+    ///
+    /// One `cuPointerGetAttributes` call: this runs on every GPU lookup of
+    /// a registration cache, hits included.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `ptr` is not device memory of this
+    /// GPU (host, managed or unknown memory, another GPU's);
+    /// [`Error::Cuda`] when the driver call fails.
+    pub fn allocation_of(&self, ptr: u64) -> Result<GpuAllocation> {
+        self.bind()?;
+        let mut mem_type: std::ffi::c_uint = 0;
+        let mut ordinal: std::ffi::c_int = -1;
+        let mut buffer_id: std::ffi::c_ulonglong = 0;
+        let mut base: cusys::CUdeviceptr = 0;
+        let mut size: usize = 0;
+        use cusys::CUpointer_attribute as A;
+        let mut attrs = [
+            A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            A::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+            A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        ];
+        let mut data: [*mut std::ffi::c_void; 5] = [
+            (&mut mem_type as *mut std::ffi::c_uint).cast(),
+            (&mut ordinal as *mut std::ffi::c_int).cast(),
+            (&mut buffer_id as *mut std::ffi::c_ulonglong).cast(),
+            (&mut base as *mut cusys::CUdeviceptr).cast(),
+            (&mut size as *mut usize).cast(),
+        ];
+        // SAFETY: a context is current; each data pointer addresses a
+        // variable of the type its attribute is documented to write
+        // (unsigned int, int, unsigned long long, CUdeviceptr, size_t), and
+        // both arrays have the length passed.
+        unsafe { cusys::cuPointerGetAttributes(attrs.len() as std::ffi::c_uint, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr) }
+            .result()
+            .map_err(|e| cuda_err("cuPointerGetAttributes", e))?;
+        // Unlike cuPointerGetAttribute, the plural form succeeds for
+        // pointers CUDA does not know and leaves zeros: check the type.
+        if mem_type != cusys::CUmemorytype::CU_MEMORYTYPE_DEVICE as std::ffi::c_uint {
+            return Err(Error::InvalidArgument(format!(
+                "{ptr:#x} is not device memory (CU_POINTER_ATTRIBUTE_MEMORY_TYPE = {mem_type})"
+            )));
+        }
+        if ordinal < 0 || ordinal as usize != self.ordinal() {
+            return Err(Error::InvalidArgument(format!("{ptr:#x} belongs to GPU{ordinal}, not GPU{}", self.ordinal())));
+        }
+        Ok(GpuAllocation { ordinal: ordinal as usize, buffer_id, base, size: size as u64 })
+    }
+}
+
 /// GPU memory the NIC may be given: allocated with `cuMemAlloc` (not
 /// stream-ordered pool memory, which GPUDirect RDMA does not support),
 /// with `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` set so CUDA copies on it are

@@ -16,6 +16,9 @@
 //! - [`gid`]: GIDs and the RoCE GID choice.
 //! - [`pd`]: protection domains.
 //! - [`mr`]: memory regions and access flags.
+//! - [`rcache`]: a registration cache for memory the program does not own
+//!   (GPU entries invalidated by allocation identity, host entries by the
+//!   caller).
 //! - [`cq`]: completion queues and work completions.
 //! - [`qp`]: queue pairs, endpoints and posting.
 //! - [`wr`]: work requests.
@@ -72,6 +75,7 @@ pub mod gpu;
 pub mod mr;
 pub mod pd;
 pub mod qp;
+pub mod rcache;
 pub mod sysroot;
 pub mod wr;
 
@@ -81,10 +85,11 @@ pub use device::{devices, DeviceInfo, Guid};
 pub use error::{Errno, Error, Result};
 pub use gid::{Gid, GidChoice, GidEntry, GidType};
 pub use gdr::{GdrError, GpuPolicy, RegistrationPath};
-pub use gpu::{Gpu, GpuBuffer};
+pub use gpu::{Gpu, GpuAllocation, GpuBuffer};
 pub use mr::{AccessFlags, HostBuffer, LocalSlice, Location, MemoryRegion, Registerable, RemoteBuffer};
 pub use pd::ProtectionDomain;
 pub use qp::{Endpoint, PreparedQueuePair, QpConfig, QpState, QueuePair};
+pub use rcache::{CacheConfig, CacheStats, CachedRegion, RegistrationCache};
 pub use wr::{RecvWr, SendWr};
 
 #[cfg(test)]
@@ -102,6 +107,8 @@ mod tests {
         check::<MemoryRegion>();
         check::<QueuePair>();
         check::<PreparedQueuePair>();
+        check::<RegistrationCache>();
+        check::<CachedRegion>();
         check::<Error>();
     }
 

@@ -124,3 +124,72 @@ fn caller_owned_device_memory_is_checked() {
     let not_dev = unsafe { GpuBuffer::from_raw(&gpu, host.as_ptr() as u64, 64) };
     assert!(not_dev.is_err(), "{not_dev:?}");
 }
+
+/// What the registration cache keys GPU memory by: the allocation's
+/// identity, which must differ for memory freed and allocated again, even
+/// at the same address.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn allocation_identity_changes_when_memory_is_reallocated() {
+    let gpu = gpu0();
+    let buf = GpuBuffer::alloc(&gpu, 4 * GPU_PAGE).unwrap();
+    let base = buf.device_ptr();
+    let a = gpu.allocation_of(base).unwrap();
+    println!("{a:?}");
+    assert_eq!((a.ordinal, a.base, a.size), (0, base, 4 * GPU_PAGE as u64));
+    assert_ne!(a.buffer_id, 0);
+    // Every address of the allocation names the same one.
+    assert_eq!(gpu.allocation_of(base + 3 * GPU_PAGE as u64 + 17).unwrap(), a);
+    drop(buf);
+    // The caching allocator pattern: same size again, often the same address.
+    let again = GpuBuffer::alloc(&gpu, 4 * GPU_PAGE).unwrap();
+    let b = gpu.allocation_of(again.device_ptr()).unwrap();
+    println!("{b:?} (same address: {})", b.base == a.base);
+    assert_ne!(b.buffer_id, a.buffer_id, "a new allocation must have a new buffer id");
+    // Not device memory: a typed error, not a panic or a zero id.
+    let host = [0u8; 64];
+    let e = gpu.allocation_of(host.as_ptr() as u64).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("not device memory")), "{e}");
+}
+
+/// The registration cache on GPU memory: a hit while the allocation lives,
+/// a fresh registration once it was freed and allocated again, with no
+/// invalidation call. Needs an RDMA device as well (any: with
+/// `GpuPolicy::Prefer` a NIC without GPUDirect RDMA registers host-staged).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn registration_cache_notices_reallocated_gpu_memory() {
+    use gpudirect::rcache::{CacheConfig, RegistrationCache};
+    use gpudirect::{AccessFlags, GpuPolicy};
+    let gpu = gpu0();
+    let ctx = match gpudirect::Context::open(std::env::var("GPUDIRECT_TEST_DEVICE").ok().as_deref()) {
+        Ok(ctx) => ctx,
+        Err(e) => return println!("no RDMA device here, nothing to register with: {e}"),
+    };
+    let pd = gpudirect::ProtectionDomain::new(&ctx).unwrap();
+    let cache = RegistrationCache::new(&pd, CacheConfig::default());
+    let access = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    let buf = GpuBuffer::alloc(&gpu, 4 * GPU_PAGE).unwrap();
+    let ptr = buf.device_ptr();
+    // SAFETY (all lookups): each buffer outlives the handles looked up in it.
+    let first = unsafe { cache.get_gpu(&gpu, ptr, buf.len(), access, GpuPolicy::Prefer) }.unwrap();
+    println!("registered {:?}", first.mr().location());
+    let hit = unsafe { cache.get_gpu(&gpu, ptr + GPU_PAGE as u64, GPU_PAGE, access, GpuPolicy::Prefer) }.unwrap();
+    assert_eq!((hit.mr().rkey(), hit.offset()), (first.mr().rkey(), GPU_PAGE));
+    drop((first, hit));
+    drop(buf);
+    let again = GpuBuffer::alloc(&gpu, 4 * GPU_PAGE).unwrap();
+    let fresh = unsafe { cache.get_gpu(&gpu, again.device_ptr(), again.len(), access, GpuPolicy::Prefer) }.unwrap();
+    let s = cache.stats();
+    println!("{s:?} (same address: {})", again.device_ptr() == ptr);
+    assert_eq!((s.hits, s.misses), (1, 2));
+    if again.device_ptr() == ptr {
+        assert_eq!(s.invalidations, 1, "the old allocation's region was dropped as stale");
+    }
+    let data = vec![0x5a; 64];
+    fresh.mr().write_at(fresh.offset(), &data).unwrap();
+    let mut back = vec![0; 64];
+    again.copy_to_host(0, &mut back).unwrap();
+    assert_eq!(back, data, "the region is the new allocation");
+    drop(fresh);
+}
