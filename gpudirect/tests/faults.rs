@@ -261,12 +261,34 @@ fn set_netem(spec: Option<&str>) -> R<()> {
 /// same offsets of `remote`, keeping up to `depth` outstanding, and returns
 /// how long it took. Any failed completion is an error.
 fn stream(h: &Host, qp: &QueuePair, write: bool, local: &MemoryRegion, remote: &RemoteBuffer, depth: usize, chunk: usize) -> R<Duration> {
-    let n = local.len() / chunk;
-    let (mut posted, mut done) = (0, 0);
-    let mut wcs = [WorkCompletion::default(); 32];
     let t = Instant::now();
-    while done < n {
-        while posted < n && posted - done < depth {
+    match stream_from(h, qp, write, local, remote, depth, chunk, 0)? {
+        None => Ok(t.elapsed()),
+        Some((_, e)) => Err(e.into()),
+    }
+}
+
+/// [`stream`] from chunk `first` on. When a request fails, waits for every
+/// outstanding one (the rest are flushed) and returns the index of the
+/// first chunk that did not arrive with the error; completions come in
+/// order, so every chunk before it did.
+#[allow(clippy::too_many_arguments)]
+fn stream_from(
+    h: &Host,
+    qp: &QueuePair,
+    write: bool,
+    local: &MemoryRegion,
+    remote: &RemoteBuffer,
+    depth: usize,
+    chunk: usize,
+    first: usize,
+) -> R<Option<(usize, gpudirect::WcError)>> {
+    let n = local.len() / chunk;
+    let (mut posted, mut done) = (first, first);
+    let mut failed = None;
+    let mut wcs = [WorkCompletion::default(); 32];
+    while done < posted || (failed.is_none() && done < n) {
+        while failed.is_none() && posted < n && posted - done < depth {
             let off = posted * chunk;
             let s = local.slice(off..off + chunk)?;
             let wr = if write { SendWr::write(s, remote, off as u64)? } else { SendWr::read(s, remote, off as u64)? };
@@ -275,12 +297,53 @@ fn stream(h: &Host, qp: &QueuePair, write: bool, local: &MemoryRegion, remote: &
         }
         let k = h.wait(&mut wcs)?;
         for wc in &wcs[..k] {
-            let wc = wc.ok()?;
             ensure!(wc.wr_id == done as u64, "completion {} arrived out of order (expected {done})", wc.wr_id);
             done += 1;
+            if let (Err(e), None) = (wc.ok(), &failed) {
+                failed = Some((wc.wr_id as usize, e));
+            }
         }
     }
-    Ok(t.elapsed())
+    Ok(failed)
+}
+
+/// Most queue pair rebuilds one lossy stream may need before the test
+/// calls it stuck.
+const MAX_REBUILDS: usize = 100;
+
+/// [`stream`] that survives a queue pair failing on the lossy link (rxe
+/// gives up on a request after `retry_cnt` retransmissions of it): it
+/// rebuilds the connection with the peer and resumes at the first chunk
+/// that did not arrive. Writes and reads of the same bytes are idempotent,
+/// so resending is safe. Returns the time and the number of rebuilds.
+#[allow(clippy::too_many_arguments)]
+fn stream_recovering(
+    h: &Host,
+    qp: &mut QueuePair,
+    ctl: &mut OobChannel,
+    cfg: &QpConfig,
+    write: bool,
+    local: &MemoryRegion,
+    remote: &RemoteBuffer,
+    statuses: &mut BTreeMap<&'static str, usize>,
+) -> R<(Duration, usize)> {
+    let t = Instant::now();
+    let mut first = 0;
+    for rebuilds in 0..=MAX_REBUILDS {
+        match stream_from(h, qp, write, local, remote, LOSSY_DEPTH, LOSSY_CHUNK, first)? {
+            None => return Ok((t.elapsed(), rebuilds)),
+            Some((at, e)) => {
+                *statuses.entry(e.status.verbs_name()).or_default() += 1;
+                ensure!(e.status == WcStatus::RetryExceeded, "request {at} failed with {e}, not a retry exhaustion");
+                ensure!(qp.state()? == QpState::Error, "the queue pair is not in the error state after {e}");
+                let got = say(ctl, "rebuild")?;
+                ensure!(got == "waiting", "peer is at {got:?}, not waiting to rebuild");
+                *qp = h.connect(ctl, cfg, vec![])?.0;
+                first = at;
+            }
+        }
+    }
+    Err(format!("still failing after {MAX_REBUILDS} rebuilds").into())
 }
 
 // -------------------------------------------------------------- peer death --
@@ -524,7 +587,7 @@ fn lossy_link(role: Role, port: u16) -> R<()> {
         Role::A => {
             let src = MemoryRegion::alloc(&h.pd, LOSSY_REGION, AccessFlags::default())?;
             let dst = MemoryRegion::alloc(&h.pd, LOSSY_REGION, AccessFlags::LOCAL_WRITE)?;
-            let (qp, bufs) = h.connect(&mut ctl, &cfg, vec![])?;
+            let (mut qp, bufs) = h.connect(&mut ctl, &cfg, vec![])?;
             let remote = *bufs.first().ok_or("peer sent no buffer")?;
             for (i, (name, spec)) in lossy_phases().into_iter().enumerate() {
                 step(&mut ctl, name)?;
@@ -533,14 +596,19 @@ fn lossy_link(role: Role, port: u16) -> R<()> {
                 // rxe counters on this side: retry sequences the requester started
                 // (timeouts and NAKs) and out-of-sequence packets received.
                 let (retries0, naks0) = (hw_counter("completer_retry_err"), hw_counter("rcvd_seq_err"));
-                let (mut wt, mut rt) = (Duration::ZERO, Duration::ZERO);
+                let (mut wt, mut rt, mut rebuilds) = (Duration::ZERO, Duration::ZERO, 0);
+                let mut failures = BTreeMap::new();
                 let mut expected = Vec::new();
                 for r in 0..rounds {
                     expected = pattern(LOSSY_REGION, (i * 1000 + r) as u64);
                     src.write_at(0, &expected)?;
                     dst.fill(.., 0)?;
-                    wt += stream(&h, &qp, true, &src, &remote, LOSSY_DEPTH, LOSSY_CHUNK).map_err(|e| format!("{name}, round {r}, writes: {e}"))?;
-                    rt += stream(&h, &qp, false, &dst, &remote, LOSSY_DEPTH, LOSSY_CHUNK).map_err(|e| format!("{name}, round {r}, reads: {e}"))?;
+                    let (t, k) = stream_recovering(&h, &mut qp, &mut ctl, &cfg, true, &src, &remote, &mut failures)
+                        .map_err(|e| format!("{name}, round {r}, writes: {e}"))?;
+                    (wt, rebuilds) = (wt + t, rebuilds + k);
+                    let (t, k) = stream_recovering(&h, &mut qp, &mut ctl, &cfg, false, &dst, &remote, &mut failures)
+                        .map_err(|e| format!("{name}, round {r}, reads: {e}"))?;
+                    (rt, rebuilds) = (rt + t, rebuilds + k);
                     ensure!(dst.to_vec()? == expected, "{name}, round {r}: data read back differs from what was written");
                 }
                 let dropped_here = netem_dropped();
@@ -555,6 +623,7 @@ fn lossy_link(role: Role, port: u16) -> R<()> {
                     "scenario": "lossy-link", "phase": name, "netem": spec, "bytes_each_way": bytes as u64,
                     "write_mb_s": bytes / wt.as_secs_f64() / 1e6, "read_mb_s": bytes / rt.as_secs_f64() / 1e6,
                     "packets_dropped": dropped, "retry_sequences": retries, "out_of_sequence": naks,
+                    "qp_rebuilds": rebuilds, "failed_requests": failures,
                     "verified": "every byte read back and the target's checksum",
                 }));
                 ensure!(spec.is_none() || dropped > 0, "{name}: netem dropped no packet, so the phase tested nothing");
@@ -564,15 +633,22 @@ fn lossy_link(role: Role, port: u16) -> R<()> {
         }
         Role::B => {
             let target = MemoryRegion::alloc(&h.pd, LOSSY_REGION, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)?;
-            let (_qp, _) = h.connect(&mut ctl, &cfg, vec![target.remote()])?;
+            // Held only to keep B's end connected; replaced on each rebuild.
+            let (mut _qp, _) = h.connect(&mut ctl, &cfg, vec![target.remote()])?;
             for (name, spec) in lossy_phases() {
                 step(&mut ctl, name)?;
                 set_netem(spec)?;
                 step(&mut ctl, "netem set")?;
-                answer(&mut ctl, "phase done", || {
-                    let sum = format!("{:016x}", fnv64(&target.to_vec()?));
-                    Ok(json!({ "fnv64": sum, "dropped": netem_dropped() }))
-                })?;
+                // Rebuild the queue pair as often as A asks, until A is done.
+                loop {
+                    match say(&mut ctl, "waiting")?.as_str() {
+                        "rebuild" => _qp = h.connect(&mut ctl, &cfg, vec![target.remote()])?.0,
+                        "phase done" => break,
+                        other => return Err(format!("unexpected request {other:?}").into()),
+                    }
+                }
+                let sum = format!("{:016x}", fnv64(&target.to_vec()?));
+                say(&mut ctl, &json!({ "fnv64": sum, "dropped": netem_dropped() }).to_string())?;
                 set_netem(None)?;
             }
             step(&mut ctl, "end")?;
