@@ -564,12 +564,16 @@ const LOSSY_REGION: usize = 4 << 20;
 const LOSSY_CHUNK: usize = 16 * 1024;
 const LOSSY_DEPTH: usize = 32;
 
-fn lossy_phases() -> Vec<(&'static str, Option<&'static str>)> {
+/// (name, netem settings, retry_cnt override). The last phase lowers the
+/// retry count so that requests do run out of retries and the rebuild
+/// path below is exercised on every run, not only when loss is unlucky.
+fn lossy_phases() -> Vec<(&'static str, Option<&'static str>, Option<u8>)> {
     vec![
-        ("clean", None),
-        ("loss 1%", Some("loss 1%")),
-        ("loss 5%", Some("loss 5%")),
-        ("loss 5% + reordering", Some("delay 2ms reorder 25% 50% loss 5%")),
+        ("clean", None, None),
+        ("loss 1%", Some("loss 1%"), None),
+        ("loss 5%", Some("loss 5%"), None),
+        ("loss 5% + reordering", Some("delay 2ms reorder 25% 50% loss 5%"), None),
+        ("loss 5%, retry_cnt 1", Some("loss 5%"), Some(1)),
     ]
 }
 
@@ -589,10 +593,16 @@ fn lossy_link(role: Role, port: u16) -> R<()> {
             let dst = MemoryRegion::alloc(&h.pd, LOSSY_REGION, AccessFlags::LOCAL_WRITE)?;
             let (mut qp, bufs) = h.connect(&mut ctl, &cfg, vec![])?;
             let remote = *bufs.first().ok_or("peer sent no buffer")?;
-            for (i, (name, spec)) in lossy_phases().into_iter().enumerate() {
+            for (i, (name, spec, retry_cnt)) in lossy_phases().into_iter().enumerate() {
                 step(&mut ctl, name)?;
                 set_netem(spec)?;
                 step(&mut ctl, "netem set")?;
+                let cfg = QpConfig { retry_cnt: retry_cnt.unwrap_or(cfg.retry_cnt), ..cfg.clone() };
+                if retry_cnt.is_some() {
+                    let got = say(&mut ctl, "rebuild")?;
+                    ensure!(got == "waiting", "peer is at {got:?}, not waiting to rebuild");
+                    qp = h.connect(&mut ctl, &cfg, vec![])?.0;
+                }
                 // rxe counters on this side: retry sequences the requester started
                 // (timeouts and NAKs) and out-of-sequence packets received.
                 let (retries0, naks0) = (hw_counter("completer_retry_err"), hw_counter("rcvd_seq_err"));
@@ -623,10 +633,11 @@ fn lossy_link(role: Role, port: u16) -> R<()> {
                     "scenario": "lossy-link", "phase": name, "netem": spec, "bytes_each_way": bytes as u64,
                     "write_mb_s": bytes / wt.as_secs_f64() / 1e6, "read_mb_s": bytes / rt.as_secs_f64() / 1e6,
                     "packets_dropped": dropped, "retry_sequences": retries, "out_of_sequence": naks,
-                    "qp_rebuilds": rebuilds, "failed_requests": failures,
+                    "retry_cnt": cfg.retry_cnt, "qp_rebuilds": rebuilds, "failed_requests": failures,
                     "verified": "every byte read back and the target's checksum",
                 }));
                 ensure!(spec.is_none() || dropped > 0, "{name}: netem dropped no packet, so the phase tested nothing");
+                ensure!(retry_cnt.is_none() || rebuilds > 0, "{name}: no request ran out of retries, so no rebuild was tested");
                 set_netem(None)?;
             }
             step(&mut ctl, "end")?;
@@ -635,7 +646,7 @@ fn lossy_link(role: Role, port: u16) -> R<()> {
             let target = MemoryRegion::alloc(&h.pd, LOSSY_REGION, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)?;
             // Held only to keep B's end connected; replaced on each rebuild.
             let (mut _qp, _) = h.connect(&mut ctl, &cfg, vec![target.remote()])?;
-            for (name, spec) in lossy_phases() {
+            for (name, spec, _) in lossy_phases() {
                 step(&mut ctl, name)?;
                 set_netem(spec)?;
                 step(&mut ctl, "netem set")?;
