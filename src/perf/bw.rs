@@ -28,6 +28,9 @@ pub struct BwArgs {
     /// Requests posted per call, one doorbell each (perftest's --post_list).
     #[arg(long, short = 'l', default_value_t = 16)]
     pub post_list: u32,
+    /// Sleep on completion events instead of busy polling (perftest's -e).
+    #[arg(long = "events", short = 'e')]
+    pub use_events: bool,
 }
 
 /// One size's result, perftest's columns.
@@ -77,7 +80,7 @@ pub fn run(a: &BwArgs) -> Res<Option<BwReport>> {
     }
     let mut results = Vec::new();
     for size in link.params.sizes.clone() {
-        let r = if link.is_server { serve(&mut link, size)? } else { Some(drive(&mut link, size, a.cq_mod, a.post_list)?) };
+        let r = if link.is_server { serve(&mut link, size)? } else { Some(drive(&mut link, size, a.cq_mod, a.post_list, a.use_events)?) };
         results.extend(r);
     }
     link.oob.barrier()?;
@@ -124,7 +127,7 @@ fn serve(link: &mut Link, size: usize) -> Res<Option<BwResult>> {
 }
 
 /// Client side of one size.
-fn drive(link: &mut Link, size: usize, cq_mod: u32, post_list: u32) -> Res<BwResult> {
+fn drive(link: &mut Link, size: usize, cq_mod: u32, post_list: u32, use_events: bool) -> Res<BwResult> {
     let p = link.params.clone();
     let iters = u64::from(p.iters);
     let depth = u64::from(p.tx_depth);
@@ -156,7 +159,7 @@ fn drive(link: &mut Link, size: usize, cq_mod: u32, post_list: u32) -> Res<BwRes
             link.qp.post_send(&wrs)?;
             posted += n;
         }
-        let n = link.cq.poll(&mut wcs)?;
+        let n = if use_events { link.cq.wait(&mut wcs, Some(std::time::Duration::from_secs(60)))? } else { link.cq.poll(&mut wcs)? };
         for wc in &wcs[..n] {
             let wc = wc.ok()?;
             // A signaled completion means every request up to it is done (RC order).
