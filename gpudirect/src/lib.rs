@@ -75,6 +75,10 @@ pub mod qp;
 pub mod sysroot;
 pub mod wr;
 
+// Misuses the compiler refuses: compile_fail doctests only.
+#[cfg(doctest)]
+mod compile_fail;
+
 pub use context::{Context, DeviceAttr, LinkLayer, Mtu, PortAttr, PortState};
 pub use cq::{CompletionQueue, WcError, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{devices, DeviceInfo, Guid};
