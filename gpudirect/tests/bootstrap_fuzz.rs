@@ -770,3 +770,38 @@ fn channel_read_path_against_hostile_peers() {
     );
     assert!(ok > 0 && err > n / 2, "{ok} valid, {err} errors");
 }
+
+/// A peer that trickles a valid message a byte at a time, each byte well
+/// within the timeout, cannot hold the exchange for longer than the
+/// timeout: the whole message must arrive within it (otherwise a hostile
+/// peer could stretch one exchange to `timeout` × 65,548 bytes).
+#[test]
+fn trickling_peer_times_out_as_a_whole() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let valid = Handshake { app: vec![1; 40], ..Default::default() }.encode().unwrap();
+    let mut msg = header_bytes(1, valid.len() as u32).to_vec();
+    msg.extend_from_slice(&valid);
+    let timeout = Duration::from_millis(400);
+    std::thread::scope(|s| {
+        let msg = &msg;
+        s.spawn(move || {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.set_nodelay(true).unwrap();
+            // 59 bytes, one every 50 ms: about 3 s in all.
+            for b in msg {
+                if c.write_all(&[*b]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let (stream, _) = listener.accept().unwrap();
+        let mut ch = OobChannel::from_stream(stream, timeout).unwrap();
+        let start = Instant::now();
+        let r = ch.exchange(&Handshake::default());
+        let took = start.elapsed();
+        assert!(matches!(r, Err(BootstrapError::Timeout(_))), "{r:?} after {took:?}");
+        assert!(took < timeout * 3, "timed out only after {took:?}");
+    });
+}
