@@ -518,10 +518,20 @@ fn every_prefix_and_byte_of_a_maximal_payload() {
     let mut t = Tally::default();
     check_payload(&b, &mut t);
     assert_eq!(t.valid, 1);
-    // Prefixes: step through the buffer table and app blob in strides.
-    for n in (0..b.len()).step_by(7) {
+    // Prefixes: every one around the fields' edges, a stride of 7 through
+    // the buffer table (coprime with its 20-byte entries, so every offset
+    // within an entry is cut), sparser through the application blob.
+    let (_, app_at) = length_fields(&b);
+    let prefixes: std::collections::BTreeSet<usize> = (0..64)
+        .chain((64..app_at).step_by(7))
+        .chain(app_at.saturating_sub(8)..app_at + 8)
+        .chain((app_at..b.len()).step_by(997))
+        .chain(b.len() - 8..b.len())
+        .collect();
+    for &n in &prefixes {
         check_payload(&b[..n], &mut t);
     }
+    assert_eq!(t.errors, prefixes.len() as u64, "a strict prefix decoded: {t:?}");
     for i in 0..64 {
         let mut m = b.clone();
         m[i] ^= 0xff;
@@ -530,7 +540,7 @@ fn every_prefix_and_byte_of_a_maximal_payload() {
     let mut over = b.clone();
     over.resize(MAX_PAYLOAD as usize + 1, 0);
     check_payload(&over, &mut t);
-    assert!(t.errors >= b.len() as u64 / 7, "{t:?}");
+    assert!(t.errors > prefixes.len() as u64 + 1, "{t:?}");
     eprintln!("maximal payload ({} bytes): {t:?}", b.len());
 }
 
@@ -731,14 +741,16 @@ fn channel_read_path_against_hostile_peers() {
     ];
     let mut corner_peak = 0;
     for (name, bytes, then, barrier, want) in corner {
-        let timeout = if then == Then::Hang { hang } else { long };
+        // A short timeout only where the reply must be a timeout: a
+        // complete message gets all the time a loaded machine may need.
+        let timeout = if want == WantChannel::Timeout { hang } else { long };
         let start = Instant::now();
         let (got, peak) = against_peer(&listener, &bytes, then, barrier, timeout);
         assert_eq!(got, want, "{name}");
         assert_eq!(got, reference_channel(&bytes, then, if barrier { 2 } else { 1 }), "{name}: reference");
         assert!(peak <= CHANNEL_BOUND, "{name}: {peak} bytes");
         corner_peak = corner_peak.max(peak);
-        if then == Then::Hang {
+        if want == WantChannel::Timeout {
             // Timed out, promptly (not after the default 60 s).
             assert!(start.elapsed() < Duration::from_secs(5), "{name}: {:?}", start.elapsed());
         }
@@ -752,7 +764,8 @@ fn channel_read_path_against_hostile_peers() {
         let (bytes, then) = message_case(&mut rng);
         let barrier = rng.chance(10);
         let want = reference_channel(&bytes, then, if barrier { 2 } else { 1 });
-        let (got, peak) = against_peer(&listener, &bytes, then, barrier, if then == Then::Hang { hang } else { long });
+        let timeout = if want == WantChannel::Timeout { hang } else { long };
+        let (got, peak) = against_peer(&listener, &bytes, then, barrier, timeout);
         assert_eq!(got, want, "case {i}: {} bytes, {then:?}, barrier {barrier}: {:02x?}", bytes.len(), &bytes[..bytes.len().min(64)]);
         assert!(peak <= CHANNEL_BOUND, "case {i}: {peak} bytes allocated (bound {CHANNEL_BOUND})");
         peak_max = peak_max.max(peak);
@@ -788,12 +801,12 @@ fn trickling_peer_times_out_as_a_whole() {
         s.spawn(move || {
             let mut c = TcpStream::connect(addr).unwrap();
             c.set_nodelay(true).unwrap();
-            // 59 bytes, one every 50 ms: about 3 s in all.
+            // 59 bytes, one every 100 ms: about 6 s in all.
             for b in msg {
                 if c.write_all(&[*b]).is_err() {
                     break;
                 }
-                std::thread::sleep(Duration::from_millis(50));
+                std::thread::sleep(Duration::from_millis(100));
             }
         });
         let (stream, _) = listener.accept().unwrap();
@@ -802,6 +815,7 @@ fn trickling_peer_times_out_as_a_whole() {
         let r = ch.exchange(&Handshake::default());
         let took = start.elapsed();
         assert!(matches!(r, Err(BootstrapError::Timeout(_))), "{r:?} after {took:?}");
-        assert!(took < timeout * 3, "timed out only after {took:?}");
+        // Well before the trickle could finish, even on a loaded machine.
+        assert!(took < Duration::from_secs(3), "timed out only after {took:?}");
     });
 }
