@@ -284,7 +284,7 @@ pub struct OobChannel {
     timeout: Duration,
 }
 
-/// Default bound on every bootstrap read, write and connect attempt.
+/// Default bound on every bootstrap write, incoming message and connect attempt.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn io_err(op: impl Into<String>, source: io::Error, timeout: Duration) -> BootstrapError {
