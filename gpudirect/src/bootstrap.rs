@@ -274,15 +274,17 @@ fn header(kind: u8, len: usize) -> [u8; HEADER_LEN] {
     h
 }
 
-/// A TCP connection to the peer for the bootstrap exchange. Every read and
-/// write is bounded by the timeout (default 60 s).
+/// A TCP connection to the peer for the bootstrap exchange. Every write,
+/// and every incoming message as a whole, is bounded by the timeout
+/// (default 60 s): a peer that sends nothing, or trickles its bytes, gets
+/// [`BootstrapError::Timeout`].
 #[derive(Debug)]
 pub struct OobChannel {
     stream: TcpStream,
     timeout: Duration,
 }
 
-/// Default bound on every bootstrap read, write and connect attempt.
+/// Default bound on every bootstrap write, incoming message and connect attempt.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn io_err(op: impl Into<String>, source: io::Error, timeout: Duration) -> BootstrapError {
@@ -368,9 +370,17 @@ impl OobChannel {
         self.stream.write_all(&msg).map_err(|e| io_err("write", e, self.timeout))
     }
 
-    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), BootstrapError> {
+    /// Fills `buf` before `deadline`: each read waits at most for what is
+    /// left, so a peer that trickles bytes cannot stretch a message beyond
+    /// the timeout.
+    fn read_exact(&mut self, buf: &mut [u8], deadline: Instant) -> Result<(), BootstrapError> {
         let mut got = 0;
         while got < buf.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(BootstrapError::Timeout(self.timeout));
+            }
+            self.stream.set_read_timeout(Some(left)).map_err(|e| io_err("socket setup", e, self.timeout))?;
             match self.stream.read(&mut buf[got..]) {
                 Ok(0) => return Err(BootstrapError::Closed { expected: buf.len(), got }),
                 Ok(n) => got += n,
@@ -381,15 +391,17 @@ impl OobChannel {
         Ok(())
     }
 
+    /// Reads one message; the whole of it must arrive within the timeout.
     fn recv(&mut self, expected: u8) -> Result<Vec<u8>, BootstrapError> {
+        let deadline = Instant::now() + self.timeout;
         let mut h = [0; HEADER_LEN];
-        self.read_exact(&mut h)?;
+        self.read_exact(&mut h, deadline)?;
         let (kind, len) = decode_header(&h)?;
         if kind != expected {
             return Err(BootstrapError::UnexpectedKind { expected, got: kind });
         }
         let mut payload = vec![0; len as usize];
-        self.read_exact(&mut payload)?;
+        self.read_exact(&mut payload, deadline)?;
         Ok(payload)
     }
 

@@ -79,6 +79,10 @@ pub mod rcache;
 pub mod sysroot;
 pub mod wr;
 
+// Misuses the compiler refuses: compile_fail doctests only.
+#[cfg(doctest)]
+mod compile_fail;
+
 pub use context::{Context, DeviceAttr, LinkLayer, Mtu, PortAttr, PortState};
 pub use cq::{CompletionQueue, WcError, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{devices, DeviceInfo, Guid};

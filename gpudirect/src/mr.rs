@@ -252,7 +252,7 @@ impl Drop for MrInner {
 /// handle); deregistered when the last handle and the last work request
 /// using it are gone.
 ///
-/// ```compile_fail
+/// ```compile_fail,E0133
 /// # fn f(mr: &gpudirect::MemoryRegion) {
 /// // Zero-copy views are unsafe: the NIC or a peer may change the bytes.
 /// let bytes: Option<&[u8]> = mr.as_slice();
@@ -849,7 +849,7 @@ impl Drop for InFlight {
 ///
 /// It borrows the region handle, so it cannot outlive it:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0597
 /// # fn f(pd: &gpudirect::ProtectionDomain) -> gpudirect::Result<()> {
 /// use gpudirect::{AccessFlags, MemoryRegion};
 /// let slice = {
