@@ -43,7 +43,10 @@ const SCENARIOS: [&str; 4] = ["peer-death", "lossy-link", "remote-misuse", "meml
 /// Control ports: each scenario (and each reconnection) gets its own, so a
 /// side that failed one scenario cannot be paired with the wrong step.
 const PORT_BASE: u16 = 18600;
-const CTL_TIMEOUT: Duration = Duration::from_secs(180);
+/// Bound on each control message. A side may wait for the other through a
+/// whole lossy phase, which takes minutes with GPUDIRECT_FAULTS_LOSSY_MIB
+/// raised; hangs of the RDMA path itself are caught by [`HANG`].
+const CTL_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest wait for any one completion before calling it a hang.
 const HANG: Duration = Duration::from_secs(60);
 const CHUNK: usize = 64 * 1024;
