@@ -4,6 +4,11 @@
 //! ```text
 //! cargo test -p gpudirect --test gpu -- --ignored --nocapture
 //! ```
+//!
+//! On a GPU machine without an RDMA device, add
+//! `--skip registration_cache_notices_reallocated_gpu_memory`. On one
+//! without a Rust toolchain, `testbed/gpu-bundle` builds everything here
+//! and says how to run it there.
 
 use cudarc::driver::sys as cusys;
 use gpudirect::gdr::{plan, GdrFacts, GpuFacts, HostFacts};
@@ -157,15 +162,13 @@ fn allocation_identity_changes_when_memory_is_reallocated() {
 /// invalidation call. Needs an RDMA device as well (any: with
 /// `GpuPolicy::Prefer` a NIC without GPUDirect RDMA registers host-staged).
 #[test]
-#[ignore = "needs a CUDA GPU"]
+#[ignore = "needs a CUDA GPU and an RDMA device"]
 fn registration_cache_notices_reallocated_gpu_memory() {
     use gpudirect::rcache::{CacheConfig, RegistrationCache};
     use gpudirect::{AccessFlags, GpuPolicy};
     let gpu = gpu0();
-    let ctx = match gpudirect::Context::open(std::env::var("GPUDIRECT_TEST_DEVICE").ok().as_deref()) {
-        Ok(ctx) => ctx,
-        Err(e) => return println!("no RDMA device here, nothing to register with: {e}"),
-    };
+    let ctx = gpudirect::Context::open(std::env::var("GPUDIRECT_TEST_DEVICE").ok().as_deref())
+        .expect("this test needs an RDMA device next to the GPU (GPUDIRECT_TEST_DEVICE picks one)");
     let pd = gpudirect::ProtectionDomain::new(&ctx).unwrap();
     let cache = RegistrationCache::new(&pd, CacheConfig::default());
     let access = AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
