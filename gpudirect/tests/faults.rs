@@ -87,7 +87,7 @@ fn main() -> ExitCode {
     let chosen: Vec<&str> = if names.is_empty() { SCENARIOS.to_vec() } else { names };
     let mut failed = 0;
     for (i, name) in chosen.iter().enumerate() {
-        let port = PORT_BASE + 10 * i as u16;
+        let port = PORT_BASE + 20 * i as u16;
         let started = Instant::now();
         println!("--- {name} ({role:?})");
         let r = match *name {
@@ -388,7 +388,79 @@ fn peer_death(role: Role, port: u16) -> R<()> {
             Role::B => victim_host(death, &cfg, port)?,
         }
     }
-    Ok(())
+    let port = port + 3 * death_cases().len() as u16;
+    match role {
+        Role::A => passive_survivor(port),
+        Role::B => passive_victim_host(port),
+    }
+}
+
+/// How long the passive survivor waits to show that nothing arrives.
+const SILENCE: Duration = Duration::from_secs(3);
+
+/// A: a side that only has a receive posted learns nothing when its peer
+/// dies (RC has no timer on the receive side), so the wait must have a
+/// timeout; one small RDMA write to the peer, a heartbeat, then reports the
+/// death within the retry bound and flushes the receive.
+fn passive_survivor(port: u16) -> R<()> {
+    let mut ctl = control(Role::A, port)?;
+    let h = Host::open()?;
+    let cfg = QpConfig::default();
+    let inbox = MemoryRegion::alloc(&h.pd, 4096, AccessFlags::LOCAL_WRITE)?;
+    let beat = MemoryRegion::alloc(&h.pd, 8, AccessFlags::default())?;
+    let (qp, bufs) = h.connect(&mut OobChannel::accept(&TcpListener::bind(("0.0.0.0", port + 1))?, CTL_TIMEOUT)?, &cfg, vec![])?;
+    let remote = *bufs.first().ok_or("the victim sent no buffer")?;
+    qp.post_recv(&[gpudirect::RecvWr::new(inbox.slice(..)?).wr_id(1)])?;
+    let got = say(&mut ctl, "die")?;
+    ensure!(got == "ready to die", "victim side answered {got:?}");
+    let got = say(&mut ctl, "dead?")?;
+    ensure!(got == "dead", "victim side answered {got:?}");
+
+    let mut wcs = [WorkCompletion::default(); 4];
+    let silent = match h.cq.wait(&mut wcs, Some(SILENCE)) {
+        Err(Error::Timeout(_)) => true,
+        Ok(n) => return Err(format!("a completion arrived from a dead peer: {:?}", &wcs[..n]).into()),
+        Err(e) => return Err(e.into()),
+    };
+    let t = Instant::now();
+    qp.post_send(&[SendWr::write(beat.slice(..)?, &remote, 0)?.wr_id(2)])?;
+    let mut got: BTreeMap<u64, WcStatus> = BTreeMap::new();
+    while got.len() < 2 {
+        let k = h.wait(&mut wcs)?;
+        for wc in &wcs[..k] {
+            got.insert(wc.wr_id, wc.status);
+        }
+    }
+    let detected = t.elapsed();
+    let bound = death_bound(&cfg);
+    figure(json!({
+        "scenario": "peer-death", "death": "ProcessKilled, survivor only receiving",
+        "receive_wait_s": SILENCE.as_secs(), "receive_completed_while_waiting": !silent,
+        "heartbeat": "8-byte RDMA write", "heartbeat_status": got[&2].verbs_name(),
+        "receive_status_after_heartbeat": got[&1].verbs_name(),
+        "detected_ms": detected.as_millis() as u64, "bound_ms": bound.as_millis() as u64,
+    }));
+    ensure!(got[&2] == WcStatus::RetryExceeded, "heartbeat completed with {}", got[&2]);
+    ensure!(got[&1] == WcStatus::WrFlushError, "the posted receive completed with {}", got[&1]);
+    ensure!(detected <= bound, "the heartbeat took {detected:?} to fail, over the {bound:?} bound");
+    step(&mut ctl, "passive done")
+}
+
+/// B: runs a victim for [`passive_survivor`] and kills it on request.
+fn passive_victim_host(port: u16) -> R<()> {
+    let mut ctl = control(Role::B, port)?;
+    let cfg = QpConfig::default();
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg("victim")
+        .env("GPUDIRECT_FAULTS_VICTIM", format!("{port} {} {}", cfg.timeout, cfg.retry_cnt))
+        .stdin(Stdio::null())
+        .spawn()?;
+    let got = say(&mut ctl, "ready to die");
+    let killed = child.kill().and_then(|()| child.wait());
+    ensure!(got? == "die", "survivor did not ask the victim to die");
+    ensure!(killed?.code().is_none(), "the victim exited by itself instead of being killed");
+    say(&mut ctl, "dead")?;
+    step(&mut ctl, "passive done")
 }
 
 /// A: streams writes and reads at the peer, has it die, and checks that
