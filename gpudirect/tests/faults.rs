@@ -449,16 +449,7 @@ fn passive_survivor(port: u16) -> R<()> {
 /// B: runs a victim for [`passive_survivor`] and kills it on request.
 fn passive_victim_host(port: u16) -> R<()> {
     let mut ctl = control(Role::B, port)?;
-    let cfg = QpConfig::default();
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg("victim")
-        .env("GPUDIRECT_FAULTS_VICTIM", format!("{port} {} {}", cfg.timeout, cfg.retry_cnt))
-        .stdin(Stdio::null())
-        .spawn()?;
-    let got = say(&mut ctl, "ready to die");
-    let killed = child.kill().and_then(|()| child.wait());
-    ensure!(got? == "die", "survivor did not ask the victim to die");
-    ensure!(killed?.code().is_none(), "the victim exited by itself instead of being killed");
+    run_victim_until_told(&mut ctl, &QpConfig::default(), port)?;
     say(&mut ctl, "dead")?;
     step(&mut ctl, "passive done")
 }
@@ -577,17 +568,7 @@ fn victim_host(death: Death, cfg: &QpConfig, port: u16) -> R<()> {
     let mut ctl = control(Role::B, port)?;
     let mut ctl = match death {
         Death::ProcessKilled => {
-            let mut child = Command::new(std::env::current_exe()?)
-                .arg("victim")
-                .env("GPUDIRECT_FAULTS_VICTIM", format!("{port} {} {}", cfg.timeout, cfg.retry_cnt))
-                .stdin(Stdio::null())
-                .spawn()?;
-            let got = say(&mut ctl, "ready to die");
-            // Whatever happened, the child does not outlive this step.
-            let killed = child.kill().and_then(|()| child.wait());
-            ensure!(got? == "die", "survivor did not ask the victim to die");
-            let st = killed?;
-            ensure!(st.code().is_none(), "the victim exited by itself ({st}) instead of being killed");
+            run_victim_until_told(&mut ctl, cfg, port)?;
             ctl
         }
         Death::Unreachable => {
@@ -611,6 +592,23 @@ fn victim_host(death: Death, cfg: &QpConfig, port: u16) -> R<()> {
     let (_qp, _) = h.connect(&mut ctl, cfg, vec![target.remote()])?;
     step(&mut ctl, "rebuilt")?;
     ensure!(target.to_vec()? == pattern(CHUNK, 99), "the rebuilt connection's write did not arrive intact");
+    Ok(())
+}
+
+/// B: starts a [`victim`] child process, waits until A says "die", and
+/// SIGKILLs it.
+fn run_victim_until_told(ctl: &mut OobChannel, cfg: &QpConfig, port: u16) -> R<()> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg("victim")
+        .env("GPUDIRECT_FAULTS_VICTIM", format!("{port} {} {}", cfg.timeout, cfg.retry_cnt))
+        .stdin(Stdio::null())
+        .spawn()?;
+    let got = say(ctl, "ready to die");
+    // Whatever happened, the child does not outlive this step.
+    let killed = child.kill().and_then(|()| child.wait());
+    ensure!(got? == "die", "survivor did not ask the victim to die");
+    let st = killed?;
+    ensure!(st.code().is_none(), "the victim exited by itself ({st}) instead of being killed");
     Ok(())
 }
 
