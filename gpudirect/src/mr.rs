@@ -746,12 +746,12 @@ fn reg_mr_error(err: Error, addr: usize, len: usize) -> Error {
     if err.errno() != Some(Errno(libc::ENOMEM)) {
         return err;
     }
-    let Some(limit) = memlock_limit() else { return err };
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return err };
+    let Some(limit) = memlock_limit(&status) else { return err };
     // The kernel pins whole pages.
     let page = page_size();
     let requested = ((addr + len).next_multiple_of(page) - addr / page * page) as u64;
-    let status = std::fs::read_to_string("/proc/self/status").ok();
-    let pinned = status.as_deref().and_then(|s| status_kib(s, "VmPin:")).map(|k| k * 1024);
+    let pinned = status_kib(&status, "VmPin:").map(|k| k * 1024);
     if pinned.unwrap_or(0).saturating_add(requested) <= limit {
         return err; // within the limit: some other shortage
     }
@@ -759,14 +759,14 @@ fn reg_mr_error(err: Error, addr: usize, len: usize) -> Error {
 }
 
 /// The soft `RLIMIT_MEMLOCK` in bytes, or `None` when it does not apply
-/// (unlimited, or the process holds `CAP_IPC_LOCK`).
-fn memlock_limit() -> Option<u64> {
+/// (unlimited, or the process holds `CAP_IPC_LOCK` per `status`, the text
+/// of /proc/self/status).
+fn memlock_limit(status: &str) -> Option<u64> {
     let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: valid out-pointer.
     if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) } != 0 || rl.rlim_cur == libc::RLIM_INFINITY {
         return None;
     }
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let cap_eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).map(str::trim)?;
     let caps = u64::from_str_radix(cap_eff, 16).ok()?;
     const CAP_IPC_LOCK: u32 = 14;
