@@ -8,63 +8,25 @@
 //! or in a guest: `cargo test -p gpudirect --test rcache --no-run`, then
 //! `testbed/run -- target/debug/deps/rcache-XXXX --ignored --test-threads 1`.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{loopback, wait_one, Loopback};
+
 use gpudirect::rcache::{CacheConfig, RegistrationCache};
-use gpudirect::{
-    AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RemoteBuffer, SendWr,
-    WcStatus, WorkCompletion,
-};
+use gpudirect::{AccessFlags, MemoryRegion, QpConfig, RemoteBuffer, SendWr, WcStatus};
 
-const TIMEOUT: Duration = Duration::from_secs(60);
-
-fn device() -> String {
-    std::env::var("GPUDIRECT_TEST_DEVICE")
-        .expect("set GPUDIRECT_TEST_DEVICE to the RDMA device to test (e.g. rxe0); testbed/run sets it")
-}
-
-/// A process talking to itself: queue pair `qp` connected to a twin, so an
-/// RDMA read posted on `qp` reads this process's own regions through the
-/// NIC, by rkey, exactly as a peer would.
-struct Loopback {
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    _twin: (CompletionQueue, QueuePair),
-}
-
-fn loopback() -> Loopback {
-    let ctx = Context::open(Some(&device())).unwrap();
-    let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 256).unwrap();
-    let twin_cq = CompletionQueue::new(&ctx, 256).unwrap();
-    let config = QpConfig::default();
-    let qa = QueuePair::create(&pd, &cq, &cq, &config).unwrap();
-    let qb = QueuePair::create(&pd, &twin_cq, &twin_cq, &config).unwrap();
-    let (ea, eb) = (qa.endpoint(), qb.endpoint());
-    let qp = qa.connect(&eb).unwrap();
-    let twin = qb.connect(&ea).unwrap();
-    Loopback { pd, cq, qp, _twin: (twin_cq, twin) }
-}
-
-impl Loopback {
-    /// RDMA-reads `len` bytes of `remote` into a fresh region and returns
-    /// them, or the completion's status when the NIC refused.
-    fn read(&self, remote: &RemoteBuffer, len: usize) -> Result<Vec<u8>, WcStatus> {
-        let dst = MemoryRegion::alloc(&self.pd, len, AccessFlags::LOCAL_WRITE).unwrap();
-        self.qp.post_send(&[SendWr::read(dst.slice(..).unwrap(), remote, 0).unwrap().wr_id(1)]).unwrap();
-        let wc = wait_one(&self.cq);
-        match wc.status {
-            WcStatus::Success => Ok(dst.to_vec().unwrap()),
-            s => Err(s),
-        }
+/// RDMA-reads `len` bytes of `remote` into a fresh region over `lb.a` and
+/// returns them, or the completion's status when the NIC refused.
+fn read(lb: &Loopback, remote: &RemoteBuffer, len: usize) -> Result<Vec<u8>, WcStatus> {
+    let dst = MemoryRegion::alloc(&lb.pd, len, AccessFlags::LOCAL_WRITE).unwrap();
+    lb.a.qp.post_send(&[SendWr::read(dst.slice(..).unwrap(), remote, 0).unwrap().wr_id(1)]).unwrap();
+    let wc = wait_one(&lb.a.cq);
+    match wc.status {
+        WcStatus::Success => Ok(dst.to_vec().unwrap()),
+        s => Err(s),
     }
-}
-
-fn wait_one(cq: &CompletionQueue) -> WorkCompletion {
-    let mut wc = [WorkCompletion::default(); 1];
-    assert_eq!(cq.wait(&mut wc, Some(TIMEOUT)).unwrap(), 1);
-    wc[0]
 }
 
 /// An anonymous private mapping of `len` bytes, filled with `byte`; at
@@ -95,7 +57,7 @@ fn unmap(p: *mut u8, len: usize) {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn hit_returns_the_same_region_and_is_much_cheaper_than_a_miss() {
-    let lb = loopback();
+    let lb = loopback(&QpConfig::default());
     let cache = RegistrationCache::new(&lb.pd, CacheConfig::default());
     let len = 1 << 20;
     let p = map(None, len, 0x11);
@@ -113,7 +75,7 @@ fn hit_returns_the_same_region_and_is_much_cheaper_than_a_miss() {
     let s = cache.stats();
     assert_eq!((s.hits, s.misses, s.entries, s.bytes), (2, 1, 1, len as u64));
     // What a hit serves is the memory, through the NIC.
-    assert_eq!(lb.read(&inner.remote(), 100).unwrap(), vec![0x11; 100]);
+    assert_eq!(read(&lb, &inner.remote(), 100).unwrap(), vec![0x11; 100]);
     drop((first, again, inner));
 
     // Miss: invalidate (untimed, it deregisters the cached region), then
@@ -150,14 +112,14 @@ fn hit_returns_the_same_region_and_is_much_cheaper_than_a_miss() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn remapped_memory_is_registered_afresh_and_reads_the_new_pages() {
-    let lb = loopback();
+    let lb = loopback(&QpConfig::default());
     let cache = RegistrationCache::new(&lb.pd, CacheConfig::default());
     let len = 64 << 10;
     let p = map(None, len, 0xaa);
     // SAFETY: the mapping stays until `invalidate` below; the handle `old`
     // outlives it on purpose (see there) and is only used by the NIC.
     let old = unsafe { cache.get(p, len, AccessFlags::REMOTE_READ) }.unwrap();
-    assert_eq!(lb.read(&old.remote(), len).unwrap(), vec![0xaa; len]);
+    assert_eq!(read(&lb, &old.remote(), len).unwrap(), vec![0xaa; len]);
 
     // The owner frees the memory: it tells the cache first, then unmaps,
     // and the address is mapped again with new contents.
@@ -172,7 +134,7 @@ fn remapped_memory_is_registered_afresh_and_reads_the_new_pages() {
     assert_eq!((s.hits, s.misses, s.invalidations, s.entries), (0, 2, 1, 1), "a fresh registration, not a hit");
     assert_ne!(new.mr().rkey(), old.mr().rkey());
     assert_eq!(new.mr().addr(), old.mr().addr(), "same virtual address");
-    assert_eq!(lb.read(&new.remote(), len).unwrap(), vec![0x55; len], "the NIC reads the new pages");
+    assert_eq!(read(&lb, &new.remote(), len).unwrap(), vec![0x55; len], "the NIC reads the new pages");
 
     // Why serving the old region would be wrong. A region pins the
     // physical pages mapped when it was registered; munmap does not unpin
@@ -183,7 +145,7 @@ fn remapped_memory_is_registered_afresh_and_reads_the_new_pages() {
     // would have read stale data with no error anywhere. (Keeping `old`
     // past the unmap breaks `get`'s contract; the test does it on purpose
     // and never touches `old`'s bytes from the CPU.)
-    assert_eq!(lb.read(&old.remote(), len).unwrap(), vec![0xaa; len], "the old region still names the old pages");
+    assert_eq!(read(&lb, &old.remote(), len).unwrap(), vec![0xaa; len], "the old region still names the old pages");
     drop(old);
 
     drop(new);
@@ -194,7 +156,7 @@ fn remapped_memory_is_registered_afresh_and_reads_the_new_pages() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn more_access_means_a_new_registration() {
-    let lb = loopback();
+    let lb = loopback(&QpConfig::default());
     let cache = RegistrationCache::new(&lb.pd, CacheConfig::default());
     let len = 8192;
     let p = map(None, len, 0x3c);
@@ -210,11 +172,11 @@ fn more_access_means_a_new_registration() {
     assert_eq!((s.misses, s.hits, s.entries), (2, 0, 1));
     let back = unsafe { cache.get(p, len, AccessFlags::LOCAL_WRITE) }.unwrap();
     assert_eq!(back.mr().rkey(), remote.mr().rkey());
-    assert_eq!(lb.read(&remote.remote(), len).unwrap(), vec![0x3c; len]);
+    assert_eq!(read(&lb, &remote.remote(), len).unwrap(), vec![0x3c; len]);
     // Serving the LOCAL_WRITE region to the REMOTE_READ request would have
     // handed the peer an rkey the NIC refuses. (This breaks the queue pair:
     // it comes last.)
-    assert_eq!(lb.read(&local.remote(), len), Err(WcStatus::RemoteAccessError));
+    assert_eq!(read(&lb, &local.remote(), len), Err(WcStatus::RemoteAccessError));
     drop((local, remote, back));
     assert_eq!(cache.invalidate(p as u64, len), 1);
     unmap(p, len);
@@ -225,7 +187,7 @@ fn more_access_means_a_new_registration() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn evicted_regions_stay_registered_while_in_use() {
-    let lb = loopback();
+    let lb = loopback(&QpConfig::default());
     let cache = RegistrationCache::new(&lb.pd, CacheConfig { max_entries: 1, ..CacheConfig::default() });
     let len = 16 << 10;
     let bufs: Vec<*mut u8> = (0..3).map(|i| map(None, len, 0x40 + i)).collect();
@@ -235,7 +197,7 @@ fn evicted_regions_stay_registered_while_in_use() {
     let target = MemoryRegion::alloc(&lb.pd, len, AccessFlags::REMOTE_READ).unwrap();
     target.fill(.., 0x99).unwrap();
     // An RDMA read into `a`, posted; then `a` is evicted and dropped.
-    lb.qp.post_send(&[SendWr::read(a.slice(), &target.remote(), 0).unwrap().wr_id(5)]).unwrap();
+    lb.a.qp.post_send(&[SendWr::read(a.slice(), &target.remote(), 0).unwrap().wr_id(5)]).unwrap();
     let keep = a.mr().clone(); // only to read the result back afterwards
     drop(a);
     for &b in &bufs[1..] {
@@ -243,7 +205,7 @@ fn evicted_regions_stay_registered_while_in_use() {
     }
     let s = cache.stats();
     assert_eq!((s.entries, s.evictions, s.misses), (1, 2, 3));
-    let wc = wait_one(&lb.cq);
+    let wc = wait_one(&lb.a.cq);
     assert_eq!((wc.wr_id, wc.status), (5, WcStatus::Success));
     assert_eq!(keep.to_vec().unwrap(), vec![0x99; len]);
     // Looked up again: registered again.

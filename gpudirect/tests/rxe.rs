@@ -7,56 +7,19 @@
 //!
 //! or let `testbed/run` boot a guest with rxe and run them inside.
 
+mod common;
+
 use std::time::Duration;
+
+use common::{device, loopback, wait_one};
 
 use gpudirect::{
     AccessFlags, CompletionQueue, Context, Error, GidType, LinkLayer, MemoryRegion, PortState, ProtectionDomain,
     QpConfig, QpState, QueuePair, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-const TIMEOUT: Duration = Duration::from_secs(60);
-
-fn device() -> String {
-    std::env::var("GPUDIRECT_TEST_DEVICE")
-        .expect("set GPUDIRECT_TEST_DEVICE to the RDMA device to test (e.g. rxe0); testbed/run sets it")
-}
-
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
-}
-
-/// One side of a loopback connection.
-struct Side {
-    cq: CompletionQueue,
-    qp: QueuePair,
-}
-
-struct Loopback {
-    pd: ProtectionDomain,
-    a: Side,
-    b: Side,
-}
-
-fn loopback(config: &QpConfig) -> Loopback {
-    let ctx = Context::open(Some(&device())).unwrap();
-    let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq_a = CompletionQueue::new(&ctx, 256).unwrap();
-    let cq_b = CompletionQueue::new(&ctx, 256).unwrap();
-    let qa = QueuePair::create(&pd, &cq_a, &cq_a, config).unwrap();
-    let qb = QueuePair::create(&pd, &cq_b, &cq_b, config).unwrap();
-    let (ea, eb) = (qa.endpoint(), qb.endpoint());
-    Loopback {
-        pd,
-        a: Side { cq: cq_a, qp: qa.connect(&eb).unwrap() },
-        b: Side { cq: cq_b, qp: qb.connect(&ea).unwrap() },
-    }
-}
-
-fn wait_one(cq: &CompletionQueue) -> WorkCompletion {
-    let mut wc = [WorkCompletion::default(); 1];
-    let n = cq.wait(&mut wc, Some(TIMEOUT)).unwrap();
-    assert_eq!(n, 1);
-    wc[0]
 }
 
 #[test]
