@@ -13,7 +13,9 @@
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::deadline::Deadline;
 
 use crate::context::Mtu;
 use crate::gid::Gid;
@@ -301,13 +303,13 @@ impl OobChannel {
     /// [`BootstrapError::Timeout`] when nobody connects in time, or
     /// [`BootstrapError::Io`].
     pub fn accept(listener: &TcpListener, timeout: Duration) -> Result<OobChannel, BootstrapError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         listener.set_nonblocking(true).map_err(|e| io_err("listen", e, timeout))?;
         let stream = loop {
             match listener.accept() {
                 Ok((s, _)) => break s,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
+                    if deadline.passed() {
                         return Err(BootstrapError::Timeout(timeout));
                     }
                     std::thread::sleep(Duration::from_millis(20));
@@ -326,19 +328,19 @@ impl OobChannel {
     /// [`BootstrapError::Timeout`] or [`BootstrapError::Io`] (e.g. an
     /// address that does not resolve).
     pub fn connect(addr: impl ToSocketAddrs + std::fmt::Display, timeout: Duration) -> Result<OobChannel, BootstrapError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let op = format!("connect to {addr}");
         let addrs: Vec<_> = addr.to_socket_addrs().map_err(|e| io_err(op.clone(), e, timeout))?.collect();
         loop {
             let mut last = None;
             for a in &addrs {
-                let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+                let left = deadline.left().unwrap_or(Duration::MAX).max(Duration::from_millis(1));
                 match TcpStream::connect_timeout(a, left.min(Duration::from_secs(5))) {
                     Ok(s) => return Self::from_stream(s, timeout),
                     Err(e) => last = Some(e),
                 }
             }
-            if Instant::now() >= deadline {
+            if deadline.passed() {
                 return Err(match last {
                     Some(e) => io_err(op, e, timeout),
                     None => BootstrapError::Io { op, source: io::Error::new(io::ErrorKind::NotFound, "no address") },
@@ -373,14 +375,15 @@ impl OobChannel {
     /// Fills `buf` before `deadline`: each read waits at most for what is
     /// left, so a peer that trickles bytes cannot stretch a message beyond
     /// the timeout.
-    fn read_exact(&mut self, buf: &mut [u8], deadline: Instant) -> Result<(), BootstrapError> {
+    fn read_exact(&mut self, buf: &mut [u8], deadline: Deadline) -> Result<(), BootstrapError> {
         let mut got = 0;
         while got < buf.len() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            let left = deadline.left();
+            if left.is_some_and(|l| l.is_zero()) {
                 return Err(BootstrapError::Timeout(self.timeout));
             }
-            self.stream.set_read_timeout(Some(left)).map_err(|e| io_err("socket setup", e, self.timeout))?;
+            // No deadline (a timeout too long to represent): block.
+            self.stream.set_read_timeout(left).map_err(|e| io_err("socket setup", e, self.timeout))?;
             match self.stream.read(&mut buf[got..]) {
                 Ok(0) => return Err(BootstrapError::Closed { expected: buf.len(), got }),
                 Ok(n) => got += n,
@@ -393,7 +396,7 @@ impl OobChannel {
 
     /// Reads one message; the whole of it must arrive within the timeout.
     fn recv(&mut self, expected: u8) -> Result<Vec<u8>, BootstrapError> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Deadline::after(self.timeout);
         let mut h = [0; HEADER_LEN];
         self.read_exact(&mut h, deadline)?;
         let (kind, len) = decode_header(&h)?;
@@ -433,6 +436,22 @@ impl OobChannel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
+
+    /// `Duration::MAX` means "no limit" at every entry point; it used to
+    /// panic computing `Instant::now() + timeout`.
+    #[test]
+    fn every_timeout_accepts_duration_max() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let mut c = OobChannel::connect(addr, Duration::MAX).unwrap();
+            c.exchange(&sample()).unwrap()
+        });
+        let mut s = OobChannel::accept(&l, Duration::MAX).unwrap();
+        assert_eq!(s.exchange(&sample()).unwrap(), sample());
+        assert_eq!(t.join().unwrap(), sample());
+    }
 
     fn sample() -> Handshake {
         Handshake {

@@ -7,18 +7,20 @@
 //! region (and, for the send queue, that of the unsignaled requests posted
 //! before it).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use ibverbs_sys as sys;
 
 use crate::context::Context;
+use crate::deadline::Deadline;
 use crate::error::{check, Error, Errno, Result};
 use crate::qp::Tracker;
+use crate::sync::Mutex;
 
 /// The status of a work completion (`enum ibv_wc_status`), named as in the
 /// verbs man page without the `IBV_WC_` prefix and `_ERR` suffix spelled out.
@@ -69,6 +71,13 @@ pub enum WcStatus {
     ResponseTimeoutError,
     /// `IBV_WC_GENERAL_ERR`.
     GeneralError,
+    /// Not a verbs status: the NIC completed a receive or RDMA read into a
+    /// host-staged GPU region ([`RegistrationPath::HostStaged`](crate::RegistrationPath::HostStaged)),
+    /// but copying the bytes from the host mirror to the GPU failed, so
+    /// the GPU memory does not hold them (the CUDA error is logged). Also
+    /// reported on a later signaled completion when the copy of an earlier
+    /// unsignaled RDMA read failed.
+    StageInError,
     /// A status this library does not know.
     Other(u32),
 }
@@ -130,6 +139,7 @@ impl WcStatus {
             FatalError => "IBV_WC_FATAL_ERR",
             ResponseTimeoutError => "IBV_WC_RESP_TIMEOUT_ERR",
             GeneralError => "IBV_WC_GENERAL_ERR",
+            StageInError => "stage-in error (gpudirect)",
             Other(_) => "unknown status",
         }
     }
@@ -155,6 +165,7 @@ impl WcStatus {
             FatalError => "the device reported a fatal error",
             ResponseTimeoutError => "the peer's response timed out",
             GeneralError => "the device reported a general error",
+            StageInError => "the NIC delivered the bytes to the host mirror, but copying them to the GPU failed (the CUDA error is in the log): the GPU memory does not hold them",
             MwBindError | LocalEecOperationError | LocalRddViolationError | InvalidEecnError | InvalidEecStateError => "an error of a feature this library does not use",
             Other(_) => "a status this version of the library does not know; see ibv_wc_status_str",
         }
@@ -269,13 +280,31 @@ pub struct WcError {
 
 struct Channel(NonNull<sys::ibv_comp_channel>);
 
+/// What polling needs, under one lock that is held from `ibv_poll_cq`
+/// until every completion it returned is matched to its work request: two
+/// pollers can then never reap one queue pair's completions out of order,
+/// which is what let a later completion release an earlier one's request
+/// and drop it.
+#[derive(Default)]
+struct PollState {
+    /// Queue pairs using this CQ, by number: how a completion finds the
+    /// work request (and memory) it releases.
+    trackers: HashMap<u32, Arc<Tracker>>,
+    /// Completions reaped from the CQ but not yet handed to a caller
+    /// (taken while paying a debt, or left over when polling failed).
+    backlog: VecDeque<WorkCompletion>,
+    /// Room of destroyed queue pairs that left work unreaped. Some
+    /// providers (rxe) leave a destroyed QP's completions in the CQ, where
+    /// they still take entries: the room is owed until the CQ has been
+    /// seen empty once after the destruction, which proves they are gone.
+    debt: u64,
+}
+
 pub(crate) struct CqInner {
     cq: NonNull<sys::ibv_cq>,
     channel: Channel,
     depth: u32,
-    /// Queue pairs using this CQ, by number: how a completion finds the
-    /// work request (and memory) it releases.
-    trackers: Mutex<HashMap<u32, Arc<Tracker>>>,
+    state: Mutex<PollState>,
     /// Serialises arming and consuming completion events.
     waiter: Mutex<()>,
     /// Work-queue entries of the queue pairs completing here: a CQ smaller
@@ -360,7 +389,7 @@ impl CompletionQueue {
                 cq,
                 channel: ch,
                 depth,
-                trackers: Mutex::new(HashMap::new()),
+                state: Mutex::default(),
                 waiter: Mutex::new(()),
                 committed: Mutex::new(0),
                 ctx: ctx.clone(),
@@ -383,9 +412,38 @@ impl CompletionQueue {
     /// requests are reported as completions with a non-success
     /// [`WcStatus`]; use [`WorkCompletion::ok`] to turn them into errors.
     ///
+    /// Any number of threads may poll one queue: each completion is
+    /// reported exactly once, to one of them.
+    ///
     /// # Errors
-    /// [`Error::Verb`] when `ibv_poll_cq` itself fails.
+    /// [`Error::Verb`] when `ibv_poll_cq` itself fails (after the
+    /// completions already reaped in this call have been returned).
     pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        let mut st = self.inner.state.lock();
+        self.poll_locked(&mut st, out)
+    }
+
+    fn poll_locked(&self, st: &mut PollState, out: &mut [WorkCompletion]) -> Result<usize> {
+        let mut written = 0;
+        while written < out.len() {
+            let Some(c) = st.backlog.pop_front() else { break };
+            out[written] = c;
+            written += 1;
+        }
+        if written == out.len() {
+            return Ok(written);
+        }
+        match self.reap(st, &mut out[written..]) {
+            Ok(n) => Ok(written + n),
+            // Report what the backlog gave; the error recurs on the next call.
+            Err(_) if written > 0 => Ok(written),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Polls the CQ itself into `out`, matching each completion under the
+    /// caller's lock.
+    fn reap(&self, st: &mut PollState, out: &mut [WorkCompletion]) -> Result<usize> {
         let mut written = 0;
         while written < out.len() {
             let want = (out.len() - written).min(POLL_BATCH);
@@ -393,38 +451,60 @@ impl CompletionQueue {
             // SAFETY: valid CQ; `wcs` has room for `want` entries.
             let n = unsafe { sys::ibv_poll_cq(self.inner.cq.as_ptr(), want as i32, wcs.as_mut_ptr().cast()) };
             if n < 0 {
+                if written > 0 {
+                    break; // report what was reaped; the error recurs on the next call
+                }
                 return Err(Error::Verb { verb: "ibv_poll_cq", errno: Errno(-n) });
             }
             let n = n as usize;
-            if n == 0 {
-                break;
-            }
-            let trackers = self.inner.trackers.lock().unwrap_or_else(|p| p.into_inner());
             for wc in &wcs[..n] {
                 // SAFETY: ibv_poll_cq initialised the first `n` entries.
                 let wc = unsafe { wc.assume_init_ref() };
-                if let Some(c) = translate(wc, &trackers)? {
+                if let Some(c) = translate(wc, &st.trackers) {
                     out[written] = c;
                     written += 1;
                 }
             }
             if n < want {
+                // Seen empty: no destroyed queue pair's completion is left.
+                self.forgive_debt(st);
                 break;
             }
         }
         Ok(written)
     }
 
+    fn forgive_debt(&self, st: &mut PollState) {
+        if st.debt > 0 {
+            let mut c = self.inner.committed.lock();
+            *c = c.saturating_sub(st.debt);
+            st.debt = 0;
+        }
+    }
+
+    /// Reaps everything in the CQ into the backlog, so the room destroyed
+    /// queue pairs owe is free; the completions are handed out by later polls.
+    fn settle_debt(&self) -> Result<()> {
+        let mut st = self.inner.state.lock();
+        let mut batch = [WorkCompletion::default(); POLL_BATCH];
+        while st.debt > 0 {
+            let n = self.reap(&mut st, &mut batch)?;
+            st.backlog.extend(&batch[..n]);
+        }
+        Ok(())
+    }
+
     /// Waits until at least one completion is available, sleeping on the
     /// completion channel instead of spinning, then behaves as
-    /// [`poll`](Self::poll). `None` waits without limit.
+    /// [`poll`](Self::poll). `None` waits without limit, as does a timeout
+    /// too long to represent (`Duration::MAX`).
     ///
     /// # Errors
     /// [`Error::Timeout`] when `timeout` passes with no completion;
     /// [`Error::Verb`] from `ibv_req_notify_cq`, `ibv_get_cq_event` or poll(2).
     pub fn wait(&self, out: &mut [WorkCompletion], timeout: Option<Duration>) -> Result<usize> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        let _w = self.inner.waiter.lock().unwrap_or_else(|p| p.into_inner());
+        let deadline = timeout.map_or(Deadline::never(), Deadline::after);
+        let _w = self.inner.waiter.lock();
         loop {
             let n = self.poll(out)?;
             if n > 0 || out.is_empty() {
@@ -437,15 +517,10 @@ impl CompletionQueue {
             if n > 0 {
                 return Ok(n);
             }
-            let ms = match deadline {
+            let ms = match deadline.left() {
                 None => -1,
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(Error::Timeout(timeout.unwrap_or_default()));
-                    }
-                    left.as_millis().clamp(1, i32::MAX as u128) as i32
-                }
+                Some(left) if left.is_zero() => return Err(Error::Timeout(timeout.unwrap_or_default())),
+                Some(left) => left.as_millis().clamp(1, i32::MAX as u128) as i32,
             };
             // SAFETY: the channel's fd is open for the CQ's lifetime.
             let fd = unsafe { (*self.inner.channel.0.as_ptr()).fd };
@@ -480,23 +555,38 @@ impl CompletionQueue {
     }
 
     /// Reserves room for `n` more outstanding work requests; the returned
-    /// guard gives it back.
+    /// guard gives it back. Room that destroyed queue pairs still owe is
+    /// settled first when it is what stands in the way.
     pub(crate) fn reserve(&self, n: u32) -> Result<Reservation> {
-        let mut c = self.inner.committed.lock().unwrap_or_else(|p| p.into_inner());
-        let needed = *c + u64::from(n);
-        if needed > u64::from(self.inner.depth) {
-            return Err(Error::CqTooSmall { depth: self.inner.depth, needed });
+        for settled in [false, true] {
+            {
+                let mut c = self.inner.committed.lock();
+                let needed = *c + u64::from(n);
+                if needed <= u64::from(self.inner.depth) {
+                    *c = needed;
+                    return Ok(Reservation { cq: self.clone(), n });
+                }
+                if settled || self.inner.state.lock().debt == 0 {
+                    return Err(Error::CqTooSmall { depth: self.inner.depth, needed });
+                }
+            }
+            self.settle_debt()?;
         }
-        *c = needed;
-        Ok(Reservation { cq: self.clone(), n })
+        unreachable!("the second round returns")
     }
 
     pub(crate) fn register(&self, qpn: u32, t: Arc<Tracker>) {
-        self.inner.trackers.lock().unwrap_or_else(|p| p.into_inner()).insert(qpn, t);
+        self.inner.state.lock().trackers.insert(qpn, t);
     }
 
-    pub(crate) fn unregister(&self, qpn: u32) {
-        self.inner.trackers.lock().unwrap_or_else(|p| p.into_inner()).remove(&qpn);
+    /// Forgets queue pair `qpn`, if `t` is still the one registered under
+    /// that number: a provider may already have given the number to a new
+    /// queue pair, whose tracker must stay.
+    pub(crate) fn unregister(&self, qpn: u32, t: &Arc<Tracker>) {
+        let mut st = self.inner.state.lock();
+        if st.trackers.get(&qpn).is_some_and(|cur| Arc::ptr_eq(cur, t)) {
+            st.trackers.remove(&qpn);
+        }
     }
 }
 
@@ -506,32 +596,46 @@ pub(crate) struct Reservation {
     n: u32,
 }
 
+impl Reservation {
+    /// For a destroyed queue pair that left work unreaped: keeps the room
+    /// committed until the CQ is seen empty.
+    pub(crate) fn into_debt(mut self) {
+        self.cq.inner.state.lock().debt += u64::from(self.n);
+        self.n = 0;
+    }
+}
+
 impl Drop for Reservation {
     fn drop(&mut self) {
-        let mut c = self.cq.inner.committed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut c = self.cq.inner.committed.lock();
         *c = c.saturating_sub(u64::from(self.n));
     }
 }
 
 /// Matches a raw completion to its posted work request, releasing what the
 /// request held. `None` for completions of queue pairs already destroyed.
-fn translate(wc: &sys::ibv_wc, trackers: &HashMap<u32, Arc<Tracker>>) -> Result<Option<WorkCompletion>> {
-    let Some(tracker) = trackers.get(&wc.qp_num) else {
-        return Ok(None);
-    };
-    let status = WcStatus::from_raw(wc.status);
+/// A failed stage-in becomes the completion's status instead of an error,
+/// so the rest of the batch is still matched and reported.
+fn translate(wc: &sys::ibv_wc, trackers: &HashMap<u32, Arc<Tracker>>) -> Option<WorkCompletion> {
+    let tracker = trackers.get(&wc.qp_num)?;
+    let mut status = WcStatus::from_raw(wc.status);
     let ok = status == WcStatus::Success;
-    let Some((wr_id, posted, hold)) = tracker.complete(wc.wr_id, ok)? else {
-        return Ok(None);
-    };
-    if let (true, Some(hold)) = (ok, &hold) {
+    let done = tracker.complete(wc.wr_id)?;
+    let mut landed = done.earlier_landed;
+    if let (true, Some(hold)) = (ok, &done.hold) {
         // For receives the NIC wrote byte_len bytes; for RDMA reads, all.
-        let written = if posted == WcOpcode::Recv { wc.byte_len as usize } else { usize::MAX };
-        hold.landed(written)?;
+        let written = if done.opcode == WcOpcode::Recv { wc.byte_len as usize } else { usize::MAX };
+        landed = landed.and(hold.landed(written));
     }
-    drop(hold);
+    drop(done.hold);
+    if let (true, Err(e)) = (ok, landed) {
+        tracing::error!(wr_id = done.wr_id, "stage-in after a completion failed: {e}");
+        status = WcStatus::StageInError;
+    }
+    let ok = ok && status == WcStatus::Success;
+    let (wr_id, posted) = (done.wr_id, done.opcode);
     let has_imm = ok && wc.wc_flags & sys::IBV_WC_WITH_IMM != 0;
-    Ok(Some(WorkCompletion {
+    Some(WorkCompletion {
         wr_id,
         status,
         opcode: if ok { WcOpcode::from_raw(wc.opcode) } else { posted },
@@ -540,7 +644,7 @@ fn translate(wc: &sys::ibv_wc, trackers: &HashMap<u32, Arc<Tracker>>) -> Result<
         imm: has_imm.then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })),
         qp_num: wc.qp_num,
         vendor_err: wc.vendor_err,
-    }))
+    })
 }
 
 #[cfg(test)]

@@ -197,17 +197,20 @@ pub enum Error {
     #[error("a {0}-byte transfer does not fit in one work request (at most {max} bytes)", max = u32::MAX)]
     TooLong(u64),
 
-    /// A local range is still in use by a posted work request whose
-    /// completion has not been reaped.
-    #[error(
-        "bytes {offset}..{end} of the memory region are in use by a posted work request \
-         that has not completed; poll its completion queue first"
-    )]
+    /// A local range is in use in a way that conflicts with the access
+    /// asked for: by a posted work request whose completion has not been
+    /// reaped, or by a CPU copy running on another thread.
+    #[error("bytes {offset}..{end} of the memory region are in use by {holder}")]
     Busy {
         /// Start of the range asked for.
         offset: u64,
         /// End (exclusive) of the range asked for.
         end: u64,
+        /// Who holds it, and what to do: `"a posted work request that has
+        /// not completed; poll its completion queue first"` or `"a copy in
+        /// progress on another thread (write_at, read_at, fill, stage_in);
+        /// retry when it returns"`.
+        holder: &'static str,
     },
 
     /// Posting would exceed the queue's depth.

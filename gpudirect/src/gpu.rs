@@ -45,6 +45,32 @@ fn driver() -> Result<()> {
     .map_err(Error::CudaUnavailable)
 }
 
+/// Checks that the driver exports `name` before it is called: cudarc's
+/// run-time loader panics on a missing symbol, and a driver older than the
+/// CUDA release that added an entry point lacks it. Looked up once.
+fn require_symbol(cache: &OnceLock<bool>, name: &'static str, since: &'static str) -> Result<()> {
+    driver()?;
+    // SAFETY: only looks the symbol up (dlsym); nothing is called. The
+    // library is loaded (`driver` checked it).
+    let present = *cache.get_or_init(|| unsafe { cusys::culib().get::<unsafe extern "C" fn()>(name.as_bytes()).is_ok() });
+    symbol_answer(name, since, present, driver_version().ok())
+}
+
+/// The verdict on a looked-up driver symbol (split out so the missing case
+/// can be tested on machines whose driver has every symbol, or none).
+fn symbol_answer(name: &'static str, since: &'static str, present: bool, version: Option<i32>) -> Result<()> {
+    if present {
+        return Ok(());
+    }
+    let installed = version.map(|v| format!("{}.{}", v / 1000, v % 1000 / 10)).unwrap_or_else(|| "unknown".into());
+    Err(Error::Cuda {
+        call: name,
+        error: format!(
+            "the installed CUDA driver (version {installed}) has no {name}, which CUDA {since} added: upgrade the NVIDIA driver"
+        ),
+    })
+}
+
 /// The CUDA driver's version, e.g. 12080 for 12.8.
 ///
 /// # Errors
@@ -196,8 +222,11 @@ impl Gpu {
     /// already orders such writes.
     ///
     /// # Errors
-    /// [`Error::Cuda`] (e.g. `CUDA_ERROR_NOT_SUPPORTED` on drivers older than 11.3).
+    /// [`Error::Cuda`]: `CUDA_ERROR_NOT_SUPPORTED`, or a driver older than
+    /// 11.3, which lacks the call (checked before calling).
     pub fn flush_rdma_writes(&self) -> Result<()> {
+        static SYMBOL: OnceLock<bool> = OnceLock::new();
+        require_symbol(&SYMBOL, "cuFlushGPUDirectRDMAWrites", "11.3")?;
         self.bind()?;
         // SAFETY: a context is current; the enum values are the documented ones.
         unsafe {
@@ -468,12 +497,15 @@ impl GpuBuffer {
     ///
     /// # Errors
     /// [`Error::Cuda`]: `CUDA_ERROR_NOT_SUPPORTED` when the GPU or driver
-    /// cannot export dma-buf (see [`Gpu::dma_buf_supported`]).
+    /// cannot export dma-buf (see [`Gpu::dma_buf_supported`]), or a driver
+    /// older than 11.7, which lacks the call (checked before calling).
     pub fn export_dma_buf(&self) -> Result<(OwnedFd, u64, usize)> {
         let page = crate::mr::page_size() as u64;
         let base = self.ptr & !(page - 1);
         let offset = self.ptr - base;
         let len = (offset + self.len as u64).next_multiple_of(page) as usize;
+        static SYMBOL: OnceLock<bool> = OnceLock::new();
+        require_symbol(&SYMBOL, "cuMemGetHandleForAddressRange", "11.7")?;
         self.gpu.bind()?;
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: `fd` is an int out-parameter as the DMA_BUF_FD handle type requires;
@@ -565,5 +597,39 @@ impl Drop for PinnedHost {
                 tracing::warn!("{}", cuda_err("cuMemFreeHost", e));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A driver without an entry point (here: the answer a CUDA 11.2
+    /// driver gives for the dma-buf export) is a typed error naming the
+    /// call, the CUDA release that added it and the fix; cudarc would panic.
+    #[test]
+    fn a_missing_driver_symbol_is_a_typed_error() {
+        let e = symbol_answer("cuMemGetHandleForAddressRange", "11.7", false, Some(11020)).unwrap_err();
+        assert!(matches!(e, Error::Cuda { call: "cuMemGetHandleForAddressRange", .. }));
+        assert_eq!(
+            e.to_string(),
+            "cuMemGetHandleForAddressRange failed: the installed CUDA driver (version 11.2) has no \
+             cuMemGetHandleForAddressRange, which CUDA 11.7 added: upgrade the NVIDIA driver"
+        );
+        assert!(symbol_answer("cuFlushGPUDirectRDMAWrites", "11.3", true, Some(11020)).is_ok());
+        assert!(symbol_answer("cuFlushGPUDirectRDMAWrites", "11.3", false, None).unwrap_err().to_string().contains("version unknown"));
+    }
+
+    /// Without a driver, the check answers CudaUnavailable before looking
+    /// anything up.
+    #[test]
+    fn symbol_check_without_a_driver_is_cuda_unavailable() {
+        // SAFETY: only probes whether the library loads.
+        if unsafe { cusys::is_culib_present() } {
+            return; // a machine with a driver: covered by the GPU tests
+        }
+        static CACHE: OnceLock<bool> = OnceLock::new();
+        assert!(matches!(require_symbol(&CACHE, "cuFlushGPUDirectRDMAWrites", "11.3"), Err(Error::CudaUnavailable(_))));
+        assert!(CACHE.get().is_none());
     }
 }

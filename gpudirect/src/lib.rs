@@ -79,6 +79,10 @@ pub mod rcache;
 pub mod sysroot;
 pub mod wr;
 
+// Crate-private leaves: deadlines, and the mutex helgrind can see.
+mod deadline;
+mod sync;
+
 // Misuses the compiler refuses: compile_fail doctests only.
 #[cfg(doctest)]
 mod compile_fail;

@@ -20,11 +20,12 @@
 use std::alloc::{self, Layout};
 use std::any::Any;
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::os::fd::AsRawFd;
 use std::ops::{Bound, RangeBounds};
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
 
 use bitflags::bitflags;
 use ibverbs_sys as sys;
@@ -34,6 +35,7 @@ use crate::error::{Errno, Error, Result};
 use crate::gdr::RegistrationPath;
 use crate::gpu::{GpuBuffer, PinnedHost};
 use crate::pd::ProtectionDomain;
+use crate::sync::Mutex;
 
 bitflags! {
     /// Who may access a memory region, and how (`enum ibv_access_flags`).
@@ -167,21 +169,108 @@ unsafe impl Registerable for HostBuffer {
     }
 }
 
-/// A range of a region that a posted work request is using.
-struct BusyRange {
+/// Who is using a range of a region, and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Use {
+    /// A posted send or RDMA write reads it.
+    NicReads,
+    /// A posted receive or RDMA read writes it.
+    NicWrites,
+    /// A CPU copy out of it ([`MemoryRegion::read_at`]).
+    CpuReads,
+    /// A CPU copy into it ([`MemoryRegion::write_at`], [`MemoryRegion::fill`],
+    /// staging a host-staged region's mirror).
+    CpuWrites,
+    /// [`MemoryRegion::read_volatile`]: a flag load that expects the NIC to
+    /// change the byte, so it only waits out CPU writers.
+    CpuPolls,
+}
+
+impl Use {
+    fn cpu(self) -> bool {
+        !matches!(self, Use::NicReads | Use::NicWrites)
+    }
+
+    /// Whether two overlapping uses may not run at once. Two posted work
+    /// requests never conflict here: what the NIC does to memory is the
+    /// application protocol's business and no Rust access. A CPU copy
+    /// conflicts with anything that writes what it touches, or that it
+    /// writes, except that a poll only waits for CPU writers.
+    fn conflicts(self, other: Use) -> bool {
+        match (self, other) {
+            (a, b) if !a.cpu() && !b.cpu() => false,
+            (Use::CpuPolls, b) | (b, Use::CpuPolls) => b == Use::CpuWrites,
+            (a, b) => matches!(a, Use::NicWrites | Use::CpuWrites) || matches!(b, Use::NicWrites | Use::CpuWrites),
+        }
+    }
+}
+
+const BUSY_NIC: &str = "a posted work request that has not completed; poll its completion queue first";
+const BUSY_CPU: &str = "a copy in progress on another thread (write_at, read_at, fill, stage_in); retry when it returns";
+
+/// A claimed range `start..end`.
+#[derive(Debug)]
+struct Claim {
     start: usize,
     end: usize,
-    /// The NIC writes the range (receive, RDMA read destination): reading
-    /// it locally would see partial data. Otherwise it only reads it.
-    nic_writes: bool,
+    use_: Use,
     token: u64,
 }
 
-#[derive(Default)]
-struct BusyRanges {
-    /// Fast path: no lock taken when nothing is in flight.
-    count: AtomicUsize,
-    ranges: Mutex<(u64, Vec<BusyRange>)>,
+/// The one record of what the NIC holds and what the CPU is copying, for
+/// one region. Every claim is checked against the others under one lock,
+/// so a copy can never overlap a posted request that conflicts with it,
+/// nor a post a copy in progress. NIC and CPU claims are kept apart so a
+/// post, which conflicts only with CPU claims (almost always none), does
+/// not scan the other posted requests.
+#[derive(Default, Debug)]
+pub(crate) struct Claims {
+    next_token: u64,
+    nic: Vec<Claim>,
+    cpu: Vec<Claim>,
+}
+
+impl Claims {
+    /// Claims `start..start + len` for `use_`, or reports the range that
+    /// conflicts with it.
+    fn claim(&mut self, start: usize, len: usize, use_: Use) -> std::result::Result<u64, Error> {
+        let end = start + len;
+        let overlaps = |c: &&Claim| c.start < end && start < c.end && use_.conflicts(c.use_);
+        let conflict = if use_.cpu() { self.nic.iter().chain(&self.cpu).find(overlaps) } else { self.cpu.iter().find(overlaps) };
+        if let Some(c) = conflict {
+            let holder = if c.use_.cpu() { BUSY_CPU } else { BUSY_NIC };
+            return Err(Error::Busy { offset: start as u64, end: end as u64, holder });
+        }
+        self.next_token += 1;
+        let token = self.next_token;
+        let list = if use_.cpu() { &mut self.cpu } else { &mut self.nic };
+        list.push(Claim { start, end, use_, token });
+        Ok(token)
+    }
+
+    fn release(&mut self, token: u64, cpu: bool) {
+        let list = if cpu { &mut self.cpu } else { &mut self.nic };
+        if let Some(i) = list.iter().position(|c| c.token == token) {
+            list.swap_remove(i);
+        }
+    }
+
+    /// Hands the front of CPU claim `token`, up to `upto`, to the NIC as a
+    /// send's source in one step: once a mirror is staged nobody may write
+    /// it before the NIC has read it. Returns the NIC claim's token.
+    fn hand_prefix_to_nic(&mut self, token: u64, upto: usize) -> u64 {
+        self.next_token += 1;
+        let nic_token = self.next_token;
+        if let Some(i) = self.cpu.iter().position(|c| c.token == token) {
+            let start = self.cpu[i].start;
+            self.nic.push(Claim { start, end: upto, use_: Use::NicReads, token: nic_token });
+            self.cpu[i].start = upto;
+            if upto >= self.cpu[i].end {
+                self.cpu.swap_remove(i);
+            }
+        }
+        nic_token
+    }
 }
 
 pub(crate) struct MrInner {
@@ -191,12 +280,12 @@ pub(crate) struct MrInner {
     lkey: u32,
     rkey: u32,
     access: AccessFlags,
-    busy: BusyRanges,
+    claims: Mutex<Claims>,
     pd: ProtectionDomain,
     /// GPU memory behind the region, if any.
-    gpu: Option<GpuMemory>,
-    // Dropped after the Drop body deregistered the region.
-    _backing: Box<dyn Any + Send + Sync>,
+    gpu: ManuallyDrop<Option<GpuMemory>>,
+    /// Freed by the Drop body after deregistration, and only if it succeeded.
+    backing: ManuallyDrop<Box<dyn Any + Send + Sync>>,
 }
 
 /// The GPU side of a GPU memory region. Its bytes are the region's bytes
@@ -243,7 +332,20 @@ impl Drop for MrInner {
         // the region; deregister before the backing memory is freed.
         let ret = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
         if ret != 0 {
-            tracing::warn!("{}", Error::returned("ibv_dereg_mr", ret));
+            // The MR, and a peer's rkey to it, may still be valid: leak the
+            // memory rather than free pages the NIC can still reach.
+            tracing::warn!(
+                "{}; leaking the region's {} bytes so the NIC cannot reach freed memory",
+                Error::returned("ibv_dereg_mr", ret),
+                self.len
+            );
+            return;
+        }
+        // SAFETY: deregistered, so nothing reaches the memory any more; each
+        // field is dropped once, here, and never used again.
+        unsafe {
+            ManuallyDrop::drop(&mut self.backing);
+            ManuallyDrop::drop(&mut self.gpu);
         }
     }
 }
@@ -405,10 +507,10 @@ impl MemoryRegion {
                 lkey,
                 rkey,
                 access,
-                busy: BusyRanges::default(),
+                claims: Mutex::default(),
                 pd: pd.clone(),
-                gpu,
-                _backing: backing,
+                gpu: ManuallyDrop::new(gpu),
+                backing: ManuallyDrop::new(backing),
             }),
         };
         match region.location() {
@@ -421,7 +523,7 @@ impl MemoryRegion {
     /// Where the region's bytes live; for GPU memory, which path
     /// registered it ([`RegistrationPath`]).
     pub fn location(&self) -> Location {
-        match &self.inner.gpu {
+        match &*self.inner.gpu {
             None => Location::Host,
             Some(g) => Location::Gpu { ordinal: g.buf.gpu().ordinal(), path: g.path },
         }
@@ -453,7 +555,7 @@ impl MemoryRegion {
     /// # Errors
     /// [`Error::Cuda`].
     pub fn flush_gpu_writes(&self) -> Result<()> {
-        match &self.inner.gpu {
+        match &*self.inner.gpu {
             Some(g) if g.path != RegistrationPath::HostStaged => {
                 if g.buf.gpu().rdma_writes_ordered()? {
                     Ok(())
@@ -465,15 +567,26 @@ impl MemoryRegion {
         }
     }
 
-    /// Host-staged regions: copies `len` bytes at `offset` from the GPU to
-    /// the NIC's host mirror. Called before the NIC reads them.
-    pub(crate) fn stage_out(&self, offset: usize, len: usize) -> Result<()> {
-        match self.staged() {
-            // SAFETY: the mirror range is inside the region (callers pass
-            // slices of it) and no Rust reference to it exists.
-            Some(buf) => unsafe { buf.copy_to_raw(offset, self.inner.addr.add(offset), len) },
-            None => Ok(()),
+    /// Claims `offset..offset + len` for a work request about to be posted
+    /// (`nic_writes`: a receive or an RDMA read into it), first staging a
+    /// host-staged region's bytes into the NIC's mirror when the NIC will
+    /// read them.
+    pub(crate) fn claim_for_nic(&self, offset: usize, len: usize, nic_writes: bool) -> Result<InFlight> {
+        if !nic_writes && self.is_host_staged() {
+            return self.claim_for_staging(offset, len)?.stage_next(len);
         }
+        let use_ = if nic_writes { Use::NicWrites } else { Use::NicReads };
+        let token = self.inner.claims.lock().claim(offset, len, use_)?;
+        Ok(InFlight { mr: self.clone(), token, offset, len, nic_writes })
+    }
+
+    /// For sends from a host-staged region: claims the whole source as a
+    /// CPU writer (staging writes the mirror, so this is refused while the
+    /// NIC writes or reads the range, or a copy runs), to be staged and
+    /// handed to the NIC front to back by [`StagingClaim::stage_next`].
+    pub(crate) fn claim_for_staging(&self, offset: usize, len: usize) -> Result<StagingClaim<'_>> {
+        let claim = self.claim_cpu(offset, len, Use::CpuWrites)?;
+        Ok(StagingClaim { claim, next: offset, end: offset + len })
     }
 
     /// For a host-staged region ([`RegistrationPath::HostStaged`]): copies
@@ -484,14 +597,16 @@ impl MemoryRegion {
     /// nothing to do.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`], [`Error::Cuda`].
+    /// [`Error::OutOfBounds`], [`Error::Cuda`]; [`Error::Busy`] while a
+    /// posted work request uses the range (a receive or RDMA read would
+    /// leave a half-written mirror) or a copy on another thread does.
     pub fn stage_in(&self, range: impl RangeBounds<usize>) -> Result<()> {
         let s = self.slice(range)?;
-        match self.staged() {
-            // SAFETY: the mirror range is inside the region and no Rust reference to it exists.
-            Some(buf) => unsafe { buf.copy_from_raw(s.offset, self.inner.addr.add(s.offset), s.len) },
-            None => Ok(()),
-        }
+        let Some(buf) = self.staged() else { return Ok(()) };
+        let _claim = self.claim_cpu(s.offset, s.len, Use::CpuWrites)?;
+        // SAFETY: the mirror range is inside the region, no Rust reference
+        // to it exists, and the claim keeps writers off it.
+        unsafe { buf.copy_from_raw(s.offset, self.inner.addr.add(s.offset), s.len) }
     }
 
     /// Length in bytes.
@@ -563,16 +678,18 @@ impl MemoryRegion {
     ///
     /// # Errors
     /// [`Error::OutOfBounds`], or [`Error::Busy`] when a posted work
-    /// request still uses any byte of the range.
+    /// request still uses any byte of the range, or a copy on another
+    /// thread does.
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.check(offset, src.len())?;
-        self.check_idle(offset, src.len(), false)?;
-        if let Some(g) = &self.inner.gpu {
+        let _claim = self.claim_cpu(offset, src.len(), Use::CpuWrites)?;
+        if let Some(g) = &*self.inner.gpu {
             return g.buf.copy_from_host(offset, src);
         }
         // SAFETY: in bounds (checked); no Rust reference to the region's
-        // bytes exists (the type hands none out); `src` cannot overlap
-        // them for the same reason.
+        // bytes exists (the type hands none out), so `src` cannot overlap
+        // them; the claim excludes every other CPU access and posted work
+        // request touching the range until the copy is done.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.inner.addr.add(offset), src.len()) };
         // Make the bytes visible before a later post rings the doorbell.
         fence(Ordering::Release);
@@ -583,16 +700,18 @@ impl MemoryRegion {
     ///
     /// # Errors
     /// [`Error::OutOfBounds`], or [`Error::Busy`] when a posted receive or
-    /// RDMA read into the range has not completed.
+    /// RDMA read into the range has not completed, or a copy into it runs
+    /// on another thread.
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check(offset, dst.len())?;
-        self.check_idle(offset, dst.len(), true)?;
+        let _claim = self.claim_cpu(offset, dst.len(), Use::CpuReads)?;
         // Order the copy after the completion (or flag) that announced the data.
         fence(Ordering::Acquire);
-        if let Some(g) = &self.inner.gpu {
+        if let Some(g) = &*self.inner.gpu {
             return g.buf.copy_to_host(offset, dst);
         }
-        // SAFETY: in bounds; see `write_at`.
+        // SAFETY: in bounds; the claim keeps CPU writers and receives or
+        // RDMA reads off the range until the copy is done.
         unsafe { std::ptr::copy_nonoverlapping(self.inner.addr.add(offset), dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
@@ -613,11 +732,12 @@ impl MemoryRegion {
     /// As [`write_at`](Self::write_at).
     pub fn fill(&self, range: impl RangeBounds<usize>, byte: u8) -> Result<()> {
         let s = self.slice(range)?;
-        self.check_idle(s.offset, s.len, false)?;
-        if let Some(g) = &self.inner.gpu {
+        let _claim = self.claim_cpu(s.offset, s.len, Use::CpuWrites)?;
+        if let Some(g) = &*self.inner.gpu {
             return g.buf.copy_from_host(s.offset, &vec![byte; s.len]);
         }
-        // SAFETY: in bounds (slice checked it); no references exist.
+        // SAFETY: in bounds (slice checked it); no references exist; the
+        // claim excludes other users of the range.
         unsafe { std::ptr::write_bytes(self.inner.addr.add(s.offset), byte, s.len) };
         fence(Ordering::Release);
         Ok(())
@@ -626,11 +746,14 @@ impl MemoryRegion {
     /// Reads one byte with a volatile load: for polling a flag a peer
     /// writes with RDMA (the compiler may not cache it across iterations).
     /// It is not checked against posted work requests: a flag is expected
-    /// to change under the reader.
+    /// to change under the reader. It waits for no one either: while a
+    /// copy into the byte runs on another thread it answers
+    /// [`Error::Busy`], as a CPU load racing a CPU store would be a data race.
     ///
     /// # Errors
     /// [`Error::OutOfBounds`]; [`Error::InvalidArgument`] for GPU memory,
-    /// which the CPU cannot poll (use writes with immediate data instead).
+    /// which the CPU cannot poll (use writes with immediate data instead);
+    /// [`Error::Busy`] as above.
     pub fn read_volatile(&self, offset: usize) -> Result<u8> {
         self.check(offset, 1)?;
         if self.inner.gpu.is_some() {
@@ -638,7 +761,9 @@ impl MemoryRegion {
                 "GPU memory cannot be polled by the CPU: signal arrival with a write with immediate data".into(),
             ));
         }
-        // SAFETY: in bounds; a byte load cannot tear.
+        let _claim = self.claim_cpu(offset, 1, Use::CpuPolls)?;
+        // SAFETY: in bounds; a byte load cannot tear; no CPU store to the
+        // byte runs meanwhile (the claim).
         let b = unsafe { std::ptr::read_volatile(self.inner.addr.add(offset)) };
         fence(Ordering::Acquire);
         Ok(b)
@@ -693,32 +818,53 @@ impl MemoryRegion {
         }
     }
 
-    /// Refuses local access to bytes a posted work request uses: writes
-    /// conflict with any use, reads only with the NIC writing.
-    fn check_idle(&self, offset: usize, len: usize, reading: bool) -> Result<()> {
-        let busy = &self.inner.busy;
-        if busy.count.load(Ordering::Acquire) == 0 || len == 0 {
-            return Ok(());
-        }
-        let end = offset + len;
-        let guard = busy.ranges.lock().unwrap_or_else(|p| p.into_inner());
-        let conflict = guard.1.iter().any(|r| r.start < end && offset < r.end && (r.nic_writes || !reading));
-        if conflict {
-            Err(Error::Busy { offset: offset as u64, end: end as u64 })
-        } else {
-            Ok(())
-        }
+    /// Claims a range for a CPU copy until the returned guard drops.
+    fn claim_cpu(&self, offset: usize, len: usize, use_: Use) -> Result<CpuClaim<'_>> {
+        let token = if len == 0 { 0 } else { self.inner.claims.lock().claim(offset, len, use_)? };
+        Ok(CpuClaim { mr: self, token })
     }
+}
 
-    /// Marks a range as used by a work request until the guard drops.
-    pub(crate) fn mark_busy(&self, offset: usize, len: usize, nic_writes: bool) -> InFlight {
-        let busy = &self.inner.busy;
-        let mut g = busy.ranges.lock().unwrap_or_else(|p| p.into_inner());
-        g.0 += 1;
-        let token = g.0;
-        g.1.push(BusyRange { start: offset, end: offset + len, nic_writes, token });
-        busy.count.fetch_add(1, Ordering::AcqRel);
-        InFlight { mr: self.clone(), token, offset, len, nic_writes }
+/// A send source of a host-staged region, staged into the mirror and
+/// handed to the NIC piece by piece (chunked posts overlap the copy of one
+/// chunk with the transfer of the one before).
+pub(crate) struct StagingClaim<'a> {
+    claim: CpuClaim<'a>,
+    next: usize,
+    end: usize,
+}
+
+impl StagingClaim<'_> {
+    /// Stages the next `len` bytes and returns the NIC's claim on them.
+    pub(crate) fn stage_next(&mut self, len: usize) -> Result<InFlight> {
+        let mr = self.claim.mr;
+        let (offset, upto) = (self.next, (self.next + len).min(self.end));
+        if let Some(buf) = mr.staged() {
+            // SAFETY: the mirror range is inside the region (callers pass
+            // slices of it), no Rust reference to it exists, and this CPU
+            // claim keeps the NIC and other copies off it.
+            unsafe { buf.copy_to_raw(offset, mr.inner.addr.add(offset), upto - offset) }?;
+        }
+        let token = if offset == upto { 0 } else { mr.inner.claims.lock().hand_prefix_to_nic(self.claim.token, upto) };
+        self.next = upto;
+        if upto == self.end {
+            self.claim.token = 0; // fully handed over: nothing left to release
+        }
+        Ok(InFlight { mr: mr.clone(), token, offset, len: upto - offset, nic_writes: false })
+    }
+}
+
+/// A CPU copy's claim on a range (token 0: an empty range, nothing held).
+struct CpuClaim<'a> {
+    mr: &'a MemoryRegion,
+    token: u64,
+}
+
+impl Drop for CpuClaim<'_> {
+    fn drop(&mut self) {
+        if self.token != 0 {
+            self.mr.inner.claims.lock().release(self.token, true);
+        }
     }
 }
 
@@ -812,8 +958,8 @@ fn checked_access(len: usize, mut access: AccessFlags) -> Result<AccessFlags> {
     Ok(access)
 }
 
-/// Holds a region (alive and marked busy) on behalf of a posted work
-/// request, until its completion is reaped or its queue pair destroyed.
+/// Holds a region (alive and claimed) on behalf of a posted work request,
+/// until its completion is reaped or its queue pair destroyed.
 pub(crate) struct InFlight {
     mr: MemoryRegion,
     token: u64,
@@ -825,23 +971,24 @@ pub(crate) struct InFlight {
 impl InFlight {
     /// After the NIC wrote `written` bytes of the range (a receive or an
     /// RDMA read completed): brings them to the GPU if the region is
-    /// host-staged, before anyone is told the data is there.
+    /// host-staged, before anyone is told the data is there. The request's
+    /// own claim still keeps every CPU copy off the range.
     pub(crate) fn landed(&self, written: usize) -> Result<()> {
-        if self.nic_writes && self.mr.staged().is_some() {
-            self.mr.stage_in(self.offset..self.offset + written.min(self.len))?;
+        if !self.nic_writes {
+            return Ok(());
         }
-        Ok(())
+        let Some(buf) = self.mr.staged() else { return Ok(()) };
+        let len = written.min(self.len);
+        // SAFETY: the range is inside the region's mirror (it was posted),
+        // no Rust reference to it exists, and this request's claim keeps
+        // CPU writers off it.
+        unsafe { buf.copy_from_raw(self.offset, self.mr.inner.addr.add(self.offset), len) }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let busy = &self.mr.inner.busy;
-        let mut g = busy.ranges.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(i) = g.1.iter().position(|r| r.token == self.token) {
-            g.1.swap_remove(i);
-            busy.count.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.mr.inner.claims.lock().release(self.token, false);
     }
 }
 
@@ -901,9 +1048,11 @@ impl RemoteBuffer {
     /// # Errors
     /// [`Error::OutOfBounds`]: nothing is posted for a range outside the
     /// buffer the peer described.
+    /// A descriptor whose range would wrap past the end of the address
+    /// space (hand-built or from a lying peer) has no valid offset.
     pub fn addr_of(&self, offset: u64, len: u64) -> Result<u64> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(self.addr.wrapping_add(offset)),
+            Some(end) if end <= self.len && self.addr.checked_add(end).is_some() => Ok(self.addr + offset),
             _ => Err(Error::OutOfBounds { what: "remote buffer", offset, requested: len, len: self.len }),
         }
     }
@@ -949,6 +1098,68 @@ mod tests {
         assert_eq!(r.addr_of(4000, 96).unwrap(), 0x1000 + 4000);
         assert!(matches!(r.addr_of(4000, 97), Err(Error::OutOfBounds { offset: 4000, requested: 97, len: 4096, .. })));
         assert!(r.addr_of(u64::MAX, 2).is_err());
+        // A range that would wrap the address space is refused, not wrapped.
+        let w = RemoteBuffer { addr: u64::MAX - 10, len: 100, rkey: 7 };
+        assert!(w.addr_of(0, 10).is_ok());
+        assert!(matches!(w.addr_of(0, 11), Err(Error::OutOfBounds { .. })));
+        assert!(w.addr_of(50, 1).is_err());
+    }
+
+    /// The one record of who uses which bytes: CPU copies and posted
+    /// requests exclude each other exactly where one of them writes what
+    /// the other touches; posts never conflict with posts; polls wait only
+    /// for CPU writers.
+    #[test]
+    fn claims_conflict_where_someone_writes() {
+        use Use::*;
+        let all = [NicReads, NicWrites, CpuReads, CpuWrites, CpuPolls];
+        for a in all {
+            for b in all {
+                let mut c = Claims::default();
+                c.claim(0, 100, a).unwrap();
+                let expect = match (a, b) {
+                    (NicReads | NicWrites, NicReads | NicWrites) => false,
+                    (CpuPolls, x) | (x, CpuPolls) => x == CpuWrites,
+                    (NicReads | CpuReads, NicReads | CpuReads) => false,
+                    _ => true,
+                };
+                assert_eq!(c.claim(50, 100, b).is_err(), expect, "{a:?} then {b:?}");
+                // Disjoint ranges never conflict.
+                assert!(c.claim(100, 10, b).is_ok());
+            }
+        }
+    }
+
+    #[test]
+    fn busy_names_its_holder_and_release_frees_the_range() {
+        let mut c = Claims::default();
+        let t = c.claim(0, 10, Use::CpuWrites).unwrap();
+        let e = c.claim(5, 1, Use::NicReads).unwrap_err();
+        assert!(matches!(e, Error::Busy { offset: 5, end: 6, holder } if holder == BUSY_CPU), "{e}");
+        let n = c.claim(20, 10, Use::NicWrites).unwrap();
+        assert!(c.claim(25, 1, Use::CpuReads).unwrap_err().to_string().contains("poll its completion queue"));
+        c.release(t, true);
+        c.release(n, false);
+        assert!(c.claim(0, 30, Use::CpuWrites).is_ok());
+    }
+
+    /// Staging hands a CPU claim to the NIC front to back, never leaving a
+    /// moment in which another copy could write a staged chunk.
+    #[test]
+    fn staging_claim_moves_to_the_nic_chunk_by_chunk() {
+        let mut c = Claims::default();
+        let t = c.claim(0, 30, Use::CpuWrites).unwrap();
+        let n1 = c.hand_prefix_to_nic(t, 10);
+        let r = c.claim(0, 1, Use::CpuReads).expect("a sent chunk may be read");
+        assert!(c.claim(5, 1, Use::CpuWrites).is_err(), "but not written");
+        assert!(c.claim(15, 1, Use::NicReads).is_err(), "the rest is still being staged");
+        c.hand_prefix_to_nic(t, 30);
+        assert!(c.cpu.iter().all(|x| x.token != t), "fully handed over");
+        assert!(c.claim(15, 1, Use::NicReads).is_ok());
+        c.release(n1, false);
+        assert!(c.claim(0, 10, Use::CpuWrites).is_err(), "the read still runs");
+        c.release(r, true);
+        assert!(c.claim(0, 10, Use::CpuWrites).is_ok());
     }
 
     #[test]

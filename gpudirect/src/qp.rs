@@ -27,7 +27,7 @@ use std::fmt;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use ibverbs_sys as sys;
 use serde::{Deserialize, Serialize};
@@ -38,6 +38,7 @@ use crate::error::{check, Error, Result};
 use crate::gid::{Gid, GidChoice};
 use crate::mr::{AccessFlags, InFlight, LocalSlice};
 use crate::pd::ProtectionDomain;
+use crate::sync::{Guard, Mutex};
 use crate::wr::{RecvWr, SendOp, SendWr};
 
 /// What a peer needs to connect its queue pair to ours. Exchange it out of
@@ -177,7 +178,21 @@ struct Pending {
     seq: u64,
     wr_id: u64,
     opcode: WcOpcode,
+    /// Whether the request produces a completion of its own even when it
+    /// succeeds (every receive does).
+    signaled: bool,
     hold: Option<InFlight>,
+}
+
+/// A completed work request, released by [`Tracker::complete`].
+pub(crate) struct Done {
+    pub(crate) wr_id: u64,
+    /// The operation that was posted.
+    pub(crate) opcode: WcOpcode,
+    /// The request's hold on its memory; the caller lands it, then drops it.
+    pub(crate) hold: Option<InFlight>,
+    /// How staging in the unsignaled RDMA reads completed with it went.
+    pub(crate) earlier_landed: Result<()>,
 }
 
 /// Reused between posts so posting allocates nothing.
@@ -211,40 +226,49 @@ pub(crate) struct Tracker {
     recv: Mutex<WorkQueue>,
 }
 
-fn lock(m: &Mutex<WorkQueue>) -> MutexGuard<'_, WorkQueue> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+fn lock(m: &Mutex<WorkQueue>) -> Guard<'_, WorkQueue> {
+    m.lock()
 }
 
 impl Tracker {
-    /// Releases the work request a completion's raw wr_id names (and, on
-    /// the send queue, the unsignaled ones posted before it, whose data
-    /// has landed too when `ok`). Returns the user's wr_id, the posted
-    /// operation and the request's hold on its memory (dropped by the
-    /// caller once done with it); `None` for a completion of no request of
-    /// this queue pair.
-    pub(crate) fn complete(&self, raw: u64, ok: bool) -> Result<Option<(u64, WcOpcode, Option<InFlight>)>> {
+    /// Releases the work request a completion's raw wr_id names, and on the
+    /// send queue the unsignaled ones posted before it: they completed
+    /// too, successfully, whatever this completion's status (an RC queue
+    /// completes in order, and a request that fails always reports its own
+    /// completion). Their data is staged in here. A signaled request
+    /// posted earlier and not yet reaped is left alone, so whichever
+    /// completion arrives first, none is ever dropped. `None` for a
+    /// completion of no request of this queue pair.
+    pub(crate) fn complete(&self, raw: u64) -> Option<Done> {
         if raw & !RECV_BIT & !SEQ_MASK != self.tag {
-            return Ok(None);
+            return None;
         }
         let q = if raw & RECV_BIT != 0 { &self.recv } else { &self.send };
         let seq = raw & SEQ_MASK;
         let mut q = lock(q);
-        let Some(pos) = q.pending.iter().position(|p| p.seq == seq) else {
-            return Ok(None);
-        };
-        let mut drained = q.pending.drain(..=pos);
-        let done = drained.next_back().expect("the range ends at a found entry");
-        for earlier in drained {
-            if let (true, Some(h)) = (ok, &earlier.hold) {
-                h.landed(usize::MAX)?;
+        let pos = q.pending.iter().position(|p| p.seq == seq)?;
+        let mut earlier_landed = Ok(());
+        let mut released = 0;
+        while released < pos && !q.pending[0].signaled {
+            let earlier = q.pending.pop_front().expect("pos is within the queue");
+            if let Some(h) = &earlier.hold {
+                earlier_landed = earlier_landed.and(h.landed(usize::MAX));
             }
+            released += 1;
         }
-        Ok(Some((done.wr_id, done.opcode, done.hold)))
+        let done = q.pending.remove(pos - released).expect("the entry was found");
+        Some(Done { wr_id: done.wr_id, opcode: done.opcode, hold: done.hold, earlier_landed })
     }
 
-    fn clear(&self) {
-        lock(&self.send).pending.clear();
-        lock(&self.recv).pending.clear();
+    /// Forgets every pending request (after the queue pair is destroyed);
+    /// says, for the send and receive queue, whether any was left.
+    fn clear(&self) -> [bool; 2] {
+        [&self.send, &self.recv].map(|q| {
+            let mut q = lock(q);
+            let left = !q.pending.is_empty();
+            q.pending.clear();
+            left
+        })
     }
 }
 
@@ -260,9 +284,8 @@ struct QpInner {
     port: PortAttr,
     config: QpConfig,
     max_inline: u32,
-    // Given back to the CQs after the QP is destroyed (fields drop after
-    // the Drop body).
-    _room: [Reservation; 2],
+    /// Room in the send and receive CQs; see the Drop body.
+    room: [Option<Reservation>; 2],
 }
 
 // SAFETY: posting and modifying are thread-safe verbs; Rust-side state
@@ -277,15 +300,23 @@ impl Drop for QpInner {
         // After this returns the NIC no longer touches memory on its behalf,
         // so the holds of its outstanding work requests may be released.
         let ret = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+        self.send_cq.unregister(self.qp_num, &self.tracker);
+        self.recv_cq.unregister(self.qp_num, &self.tracker);
         if ret != 0 {
             tracing::warn!("{}", Error::returned("ibv_destroy_qp", ret));
-            // Leak the held memory rather than free what the NIC may still use.
+            // Leak the held memory rather than free what the NIC may still
+            // use, and keep the CQ room: the QP may still complete into it.
             std::mem::forget(self.tracker.clone());
+            std::mem::forget(self.room.each_mut().map(Option::take));
+            return;
         }
-        self.send_cq.unregister(self.qp_num);
-        self.recv_cq.unregister(self.qp_num);
-        if ret == 0 {
-            self.tracker.clear();
+        // Work left unreaped may have left completions in the CQ (rxe keeps
+        // a destroyed QP's; mlx5 removes them): that room stays owed until
+        // the CQ has been seen empty.
+        for (left, room) in self.tracker.clear().into_iter().zip(&mut self.room) {
+            if let (true, Some(r)) = (left, room.take()) {
+                r.into_debt();
+            }
         }
     }
 }
@@ -331,19 +362,22 @@ impl QpInner {
             return Err(Error::QueueFull { queue: "receive", depth: q.depth });
         }
         let first_seq = q.next_seq;
+        let kept = q.pending.len();
         let s = &mut q.scratch;
         s.sges.clear();
         s.recv.clear();
         for (i, wr) in wrs.iter().enumerate() {
             let seq = (first_seq + i as u64) & SEQ_MASK;
+            let hold = match claim(&wr.local, true) {
+                Ok(h) => h,
+                Err(e) => {
+                    q.pending.truncate(kept); // releases this batch's claims
+                    return Err(e);
+                }
+            };
             s.sges.push(sge(&wr.local));
             s.recv.push(sys::ibv_recv_wr { wr_id: RECV_BIT | self.tracker.tag | seq, ..Default::default() });
-            q.pending.push_back(Pending {
-                seq,
-                wr_id: wr.wr_id,
-                opcode: WcOpcode::Recv,
-                hold: (!wr.local.is_empty()).then(|| wr.local.mr.mark_busy(wr.local.offset, wr.local.len, true)),
-            });
+            q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: WcOpcode::Recv, signaled: true, hold });
         }
         link(&mut s.recv, &mut s.sges, |wr| &mut wr.next, |wr, sg, n| {
             wr.sg_list = sg;
@@ -351,23 +385,16 @@ impl QpInner {
         }, wrs.iter().map(|w| !w.local.is_empty()));
         let mut bad = std::ptr::null_mut();
         // SAFETY: `recv` is a valid, NUL-terminated chain whose SGEs name
-        // registered memory held alive (and busy) by the pending entries.
+        // registered memory held alive (and claimed) by the pending entries.
         let ret = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), s.recv.as_mut_ptr(), &mut bad) };
         let posted = posted_count(ret, bad, &s.recv);
         finish_post(q, wrs.len(), posted, "ibv_post_recv", ret)
     }
 
-    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        if wrs.is_empty() {
-            return Ok(());
-        }
+    /// Checks what can be checked of a batch before the queue is locked.
+    fn check_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         for wr in wrs {
             self.check_local(&wr.local)?;
-            if wr.op != SendOp::Read {
-                // Host-staged GPU regions: the NIC reads the host mirror,
-                // so the bytes go there first, synchronously.
-                wr.local.mr.stage_out(wr.local.offset, wr.local.len)?;
-            }
             if wr.inline && !wr.local.mr.cpu_addressable() {
                 return Err(Error::InvalidArgument(
                     "inline sends copy the payload with the CPU, which cannot read GPU memory registered for GPUDirect RDMA".into(),
@@ -380,17 +407,37 @@ impl QpInner {
                 )));
             }
         }
-        let mut q = lock(&self.tracker.send);
-        let q = &mut *q;
+        Ok(())
+    }
+
+    /// Posts a checked batch with the send queue locked: the room check,
+    /// the claims on local memory (and the staging of host-staged sources
+    /// they do) and the post happen as one step.
+    fn post_send_locked(
+        &self,
+        q: &mut WorkQueue,
+        wrs: &[SendWr<'_>],
+        mut claim: impl FnMut(&SendWr<'_>) -> Result<Option<InFlight>>,
+    ) -> Result<()> {
         if q.pending.len() + wrs.len() > q.depth as usize {
             return Err(Error::QueueFull { queue: "send", depth: q.depth });
         }
         let first_seq = q.next_seq;
+        let kept = q.pending.len();
         let s = &mut q.scratch;
         s.sges.clear();
         s.send.clear();
         for (i, wr) in wrs.iter().enumerate() {
             let seq = (first_seq + i as u64) & SEQ_MASK;
+            // Inline payloads are copied during the post, by the CPU: that
+            // copy is a read like any send's, so it is claimed the same way.
+            let hold = match claim(wr) {
+                Ok(h) => h,
+                Err(e) => {
+                    q.pending.truncate(kept); // releases this batch's claims
+                    return Err(e);
+                }
+            };
             s.sges.push(sge(&wr.local));
             let mut raw = sys::ibv_send_wr { wr_id: self.tracker.tag | seq, ..Default::default() };
             let (opcode, imm) = match wr.op {
@@ -410,10 +457,7 @@ impl QpInner {
             }
             raw.send_flags = if wr.signaled { sys::IBV_SEND_SIGNALED } else { 0 } | if wr.inline { sys::IBV_SEND_INLINE } else { 0 };
             s.send.push(raw);
-            // Inline payloads are copied during the post: nothing to hold.
-            let hold = (!wr.inline && !wr.local.is_empty())
-                .then(|| wr.local.mr.mark_busy(wr.local.offset, wr.local.len, wr.op.nic_writes_local()));
-            q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), hold });
+            q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold });
         }
         link(&mut s.send, &mut s.sges, |wr| &mut wr.next, |wr, sg, n| {
             wr.sg_list = sg;
@@ -421,11 +465,20 @@ impl QpInner {
         }, wrs.iter().map(|w| !w.local.is_empty()));
         let mut bad = std::ptr::null_mut();
         // SAFETY: `send` is a valid, NULL-terminated chain whose SGEs name
-        // registered memory held alive (and busy) by the pending entries;
+        // registered memory held alive (and claimed) by the pending entries;
         // remote addresses were bounds-checked against the peer's buffer.
         let ret = unsafe { sys::ibv_post_send(self.qp.as_ptr(), s.send.as_mut_ptr(), &mut bad) };
         let posted = posted_count(ret, bad, &s.send);
-        finish_post(q, wrs.len(), posted, "ibv_post_send", ret)
+        let r = finish_post(q, wrs.len(), posted, "ibv_post_send", ret);
+        // Inline requests need nothing once posted: the provider copied them.
+        if ret == 0 && wrs.iter().any(|w| w.inline) {
+            for (p, wr) in q.pending.iter_mut().skip(kept).zip(wrs) {
+                if wr.inline {
+                    p.hold = None;
+                }
+            }
+        }
+        r
     }
 
     fn check_local(&self, l: &LocalSlice<'_>) -> Result<()> {
@@ -437,6 +490,15 @@ impl QpInner {
         }
         Ok(())
     }
+}
+
+/// Claims a work request's local memory until its completion is reaped
+/// (nothing for an empty slice).
+fn claim(l: &LocalSlice<'_>, nic_writes: bool) -> Result<Option<InFlight>> {
+    if l.is_empty() {
+        return Ok(None);
+    }
+    l.mr.claim_for_nic(l.offset, l.len, nic_writes).map(Some)
 }
 
 fn sge(l: &LocalSlice<'_>) -> sys::ibv_sge {
@@ -466,17 +528,23 @@ fn link<W>(
 }
 
 /// How many requests of a chain the provider accepted: all on success,
-/// those before `bad` on failure (ibv_post_send(3)).
+/// those before `bad` on failure (ibv_post_send(3)). A failure whose `bad`
+/// is NULL or outside the chain says nothing of what was posted, so every
+/// request counts as posted: its memory then stays held until a completion
+/// or the queue pair's destruction releases it, where counting it as
+/// refused could free memory the NIC is still using.
 fn posted_count<W>(ret: i32, bad: *mut W, chain: &[W]) -> usize {
     if ret == 0 {
         return chain.len();
     }
     let base = chain.as_ptr() as usize;
     let b = bad as usize;
-    if bad.is_null() || b < base {
-        return 0;
+    let end = base + std::mem::size_of_val(chain);
+    if bad.is_null() || b < base || b >= end {
+        tracing::warn!(ret, "a post failed without naming the first refused work request; holding the memory of all {} as posted", chain.len());
+        return chain.len();
     }
-    ((b - base) / std::mem::size_of::<W>()).min(chain.len())
+    (b - base) / std::mem::size_of::<W>()
 }
 
 /// Keeps the pending entries of posted requests and drops the holds of the
@@ -541,7 +609,7 @@ impl QueuePair {
         let gid = ctx.choose_gid_on(&port, config.gid_index)?;
         // Every send may be signaled and every receive completes: the CQs
         // must hold them all, or they overrun.
-        let room = [send_cq.reserve(config.max_send_wr)?, recv_cq.reserve(config.max_recv_wr)?];
+        let room = [Some(send_cq.reserve(config.max_send_wr)?), Some(recv_cq.reserve(config.max_recv_wr)?)];
         let mut init = sys::ibv_qp_init_attr {
             send_cq: send_cq.as_ptr(),
             recv_cq: recv_cq.as_ptr(),
@@ -584,7 +652,7 @@ impl QueuePair {
             port,
             config: config.clone(),
             max_inline: init.cap.max_inline_data,
-            _room: room,
+            room,
         };
         let mut attr = sys::ibv_qp_attr {
             qp_state: sys::IBV_QPS_INIT,
@@ -630,24 +698,32 @@ impl QueuePair {
     /// long. [`Error::Verb`] from `ibv_post_send`: the requests before the
     /// failing one were posted and will complete.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        if !wrs.iter().any(|w| splits_for_staging(w)) {
-            return self.inner.post_send(wrs);
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let inner = &self.inner;
+        inner.check_send(wrs)?;
+        let mut q = lock(&inner.tracker.send);
+        let claim_local = |wr: &SendWr<'_>| claim(&wr.local, wr.op.nic_writes_local());
+        if !wrs.iter().any(splits_for_staging) {
+            return inner.post_send_locked(&mut q, wrs, claim_local);
         }
         // Host-staged GPU sources: post each large write as chunks, copying
         // chunk k+1 from the GPU while the NIC sends chunk k, instead of
-        // copying the whole message before the NIC may start.
+        // copying the whole message before the NIC may start. The queue
+        // stays locked throughout, so the room checked is the room used.
         let chunks: usize = wrs.iter().map(|w| if splits_for_staging(w) { w.local.len.div_ceil(STAGE_CHUNK) } else { 1 }).sum();
-        {
-            let q = lock(&self.inner.tracker.send);
-            if q.pending.len() + chunks > q.depth as usize {
-                return Err(Error::QueueFull { queue: "send", depth: q.depth });
-            }
+        if q.pending.len() + chunks > q.depth as usize {
+            return Err(Error::QueueFull { queue: "send", depth: q.depth });
         }
         for wr in wrs {
             if !splits_for_staging(wr) {
-                self.inner.post_send(std::slice::from_ref(wr))?;
+                inner.post_send_locked(&mut q, std::slice::from_ref(wr), claim_local)?;
                 continue;
             }
+            // One claim over the whole source: no copy on another thread
+            // can slip in between two chunks.
+            let mut staging = wr.local.mr.claim_for_staging(wr.local.offset, wr.local.len)?;
             let n = wr.local.len.div_ceil(STAGE_CHUNK);
             for k in 0..n {
                 let off = k * STAGE_CHUNK;
@@ -655,7 +731,9 @@ impl QueuePair {
                 let last = k + 1 == n;
                 let chunk = SendWr {
                     local: LocalSlice { mr: wr.local.mr, offset: wr.local.offset + off, len },
-                    remote_addr: wr.remote_addr + off as u64,
+                    // Cannot overflow: `remote_addr + len` was checked when
+                    // the request was built (RemoteBuffer::addr_of).
+                    remote_addr: wr.remote_addr.wrapping_add(off as u64),
                     // Only the last chunk carries the immediate, the id and
                     // the caller's signaling; RC ordering completes the rest first.
                     op: if last { wr.op } else { SendOp::Write },
@@ -663,7 +741,7 @@ impl QueuePair {
                     wr_id: wr.wr_id,
                     ..*wr
                 };
-                self.inner.post_send(&[chunk])?;
+                inner.post_send_locked(&mut q, &[chunk], |_| staging.stage_next(len).map(Some))?;
             }
         }
         Ok(())
@@ -822,41 +900,71 @@ mod tests {
         Tracker { tag: tag << GEN_SHIFT, send: Mutex::new(WorkQueue::new(8)), recv: Mutex::new(WorkQueue::new(8)) }
     }
 
-    fn push(t: &Tracker, recv: bool, seq: u64, wr_id: u64) {
+    fn push(t: &Tracker, recv: bool, seq: u64, wr_id: u64, signaled: bool) {
         let q = if recv { &t.recv } else { &t.send };
-        lock(q).pending.push_back(Pending { seq, wr_id, opcode: WcOpcode::Send, hold: None });
+        lock(q).pending.push_back(Pending { seq, wr_id, opcode: WcOpcode::Send, signaled, hold: None });
+    }
+
+    fn ids(t: &Tracker) -> Vec<u64> {
+        lock(&t.send).pending.iter().map(|p| p.wr_id).collect()
     }
 
     #[test]
     fn signaled_completion_releases_earlier_unsignaled() {
         let t = tracker(5);
         for s in 0..4 {
-            push(&t, false, s, 100 + s);
+            push(&t, false, s, 100 + s, s == 2);
         }
-        assert_eq!(t.complete((5 << GEN_SHIFT) | 2, true).unwrap().map(|c| (c.0, c.1)), Some((102, WcOpcode::Send)));
-        assert_eq!(lock(&t.send).pending.len(), 1);
-        assert_eq!(lock(&t.send).pending[0].seq, 3);
+        let d = t.complete((5 << GEN_SHIFT) | 2).unwrap();
+        assert_eq!((d.wr_id, d.opcode), (102, WcOpcode::Send));
+        assert!(d.earlier_landed.is_ok());
+        assert_eq!(ids(&t), [103]);
+    }
+
+    /// Two pollers can take one queue pair's completions k and k+1 and
+    /// match them in either order: a later completion must never release
+    /// an earlier *signaled* request, whose own completion is still coming
+    /// (it used to be drained as "earlier" and its completion dropped).
+    #[test]
+    fn a_later_completion_never_swallows_an_earlier_signaled_one() {
+        let t = tracker(5);
+        push(&t, false, 0, 10, false);
+        push(&t, false, 1, 11, true); // completion k
+        push(&t, false, 2, 12, false);
+        push(&t, false, 3, 13, true); // completion k+1, matched first
+        let late = t.complete((5 << GEN_SHIFT) | 3).unwrap();
+        assert_eq!(late.wr_id, 13);
+        assert_eq!(ids(&t), [11, 12], "the unsignaled request before the signaled one went with it");
+        let early = t.complete((5 << GEN_SHIFT) | 1).unwrap();
+        assert_eq!(early.wr_id, 11);
+        assert_eq!(ids(&t), [12], "still complete; released by the next completion");
+        push(&t, false, 4, 14, true);
+        assert_eq!(t.complete((5 << GEN_SHIFT) | 4).unwrap().wr_id, 14);
+        assert!(ids(&t).is_empty());
     }
 
     #[test]
     fn queues_and_generations_are_kept_apart() {
         let t = tracker(5);
-        push(&t, false, 0, 1);
-        push(&t, true, 0, 2);
-        assert_eq!(t.complete(RECV_BIT | (5 << GEN_SHIFT), true).unwrap().map(|c| (c.0, c.1)), Some((2, WcOpcode::Send)));
+        push(&t, false, 0, 1, true);
+        push(&t, true, 0, 2, true);
+        assert_eq!(t.complete(RECV_BIT | (5 << GEN_SHIFT)).map(|c| c.wr_id), Some(2));
         // A stale completion from another generation releases nothing.
-        assert!(t.complete(6 << GEN_SHIFT, true).unwrap().is_none());
+        assert!(t.complete(6 << GEN_SHIFT).is_none());
         assert_eq!(lock(&t.send).pending.len(), 1);
         // Unknown sequence numbers release nothing either.
-        assert!(t.complete((5 << GEN_SHIFT) | 7, true).unwrap().is_none());
-        assert_eq!(t.complete(5 << GEN_SHIFT, true).unwrap().map(|c| (c.0, c.1)), Some((1, WcOpcode::Send)));
+        assert!(t.complete((5 << GEN_SHIFT) | 7).is_none());
+        assert_eq!(t.complete(5 << GEN_SHIFT).map(|c| c.wr_id), Some(1));
+        assert_eq!(t.clear(), [false, false]);
+        push(&t, true, 1, 3, true);
+        assert_eq!(t.clear(), [false, true]);
     }
 
     #[test]
     fn partial_post_keeps_only_accepted_requests() {
         let mut q = WorkQueue::new(8);
         for s in 0..3 {
-            q.pending.push_back(Pending { seq: s, wr_id: s, opcode: WcOpcode::Send, hold: None });
+            q.pending.push_back(Pending { seq: s, wr_id: s, opcode: WcOpcode::Send, signaled: true, hold: None });
         }
         let chain = [0u64; 3];
         let bad = &chain[1] as *const u64 as *mut u64;
@@ -865,6 +973,19 @@ mod tests {
         assert!(matches!(r, Err(Error::Verb { verb: "ibv_post_send", .. })));
         assert_eq!(q.pending.len(), 1);
         assert_eq!(q.next_seq, 1);
+    }
+
+    /// A failed post that names no refused request (bad_wr NULL, or
+    /// outside the chain) may have posted any of them: all stay held.
+    #[test]
+    fn a_failed_post_without_bad_wr_holds_every_request() {
+        let chain = [0u64; 3];
+        assert_eq!(posted_count(libc::EINVAL, std::ptr::null_mut::<u64>(), &chain), 3);
+        let outside = chain.as_ptr().wrapping_add(3) as *mut u64;
+        assert_eq!(posted_count(libc::EINVAL, outside, &chain), 3);
+        let first = chain.as_ptr() as *mut u64;
+        assert_eq!(posted_count(libc::EINVAL, first, &chain), 0);
+        assert_eq!(posted_count(0, std::ptr::null_mut::<u64>(), &chain), 3);
     }
 
     #[test]

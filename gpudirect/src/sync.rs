@@ -1,0 +1,143 @@
+//! The library's one mutex type (crate-private leaf module).
+//!
+//! Two reasons it is not `std::sync::Mutex` used directly:
+//! - Poisoning carries no meaning here: every critical section leaves its
+//!   data consistent before anything that can panic, so a panic on another
+//!   thread must not turn every later post or poll into a panic too.
+//! - valgrind's helgrind and drd see only `pthread_*` synchronisation. The
+//!   standard mutex is built on futexes, which they cannot see, so every
+//!   access it orders would be reported as a race. With the `valgrind`
+//!   feature the same type is a `pthread_mutex_t`, which both tools
+//!   understand, and the concurrency tests run under them without
+//!   suppressions (testbed/sanitize). The default build keeps the futex
+//!   mutex: its uncontended lock and unlock are a few inline instructions,
+//!   where a pthread mutex is a call into libc, on every post and poll.
+
+use std::ops::{Deref, DerefMut};
+
+pub(crate) use imp::Mutex;
+
+/// A locked [`Mutex`].
+pub(crate) struct Guard<'a, T> {
+    inner: imp::Guard<'a, T>,
+}
+
+impl<T> Deref for Guard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.inner
+    }
+}
+
+impl<T> DerefMut for Guard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.inner
+    }
+}
+
+#[cfg(not(feature = "valgrind"))]
+mod imp {
+    pub(crate) type Guard<'a, T> = std::sync::MutexGuard<'a, T>;
+
+    /// A mutex that ignores poisoning.
+    #[derive(Default)]
+    pub(crate) struct Mutex<T>(std::sync::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Mutex(std::sync::Mutex::new(value))
+        }
+
+        pub(crate) fn lock(&self) -> super::Guard<'_, T> {
+            super::Guard { inner: self.0.lock().unwrap_or_else(|p| p.into_inner()) }
+        }
+    }
+}
+
+#[cfg(feature = "valgrind")]
+mod imp {
+    use std::cell::UnsafeCell;
+    use std::ops::{Deref, DerefMut};
+
+    /// A `pthread_mutex_t` (boxed: a pthread mutex must not move once used).
+    pub(crate) struct Mutex<T> {
+        raw: Box<UnsafeCell<libc::pthread_mutex_t>>,
+        value: UnsafeCell<T>,
+    }
+
+    // SAFETY: the mutex hands out access to `value` to one thread at a time.
+    unsafe impl<T: Send> Send for Mutex<T> {}
+    // SAFETY: as above; `T: Send` suffices, as for std's Mutex.
+    unsafe impl<T: Send> Sync for Mutex<T> {}
+
+    impl<T: Default> Default for Mutex<T> {
+        fn default() -> Self {
+            Mutex::new(T::default())
+        }
+    }
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Mutex { raw: Box::new(UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER)), value: UnsafeCell::new(value) }
+        }
+
+        pub(crate) fn lock(&self) -> super::Guard<'_, T> {
+            // SAFETY: a statically initialised mutex that never moves.
+            let r = unsafe { libc::pthread_mutex_lock(self.raw.get()) };
+            debug_assert_eq!(r, 0, "pthread_mutex_lock");
+            super::Guard { inner: Guard { m: self } }
+        }
+    }
+
+    impl<T> Drop for Mutex<T> {
+        fn drop(&mut self) {
+            // SAFETY: unlocked (no guard can outlive the borrow of `self`).
+            unsafe { libc::pthread_mutex_destroy(self.raw.get()) };
+        }
+    }
+
+    pub(crate) struct Guard<'a, T> {
+        m: &'a Mutex<T>,
+    }
+
+    impl<T> Deref for Guard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            // SAFETY: the lock is held.
+            unsafe { &*self.m.value.get() }
+        }
+    }
+
+    impl<T> DerefMut for Guard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            // SAFETY: the lock is held, and `&mut self` makes this the only view.
+            unsafe { &mut *self.m.value.get() }
+        }
+    }
+
+    impl<T> Drop for Guard<'_, T> {
+        fn drop(&mut self) {
+            // SAFETY: this guard locked it.
+            unsafe { libc::pthread_mutex_unlock(self.m.raw.get()) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_while_locked_does_not_poison() {
+        let m = std::sync::Arc::new(Mutex::new(1));
+        let m2 = m.clone();
+        let r = std::thread::spawn(move || {
+            let _g = m2.lock();
+            panic!("while locked");
+        })
+        .join();
+        assert!(r.is_err());
+        *m.lock() += 1;
+        assert_eq!(*m.lock(), 2);
+    }
+}
