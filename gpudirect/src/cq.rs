@@ -300,6 +300,17 @@ struct PollState {
     debt: u64,
 }
 
+impl PollState {
+    /// Forgets queue pair `qpn`, if `t` is still the one registered under
+    /// that number: a provider may already have given the number to a new
+    /// queue pair, whose tracker must stay.
+    fn unregister(&mut self, qpn: u32, t: &Arc<Tracker>) {
+        if self.trackers.get(&qpn).is_some_and(|cur| Arc::ptr_eq(cur, t)) {
+            self.trackers.remove(&qpn);
+        }
+    }
+}
+
 pub(crate) struct CqInner {
     cq: NonNull<sys::ibv_cq>,
     channel: Channel,
@@ -579,14 +590,8 @@ impl CompletionQueue {
         self.inner.state.lock().trackers.insert(qpn, t);
     }
 
-    /// Forgets queue pair `qpn`, if `t` is still the one registered under
-    /// that number: a provider may already have given the number to a new
-    /// queue pair, whose tracker must stay.
     pub(crate) fn unregister(&self, qpn: u32, t: &Arc<Tracker>) {
-        let mut st = self.inner.state.lock();
-        if st.trackers.get(&qpn).is_some_and(|cur| Arc::ptr_eq(cur, t)) {
-            st.trackers.remove(&qpn);
-        }
+        self.inner.state.lock().unregister(qpn, t);
     }
 }
 
@@ -660,6 +665,21 @@ mod tests {
             assert!(!s.hint().is_empty());
         }
         assert_eq!(WcStatus::from_raw(999), WcStatus::Other(999));
+    }
+
+    /// A queue pair being dropped after the provider gave its number to a
+    /// new one must not unregister the new one (whose completions would
+    /// all be discarded).
+    #[test]
+    fn unregister_removes_only_the_same_tracker() {
+        let (old, new) = (Arc::new(Tracker::for_test(1)), Arc::new(Tracker::for_test(2)));
+        let mut st = PollState::default();
+        st.trackers.insert(7, old.clone());
+        st.trackers.insert(7, new.clone()); // number 7 reused
+        st.unregister(7, &old);
+        assert!(Arc::ptr_eq(&st.trackers[&7], &new));
+        st.unregister(7, &new);
+        assert!(st.trackers.is_empty());
     }
 
     #[test]

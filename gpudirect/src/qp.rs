@@ -260,6 +260,11 @@ impl Tracker {
         Some(Done { wr_id: done.wr_id, opcode: done.opcode, hold: done.hold, earlier_landed })
     }
 
+    #[cfg(test)]
+    pub(crate) fn for_test(generation: u64) -> Tracker {
+        Tracker { tag: generation << GEN_SHIFT, send: Mutex::new(WorkQueue::new(8)), recv: Mutex::new(WorkQueue::new(8)) }
+    }
+
     /// Forgets every pending request (after the queue pair is destroyed);
     /// says, for the send and receive queue, whether any was left.
     fn clear(&self) -> [bool; 2] {
@@ -896,8 +901,8 @@ fn random_psn() -> u32 {
 mod tests {
     use super::*;
 
-    fn tracker(tag: u64) -> Tracker {
-        Tracker { tag: tag << GEN_SHIFT, send: Mutex::new(WorkQueue::new(8)), recv: Mutex::new(WorkQueue::new(8)) }
+    fn tracker(generation: u64) -> Tracker {
+        Tracker::for_test(generation)
     }
 
     fn push(t: &Tracker, recv: bool, seq: u64, wr_id: u64, signaled: bool) {
