@@ -318,8 +318,8 @@ pub(crate) struct CqInner {
     state: Mutex<PollState>,
     /// Serialises arming and consuming completion events.
     waiter: Mutex<()>,
-    /// Work-queue entries of the queue pairs completing here: a CQ smaller
-    /// than that can overrun, which verbs report only as an asynchronous
+    /// Work-queue entries of the queue pairs completing here (locked after
+    /// `state` when both are needed): a CQ smaller than that can overrun, which verbs report only as an asynchronous
     /// event while the queue pairs stall.
     committed: Mutex<u64>,
     ctx: Context,
@@ -351,6 +351,11 @@ impl Drop for CqInner {
 /// A completion queue with its own completion channel, so it can be
 /// busy-polled ([`poll`](Self::poll)) or waited on ([`wait`](Self::wait)).
 /// Cheap to clone; queue pairs using it keep it alive.
+///
+/// # Thread safety
+/// `Send + Sync`. Any number of threads may poll and wait at once; every
+/// completion is reported exactly once, to one of them. Waiters take
+/// turns sleeping on the channel; pollers do not wait for them.
 #[derive(Clone)]
 pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,
@@ -570,16 +575,19 @@ impl CompletionQueue {
     /// settled first when it is what stands in the way.
     pub(crate) fn reserve(&self, n: u32) -> Result<Reservation> {
         for settled in [false, true] {
-            {
+            let needed = {
                 let mut c = self.inner.committed.lock();
                 let needed = *c + u64::from(n);
                 if needed <= u64::from(self.inner.depth) {
                     *c = needed;
                     return Ok(Reservation { cq: self.clone(), n });
                 }
-                if settled || self.inner.state.lock().debt == 0 {
-                    return Err(Error::CqTooSmall { depth: self.inner.depth, needed });
-                }
+                needed
+            };
+            // Not under `committed`: the poll lock is always taken first
+            // (a poll that sees the CQ empty forgives the debt under it).
+            if settled || self.inner.state.lock().debt == 0 {
+                return Err(Error::CqTooSmall { depth: self.inner.depth, needed });
             }
             self.settle_debt()?;
         }

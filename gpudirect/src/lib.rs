@@ -29,6 +29,41 @@
 //! - [`bootstrap`]: the out-of-band TCP exchange of endpoints and buffers.
 //! - [`error`]: the error type.
 //!
+//! # Thread safety
+//! Every handle is `Send + Sync` and cheap to clone; share them freely.
+//! What each guarantees when used from several threads at once:
+//! - [`MemoryRegion`]: copies ([`write_at`](MemoryRegion::write_at),
+//!   [`read_at`](MemoryRegion::read_at), [`fill`](MemoryRegion::fill),
+//!   [`stage_in`](MemoryRegion::stage_in),
+//!   [`read_volatile`](MemoryRegion::read_volatile)) and posts that name
+//!   the region share one record of who uses which bytes. A copy claims
+//!   its range for as long as it runs; a posted request until its
+//!   completion is reaped. Anything that would overlap a conflicting claim
+//!   (someone writes what the other touches) fails at once with
+//!   [`Error::Busy`] instead of waiting or racing: two reads may overlap,
+//!   a read and a write may not, a copy and a receive into it may not, two
+//!   posts always may (what the NIC does to memory is the application
+//!   protocol's business, not a Rust data race).
+//! - [`QueuePair`]: [`post_send`](QueuePair::post_send) and
+//!   [`post_recv`](QueuePair::post_recv) may run on several threads; each
+//!   call's batch is posted whole (one lock per queue covers the room
+//!   check, the claims, host staging and the doorbell), and batches of
+//!   different threads do not interleave.
+//! - [`CompletionQueue`]: any number of threads may
+//!   [`poll`](CompletionQueue::poll) and [`wait`](CompletionQueue::wait).
+//!   Each completion is reported exactly once, to one of them; one lock is
+//!   held from `ibv_poll_cq` until the completions it returned are matched
+//!   to their requests, so pollers cannot reorder one queue pair's
+//!   completions. Which thread gets which completion is not defined.
+//! - [`RegistrationCache`]: lookups from several threads share the cache.
+//! - [`Context`], [`ProtectionDomain`], [`Gpu`]: immutable after creation.
+//!
+//! A queue pair may be dropped while other threads poll its CQ: its
+//! outstanding requests complete no more, and their memory is released
+//! once the QP is destroyed. Its room in the CQ is given back only when
+//! the CQ has been seen empty afterwards (some providers leave a
+//! destroyed QP's completions in the CQ), so a CQ can never overrun.
+//!
 //! # Example
 //! ```no_run
 //! use gpudirect::{AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain,

@@ -354,6 +354,15 @@ impl Drop for MrInner {
 /// handle); deregistered when the last handle and the last work request
 /// using it are gone.
 ///
+/// # Thread safety
+/// `Send + Sync`. Copies and posts from any number of threads are checked
+/// against one record of who uses which bytes; an access that conflicts
+/// with one in progress (a CPU copy on another thread, or a posted request
+/// not yet reaped) fails with [`Error::Busy`] naming which, and never
+/// waits. Overlapping reads are allowed; anything that writes excludes
+/// every other CPU access of its bytes. Should `ibv_dereg_mr` fail, the
+/// memory is leaked rather than freed while the NIC may still reach it.
+///
 /// ```compile_fail,E0133
 /// # fn f(mr: &gpudirect::MemoryRegion) {
 /// // Zero-copy views are unsafe: the NIC or a peer may change the bytes.

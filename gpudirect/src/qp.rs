@@ -574,6 +574,12 @@ pub struct PreparedQueuePair {
 }
 
 /// A connected reliable-connected queue pair (`RTS`).
+///
+/// # Thread safety
+/// `Send + Sync`: several threads may post on one queue pair. Each call's
+/// batch is checked, claimed, staged and posted under the queue's lock,
+/// so the room it was checked against is the room it uses, and batches
+/// from different threads never interleave.
 #[derive(Debug)]
 pub struct QueuePair {
     inner: QpInner,
@@ -696,12 +702,24 @@ impl QueuePair {
     /// writes (and, for RDMA reads, reads), until each request's completion
     /// is reaped from the send completion queue.
     ///
+    /// A source in a host-staged GPU region is copied to the NIC's host
+    /// mirror first (under the same lock); writes over 1 MiB from one are
+    /// posted as 1 MiB chunks so the copy of one overlaps the transfer of
+    /// the one before. Such a range can be the source of one outstanding
+    /// request at a time (staging rewrites the mirror).
+    ///
     /// # Errors
     /// Nothing is posted when the batch would overfill the queue
     /// ([`Error::QueueFull`]), names a region of another protection domain
     /// ([`Error::ForeignMemoryRegion`]) or an inline payload that is too
-    /// long. [`Error::Verb`] from `ibv_post_send`: the requests before the
-    /// failing one were posted and will complete.
+    /// long, or when a local range is in use in a conflicting way
+    /// ([`Error::Busy`]: a copy on another thread, a receive or RDMA read
+    /// writing it, or, for a host-staged source, any outstanding request).
+    /// [`Error::Verb`] from `ibv_post_send`, or [`Error::Cuda`] staging a
+    /// chunk: the requests (chunks) before the failing one were posted and
+    /// will complete. When the provider fails without naming the first
+    /// refused request, every request of the batch is treated as posted:
+    /// its memory stays held until a completion or the queue pair's drop.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         if wrs.is_empty() {
             return Ok(());
@@ -804,8 +822,9 @@ impl PreparedQueuePair {
     /// completion is reaped from the receive completion queue.
     ///
     /// # Errors
-    /// [`Error::QueueFull`], [`Error::ForeignMemoryRegion`] (nothing
-    /// posted), or [`Error::Verb`] from `ibv_post_recv`.
+    /// [`Error::QueueFull`], [`Error::ForeignMemoryRegion`], or
+    /// [`Error::Busy`] while a copy on another thread uses a destination
+    /// range (nothing posted); [`Error::Verb`] from `ibv_post_recv`.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.inner.post_recv(wrs)
     }

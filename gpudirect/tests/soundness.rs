@@ -14,12 +14,10 @@
 mod common;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{device, loopback, wait_one};
+use common::{device, loopback, wait_one, Shared};
 
 use gpudirect::{
     AccessFlags, CompletionQueue, Context, Error, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RecvWr, SendWr,
@@ -54,9 +52,9 @@ fn concurrent_copies_exclude_each_other() {
     let len = scale(4 << 20, 64 << 10);
     let iters = scale(40, 8);
     let mr = MemoryRegion::alloc(&lb.pd, len, AccessFlags::default()).unwrap();
-    let busy = AtomicUsize::new(0);
-    let torn = AtomicUsize::new(0);
-    let reads = AtomicUsize::new(0);
+    let busy = Shared::new(0);
+    let torn = Shared::new(0);
+    let reads = Shared::new(0);
     thread::scope(|s| {
         for byte in [0xaa_u8, 0x55] {
             let (mr, busy) = (&mr, &busy);
@@ -67,7 +65,7 @@ fn concurrent_copies_exclude_each_other() {
                         Ok(()) => {}
                         Err(Error::Busy { holder, .. }) => {
                             assert!(holder.contains("another thread"), "{holder}");
-                            busy.fetch_add(1, Ordering::Relaxed);
+                            busy.with(|n| *n += 1);
                         }
                         Err(e) => panic!("{e}"),
                     }
@@ -79,9 +77,9 @@ fn concurrent_copies_exclude_each_other() {
             let mut dst = vec![0; len];
             for _ in 0..iters * 2 {
                 if mr.read_at(0, &mut dst).is_ok() {
-                    reads.fetch_add(1, Ordering::Relaxed);
+                    reads.with(|n| *n += 1);
                     if !uniform(&dst) {
-                        torn.fetch_add(1, Ordering::Relaxed);
+                        torn.with(|n| *n += 1);
                     }
                 }
             }
@@ -89,12 +87,8 @@ fn concurrent_copies_exclude_each_other() {
     });
     let end = mr.to_vec().unwrap();
     assert!(uniform(&end) && (end[0] == 0xaa || end[0] == 0x55), "final bytes mix both writers");
-    assert_eq!(torn.load(Ordering::Relaxed), 0, "a read saw two writers' bytes");
-    println!(
-        "concurrent copies: {} reads, none torn; {} writes refused Busy",
-        reads.load(Ordering::Relaxed),
-        busy.load(Ordering::Relaxed)
-    );
+    assert_eq!(torn.get(), 0, "a read saw two writers' bytes");
+    println!("concurrent copies: {} reads, none torn; {} writes refused Busy", reads.get(), busy.get());
 }
 
 /// Finding 2: a receive posted into the tail of a range while a long
@@ -106,24 +100,27 @@ fn concurrent_copies_exclude_each_other() {
 #[ignore = "needs an RDMA device"]
 fn a_post_cannot_overlap_a_copy_in_progress() {
     let lb = loopback(&QpConfig::default());
-    let len = scale(32 << 20, 1 << 20);
+    let len = scale(32 << 20, 256 << 10);
     let tail = len - 4096;
     let dst = MemoryRegion::alloc(&lb.pd, len, AccessFlags::default()).unwrap();
     let src = MemoryRegion::alloc(&lb.pd, 4096, AccessFlags::default()).unwrap();
     src.fill(.., 0x77).unwrap();
     let mut refused_posts = 0;
-    for round in 0..20 {
+    let rounds = scale(20, 4) as u64;
+    for round in 0..rounds {
         dst.fill(.., 0).unwrap();
-        let started = Barrier::new(2);
+        let started = Shared::new(false);
         let (read, t0, posted, reaped) = thread::scope(|s| {
             let h = s.spawn(|| {
                 let mut out = vec![0; len];
-                started.wait();
+                started.with(|s| *s = true);
                 let t0 = Instant::now();
                 let r = dst.read_at(0, &mut out);
                 (r.map(|()| out), t0)
             });
-            started.wait();
+            while !started.get() {
+                thread::yield_now();
+            }
             thread::sleep(Duration::from_millis(2));
             let posted = lb.b.qp.post_recv(&[RecvWr::new(dst.slice(tail..).unwrap()).wr_id(round)]);
             let reaped = match &posted {
@@ -152,7 +149,7 @@ fn a_post_cannot_overlap_a_copy_in_progress() {
         }
     }
     assert!(refused_posts > 0, "no round overlapped the copy: the test proved nothing");
-    println!("copy vs post: {refused_posts} of 20 posts refused Busy while a copy ran; no read saw unreaped bytes");
+    println!("copy vs post: {refused_posts} of {rounds} posts refused Busy while a copy ran; no read saw unreaped bytes");
 }
 
 /// Finding 3: four threads poll one CQ while the main thread posts rounds
@@ -163,32 +160,32 @@ fn a_post_cannot_overlap_a_copy_in_progress() {
 #[ignore = "needs an RDMA device"]
 fn many_pollers_lose_no_completion() {
     const ROUND: usize = 128;
-    let total = scale(100_000, 2_048).div_ceil(ROUND) * ROUND;
+    let total = scale(100_000, 256).div_ceil(ROUND) * ROUND;
     let lb = loopback(&QpConfig::default());
     let src = MemoryRegion::alloc(&lb.pd, 8 * ROUND, AccessFlags::default()).unwrap();
     let dst = MemoryRegion::alloc(&lb.pd, 8 * ROUND, AccessFlags::REMOTE_WRITE).unwrap();
     let remote = dst.remote();
-    let reported = AtomicUsize::new(0);
-    let done = AtomicBool::new(false);
-    let seen: Mutex<Vec<u64>> = Mutex::new(Vec::with_capacity(total));
+    let reported = Shared::new(0);
+    let done = Shared::new(false);
+    let seen: Shared<Vec<u64>> = Shared::new(Vec::with_capacity(total));
     let started = Instant::now();
     thread::scope(|s| {
         for _ in 0..4 {
             s.spawn(|| {
                 let mut wcs = [WorkCompletion::default(); 16];
                 let mut mine = Vec::new();
-                while !done.load(Ordering::Acquire) {
+                while !done.get() {
                     let n = lb.a.cq.poll(&mut wcs).unwrap();
                     for wc in &wcs[..n] {
                         assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
                         mine.push(wc.wr_id);
                     }
-                    reported.fetch_add(n, Ordering::AcqRel);
+                    reported.with(|r| *r += n);
                     if n == 0 {
                         thread::yield_now();
                     }
                 }
-                seen.lock().unwrap().extend(mine);
+                seen.with(|v| v.extend(mine));
             });
         }
         for round in 0..total / ROUND {
@@ -198,14 +195,14 @@ fn many_pollers_lose_no_completion() {
                 .collect();
             lb.a.qp.post_send(&wrs).unwrap();
             let deadline = Instant::now() + Duration::from_secs(60);
-            while reported.load(Ordering::Acquire) < base + ROUND {
-                assert!(Instant::now() < deadline, "round {round}: {} of {} reported", reported.load(Ordering::Acquire) - base, ROUND);
+            while reported.get() < base + ROUND {
+                assert!(Instant::now() < deadline, "round {round}: {} of {} reported", reported.get() - base, ROUND);
                 thread::yield_now();
             }
         }
-        done.store(true, Ordering::Release);
+        done.with(|d| *d = true);
     });
-    let seen = seen.into_inner().unwrap();
+    let seen = seen.into_inner();
     assert_eq!(seen.len(), total, "completions reported");
     let unique: HashSet<u64> = seen.iter().copied().collect();
     assert_eq!(unique.len(), total, "a completion was reported twice");
@@ -297,47 +294,47 @@ fn wait_accepts_duration_max() {
 fn stress_posters_pollers_and_copies() {
     const POSTERS: usize = 3;
     const SLOT: usize = 256;
-    let per_poster = scale(6_000, 300);
+    let per_poster = scale(6_000, 40);
     let lb = loopback(&QpConfig::default());
     let src = MemoryRegion::alloc(&lb.pd, POSTERS * SLOT, AccessFlags::default()).unwrap();
     let dst = MemoryRegion::alloc(&lb.pd, POSTERS * SLOT * 8, AccessFlags::REMOTE_WRITE).unwrap();
     let remote = dst.remote();
-    let reported = AtomicUsize::new(0);
-    let done = AtomicBool::new(false);
-    let seen: Mutex<Vec<u64>> = Mutex::new(Vec::new());
-    let copies = AtomicUsize::new(0);
+    let reported = Shared::new(0);
+    let done = Shared::new(false);
+    let seen: Shared<Vec<u64>> = Shared::new(Vec::new());
+    let copies = Shared::new(0);
     thread::scope(|s| {
         for _ in 0..3 {
             s.spawn(|| {
                 let mut wcs = [WorkCompletion::default(); 8];
                 let mut mine = Vec::new();
-                while !done.load(Ordering::Acquire) {
+                while !done.get() {
                     let n = lb.a.cq.poll(&mut wcs).unwrap();
                     for wc in &wcs[..n] {
                         mine.push(wc.ok().unwrap().wr_id);
                     }
-                    reported.fetch_add(n, Ordering::AcqRel);
+                    reported.with(|r| *r += n);
                     if n == 0 {
                         thread::yield_now();
                     }
                 }
-                seen.lock().unwrap().extend(mine);
+                seen.with(|v| v.extend(mine));
             });
         }
         // Copies racing the posts: a writer that may only replace a source
         // when no post holds it, and a reader that must see whole values.
         s.spawn(|| {
             let mut v = 0u8;
-            while !done.load(Ordering::Acquire) {
+            while !done.get() {
                 v = v.wrapping_add(1);
                 if src.write_at(0, &[v; SLOT]).is_ok() {
-                    copies.fetch_add(1, Ordering::Relaxed);
+                    copies.with(|n| *n += 1);
                 }
             }
         });
         s.spawn(|| {
             let mut b = [0u8; SLOT];
-            while !done.load(Ordering::Acquire) {
+            while !done.get() {
                 if src.read_at(SLOT, &mut b).is_ok() {
                     assert!(uniform(&b), "a read of a poster's source was torn");
                 }
@@ -378,14 +375,14 @@ fn stress_posters_pollers_and_copies() {
         }
         let total = POSTERS * per_poster;
         let deadline = Instant::now() + Duration::from_secs(120);
-        while reported.load(Ordering::Acquire) < total {
-            assert!(Instant::now() < deadline, "{} of {total} completions", reported.load(Ordering::Acquire));
+        while reported.get() < total {
+            assert!(Instant::now() < deadline, "{} of {total} completions", reported.get());
             thread::yield_now();
         }
-        done.store(true, Ordering::Release);
+        done.with(|d| *d = true);
     });
     let total = POSTERS * per_poster;
-    let seen = seen.into_inner().unwrap();
+    let seen = seen.into_inner();
     let unique: HashSet<u64> = seen.iter().copied().collect();
     assert_eq!((seen.len(), unique.len()), (total, total), "completions reported / distinct");
     // Every slot holds a whole value its poster wrote.
@@ -393,7 +390,7 @@ fn stress_posters_pollers_and_copies() {
     for slot in all.chunks(SLOT) {
         assert!(uniform(slot), "a landed write was torn");
     }
-    println!("stress: {total} writes from {POSTERS} posters, 3 pollers, none lost; {} copies in between", copies.load(Ordering::Relaxed));
+    println!("stress: {total} writes from {POSTERS} posters, 3 pollers, none lost; {} copies in between", copies.get());
 }
 
 /// Tracker removal by identity (finding 5) cannot be provoked on rxe, which

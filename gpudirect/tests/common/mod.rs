@@ -54,3 +54,46 @@ pub fn wait_one(cq: &CompletionQueue) -> WorkCompletion {
     assert_eq!(n, 1);
     wc[0]
 }
+
+/// Test bookkeeping shared between threads (counters, flags, what was
+/// seen), behind a pthread mutex. The standard library's `Mutex` (futexes)
+/// and atomics (plain moves on x86) are invisible to helgrind and drd,
+/// which would report the tests' own counters as races; testbed/sanitize
+/// runs these tests under both tools to check the library, so the tests
+/// synchronise in the one way the tools see.
+pub struct Shared<T> {
+    raw: Box<std::cell::UnsafeCell<libc::pthread_mutex_t>>,
+    value: std::cell::UnsafeCell<T>,
+}
+
+// SAFETY: `value` is only reached with the mutex held.
+unsafe impl<T: Send> Sync for Shared<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Send for Shared<T> {}
+
+impl<T> Shared<T> {
+    pub fn new(value: T) -> Self {
+        Shared { raw: Box::new(std::cell::UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER)), value: std::cell::UnsafeCell::new(value) }
+    }
+
+    /// Runs `f` on the value with the mutex held.
+    pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        // SAFETY: an initialised mutex that never moves (boxed).
+        unsafe { libc::pthread_mutex_lock(self.raw.get()) };
+        // SAFETY: the lock is held, so this is the only reference.
+        let r = f(unsafe { &mut *self.value.get() });
+        // SAFETY: locked above by this thread.
+        unsafe { libc::pthread_mutex_unlock(self.raw.get()) };
+        r
+    }
+
+    pub fn into_inner(self) -> T {
+        self.value.into_inner()
+    }
+}
+
+impl<T: Copy> Shared<T> {
+    pub fn get(&self) -> T {
+        self.with(|v| *v)
+    }
+}
