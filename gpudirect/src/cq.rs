@@ -634,15 +634,14 @@ fn translate(wc: &sys::ibv_wc, trackers: &HashMap<u32, Arc<Tracker>>) -> Option<
     let mut status = WcStatus::from_raw(wc.status);
     let ok = status == WcStatus::Success;
     let done = tracker.complete(wc.wr_id)?;
-    let mut landed = done.earlier_landed;
+    let mut landed = !done.earlier_stage_in_failed;
     if let (true, Some(hold)) = (ok, &done.hold) {
         // For receives the NIC wrote byte_len bytes; for RDMA reads, all.
         let written = if done.opcode == WcOpcode::Recv { wc.byte_len as usize } else { usize::MAX };
-        landed = landed.and(hold.landed(written));
+        landed &= hold.landed(written);
     }
     drop(done.hold);
-    if let (true, Err(e)) = (ok, landed) {
-        tracing::error!(wr_id = done.wr_id, "stage-in after a completion failed: {e}");
+    if ok && !landed {
         status = WcStatus::StageInError;
     }
     let ok = ok && status == WcStatus::Success;

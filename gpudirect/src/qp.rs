@@ -191,8 +191,9 @@ pub(crate) struct Done {
     pub(crate) opcode: WcOpcode,
     /// The request's hold on its memory; the caller lands it, then drops it.
     pub(crate) hold: Option<InFlight>,
-    /// How staging in the unsignaled RDMA reads completed with it went.
-    pub(crate) earlier_landed: Result<()>,
+    /// Whether staging in an unsignaled RDMA read completed with it
+    /// failed (the error is logged).
+    pub(crate) earlier_stage_in_failed: bool,
 }
 
 /// Reused between posts so posting allocates nothing.
@@ -246,18 +247,38 @@ impl Tracker {
         let q = if raw & RECV_BIT != 0 { &self.recv } else { &self.send };
         let seq = raw & SEQ_MASK;
         let mut q = lock(q);
-        let pos = q.pending.iter().position(|p| p.seq == seq)?;
-        let mut earlier_landed = Ok(());
-        let mut released = 0;
-        while released < pos && !q.pending[0].signaled {
-            let earlier = q.pending.pop_front().expect("pos is within the queue");
-            if let Some(h) = &earlier.hold {
-                earlier_landed = earlier_landed.and(h.landed(usize::MAX));
+        // One scan: where the request is, and whether a signaled one
+        // precedes it (only when completions are matched out of order).
+        let mut signaled_before = false;
+        let mut pos = None;
+        for (i, p) in q.pending.iter().enumerate() {
+            if p.seq == seq {
+                pos = Some(i);
+                break;
             }
-            released += 1;
+            signaled_before |= p.signaled;
         }
-        let done = q.pending.remove(pos - released).expect("the entry was found");
-        Some(Done { wr_id: done.wr_id, opcode: done.opcode, hold: done.hold, earlier_landed })
+        let pos = pos?;
+        let mut earlier_stage_in_failed = false;
+        let mut land = |earlier: Pending| {
+            if let Some(h) = &earlier.hold {
+                earlier_stage_in_failed |= !h.landed(usize::MAX);
+            }
+        };
+        let done = if !signaled_before {
+            let mut drained = q.pending.drain(..=pos);
+            let done = drained.next_back().expect("the range ends at the found entry");
+            drained.for_each(&mut land);
+            done
+        } else {
+            let mut released = 0;
+            while released < pos && !q.pending[0].signaled {
+                land(q.pending.pop_front().expect("pos is within the queue"));
+                released += 1;
+            }
+            q.pending.remove(pos - released).expect("the entry was found")
+        };
+        Some(Done { wr_id: done.wr_id, opcode: done.opcode, hold: done.hold, earlier_stage_in_failed })
     }
 
     #[cfg(test)]
@@ -499,6 +520,7 @@ impl QpInner {
 
 /// Claims a work request's local memory until its completion is reaped
 /// (nothing for an empty slice).
+#[inline]
 fn claim(l: &LocalSlice<'_>, nic_writes: bool) -> Result<Option<InFlight>> {
     if l.is_empty() {
         return Ok(None);
@@ -941,7 +963,7 @@ mod tests {
         }
         let d = t.complete((5 << GEN_SHIFT) | 2).unwrap();
         assert_eq!((d.wr_id, d.opcode), (102, WcOpcode::Send));
-        assert!(d.earlier_landed.is_ok());
+        assert!(!d.earlier_stage_in_failed);
         assert_eq!(ids(&t), [103]);
     }
 

@@ -55,10 +55,13 @@ fn concurrent_copies_exclude_each_other() {
     let busy = Shared::new(0);
     let torn = Shared::new(0);
     let reads = Shared::new(0);
+    // Every thread is joined explicitly: pthread_join is the happens-before
+    // edge helgrind and drd see (a scope's implicit wait is a futex).
     thread::scope(|s| {
+        let mut threads = Vec::new();
         for byte in [0xaa_u8, 0x55] {
             let (mr, busy) = (&mr, &busy);
-            s.spawn(move || {
+            threads.push(s.spawn(move || {
                 let src = vec![byte; len];
                 for _ in 0..iters {
                     match mr.write_at(0, &src) {
@@ -70,10 +73,10 @@ fn concurrent_copies_exclude_each_other() {
                         Err(e) => panic!("{e}"),
                     }
                 }
-            });
+            }));
         }
         let (mr, torn, reads) = (&mr, &torn, &reads);
-        s.spawn(move || {
+        threads.push(s.spawn(move || {
             let mut dst = vec![0; len];
             for _ in 0..iters * 2 {
                 if mr.read_at(0, &mut dst).is_ok() {
@@ -83,7 +86,10 @@ fn concurrent_copies_exclude_each_other() {
                     }
                 }
             }
-        });
+        }));
+        for t in threads {
+            t.join().unwrap();
+        }
     });
     let end = mr.to_vec().unwrap();
     assert!(uniform(&end) && (end[0] == 0xaa || end[0] == 0x55), "final bytes mix both writers");
@@ -148,7 +154,9 @@ fn a_post_cannot_overlap_a_copy_in_progress() {
             }
         }
     }
-    assert!(refused_posts > 0, "no round overlapped the copy: the test proved nothing");
+    // Under valgrind's tools threads run one at a time, so the copy and the
+    // post rarely overlap; there the point is the race check, not the timing.
+    assert!(quick() || refused_posts > 0, "no round overlapped the copy: the test proved nothing");
     println!("copy vs post: {refused_posts} of {rounds} posts refused Busy while a copy ran; no read saw unreaped bytes");
 }
 
@@ -170,8 +178,9 @@ fn many_pollers_lose_no_completion() {
     let seen: Shared<Vec<u64>> = Shared::new(Vec::with_capacity(total));
     let started = Instant::now();
     thread::scope(|s| {
-        for _ in 0..4 {
-            s.spawn(|| {
+        let pollers: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
                 let mut wcs = [WorkCompletion::default(); 16];
                 let mut mine = Vec::new();
                 while !done.get() {
@@ -186,8 +195,9 @@ fn many_pollers_lose_no_completion() {
                     }
                 }
                 seen.with(|v| v.extend(mine));
-            });
-        }
+                })
+            })
+            .collect();
         for round in 0..total / ROUND {
             let base = round * ROUND;
             let wrs: Vec<SendWr<'_>> = (0..ROUND)
@@ -201,6 +211,9 @@ fn many_pollers_lose_no_completion() {
             }
         }
         done.with(|d| *d = true);
+        for p in pollers {
+            p.join().unwrap();
+        }
     });
     let seen = seen.into_inner();
     assert_eq!(seen.len(), total, "completions reported");
@@ -294,7 +307,7 @@ fn wait_accepts_duration_max() {
 fn stress_posters_pollers_and_copies() {
     const POSTERS: usize = 3;
     const SLOT: usize = 256;
-    let per_poster = scale(6_000, 40);
+    let per_poster = scale(6_000, 8);
     let lb = loopback(&QpConfig::default());
     let src = MemoryRegion::alloc(&lb.pd, POSTERS * SLOT, AccessFlags::default()).unwrap();
     let dst = MemoryRegion::alloc(&lb.pd, POSTERS * SLOT * 8, AccessFlags::REMOTE_WRITE).unwrap();
@@ -304,8 +317,9 @@ fn stress_posters_pollers_and_copies() {
     let seen: Shared<Vec<u64>> = Shared::new(Vec::new());
     let copies = Shared::new(0);
     thread::scope(|s| {
+        let mut others = Vec::new();
         for _ in 0..3 {
-            s.spawn(|| {
+            others.push(s.spawn(|| {
                 let mut wcs = [WorkCompletion::default(); 8];
                 let mut mine = Vec::new();
                 while !done.get() {
@@ -319,11 +333,11 @@ fn stress_posters_pollers_and_copies() {
                     }
                 }
                 seen.with(|v| v.extend(mine));
-            });
+            }));
         }
         // Copies racing the posts: a writer that may only replace a source
         // when no post holds it, and a reader that must see whole values.
-        s.spawn(|| {
+        others.push(s.spawn(|| {
             let mut v = 0u8;
             while !done.get() {
                 v = v.wrapping_add(1);
@@ -331,15 +345,15 @@ fn stress_posters_pollers_and_copies() {
                     copies.with(|n| *n += 1);
                 }
             }
-        });
-        s.spawn(|| {
+        }));
+        others.push(s.spawn(|| {
             let mut b = [0u8; SLOT];
             while !done.get() {
                 if src.read_at(SLOT, &mut b).is_ok() {
                     assert!(uniform(&b), "a read of a poster's source was torn");
                 }
             }
-        });
+        }));
         let posters: Vec<_> = (0..POSTERS)
             .map(|p| {
                 let (src, remote, qp) = (&src, &remote, &lb.a.qp);
@@ -380,6 +394,9 @@ fn stress_posters_pollers_and_copies() {
             thread::yield_now();
         }
         done.with(|d| *d = true);
+        for t in others {
+            t.join().unwrap();
+        }
     });
     let total = POSTERS * per_poster;
     let seen = seen.into_inner();
