@@ -235,28 +235,28 @@ impl Claims {
     /// conflicts with it.
     #[inline]
     fn claim(&mut self, start: usize, len: usize, use_: Use) -> std::result::Result<u64, Error> {
-        // The post path: nothing to check when no CPU copy runs.
-        if !use_.cpu() && self.cpu.is_empty() {
-            self.next_token += 1;
-            self.nic.push(Claim { start, end: start + len, use_, token: self.next_token });
-            return Ok(self.next_token);
-        }
-        self.claim_checked(start, len, use_)
-    }
-
-    fn claim_checked(&mut self, start: usize, len: usize, use_: Use) -> std::result::Result<u64, Error> {
         let end = start + len;
-        let overlaps = |c: &&Claim| c.start < end && start < c.end && use_.conflicts(c.use_);
-        let conflict = if use_.cpu() { self.nic.iter().chain(&self.cpu).find(overlaps) } else { self.cpu.iter().find(overlaps) };
-        if let Some(c) = conflict {
-            let holder = if c.use_.cpu() { BUSY_CPU } else { BUSY_NIC };
-            return Err(Error::Busy { offset: start as u64, end: end as u64, holder });
+        // A post conflicts only with CPU claims, almost always none: the
+        // post path then scans nothing.
+        if use_.cpu() || !self.cpu.is_empty() {
+            self.check(start, end, use_)?;
         }
         self.next_token += 1;
-        let token = self.next_token;
         let list = if use_.cpu() { &mut self.cpu } else { &mut self.nic };
-        list.push(Claim { start, end, use_, token });
-        Ok(token)
+        list.push(Claim { start, end, use_, token: self.next_token });
+        Ok(self.next_token)
+    }
+
+    fn check(&self, start: usize, end: usize, use_: Use) -> std::result::Result<(), Error> {
+        let overlaps = |c: &&Claim| c.start < end && start < c.end && use_.conflicts(c.use_);
+        let conflict = if use_.cpu() { self.nic.iter().chain(&self.cpu).find(overlaps) } else { self.cpu.iter().find(overlaps) };
+        match conflict {
+            Some(c) => {
+                let holder = if c.use_.cpu() { BUSY_CPU } else { BUSY_NIC };
+                Err(Error::Busy { offset: start as u64, end: end as u64, holder })
+            }
+            None => Ok(()),
+        }
     }
 
     fn release(&mut self, token: u64, cpu: bool) {

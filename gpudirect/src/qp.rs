@@ -38,7 +38,7 @@ use crate::error::{check, Error, Result};
 use crate::gid::{Gid, GidChoice};
 use crate::mr::{AccessFlags, InFlight, LocalSlice};
 use crate::pd::ProtectionDomain;
-use crate::sync::{Guard, Mutex};
+use crate::sync::Mutex;
 use crate::wr::{RecvWr, SendOp, SendWr};
 
 /// What a peer needs to connect its queue pair to ours. Exchange it out of
@@ -227,10 +227,6 @@ pub(crate) struct Tracker {
     recv: Mutex<WorkQueue>,
 }
 
-fn lock(m: &Mutex<WorkQueue>) -> Guard<'_, WorkQueue> {
-    m.lock()
-}
-
 impl Tracker {
     /// Releases the work request a completion's raw wr_id names, and on the
     /// send queue the unsignaled ones posted before it: they completed
@@ -246,7 +242,7 @@ impl Tracker {
         }
         let q = if raw & RECV_BIT != 0 { &self.recv } else { &self.send };
         let seq = raw & SEQ_MASK;
-        let mut q = lock(q);
+        let mut q = q.lock();
         // One scan: where the request is, and whether a signaled one
         // precedes it (only when completions are matched out of order).
         let mut signaled_before = false;
@@ -290,7 +286,7 @@ impl Tracker {
     /// says, for the send and receive queue, whether any was left.
     fn clear(&self) -> [bool; 2] {
         [&self.send, &self.recv].map(|q| {
-            let mut q = lock(q);
+            let mut q = q.lock();
             let left = !q.pending.is_empty();
             q.pending.clear();
             left
@@ -382,7 +378,7 @@ impl QpInner {
         for wr in wrs {
             self.check_local(&wr.local)?;
         }
-        let mut q = lock(&self.tracker.recv);
+        let mut q = self.tracker.recv.lock();
         let q = &mut *q;
         if q.pending.len() + wrs.len() > q.depth as usize {
             return Err(Error::QueueFull { queue: "receive", depth: q.depth });
@@ -748,7 +744,7 @@ impl QueuePair {
         }
         let inner = &self.inner;
         inner.check_send(wrs)?;
-        let mut q = lock(&inner.tracker.send);
+        let mut q = inner.tracker.send.lock();
         let claim_local = |wr: &SendWr<'_>| claim(&wr.local, wr.op.nic_writes_local());
         if !wrs.iter().any(splits_for_staging) {
             return inner.post_send_locked(&mut q, wrs, claim_local);
@@ -948,11 +944,11 @@ mod tests {
 
     fn push(t: &Tracker, recv: bool, seq: u64, wr_id: u64, signaled: bool) {
         let q = if recv { &t.recv } else { &t.send };
-        lock(q).pending.push_back(Pending { seq, wr_id, opcode: WcOpcode::Send, signaled, hold: None });
+        q.lock().pending.push_back(Pending { seq, wr_id, opcode: WcOpcode::Send, signaled, hold: None });
     }
 
     fn ids(t: &Tracker) -> Vec<u64> {
-        lock(&t.send).pending.iter().map(|p| p.wr_id).collect()
+        t.send.lock().pending.iter().map(|p| p.wr_id).collect()
     }
 
     #[test]
@@ -997,7 +993,7 @@ mod tests {
         assert_eq!(t.complete(RECV_BIT | (5 << GEN_SHIFT)).map(|c| c.wr_id), Some(2));
         // A stale completion from another generation releases nothing.
         assert!(t.complete(6 << GEN_SHIFT).is_none());
-        assert_eq!(lock(&t.send).pending.len(), 1);
+        assert_eq!(t.send.lock().pending.len(), 1);
         // Unknown sequence numbers release nothing either.
         assert!(t.complete((5 << GEN_SHIFT) | 7).is_none());
         assert_eq!(t.complete(5 << GEN_SHIFT).map(|c| c.wr_id), Some(1));

@@ -8,8 +8,8 @@
 //!   standard mutex is built on futexes, which they cannot see, so every
 //!   access it orders would be reported as a race. With the `valgrind`
 //!   feature the same type is a `pthread_mutex_t`, which both tools
-//!   understand, and the concurrency tests run under them without
-//!   suppressions (testbed/sanitize). The default build keeps the futex
+//!   understand, so the concurrency tests run under them with suppressions
+//!   for std's internals only (testbed/sanitize --threads). The default build keeps the futex
 //!   mutex: its uncontended lock and unlock are a few inline instructions,
 //!   where a pthread mutex is a call into libc, on every post and poll.
 
@@ -80,14 +80,14 @@ mod imp {
         pub(crate) fn new(value: T) -> Self {
             let raw = Box::new(UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER));
             // SAFETY: initialising a mutex nobody uses yet, at its final
-            // address. Done explicitly (the static initialiser would do) so
-            // drd knows a mutex that is destroyed without ever being locked.
+            // address. Done explicitly, though the static initialiser would
+            // serve, so drd knows a mutex destroyed without ever being locked.
             unsafe { libc::pthread_mutex_init(raw.get(), std::ptr::null()) };
             Mutex { raw, value: UnsafeCell::new(value) }
         }
 
         pub(crate) fn lock(&self) -> super::Guard<'_, T> {
-            // SAFETY: a statically initialised mutex that never moves.
+            // SAFETY: an initialised mutex that never moves (boxed).
             let r = unsafe { libc::pthread_mutex_lock(self.raw.get()) };
             debug_assert_eq!(r, 0, "pthread_mutex_lock");
             super::Guard { inner: Guard { m: self } }
