@@ -620,16 +620,22 @@ mod tests {
         assert!(symbol_answer("cuFlushGPUDirectRDMAWrites", "11.3", false, None).unwrap_err().to_string().contains("version unknown"));
     }
 
-    /// Without a driver, the check answers CudaUnavailable before looking
-    /// anything up.
+    /// The real lookup: without a driver it answers CudaUnavailable before
+    /// looking anything up; with one, a symbol the driver lacks (a made-up
+    /// name here) is the typed error and a present one passes.
     #[test]
-    fn symbol_check_without_a_driver_is_cuda_unavailable() {
+    fn symbol_check_looks_up_the_real_driver() {
+        static MISSING: OnceLock<bool> = OnceLock::new();
+        static PRESENT: OnceLock<bool> = OnceLock::new();
+        let missing = require_symbol(&MISSING, "cuNoSuchEntryPoint", "99.0");
         // SAFETY: only probes whether the library loads.
-        if unsafe { cusys::is_culib_present() } {
-            return; // a machine with a driver: covered by the GPU tests
+        if unsafe { cusys::is_culib_present() } && driver().is_ok() {
+            assert!(matches!(missing, Err(Error::Cuda { call: "cuNoSuchEntryPoint", .. })), "{missing:?}");
+            assert_eq!(MISSING.get(), Some(&false));
+            require_symbol(&PRESENT, "cuDriverGetVersion", "2.2").unwrap();
+        } else {
+            assert!(matches!(missing, Err(Error::CudaUnavailable(_))), "{missing:?}");
+            assert!(MISSING.get().is_none(), "no lookup without a driver");
         }
-        static CACHE: OnceLock<bool> = OnceLock::new();
-        assert!(matches!(require_symbol(&CACHE, "cuFlushGPUDirectRDMAWrites", "11.3"), Err(Error::CudaUnavailable(_))));
-        assert!(CACHE.get().is_none());
     }
 }

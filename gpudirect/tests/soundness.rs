@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{device, loopback, wait_one, Shared};
+use common::{connect_pair, device, loopback, wait_one, Shared};
 
 use gpudirect::{
     AccessFlags, CompletionQueue, Context, Error, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RecvWr, SendWr,
@@ -238,11 +238,12 @@ fn a_dropped_queue_pairs_completions_cannot_overrun_the_cq() {
     let config = QpConfig { max_send_wr: 15, max_recv_wr: 1, ..QpConfig::default() };
     let src = MemoryRegion::alloc(&pd, 4096, AccessFlags::default()).unwrap();
     let dst = MemoryRegion::alloc(&pd, 4096, AccessFlags::REMOTE_WRITE).unwrap();
+    let peer_config = QpConfig { max_send_wr: 1, max_recv_wr: 1, ..QpConfig::default() };
     let connect = || {
-        let qp = QueuePair::create(&pd, &cq, &recv_cq, &config).unwrap();
-        let peer = QueuePair::create(&pd, &peer_cq, &peer_cq, &QpConfig { max_send_wr: 1, max_recv_wr: 1, ..QpConfig::default() }).unwrap();
-        let (e, pe) = (qp.endpoint(), peer.endpoint());
-        (qp.connect(&pe).unwrap(), peer.connect(&e).unwrap())
+        connect_pair(
+            QueuePair::create(&pd, &cq, &recv_cq, &config).unwrap(),
+            QueuePair::create(&pd, &peer_cq, &peer_cq, &peer_config).unwrap(),
+        )
     };
     let post15 = |qp: &QueuePair, base: u64| {
         let wrs: Vec<SendWr<'_>> =
@@ -423,10 +424,10 @@ fn queue_pairs_come_and_go_on_a_shared_cq() {
     let peer_cq = CompletionQueue::new(&ctx, 256).unwrap();
     let config = QpConfig { max_send_wr: 8, max_recv_wr: 8, ..QpConfig::default() };
     let pair = || {
-        let a = QueuePair::create(&pd, &cq, &cq, &config).unwrap();
-        let b = QueuePair::create(&pd, &peer_cq, &peer_cq, &config).unwrap();
-        let (ea, eb) = (a.endpoint(), b.endpoint());
-        (a.connect(&eb).unwrap(), b.connect(&ea).unwrap())
+        connect_pair(
+            QueuePair::create(&pd, &cq, &cq, &config).unwrap(),
+            QueuePair::create(&pd, &peer_cq, &peer_cq, &config).unwrap(),
+        )
     };
     let src = MemoryRegion::alloc(&pd, 64, AccessFlags::default()).unwrap();
     let dst = MemoryRegion::alloc(&pd, 64, AccessFlags::REMOTE_WRITE).unwrap();

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use gpudirect::{CompletionQueue, Context, ProtectionDomain, QpConfig, QueuePair, WorkCompletion};
+use gpudirect::{CompletionQueue, Context, PreparedQueuePair, ProtectionDomain, QpConfig, QueuePair, WorkCompletion};
 
 /// Longest wait for one completion before the test fails.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
@@ -37,14 +37,17 @@ pub fn loopback(config: &QpConfig) -> Loopback {
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let cq_a = CompletionQueue::new(&ctx, 256).unwrap();
     let cq_b = CompletionQueue::new(&ctx, 256).unwrap();
-    let qa = QueuePair::create(&pd, &cq_a, &cq_a, config).unwrap();
-    let qb = QueuePair::create(&pd, &cq_b, &cq_b, config).unwrap();
-    let (ea, eb) = (qa.endpoint(), qb.endpoint());
-    Loopback {
-        pd,
-        a: Side { cq: cq_a, qp: qa.connect(&eb).unwrap() },
-        b: Side { cq: cq_b, qp: qb.connect(&ea).unwrap() },
-    }
+    let (qa, qb) = connect_pair(
+        QueuePair::create(&pd, &cq_a, &cq_a, config).unwrap(),
+        QueuePair::create(&pd, &cq_b, &cq_b, config).unwrap(),
+    );
+    Loopback { pd, a: Side { cq: cq_a, qp: qa }, b: Side { cq: cq_b, qp: qb } }
+}
+
+/// Connects two queue pairs of this process to each other.
+pub fn connect_pair(a: PreparedQueuePair, b: PreparedQueuePair) -> (QueuePair, QueuePair) {
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    (a.connect(&eb).unwrap(), b.connect(&ea).unwrap())
 }
 
 /// Waits for exactly one completion.
