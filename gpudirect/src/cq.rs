@@ -633,15 +633,8 @@ fn translate(wc: &sys::ibv_wc, trackers: &HashMap<u32, Arc<Tracker>>) -> Option<
     let tracker = trackers.get(&wc.qp_num)?;
     let mut status = WcStatus::from_raw(wc.status);
     let ok = status == WcStatus::Success;
-    let done = tracker.complete(wc.wr_id)?;
-    let mut landed = !done.earlier_stage_in_failed;
-    if let (true, Some(hold)) = (ok, &done.hold) {
-        // For receives the NIC wrote byte_len bytes; for RDMA reads, all.
-        let written = if done.opcode == WcOpcode::Recv { wc.byte_len as usize } else { usize::MAX };
-        landed &= hold.landed(written);
-    }
-    drop(done.hold);
-    if ok && !landed {
+    let done = tracker.complete(wc.wr_id, ok, wc.byte_len)?;
+    if ok && !done.landed {
         status = WcStatus::StageInError;
     }
     let ok = ok && status == WcStatus::Success;

@@ -115,6 +115,7 @@ pub mod sysroot;
 pub mod wr;
 
 // Crate-private leaves: deadlines, and the mutex helgrind can see.
+mod claims;
 mod deadline;
 mod sync;
 

@@ -35,7 +35,7 @@ use crate::error::{Errno, Error, Result};
 use crate::gdr::RegistrationPath;
 use crate::gpu::{GpuBuffer, PinnedHost};
 use crate::pd::ProtectionDomain;
-use crate::sync::Mutex;
+use crate::claims::{overlap, RegionClaims, Use};
 
 bitflags! {
     /// Who may access a memory region, and how (`enum ibv_access_flags`).
@@ -169,121 +169,6 @@ unsafe impl Registerable for HostBuffer {
     }
 }
 
-/// Who is using a range of a region, and how.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Use {
-    /// A posted send or RDMA write reads it.
-    NicReads,
-    /// A posted receive or RDMA read writes it.
-    NicWrites,
-    /// A CPU copy out of it ([`MemoryRegion::read_at`]).
-    CpuReads,
-    /// A CPU copy into it ([`MemoryRegion::write_at`], [`MemoryRegion::fill`],
-    /// staging a host-staged region's mirror).
-    CpuWrites,
-    /// [`MemoryRegion::read_volatile`]: a flag load that expects the NIC to
-    /// change the byte, so it only waits out CPU writers.
-    CpuPolls,
-}
-
-impl Use {
-    fn cpu(self) -> bool {
-        !matches!(self, Use::NicReads | Use::NicWrites)
-    }
-
-    /// Whether two overlapping uses may not run at once. Two posted work
-    /// requests never conflict here: what the NIC does to memory is the
-    /// application protocol's business and no Rust access. A CPU copy
-    /// conflicts with anything that writes what it touches, or that it
-    /// writes, except that a poll only waits for CPU writers.
-    fn conflicts(self, other: Use) -> bool {
-        match (self, other) {
-            (a, b) if !a.cpu() && !b.cpu() => false,
-            (Use::CpuPolls, b) | (b, Use::CpuPolls) => b == Use::CpuWrites,
-            (a, b) => matches!(a, Use::NicWrites | Use::CpuWrites) || matches!(b, Use::NicWrites | Use::CpuWrites),
-        }
-    }
-}
-
-const BUSY_NIC: &str = "a posted work request that has not completed; poll its completion queue first";
-const BUSY_CPU: &str = "a copy in progress on another thread (write_at, read_at, fill, stage_in); retry when it returns";
-
-/// A claimed range `start..end`.
-#[derive(Debug)]
-struct Claim {
-    start: usize,
-    end: usize,
-    use_: Use,
-    token: u64,
-}
-
-/// The one record of what the NIC holds and what the CPU is copying, for
-/// one region. Every claim is checked against the others under one lock,
-/// so a copy can never overlap a posted request that conflicts with it,
-/// nor a post a copy in progress. NIC and CPU claims are kept apart so a
-/// post, which conflicts only with CPU claims (almost always none), does
-/// not scan the other posted requests.
-#[derive(Default, Debug)]
-pub(crate) struct Claims {
-    next_token: u64,
-    nic: Vec<Claim>,
-    cpu: Vec<Claim>,
-}
-
-impl Claims {
-    /// Claims `start..start + len` for `use_`, or reports the range that
-    /// conflicts with it.
-    #[inline]
-    fn claim(&mut self, start: usize, len: usize, use_: Use) -> std::result::Result<u64, Error> {
-        let end = start + len;
-        // A post conflicts only with CPU claims, almost always none: the
-        // post path then scans nothing.
-        if use_.cpu() || !self.cpu.is_empty() {
-            self.check(start, end, use_)?;
-        }
-        self.next_token += 1;
-        let list = if use_.cpu() { &mut self.cpu } else { &mut self.nic };
-        list.push(Claim { start, end, use_, token: self.next_token });
-        Ok(self.next_token)
-    }
-
-    fn check(&self, start: usize, end: usize, use_: Use) -> std::result::Result<(), Error> {
-        let overlaps = |c: &&Claim| c.start < end && start < c.end && use_.conflicts(c.use_);
-        let conflict = if use_.cpu() { self.nic.iter().chain(&self.cpu).find(overlaps) } else { self.cpu.iter().find(overlaps) };
-        match conflict {
-            Some(c) => {
-                let holder = if c.use_.cpu() { BUSY_CPU } else { BUSY_NIC };
-                Err(Error::Busy { offset: start as u64, end: end as u64, holder })
-            }
-            None => Ok(()),
-        }
-    }
-
-    fn release(&mut self, token: u64, cpu: bool) {
-        let list = if cpu { &mut self.cpu } else { &mut self.nic };
-        if let Some(i) = list.iter().position(|c| c.token == token) {
-            list.swap_remove(i);
-        }
-    }
-
-    /// Hands the front of CPU claim `token`, up to `upto`, to the NIC as a
-    /// send's source in one step: once a mirror is staged nobody may write
-    /// it before the NIC has read it. Returns the NIC claim's token.
-    fn hand_prefix_to_nic(&mut self, token: u64, upto: usize) -> u64 {
-        self.next_token += 1;
-        let nic_token = self.next_token;
-        if let Some(i) = self.cpu.iter().position(|c| c.token == token) {
-            let start = self.cpu[i].start;
-            self.nic.push(Claim { start, end: upto, use_: Use::NicReads, token: nic_token });
-            self.cpu[i].start = upto;
-            if upto >= self.cpu[i].end {
-                self.cpu.swap_remove(i);
-            }
-        }
-        nic_token
-    }
-}
-
 pub(crate) struct MrInner {
     mr: NonNull<sys::ibv_mr>,
     addr: *mut u8,
@@ -291,7 +176,7 @@ pub(crate) struct MrInner {
     lkey: u32,
     rkey: u32,
     access: AccessFlags,
-    claims: Mutex<Claims>,
+    claims: RegionClaims,
     pd: ProtectionDomain,
     /// GPU memory behind the region, if any.
     gpu: ManuallyDrop<Option<GpuMemory>>,
@@ -527,7 +412,7 @@ impl MemoryRegion {
                 lkey,
                 rkey,
                 access,
-                claims: Mutex::default(),
+                claims: RegionClaims::default(),
                 pd: pd.clone(),
                 gpu: ManuallyDrop::new(gpu),
                 backing: ManuallyDrop::new(backing),
@@ -551,15 +436,18 @@ impl MemoryRegion {
 
     /// Whether the region's address is host memory the CPU can read (host
     /// regions and the mirrors of host-staged GPU regions).
+    #[inline]
     pub(crate) fn cpu_addressable(&self) -> bool {
         self.inner.gpu.as_ref().is_none_or(|g| g.path == RegistrationPath::HostStaged)
     }
 
     /// Whether this is a GPU region registered by host staging.
+    #[inline]
     pub(crate) fn is_host_staged(&self) -> bool {
         self.staged().is_some()
     }
 
+    #[inline]
     fn staged(&self) -> Option<&GpuBuffer> {
         self.inner.gpu.as_ref().filter(|g| g.path == RegistrationPath::HostStaged).map(|g| &g.buf)
     }
@@ -587,18 +475,23 @@ impl MemoryRegion {
         }
     }
 
-    /// Claims `offset..offset + len` for a work request about to be posted
-    /// (`nic_writes`: a receive or an RDMA read into it), first staging a
-    /// host-staged region's bytes into the NIC's mirror when the NIC will
-    /// read them.
-    #[inline]
+    /// Holds `offset..offset + len` for a work request about to be posted
+    /// (`nic_writes`: a receive or an RDMA read into it), refused while a
+    /// CPU copy conflicts. The caller holds its queue's lock and enters
+    /// the hold in the queue's pending list before releasing it, which is
+    /// where copies look it up. Sends from host-staged regions are claimed
+    /// by [`claim_for_staging`](Self::claim_for_staging) instead.
+    #[inline(always)]
     pub(crate) fn claim_for_nic(&self, offset: usize, len: usize, nic_writes: bool) -> Result<InFlight> {
-        if !nic_writes && self.is_host_staged() {
-            return self.claim_for_staging(offset, len)?.stage_next(len);
-        }
         let use_ = if nic_writes { Use::NicWrites } else { Use::NicReads };
-        let token = self.inner.claims.lock().claim(offset, len, use_)?;
-        Ok(InFlight { mr: self.clone(), token, offset, len, nic_writes })
+        self.inner.claims.hold_for_nic(offset, offset + len, use_)?;
+        Ok(InFlight { mr: self.clone(), offset, len, nic_writes })
+    }
+
+    /// This region's identity in the claims record.
+    #[inline]
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
     }
 
     /// For sends from a host-staged region: claims the whole source as a
@@ -641,11 +534,13 @@ impl MemoryRegion {
     }
 
     /// Start address as the NIC sees it (the virtual address registered).
+    #[inline]
     pub fn addr(&self) -> u64 {
         self.inner.addr as u64
     }
 
     /// Local key, used in this side's scatter/gather entries.
+    #[inline]
     pub fn lkey(&self) -> u32 {
         self.inner.lkey
     }
@@ -661,6 +556,7 @@ impl MemoryRegion {
     }
 
     /// The protection domain the region lives in.
+    #[inline]
     pub fn pd(&self) -> &ProtectionDomain {
         &self.inner.pd
     }
@@ -841,7 +737,11 @@ impl MemoryRegion {
 
     /// Claims a range for a CPU copy until the returned guard drops.
     fn claim_cpu(&self, offset: usize, len: usize, use_: Use) -> Result<CpuClaim<'_>> {
-        let token = if len == 0 { 0 } else { self.inner.claims.lock().claim(offset, len, use_)? };
+        let token = if len == 0 {
+            0
+        } else {
+            self.inner.claims.claim_cpu(&self.inner.pd.inner.holders, self.id(), offset, offset + len, use_)?
+        };
         Ok(CpuClaim { mr: self, token })
     }
 }
@@ -856,7 +756,8 @@ pub(crate) struct StagingClaim<'a> {
 }
 
 impl StagingClaim<'_> {
-    /// Stages the next `len` bytes and returns the NIC's claim on them.
+    /// Stages the next `len` bytes and returns the NIC's hold on them. The
+    /// caller holds the queue's lock and enters the hold before releasing it.
     pub(crate) fn stage_next(&mut self, len: usize) -> Result<InFlight> {
         let mr = self.claim.mr;
         let (offset, upto) = (self.next, (self.next + len).min(self.end));
@@ -866,12 +767,12 @@ impl StagingClaim<'_> {
             // claim keeps the NIC and other copies off it.
             unsafe { buf.copy_to_raw(offset, mr.inner.addr.add(offset), upto - offset) }?;
         }
-        let token = if offset == upto { 0 } else { mr.inner.claims.lock().hand_prefix_to_nic(self.claim.token, upto) };
-        self.next = upto;
-        if upto == self.end {
+        mr.inner.claims.hold_claimed();
+        if mr.inner.claims.hand_prefix_to_nic(self.claim.token, upto) {
             self.claim.token = 0; // fully handed over: nothing left to release
         }
-        Ok(InFlight { mr: mr.clone(), token, offset, len: upto - offset, nic_writes: false })
+        self.next = upto;
+        Ok(InFlight { mr: mr.clone(), offset, len: upto - offset, nic_writes: false })
     }
 }
 
@@ -884,7 +785,7 @@ struct CpuClaim<'a> {
 impl Drop for CpuClaim<'_> {
     fn drop(&mut self) {
         if self.token != 0 {
-            self.mr.inner.claims.lock().release(self.token, true);
+            self.mr.inner.claims.release_cpu(self.token);
         }
     }
 }
@@ -983,7 +884,6 @@ fn checked_access(len: usize, mut access: AccessFlags) -> Result<AccessFlags> {
 /// until its completion is reaped or its queue pair destroyed.
 pub(crate) struct InFlight {
     mr: MemoryRegion,
-    token: u64,
     offset: usize,
     len: usize,
     nic_writes: bool,
@@ -992,9 +892,10 @@ pub(crate) struct InFlight {
 impl InFlight {
     /// After the NIC wrote `written` bytes of the range (a receive or an
     /// RDMA read completed): brings them to the GPU if the region is
-    /// host-staged, before anyone is told the data is there. The request's
-    /// own claim still keeps every CPU copy off the range. Returns whether
-    /// the bytes are where the program reads them (a failure is logged).
+    /// host-staged, before anyone is told the data is there. The caller
+    /// still holds the queue's lock with this hold in its list, so every
+    /// CPU copy stays off the range. Returns whether the bytes are where
+    /// the program reads them (a failure is logged).
     #[inline]
     pub(crate) fn landed(&self, written: usize) -> bool {
         !self.nic_writes || self.stage_in_landed(written)
@@ -1004,8 +905,8 @@ impl InFlight {
         let Some(buf) = self.mr.staged() else { return true };
         let len = written.min(self.len);
         // SAFETY: the range is inside the region's mirror (it was posted),
-        // no Rust reference to it exists, and this request's claim keeps
-        // CPU writers off it.
+        // no Rust reference to it exists, and this request's hold keeps
+        // CPU copies off it.
         match unsafe { buf.copy_from_raw(self.offset, self.mr.inner.addr.add(self.offset), len) } {
             Ok(()) => true,
             Err(e) => {
@@ -1014,11 +915,20 @@ impl InFlight {
             }
         }
     }
+
+    /// Whether this hold names bytes `start..end` of region `region` in a
+    /// way that conflicts with a CPU copy's `use_`.
+    #[inline]
+    pub(crate) fn conflicts(&self, region: usize, start: usize, end: usize, use_: Use) -> bool {
+        let held = if self.nic_writes { Use::NicWrites } else { Use::NicReads };
+        self.mr.id() == region && overlap(self.offset, self.offset + self.len, start, end) && use_.conflicts(held)
+    }
 }
 
 impl Drop for InFlight {
+    #[inline]
     fn drop(&mut self) {
-        self.mr.inner.claims.lock().release(self.token, false);
+        self.mr.inner.claims.release_nic();
     }
 }
 
@@ -1048,6 +958,7 @@ impl LocalSlice<'_> {
         self.len
     }
     /// Whether the slice is empty.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -1133,63 +1044,6 @@ mod tests {
         assert!(w.addr_of(0, 10).is_ok());
         assert!(matches!(w.addr_of(0, 11), Err(Error::OutOfBounds { .. })));
         assert!(w.addr_of(50, 1).is_err());
-    }
-
-    /// The one record of who uses which bytes: CPU copies and posted
-    /// requests exclude each other exactly where one of them writes what
-    /// the other touches; posts never conflict with posts; polls wait only
-    /// for CPU writers.
-    #[test]
-    fn claims_conflict_where_someone_writes() {
-        use Use::*;
-        let all = [NicReads, NicWrites, CpuReads, CpuWrites, CpuPolls];
-        for a in all {
-            for b in all {
-                let mut c = Claims::default();
-                c.claim(0, 100, a).unwrap();
-                let expect = match (a, b) {
-                    (NicReads | NicWrites, NicReads | NicWrites) => false,
-                    (CpuPolls, x) | (x, CpuPolls) => x == CpuWrites,
-                    (NicReads | CpuReads, NicReads | CpuReads) => false,
-                    _ => true,
-                };
-                assert_eq!(c.claim(50, 100, b).is_err(), expect, "{a:?} then {b:?}");
-                // Disjoint ranges never conflict.
-                assert!(c.claim(100, 10, b).is_ok());
-            }
-        }
-    }
-
-    #[test]
-    fn busy_names_its_holder_and_release_frees_the_range() {
-        let mut c = Claims::default();
-        let t = c.claim(0, 10, Use::CpuWrites).unwrap();
-        let e = c.claim(5, 1, Use::NicReads).unwrap_err();
-        assert!(matches!(e, Error::Busy { offset: 5, end: 6, holder } if holder == BUSY_CPU), "{e}");
-        let n = c.claim(20, 10, Use::NicWrites).unwrap();
-        assert!(c.claim(25, 1, Use::CpuReads).unwrap_err().to_string().contains("poll its completion queue"));
-        c.release(t, true);
-        c.release(n, false);
-        assert!(c.claim(0, 30, Use::CpuWrites).is_ok());
-    }
-
-    /// Staging hands a CPU claim to the NIC front to back, never leaving a
-    /// moment in which another copy could write a staged chunk.
-    #[test]
-    fn staging_claim_moves_to_the_nic_chunk_by_chunk() {
-        let mut c = Claims::default();
-        let t = c.claim(0, 30, Use::CpuWrites).unwrap();
-        let n1 = c.hand_prefix_to_nic(t, 10);
-        let r = c.claim(0, 1, Use::CpuReads).expect("a sent chunk may be read");
-        assert!(c.claim(5, 1, Use::CpuWrites).is_err(), "but not written");
-        assert!(c.claim(15, 1, Use::NicReads).is_err(), "the rest is still being staged");
-        c.hand_prefix_to_nic(t, 30);
-        assert!(c.cpu.iter().all(|x| x.token != t), "fully handed over");
-        assert!(c.claim(15, 1, Use::NicReads).is_ok());
-        c.release(n1, false);
-        assert!(c.claim(0, 10, Use::CpuWrites).is_err(), "the read still runs");
-        c.release(r, true);
-        assert!(c.claim(0, 10, Use::CpuWrites).is_ok());
     }
 
     #[test]

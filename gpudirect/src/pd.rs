@@ -7,17 +7,21 @@ use std::sync::Arc;
 
 use ibverbs_sys as sys;
 
+use crate::claims::Holders;
 use crate::context::Context;
 use crate::error::{Error, Result};
 
 pub(crate) struct PdInner {
     pd: NonNull<sys::ibv_pd>,
     ctx: Context,
+    /// The queue pairs of this domain, where CPU copies of its regions
+    /// look up what posted requests hold.
+    pub(crate) holders: Holders,
 }
 
 // SAFETY: a PD is an opaque kernel handle; verbs using it are thread-safe.
 unsafe impl Send for PdInner {}
-// SAFETY: as above; no Rust-side mutable state.
+// SAFETY: as above; the Rust-side state (`holders`) is behind a mutex.
 unsafe impl Sync for PdInner {}
 
 impl Drop for PdInner {
@@ -53,7 +57,7 @@ impl ProtectionDomain {
         // SAFETY: valid context.
         let pd = unsafe { sys::ibv_alloc_pd(ctx.as_ptr()) };
         let pd = NonNull::new(pd).ok_or_else(|| Error::last("ibv_alloc_pd"))?;
-        Ok(ProtectionDomain { inner: Arc::new(PdInner { pd, ctx: ctx.clone() }) })
+        Ok(ProtectionDomain { inner: Arc::new(PdInner { pd, ctx: ctx.clone(), holders: Holders::default() }) })
     }
 
     /// The device context this domain belongs to.
@@ -66,6 +70,7 @@ impl ProtectionDomain {
     }
 
     /// Whether two handles name the same domain.
+    #[inline]
     pub fn same_as(&self, other: &ProtectionDomain) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }

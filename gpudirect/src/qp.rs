@@ -27,11 +27,12 @@ use std::fmt;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use ibverbs_sys as sys;
 use serde::{Deserialize, Serialize};
 
+use crate::claims::{HoldsNic, Use};
 use crate::context::{LinkLayer, Mtu, PortAttr};
 use crate::cq::{CompletionQueue, Reservation, WcOpcode};
 use crate::error::{check, Error, Result};
@@ -165,6 +166,12 @@ pub enum QpState {
 /// chunks of this size, so GPU-to-host copies overlap the NIC's transfer.
 const STAGE_CHUNK: usize = 1 << 20;
 
+/// Whether the NIC reads the request's source from a host-staged GPU
+/// region's mirror, which must be staged first.
+fn stages_out(w: &SendWr<'_>) -> bool {
+    !w.op.nic_writes_local() && !w.local.is_empty() && w.local.mr.is_host_staged()
+}
+
 fn splits_for_staging(w: &SendWr<'_>) -> bool {
     matches!(w.op, SendOp::Write | SendOp::WriteWithImm(_)) && w.local.len > STAGE_CHUNK && w.local.mr.is_host_staged()
 }
@@ -189,11 +196,10 @@ pub(crate) struct Done {
     pub(crate) wr_id: u64,
     /// The operation that was posted.
     pub(crate) opcode: WcOpcode,
-    /// The request's hold on its memory; the caller lands it, then drops it.
-    pub(crate) hold: Option<InFlight>,
-    /// Whether staging in an unsignaled RDMA read completed with it
-    /// failed (the error is logged).
-    pub(crate) earlier_stage_in_failed: bool,
+    /// Whether the bytes the NIC wrote for it, and for the unsignaled RDMA
+    /// reads completed with it, are where the program reads them (false
+    /// when staging them into a host-staged GPU region failed; logged).
+    pub(crate) landed: bool,
 }
 
 /// Reused between posts so posting allocates nothing.
@@ -207,6 +213,16 @@ struct Scratch {
 // SAFETY: the vectors' raw pointers only point into themselves while the
 // owning queue's mutex is held during one post, and are never read after.
 unsafe impl Send for Scratch {}
+
+impl Scratch {
+    /// Makes room for a chain of `n` send requests.
+    fn fit_send(&mut self, n: usize) {
+        if self.send.len() < n {
+            self.send.resize(n, sys::ibv_send_wr::default());
+            self.sges.resize(n, sys::ibv_sge::default());
+        }
+    }
+}
 
 pub(crate) struct WorkQueue {
     depth: u32,
@@ -232,11 +248,15 @@ impl Tracker {
     /// send queue the unsignaled ones posted before it: they completed
     /// too, successfully, whatever this completion's status (an RC queue
     /// completes in order, and a request that fails always reports its own
-    /// completion). Their data is staged in here. A signaled request
-    /// posted earlier and not yet reaped is left alone, so whichever
-    /// completion arrives first, none is ever dropped. `None` for a
-    /// completion of no request of this queue pair.
-    pub(crate) fn complete(&self, raw: u64) -> Option<Done> {
+    /// completion). A signaled request posted earlier and not yet reaped
+    /// is left alone, so whichever completion arrives first, none is ever
+    /// dropped. `None` for a completion of no request of this queue pair.
+    ///
+    /// Bytes the NIC wrote are staged into host-staged GPU regions here,
+    /// `byte_len` of them for a receive (only if `ok`: the completion
+    /// succeeded), while the holds are still listed under the queue's
+    /// lock, so no CPU copy can touch them half-staged.
+    pub(crate) fn complete(&self, raw: u64, ok: bool, byte_len: u32) -> Option<Done> {
         if raw & !RECV_BIT & !SEQ_MASK != self.tag {
             return None;
         }
@@ -255,26 +275,31 @@ impl Tracker {
             signaled_before |= p.signaled;
         }
         let pos = pos?;
-        let mut earlier_stage_in_failed = false;
-        let mut land = |earlier: Pending| {
-            if let Some(h) = &earlier.hold {
-                earlier_stage_in_failed |= !h.landed(usize::MAX);
+        let mut landed = true;
+        let mut land = |p: &Pending, written: usize| {
+            if let Some(h) = &p.hold {
+                landed &= h.landed(written);
             }
         };
-        let done = if !signaled_before {
-            let mut drained = q.pending.drain(..=pos);
-            let done = drained.next_back().expect("the range ends at the found entry");
-            drained.for_each(&mut land);
-            done
+        let done = &q.pending[pos];
+        if ok {
+            let written = if done.opcode == WcOpcode::Recv { byte_len as usize } else { usize::MAX };
+            land(done, written);
+        }
+        let (wr_id, opcode) = (done.wr_id, done.opcode);
+        if !signaled_before {
+            // Landed in place, then dropped in place: no entry is moved.
+            q.pending.range(..pos).for_each(|p| land(p, usize::MAX));
+            q.pending.drain(..=pos);
         } else {
             let mut released = 0;
             while released < pos && !q.pending[0].signaled {
-                land(q.pending.pop_front().expect("pos is within the queue"));
+                land(&q.pending.pop_front().expect("pos is within the queue"), usize::MAX);
                 released += 1;
             }
-            q.pending.remove(pos - released).expect("the entry was found")
-        };
-        Some(Done { wr_id: done.wr_id, opcode: done.opcode, hold: done.hold, earlier_stage_in_failed })
+            q.pending.remove(pos - released);
+        }
+        Some(Done { wr_id, opcode, landed })
     }
 
     #[cfg(test)]
@@ -291,6 +316,14 @@ impl Tracker {
             q.pending.clear();
             left
         })
+    }
+}
+
+impl HoldsNic for Tracker {
+    fn holds_conflicting(&self, region: usize, start: usize, end: usize, use_: Use) -> bool {
+        [&self.send, &self.recv]
+            .iter()
+            .any(|q| q.lock().pending.iter().filter_map(|p| p.hold.as_ref()).any(|h| h.conflicts(region, start, end, use_)))
     }
 }
 
@@ -340,6 +373,7 @@ impl Drop for QpInner {
                 r.into_debt();
             }
         }
+        self.pd.inner.holders.remove(&holder(&self.tracker));
     }
 }
 
@@ -413,87 +447,114 @@ impl QpInner {
         finish_post(q, wrs.len(), posted, "ibv_post_recv", ret)
     }
 
-    /// Checks what can be checked of a batch before the queue is locked.
-    fn check_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+    /// Checks what can be checked of a batch before the queue is locked;
+    /// says whether any request's source must be staged first.
+    fn check_send(&self, wrs: &[SendWr<'_>]) -> Result<bool> {
+        let mut staged = false;
         for wr in wrs {
             self.check_local(&wr.local)?;
-            if wr.inline && !wr.local.mr.cpu_addressable() {
-                return Err(Error::InvalidArgument(
-                    "inline sends copy the payload with the CPU, which cannot read GPU memory registered for GPUDirect RDMA".into(),
-                ));
+            staged |= stages_out(wr);
+            if wr.inline {
+                self.check_inline(wr)?;
             }
-            if wr.inline && (wr.op == SendOp::Read || wr.local.len > self.max_inline as usize) {
-                return Err(Error::InvalidArgument(format!(
-                    "inline {:?} of {} bytes: the queue pair allows inline writes and sends of at most {} bytes (QpConfig::max_inline_data)",
-                    wr.op, wr.local.len, self.max_inline
-                )));
-            }
+        }
+        Ok(staged)
+    }
+
+    #[cold]
+    fn check_inline(&self, wr: &SendWr<'_>) -> Result<()> {
+        if !wr.local.mr.cpu_addressable() {
+            return Err(Error::InvalidArgument(
+                "inline sends copy the payload with the CPU, which cannot read GPU memory registered for GPUDirect RDMA".into(),
+            ));
+        }
+        if wr.op == SendOp::Read || wr.local.len > self.max_inline as usize {
+            return Err(Error::InvalidArgument(format!(
+                "inline {:?} of {} bytes: the queue pair allows inline writes and sends of at most {} bytes (QpConfig::max_inline_data)",
+                wr.op, wr.local.len, self.max_inline
+            )));
         }
         Ok(())
     }
 
     /// Posts a checked batch with the send queue locked: the room check,
-    /// the claims on local memory (and the staging of host-staged sources
-    /// they do) and the post happen as one step.
+    /// the holds on local memory (and the staging of host-staged sources
+    /// they do) and the post happen as one step. One pass per request:
+    /// each is held, entered and written into its (reused) chain slot.
     fn post_send_locked(
         &self,
         q: &mut WorkQueue,
         wrs: &[SendWr<'_>],
         mut claim: impl FnMut(&SendWr<'_>) -> Result<Option<InFlight>>,
     ) -> Result<()> {
-        if q.pending.len() + wrs.len() > q.depth as usize {
+        let n = wrs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if q.pending.len() + n > q.depth as usize {
             return Err(Error::QueueFull { queue: "send", depth: q.depth });
         }
         let first_seq = q.next_seq;
         let kept = q.pending.len();
         let s = &mut q.scratch;
-        s.sges.clear();
-        s.send.clear();
+        // Slots are rewritten in place, field by field: every field a
+        // provider reads for an RC send, write or read is set below, and
+        // the rest stay zero from the resize.
+        s.fit_send(n);
+        let (chain, sges) = (s.send.as_mut_ptr(), s.sges.as_mut_ptr());
+        let mut any_inline = false;
         for (i, wr) in wrs.iter().enumerate() {
-            let seq = (first_seq + i as u64) & SEQ_MASK;
             // Inline payloads are copied during the post, by the CPU: that
-            // copy is a read like any send's, so it is claimed the same way.
+            // copy is a read like any send's, so it is held the same way.
             let hold = match claim(wr) {
                 Ok(h) => h,
                 Err(e) => {
-                    q.pending.truncate(kept); // releases this batch's claims
+                    q.pending.truncate(kept); // releases this batch's holds
                     return Err(e);
                 }
             };
-            s.sges.push(sge(&wr.local));
-            let mut raw = sys::ibv_send_wr { wr_id: self.tracker.tag | seq, ..Default::default() };
+            let seq = (first_seq + i as u64) & SEQ_MASK;
             let (opcode, imm) = match wr.op {
-                SendOp::Send => (sys::IBV_WR_SEND, None),
-                SendOp::SendWithImm(imm) => (sys::IBV_WR_SEND_WITH_IMM, Some(imm)),
-                SendOp::Write => (sys::IBV_WR_RDMA_WRITE, None),
-                SendOp::WriteWithImm(imm) => (sys::IBV_WR_RDMA_WRITE_WITH_IMM, Some(imm)),
-                SendOp::Read => (sys::IBV_WR_RDMA_READ, None),
+                SendOp::Send => (sys::IBV_WR_SEND, 0),
+                SendOp::SendWithImm(imm) => (sys::IBV_WR_SEND_WITH_IMM, imm),
+                SendOp::Write => (sys::IBV_WR_RDMA_WRITE, 0),
+                SendOp::WriteWithImm(imm) => (sys::IBV_WR_RDMA_WRITE_WITH_IMM, imm),
+                SendOp::Read => (sys::IBV_WR_RDMA_READ, 0),
             };
+            // SAFETY: fit_send made room for `n` slots of each; `i < n`,
+            // and `i + 1` is at most one past the end, never dereferenced
+            // (the last request's link is set to NULL after the loop).
+            let (raw, sg) = unsafe { (&mut *chain.add(i), sges.add(i)) };
+            // SAFETY: as above.
+            raw.next = unsafe { chain.add(i + 1) };
+            raw.wr_id = self.tracker.tag | seq;
             raw.opcode = opcode;
-            if let Some(imm) = imm {
-                raw.__bindgen_anon_1.imm_data = imm.to_be();
-            }
-            if matches!(wr.op, SendOp::Write | SendOp::WriteWithImm(_) | SendOp::Read) {
-                raw.wr.rdma.remote_addr = wr.remote_addr;
-                raw.wr.rdma.rkey = wr.rkey;
-            }
+            raw.__bindgen_anon_1.imm_data = imm.to_be();
+            // Sends carry zeros here (SendWr::send sets none).
+            raw.wr.rdma.remote_addr = wr.remote_addr;
+            raw.wr.rdma.rkey = wr.rkey;
             raw.send_flags = if wr.signaled { sys::IBV_SEND_SIGNALED } else { 0 } | if wr.inline { sys::IBV_SEND_INLINE } else { 0 };
-            s.send.push(raw);
+            any_inline |= wr.inline;
+            if wr.local.is_empty() {
+                (raw.sg_list, raw.num_sge) = (std::ptr::null_mut(), 0);
+            } else {
+                // SAFETY: `sg` is slot `i` of the SGE scratch (see above).
+                unsafe { sg.write(sge(&wr.local)) };
+                (raw.sg_list, raw.num_sge) = (sg, 1);
+            }
             q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold });
         }
-        link(&mut s.send, &mut s.sges, |wr| &mut wr.next, |wr, sg, n| {
-            wr.sg_list = sg;
-            wr.num_sge = n;
-        }, wrs.iter().map(|w| !w.local.is_empty()));
+        let s = &mut q.scratch;
+        s.send[n - 1].next = std::ptr::null_mut();
         let mut bad = std::ptr::null_mut();
         // SAFETY: `send` is a valid, NULL-terminated chain whose SGEs name
         // registered memory held alive (and claimed) by the pending entries;
         // remote addresses were bounds-checked against the peer's buffer.
         let ret = unsafe { sys::ibv_post_send(self.qp.as_ptr(), s.send.as_mut_ptr(), &mut bad) };
-        let posted = posted_count(ret, bad, &s.send);
-        let r = finish_post(q, wrs.len(), posted, "ibv_post_send", ret);
+        let posted = posted_count(ret, bad, &s.send[..n]);
+        let r = finish_post(q, n, posted, "ibv_post_send", ret);
         // Inline requests need nothing once posted: the provider copied them.
-        if ret == 0 && wrs.iter().any(|w| w.inline) {
+        if ret == 0 && any_inline {
             for (p, wr) in q.pending.iter_mut().skip(kept).zip(wrs) {
                 if wr.inline {
                     p.hold = None;
@@ -503,6 +564,57 @@ impl QpInner {
         r
     }
 
+    /// Posts a batch with host-staged GPU sources, one request at a time.
+    /// Staging writes the mirror, a CPU copy, so each such source is
+    /// claimed before the queue is locked (a copy looks up what the queue
+    /// holds, under its lock); each is then staged and handed to the NIC
+    /// under the lock. Large writes go as chunks, copying chunk k+1 from
+    /// the GPU while the NIC sends chunk k, instead of copying the whole
+    /// message before the NIC may start. The queue stays locked
+    /// throughout, so the room checked is the room used.
+    fn post_send_staged(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let mut staging = Vec::with_capacity(wrs.len());
+        for w in wrs {
+            staging.push(if stages_out(w) { Some(w.local.mr.claim_for_staging(w.local.offset, w.local.len)?) } else { None });
+        }
+        let mut q = self.tracker.send.lock();
+        let chunks: usize = wrs.iter().map(|w| if splits_for_staging(w) { w.local.len.div_ceil(STAGE_CHUNK) } else { 1 }).sum();
+        if q.pending.len() + chunks > q.depth as usize {
+            return Err(Error::QueueFull { queue: "send", depth: q.depth });
+        }
+        for (wr, staging) in wrs.iter().zip(&mut staging) {
+            let Some(staging) = staging else {
+                self.post_send_locked(&mut q, std::slice::from_ref(wr), |w| claim(&w.local, w.op.nic_writes_local()))?;
+                continue;
+            };
+            if !splits_for_staging(wr) {
+                self.post_send_locked(&mut q, std::slice::from_ref(wr), |w| staging.stage_next(w.local.len).map(Some))?;
+                continue;
+            }
+            let n = wr.local.len.div_ceil(STAGE_CHUNK);
+            for k in 0..n {
+                let off = k * STAGE_CHUNK;
+                let len = STAGE_CHUNK.min(wr.local.len - off);
+                let last = k + 1 == n;
+                let chunk = SendWr {
+                    local: LocalSlice { mr: wr.local.mr, offset: wr.local.offset + off, len },
+                    // Cannot overflow: `remote_addr + len` was checked when
+                    // the request was built (RemoteBuffer::addr_of).
+                    remote_addr: wr.remote_addr.wrapping_add(off as u64),
+                    // Only the last chunk carries the immediate, the id and
+                    // the caller's signaling; RC ordering completes the rest first.
+                    op: if last { wr.op } else { SendOp::Write },
+                    signaled: last && wr.signaled,
+                    wr_id: wr.wr_id,
+                    ..*wr
+                };
+                self.post_send_locked(&mut q, &[chunk], |_| staging.stage_next(len).map(Some))?;
+            }
+        }
+        Ok(())
+    }
+
+    #[inline]
     fn check_local(&self, l: &LocalSlice<'_>) -> Result<()> {
         if !l.mr.pd().same_as(&self.pd) {
             return Err(Error::ForeignMemoryRegion);
@@ -516,7 +628,7 @@ impl QpInner {
 
 /// Claims a work request's local memory until its completion is reaped
 /// (nothing for an empty slice).
-#[inline]
+#[inline(always)]
 fn claim(l: &LocalSlice<'_>, nic_writes: bool) -> Result<Option<InFlight>> {
     if l.is_empty() {
         return Ok(None);
@@ -556,6 +668,7 @@ fn link<W>(
 /// request counts as posted: its memory then stays held until a completion
 /// or the queue pair's destruction releases it, where counting it as
 /// refused could free memory the NIC is still using.
+#[inline]
 fn posted_count<W>(ret: i32, bad: *mut W, chain: &[W]) -> usize {
     if ret == 0 {
         return chain.len();
@@ -572,6 +685,7 @@ fn posted_count<W>(ret: i32, bad: *mut W, chain: &[W]) -> usize {
 
 /// Keeps the pending entries of posted requests and drops the holds of the
 /// ones the provider refused.
+#[inline]
 fn finish_post(q: &mut WorkQueue, n: usize, posted: usize, verb: &'static str, ret: i32) -> Result<()> {
     for _ in posted..n {
         q.pending.pop_back();
@@ -669,6 +783,7 @@ impl QueuePair {
         // Registered before any post, so no completion can go unmatched.
         send_cq.register(qp_num, tracker.clone());
         recv_cq.register(qp_num, tracker.clone());
+        pd.inner.holders.add(holder(&tracker));
         let inner = QpInner {
             qp,
             qp_num,
@@ -743,49 +858,11 @@ impl QueuePair {
             return Ok(());
         }
         let inner = &self.inner;
-        inner.check_send(wrs)?;
+        if inner.check_send(wrs)? {
+            return inner.post_send_staged(wrs);
+        }
         let mut q = inner.tracker.send.lock();
-        let claim_local = |wr: &SendWr<'_>| claim(&wr.local, wr.op.nic_writes_local());
-        if !wrs.iter().any(splits_for_staging) {
-            return inner.post_send_locked(&mut q, wrs, claim_local);
-        }
-        // Host-staged GPU sources: post each large write as chunks, copying
-        // chunk k+1 from the GPU while the NIC sends chunk k, instead of
-        // copying the whole message before the NIC may start. The queue
-        // stays locked throughout, so the room checked is the room used.
-        let chunks: usize = wrs.iter().map(|w| if splits_for_staging(w) { w.local.len.div_ceil(STAGE_CHUNK) } else { 1 }).sum();
-        if q.pending.len() + chunks > q.depth as usize {
-            return Err(Error::QueueFull { queue: "send", depth: q.depth });
-        }
-        for wr in wrs {
-            if !splits_for_staging(wr) {
-                inner.post_send_locked(&mut q, std::slice::from_ref(wr), claim_local)?;
-                continue;
-            }
-            // One claim over the whole source: no copy on another thread
-            // can slip in between two chunks.
-            let mut staging = wr.local.mr.claim_for_staging(wr.local.offset, wr.local.len)?;
-            let n = wr.local.len.div_ceil(STAGE_CHUNK);
-            for k in 0..n {
-                let off = k * STAGE_CHUNK;
-                let len = STAGE_CHUNK.min(wr.local.len - off);
-                let last = k + 1 == n;
-                let chunk = SendWr {
-                    local: LocalSlice { mr: wr.local.mr, offset: wr.local.offset + off, len },
-                    // Cannot overflow: `remote_addr + len` was checked when
-                    // the request was built (RemoteBuffer::addr_of).
-                    remote_addr: wr.remote_addr.wrapping_add(off as u64),
-                    // Only the last chunk carries the immediate, the id and
-                    // the caller's signaling; RC ordering completes the rest first.
-                    op: if last { wr.op } else { SendOp::Write },
-                    signaled: last && wr.signaled,
-                    wr_id: wr.wr_id,
-                    ..*wr
-                };
-                inner.post_send_locked(&mut q, &[chunk], |_| staging.stage_next(len).map(Some))?;
-            }
-        }
-        Ok(())
+        inner.post_send_locked(&mut q, wrs, |wr| claim(&wr.local, wr.op.nic_writes_local()))
     }
 
     /// Posts a batch of receives with one call. See
@@ -927,6 +1004,11 @@ impl PreparedQueuePair {
 /// The vendor id Soft-RoCE (rxe) reports.
 const RXE_VENDOR_ID: u32 = 0xff_ffff;
 
+/// The tracker as the protection domain lists it.
+fn holder(t: &Arc<Tracker>) -> Weak<dyn HoldsNic> {
+    Arc::downgrade(t) as Weak<dyn HoldsNic>
+}
+
 fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -957,9 +1039,9 @@ mod tests {
         for s in 0..4 {
             push(&t, false, s, 100 + s, s == 2);
         }
-        let d = t.complete((5 << GEN_SHIFT) | 2).unwrap();
+        let d = t.complete((5 << GEN_SHIFT) | 2, true, 0).unwrap();
         assert_eq!((d.wr_id, d.opcode), (102, WcOpcode::Send));
-        assert!(!d.earlier_stage_in_failed);
+        assert!(d.landed);
         assert_eq!(ids(&t), [103]);
     }
 
@@ -974,14 +1056,14 @@ mod tests {
         push(&t, false, 1, 11, true); // completion k
         push(&t, false, 2, 12, false);
         push(&t, false, 3, 13, true); // completion k+1, matched first
-        let late = t.complete((5 << GEN_SHIFT) | 3).unwrap();
+        let late = t.complete((5 << GEN_SHIFT) | 3, true, 0).unwrap();
         assert_eq!(late.wr_id, 13);
         assert_eq!(ids(&t), [11, 12], "the unsignaled request before the signaled one went with it");
-        let early = t.complete((5 << GEN_SHIFT) | 1).unwrap();
+        let early = t.complete((5 << GEN_SHIFT) | 1, true, 0).unwrap();
         assert_eq!(early.wr_id, 11);
         assert_eq!(ids(&t), [12], "still complete; released by the next completion");
         push(&t, false, 4, 14, true);
-        assert_eq!(t.complete((5 << GEN_SHIFT) | 4).unwrap().wr_id, 14);
+        assert_eq!(t.complete((5 << GEN_SHIFT) | 4, true, 0).unwrap().wr_id, 14);
         assert!(ids(&t).is_empty());
     }
 
@@ -990,13 +1072,13 @@ mod tests {
         let t = tracker(5);
         push(&t, false, 0, 1, true);
         push(&t, true, 0, 2, true);
-        assert_eq!(t.complete(RECV_BIT | (5 << GEN_SHIFT)).map(|c| c.wr_id), Some(2));
+        assert_eq!(t.complete(RECV_BIT | (5 << GEN_SHIFT), true, 0).map(|c| c.wr_id), Some(2));
         // A stale completion from another generation releases nothing.
-        assert!(t.complete(6 << GEN_SHIFT).is_none());
+        assert!(t.complete(6 << GEN_SHIFT, true, 0).is_none());
         assert_eq!(t.send.lock().pending.len(), 1);
         // Unknown sequence numbers release nothing either.
-        assert!(t.complete((5 << GEN_SHIFT) | 7).is_none());
-        assert_eq!(t.complete(5 << GEN_SHIFT).map(|c| c.wr_id), Some(1));
+        assert!(t.complete((5 << GEN_SHIFT) | 7, true, 0).is_none());
+        assert_eq!(t.complete(5 << GEN_SHIFT, true, 0).map(|c| c.wr_id), Some(1));
         assert_eq!(t.clear(), [false, false]);
         push(&t, true, 1, 3, true);
         assert_eq!(t.clear(), [false, true]);

@@ -16,6 +16,7 @@ pub(crate) enum SendOp {
 }
 
 impl SendOp {
+    #[inline]
     pub(crate) fn wc_opcode(self) -> WcOpcode {
         match self {
             SendOp::Send | SendOp::SendWithImm(_) => WcOpcode::Send,
@@ -25,6 +26,7 @@ impl SendOp {
     }
 
     /// Whether the NIC writes the local buffer (so local reads must wait).
+    #[inline]
     pub(crate) fn nic_writes_local(self) -> bool {
         matches!(self, SendOp::Read)
     }

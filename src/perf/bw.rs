@@ -141,7 +141,7 @@ fn drive(link: &mut Link, size: usize, cq_mod: u32, post_list: u32, use_events: 
     };
     // The server has its receives posted (or nothing to do) once past this.
     link.oob.barrier()?;
-    let mut wrs = Vec::with_capacity(batch as usize);
+    let mut wrs = vec![base; batch as usize];
     let mut wcs = [WorkCompletion::default(); 64];
     let (mut posted, mut done) = (0u64, 0u64);
     let mut marks: Vec<(u64, Instant)> = Vec::with_capacity((iters / cq_mod + 2) as usize);
@@ -150,13 +150,12 @@ fn drive(link: &mut Link, size: usize, cq_mod: u32, post_list: u32, use_events: 
     while done < iters {
         while posted < iters && posted - done < depth {
             let n = batch.min(depth - (posted - done)).min(iters - posted);
-            wrs.clear();
-            for i in posted..posted + n {
+            // Rewritten in place, as perftest reuses its request list.
+            for (w, i) in wrs.iter_mut().zip(posted..posted + n) {
                 let signaled = (i + 1) % cq_mod == 0 || i + 1 == iters;
-                let wr = base.wr_id(i);
-                wrs.push(if signaled { wr } else { wr.unsignaled() });
+                *w = if signaled { base.wr_id(i) } else { base.wr_id(i).unsignaled() };
             }
-            link.qp.post_send(&wrs)?;
+            link.qp.post_send(&wrs[..n as usize])?;
             posted += n;
         }
         let n = if use_events { link.cq.wait(&mut wcs, Some(std::time::Duration::from_secs(60)))? } else { link.cq.poll(&mut wcs)? };
