@@ -458,3 +458,47 @@ fn queue_pairs_come_and_go_on_a_shared_cq() {
     }
     assert_eq!(done, scale(40, 6));
 }
+
+/// What the NIC holds lives with the queue pair that posted it: a copy
+/// finds a receive posted on any queue pair of the domain, is refused
+/// only where it overlaps, and is let in once that queue pair is gone
+/// (destroying it ends the NIC's use). Queue pairs posting from one
+/// region meanwhile do not see each other's holds.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn holds_are_found_on_every_queue_pair_and_leave_with_it() {
+    let lb = loopback(&QpConfig::default());
+    let ctx = lb.pd.context().clone();
+    let cq = CompletionQueue::new(&ctx, 256).unwrap();
+    let peer_cq = CompletionQueue::new(&ctx, 256).unwrap();
+    let (extra, extra_peer) = connect_pair(
+        QueuePair::create(&lb.pd, &cq, &cq, &QpConfig::default()).unwrap(),
+        QueuePair::create(&lb.pd, &peer_cq, &peer_cq, &QpConfig::default()).unwrap(),
+    );
+    let shared = MemoryRegion::alloc(&lb.pd, 8192, AccessFlags::default()).unwrap();
+    shared.fill(.., 0x11).unwrap();
+    // A receive on the extra queue pair holds bytes 4096.. of the region.
+    extra.post_recv(&[RecvWr::new(shared.slice(4096..).unwrap()).wr_id(7)]).unwrap();
+    for (what, r) in [
+        ("write_at", shared.write_at(4100, &[1])),
+        ("read_at", shared.read_at(8000, &mut [0; 8])),
+        ("fill", shared.fill(4000..4097, 0)),
+    ] {
+        assert!(matches!(r, Err(Error::Busy { .. })), "{what} over the held range: {r:?}");
+    }
+    shared.write_at(0, &[2; 4096]).expect("bytes no request holds");
+    // Another queue pair sends from the held receive's range: two posts
+    // never conflict (the protocol's business), and the copies still see
+    // the receive.
+    lb.b.qp.post_recv(&[RecvWr::new(shared.slice(0..64).unwrap())]).unwrap();
+    lb.a.qp.post_send(&[SendWr::send(shared.slice(4096..4160).unwrap())]).unwrap();
+    assert!(wait_one(&lb.b.cq).ok().is_ok());
+    assert!(wait_one(&lb.a.cq).ok().is_ok());
+    assert!(matches!(shared.read_at(4096, &mut [0; 8]), Err(Error::Busy { .. })), "the receive is still posted");
+    // Destroying its queue pair ends the NIC's use of the range.
+    drop((extra, extra_peer));
+    shared.write_at(4100, &[3]).expect("the receive's queue pair is gone");
+    let mut b = [0; 1];
+    shared.read_at(4100, &mut b).unwrap();
+    assert_eq!(b, [3]);
+}
