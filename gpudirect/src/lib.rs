@@ -36,9 +36,11 @@
 //!   [`read_at`](MemoryRegion::read_at), [`fill`](MemoryRegion::fill),
 //!   [`stage_in`](MemoryRegion::stage_in),
 //!   [`read_volatile`](MemoryRegion::read_volatile)) and posts that name
-//!   the region share one record of who uses which bytes. A copy claims
-//!   its range for as long as it runs; a posted request until its
-//!   completion is reaped. Anything that would overlap a conflicting claim
+//!   the region are judged against each other: a copy claims its range
+//!   for as long as it runs; a posted request holds its range until its
+//!   completion is reaped (the hold is its entry in its queue pair's
+//!   pending list, so posting takes no lock but the queue's). Anything
+//!   that would overlap a conflicting claim
 //!   (someone writes what the other touches) fails at once with
 //!   [`Error::Busy`] instead of waiting or racing: two reads may overlap,
 //!   a read and a write may not, a copy and a receive into it may not, two
@@ -47,7 +49,7 @@
 //! - [`QueuePair`]: [`post_send`](QueuePair::post_send) and
 //!   [`post_recv`](QueuePair::post_recv) may run on several threads; each
 //!   call's batch is posted whole (one lock per queue covers the room
-//!   check, the claims, host staging and the doorbell), and batches of
+//!   check, the holds, host staging and the doorbell), and batches of
 //!   different threads do not interleave.
 //! - [`CompletionQueue`]: any number of threads may
 //!   [`poll`](CompletionQueue::poll) and [`wait`](CompletionQueue::wait).
@@ -114,7 +116,8 @@ pub mod rcache;
 pub mod sysroot;
 pub mod wr;
 
-// Crate-private leaves: deadlines, and the mutex helgrind can see.
+// Crate-private leaves: who may touch which bytes (claims), deadlines,
+// and the mutex helgrind can see.
 mod claims;
 mod deadline;
 mod sync;
