@@ -263,18 +263,17 @@ impl Tracker {
         let q = if raw & RECV_BIT != 0 { &self.recv } else { &self.send };
         let seq = raw & SEQ_MASK;
         let mut q = q.lock();
-        // One scan: where the request is, and whether a signaled one
-        // precedes it (only when completions are matched out of order).
-        let mut signaled_before = false;
-        let mut pos = None;
-        for (i, p) in q.pending.iter().enumerate() {
-            if p.seq == seq {
-                pos = Some(i);
-                break;
-            }
-            signaled_before |= p.signaled;
-        }
-        let pos = pos?;
+        // Requests sit in posting order with consecutive numbers unless a
+        // completion was matched out of order: look there first.
+        let front = q.pending.front()?.seq;
+        let guess = (seq.wrapping_sub(front) & SEQ_MASK) as usize;
+        let pos = match q.pending.get(guess) {
+            Some(p) if p.seq == seq => guess,
+            _ => q.pending.iter().position(|p| p.seq == seq)?,
+        };
+        // A signaled request before it has its own completion still to
+        // come (only when completions are matched out of order).
+        let signaled_before = q.pending.range(..pos).any(|p| p.signaled);
         let mut landed = true;
         let mut land = |p: &Pending, written: usize| {
             if let Some(h) = &p.hold {
