@@ -45,7 +45,11 @@
 //!   [`Error::Busy`] instead of waiting or racing: two reads may overlap,
 //!   a read and a write may not, a copy and a receive into it may not, two
 //!   posts always may (what the NIC does to memory is the application
-//!   protocol's business, not a Rust data race).
+//!   protocol's business, not a Rust data race). A copy of a region with
+//!   requests outstanding on it looks them up in the pending lists of
+//!   every queue pair of the region's protection domain, so its cost grows
+//!   with the domain's outstanding work; with none outstanding it checks
+//!   one counter.
 //! - [`QueuePair`]: [`post_send`](QueuePair::post_send) and
 //!   [`post_recv`](QueuePair::post_recv) may run on several threads; each
 //!   call's batch is posted whole (one lock per queue covers the room
