@@ -483,6 +483,7 @@ impl MemoryRegion {
     /// by [`claim_for_staging`](Self::claim_for_staging) instead.
     #[inline(always)]
     pub(crate) fn claim_for_nic(&self, offset: usize, len: usize, nic_writes: bool) -> Result<InFlight> {
+        debug_assert!(nic_writes || !self.is_host_staged(), "a host-staged source must be staged (claim_for_staging)");
         let use_ = if nic_writes { Use::NicWrites } else { Use::NicReads };
         self.inner.claims.hold_for_nic(offset, offset + len, use_)?;
         Ok(InFlight { mr: self.clone(), offset, len, nic_writes })

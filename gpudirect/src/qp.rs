@@ -434,10 +434,7 @@ impl QpInner {
             s.recv.push(sys::ibv_recv_wr { wr_id: RECV_BIT | self.tracker.tag | seq, ..Default::default() });
             q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: WcOpcode::Recv, signaled: true, hold });
         }
-        link(&mut s.recv, &mut s.sges, |wr| &mut wr.next, |wr, sg, n| {
-            wr.sg_list = sg;
-            wr.num_sge = n;
-        }, wrs.iter().map(|w| !w.local.is_empty()));
+        link_recv(&mut s.recv, &mut s.sges, wrs.iter().map(|w| !w.local.is_empty()));
         let mut bad = std::ptr::null_mut();
         // SAFETY: `recv` is a valid, NUL-terminated chain whose SGEs name
         // registered memory held alive (and claimed) by the pending entries.
@@ -639,25 +636,16 @@ fn sge(l: &LocalSlice<'_>) -> sys::ibv_sge {
     sys::ibv_sge { addr: l.mr.addr() + l.offset as u64, length: l.len as u32, lkey: l.mr.lkey() }
 }
 
-/// Chains work requests (`next`) and points each at its SGE; done after
-/// the vectors stopped growing so the pointers stay valid.
-fn link<W>(
-    wrs: &mut [W],
-    sges: &mut [sys::ibv_sge],
-    next: impl Fn(&mut W) -> &mut *mut W,
-    set_sg: impl Fn(&mut W, *mut sys::ibv_sge, i32),
-    has_data: impl Iterator<Item = bool>,
-) {
+/// Chains receive requests (`next`) and points each at its SGE; done
+/// after the vectors stopped growing so the pointers stay valid. (Sends
+/// are chained in place as they are written, see `post_send_locked`.)
+fn link_recv(wrs: &mut [sys::ibv_recv_wr], sges: &mut [sys::ibv_sge], has_data: impl Iterator<Item = bool>) {
     let base = wrs.as_mut_ptr();
     let n = wrs.len();
     for ((i, wr), data) in wrs.iter_mut().enumerate().zip(has_data) {
         // SAFETY: i + 1 <= n, one-past-the-end is not dereferenced.
-        *next(wr) = if i + 1 < n { unsafe { base.add(i + 1) } } else { std::ptr::null_mut() };
-        if data {
-            set_sg(wr, &mut sges[i], 1);
-        } else {
-            set_sg(wr, std::ptr::null_mut(), 0);
-        }
+        wr.next = if i + 1 < n { unsafe { base.add(i + 1) } } else { std::ptr::null_mut() };
+        (wr.sg_list, wr.num_sge) = if data { (&mut sges[i] as *mut _, 1) } else { (std::ptr::null_mut(), 0) };
     }
 }
 
