@@ -47,6 +47,20 @@
 //! # let _ = wr; Ok(()) }
 //! ```
 //!
+//! A prepared [`SendList`](crate::SendList) borrows every region it
+//! names, so none can be dropped while the list may still be posted
+//! (E0505):
+//!
+//! ```compile_fail,E0505
+//! # fn f(pd: &gpudirect::ProtectionDomain, qp: &gpudirect::QueuePair, remote: &gpudirect::RemoteBuffer) -> gpudirect::Result<()> {
+//! use gpudirect::{AccessFlags, MemoryRegion, SendList, SendWr};
+//! let mr = MemoryRegion::alloc(pd, 4096, AccessFlags::default())?;
+//! let mut list = SendList::new(&[SendWr::write(mr.slice(..)?, remote, 0)?])?;
+//! drop(mr);
+//! qp.post_list(&mut list)?;
+//! # Ok(()) }
+//! ```
+//!
 //! An RDMA write request holds the local region, not the remote descriptor
 //! (a copy), but the region still may not be dropped before posting (E0505,
 //! move out of a borrowed value):

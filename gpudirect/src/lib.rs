@@ -50,7 +50,8 @@
 //!   every queue pair of the region's protection domain, so its cost grows
 //!   with the domain's outstanding work; with none outstanding it checks
 //!   one counter.
-//! - [`QueuePair`]: [`post_send`](QueuePair::post_send) and
+//! - [`QueuePair`]: [`post_send`](QueuePair::post_send),
+//!   [`post_list`](QueuePair::post_list) and
 //!   [`post_recv`](QueuePair::post_recv) may run on several threads; each
 //!   call's batch is posted whole (one lock per queue covers the room
 //!   check, the holds, host staging and the doorbell), and batches of
@@ -141,7 +142,7 @@ pub use mr::{AccessFlags, HostBuffer, LocalSlice, Location, MemoryRegion, Regist
 pub use pd::ProtectionDomain;
 pub use qp::{Endpoint, PreparedQueuePair, QpConfig, QpState, QueuePair};
 pub use rcache::{CacheConfig, CacheStats, CachedRegion, RegistrationCache};
-pub use wr::{RecvWr, SendWr};
+pub use wr::{RecvWr, SendList, SendWr};
 
 #[cfg(test)]
 mod tests {

@@ -954,6 +954,13 @@ pub struct LocalSlice<'a> {
 }
 
 impl LocalSlice<'_> {
+    /// The slice as verbs' scatter/gather entry. The length fits: requests
+    /// over `u32::MAX` bytes are refused before they are written out.
+    #[inline]
+    pub(crate) fn sge(&self) -> sys::ibv_sge {
+        sys::ibv_sge { addr: self.mr.addr() + self.offset as u64, length: self.len as u32, lkey: self.mr.lkey() }
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len

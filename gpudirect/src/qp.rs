@@ -40,7 +40,7 @@ use crate::gid::{Gid, GidChoice};
 use crate::mr::{AccessFlags, InFlight, LocalSlice};
 use crate::pd::ProtectionDomain;
 use crate::sync::Mutex;
-use crate::wr::{RecvWr, SendOp, SendWr};
+use crate::wr::{RecvWr, SendList, SendOp, SendWr};
 
 /// What a peer needs to connect its queue pair to ours. Exchange it out of
 /// band ([`crate::bootstrap`], or any channel: it is `serde` serialisable).
@@ -165,12 +165,6 @@ pub enum QpState {
 /// Writes from host-staged GPU regions longer than this are posted in
 /// chunks of this size, so GPU-to-host copies overlap the NIC's transfer.
 const STAGE_CHUNK: usize = 1 << 20;
-
-/// Whether the NIC reads the request's source from a host-staged GPU
-/// region's mirror, which must be staged first.
-fn stages_out(w: &SendWr<'_>) -> bool {
-    !w.op.nic_writes_local() && !w.local.is_empty() && w.local.mr.is_host_staged()
-}
 
 fn splits_for_staging(w: &SendWr<'_>) -> bool {
     matches!(w.op, SendOp::Write | SendOp::WriteWithImm(_)) && w.local.len > STAGE_CHUNK && w.local.mr.is_host_staged()
@@ -430,7 +424,7 @@ impl QpInner {
                     return Err(e);
                 }
             };
-            s.sges.push(sge(&wr.local));
+            s.sges.push(wr.local.sge());
             s.recv.push(sys::ibv_recv_wr { wr_id: RECV_BIT | self.tracker.tag | seq, ..Default::default() });
             q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: WcOpcode::Recv, signaled: true, hold });
         }
@@ -448,26 +442,24 @@ impl QpInner {
     fn check_send(&self, wrs: &[SendWr<'_>]) -> Result<bool> {
         let mut staged = false;
         for wr in wrs {
-            self.check_local(&wr.local)?;
-            staged |= stages_out(wr);
+            if !wr.local.mr.pd().same_as(&self.pd) {
+                return Err(Error::ForeignMemoryRegion);
+            }
+            wr.check()?;
+            staged |= wr.stages_out();
             if wr.inline {
-                self.check_inline(wr)?;
+                self.check_inline_len(wr.local.len)?;
             }
         }
         Ok(staged)
     }
 
-    #[cold]
-    fn check_inline(&self, wr: &SendWr<'_>) -> Result<()> {
-        if !wr.local.mr.cpu_addressable() {
-            return Err(Error::InvalidArgument(
-                "inline sends copy the payload with the CPU, which cannot read GPU memory registered for GPUDirect RDMA".into(),
-            ));
-        }
-        if wr.op == SendOp::Read || wr.local.len > self.max_inline as usize {
+    #[inline]
+    fn check_inline_len(&self, len: usize) -> Result<()> {
+        if len > self.max_inline as usize {
             return Err(Error::InvalidArgument(format!(
-                "inline {:?} of {} bytes: the queue pair allows inline writes and sends of at most {} bytes (QpConfig::max_inline_data)",
-                wr.op, wr.local.len, self.max_inline
+                "an inline payload of {len} bytes: the queue pair allows inline writes and sends of at most {} bytes (QpConfig::max_inline_data)",
+                self.max_inline
             )));
         }
         Ok(())
@@ -510,44 +502,83 @@ impl QpInner {
                 }
             };
             let seq = (first_seq + i as u64) & SEQ_MASK;
-            let (opcode, imm) = match wr.op {
-                SendOp::Send => (sys::IBV_WR_SEND, 0),
-                SendOp::SendWithImm(imm) => (sys::IBV_WR_SEND_WITH_IMM, imm),
-                SendOp::Write => (sys::IBV_WR_RDMA_WRITE, 0),
-                SendOp::WriteWithImm(imm) => (sys::IBV_WR_RDMA_WRITE_WITH_IMM, imm),
-                SendOp::Read => (sys::IBV_WR_RDMA_READ, 0),
-            };
             // SAFETY: fit_send made room for `n` slots of each; `i < n`,
             // and `i + 1` is at most one past the end, never dereferenced
             // (the last request's link is set to NULL after the loop).
-            let (raw, sg) = unsafe { (&mut *chain.add(i), sges.add(i)) };
+            let (raw, sg) = unsafe { (&mut *chain.add(i), &mut *sges.add(i)) };
             // SAFETY: as above.
             raw.next = unsafe { chain.add(i + 1) };
             raw.wr_id = self.tracker.tag | seq;
-            raw.opcode = opcode;
-            raw.__bindgen_anon_1.imm_data = imm.to_be();
-            // Sends carry zeros here (SendWr::send sets none).
-            raw.wr.rdma.remote_addr = wr.remote_addr;
-            raw.wr.rdma.rkey = wr.rkey;
-            raw.send_flags = if wr.signaled { sys::IBV_SEND_SIGNALED } else { 0 } | if wr.inline { sys::IBV_SEND_INLINE } else { 0 };
+            wr.write_raw(raw, sg);
             any_inline |= wr.inline;
-            if wr.local.is_empty() {
-                (raw.sg_list, raw.num_sge) = (std::ptr::null_mut(), 0);
-            } else {
-                // SAFETY: `sg` is slot `i` of the SGE scratch (see above).
-                unsafe { sg.write(sge(&wr.local)) };
-                (raw.sg_list, raw.num_sge) = (sg, 1);
-            }
             q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold });
         }
         let s = &mut q.scratch;
         s.send[n - 1].next = std::ptr::null_mut();
+        let chain = s.send.as_mut_ptr();
+        // SAFETY: `chain` is a valid, NULL-terminated chain of `n` requests
+        // whose SGEs name registered memory held alive (and claimed) by the
+        // pending entries; remote addresses were bounds-checked against the
+        // peer's buffer.
+        unsafe { self.post_chain(q, chain, wrs, kept, any_inline) }
+    }
+
+    /// Posts a prepared list with the send queue locked: as
+    /// [`post_send_locked`](Self::post_send_locked), but the requests were
+    /// checked and written when the list was made, so each is only held,
+    /// entered and numbered.
+    fn post_list_locked(&self, q: &mut WorkQueue, list: &mut SendList<'_>) -> Result<()> {
+        let (wrs, chain) = list.parts();
+        let n = wrs.len();
+        if q.pending.len() + n > q.depth as usize {
+            return Err(Error::QueueFull { queue: "send", depth: q.depth });
+        }
+        let first_seq = q.next_seq;
+        let kept = q.pending.len();
+        let mut any_inline = false;
+        for (i, (wr, raw)) in wrs.iter().zip(chain.iter_mut()).enumerate() {
+            let hold = match claim(&wr.local, wr.op.nic_writes_local()) {
+                Ok(h) => h,
+                Err(e) => {
+                    q.pending.truncate(kept); // releases this post's holds
+                    return Err(e);
+                }
+            };
+            let seq = (first_seq + i as u64) & SEQ_MASK;
+            raw.wr_id = self.tracker.tag | seq;
+            any_inline |= wr.inline;
+            q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold });
+        }
+        // SAFETY: the list's chain is NULL-terminated, of `n` requests
+        // written from `wrs` (SendList::new) whose SGEs name registered
+        // memory the list borrows and the pending entries now hold.
+        unsafe { self.post_chain(q, chain.as_mut_ptr(), wrs, kept, any_inline) }
+    }
+
+    /// Posts a chain written from `wrs`, whose pending entries follow the
+    /// first `kept`, and keeps the entries of the requests the provider
+    /// accepted.
+    ///
+    /// # Safety
+    /// `chain` is a valid, NULL-terminated chain of `wrs.len()` requests
+    /// (contiguous, as `posted_count` reads it) that name only registered
+    /// memory the entries after `kept` hold.
+    #[inline]
+    unsafe fn post_chain(
+        &self,
+        q: &mut WorkQueue,
+        chain: *mut sys::ibv_send_wr,
+        wrs: &[SendWr<'_>],
+        kept: usize,
+        any_inline: bool,
+    ) -> Result<()> {
+        let n = wrs.len();
         let mut bad = std::ptr::null_mut();
-        // SAFETY: `send` is a valid, NULL-terminated chain whose SGEs name
-        // registered memory held alive (and claimed) by the pending entries;
-        // remote addresses were bounds-checked against the peer's buffer.
-        let ret = unsafe { sys::ibv_post_send(self.qp.as_ptr(), s.send.as_mut_ptr(), &mut bad) };
-        let posted = posted_count(ret, bad, &s.send[..n]);
+        // SAFETY: the caller's contract.
+        let ret = unsafe { sys::ibv_post_send(self.qp.as_ptr(), chain, &mut bad) };
+        // SAFETY: the chain is `n` contiguous requests (the caller's contract),
+        // and nothing writes them while this slice is read.
+        let posted = posted_count(ret, bad, unsafe { std::slice::from_raw_parts(chain, n) });
         let r = finish_post(q, n, posted, "ibv_post_send", ret);
         // Inline requests need nothing once posted: the provider copied them.
         if ret == 0 && any_inline {
@@ -571,7 +602,7 @@ impl QpInner {
     fn post_send_staged(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut staging = Vec::with_capacity(wrs.len());
         for w in wrs {
-            staging.push(if stages_out(w) { Some(w.local.mr.claim_for_staging(w.local.offset, w.local.len)?) } else { None });
+            staging.push(if w.stages_out() { Some(w.local.mr.claim_for_staging(w.local.offset, w.local.len)?) } else { None });
         }
         let mut q = self.tracker.send.lock();
         let chunks: usize = wrs.iter().map(|w| if splits_for_staging(w) { w.local.len.div_ceil(STAGE_CHUNK) } else { 1 }).sum();
@@ -630,10 +661,6 @@ fn claim(l: &LocalSlice<'_>, nic_writes: bool) -> Result<Option<InFlight>> {
         return Ok(None);
     }
     l.mr.claim_for_nic(l.offset, l.len, nic_writes).map(Some)
-}
-
-fn sge(l: &LocalSlice<'_>) -> sys::ibv_sge {
-    sys::ibv_sge { addr: l.mr.addr() + l.offset as u64, length: l.len as u32, lkey: l.mr.lkey() }
 }
 
 /// Chains receive requests (`next`) and points each at its SGE; done
@@ -833,8 +860,10 @@ impl QueuePair {
     /// ([`Error::QueueFull`]), names a region of another protection domain
     /// ([`Error::ForeignMemoryRegion`]) or an inline payload that is too
     /// long, or when a local range is in use in a conflicting way
-    /// ([`Error::Busy`]: a copy on another thread, a receive or RDMA read
-    /// writing it, or, for a host-staged source, any outstanding request).
+    /// ([`Error::Busy`]: a CPU copy running on another thread, or, for a
+    /// host-staged source, any outstanding request on it). Two posted
+    /// requests over the same bytes are not refused: what the NIC does to
+    /// memory is the protocol's business, and no Rust access.
     /// [`Error::Verb`] from `ibv_post_send`, or [`Error::Cuda`] staging a
     /// chunk: the requests (chunks) before the failing one were posted and
     /// will complete. When the provider fails without naming the first
@@ -850,6 +879,35 @@ impl QueuePair {
         }
         let mut q = inner.tracker.send.lock();
         inner.post_send_locked(&mut q, wrs, |wr| claim(&wr.local, wr.op.nic_writes_local()))
+    }
+
+    /// Posts a [`SendList`]: its requests, checked and written out when the
+    /// list was made, are held, tracked and posted as
+    /// [`post_send`](Self::post_send) would post them, with one call. The
+    /// list may be posted again as soon as this returns (each post's
+    /// requests complete on their own), and on any queue pair of the
+    /// protection domain it names.
+    ///
+    /// # Errors
+    /// As [`post_send`](Self::post_send): nothing is posted on
+    /// [`Error::QueueFull`], [`Error::Busy`], [`Error::ForeignMemoryRegion`]
+    /// (the list's regions are of another protection domain) or
+    /// [`Error::InvalidArgument`] (an inline request longer than this queue
+    /// pair's [`max_inline_data`](Self::max_inline_data)).
+    pub fn post_list(&self, list: &mut SendList<'_>) -> Result<()> {
+        let inner = &self.inner;
+        let Some(pd) = list.pd() else { return Ok(()) };
+        if !pd.same_as(&inner.pd) {
+            return Err(Error::ForeignMemoryRegion);
+        }
+        if list.longest_inline() > 0 {
+            inner.check_inline_len(list.longest_inline())?;
+        }
+        if list.stages() {
+            return inner.post_send_staged(list.requests());
+        }
+        let mut q = inner.tracker.send.lock();
+        inner.post_list_locked(&mut q, list)
     }
 
     /// Posts a batch of receives with one call. See

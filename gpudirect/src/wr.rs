@@ -1,9 +1,14 @@
 //! Work requests: what [`QueuePair::post_send`](crate::QueuePair::post_send)
-//! and [`post_recv`](crate::QueuePair::post_recv) carry.
+//! and [`post_recv`](crate::QueuePair::post_recv) carry, and the
+//! [`SendList`] that [`QueuePair::post_list`](crate::QueuePair::post_list)
+//! posts again and again.
+
+use ibverbs_sys as sys;
 
 use crate::cq::WcOpcode;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mr::{LocalSlice, RemoteBuffer};
+use crate::pd::ProtectionDomain;
 
 /// The operation of a send-queue work request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +34,18 @@ impl SendOp {
     #[inline]
     pub(crate) fn nic_writes_local(self) -> bool {
         matches!(self, SendOp::Read)
+    }
+
+    /// The verbs opcode and the immediate data (zero when none).
+    #[inline]
+    fn raw(self) -> (sys::ibv_wr_opcode, u32) {
+        match self {
+            SendOp::Send => (sys::IBV_WR_SEND, 0),
+            SendOp::SendWithImm(imm) => (sys::IBV_WR_SEND_WITH_IMM, imm),
+            SendOp::Write => (sys::IBV_WR_RDMA_WRITE, 0),
+            SendOp::WriteWithImm(imm) => (sys::IBV_WR_RDMA_WRITE_WITH_IMM, imm),
+            SendOp::Read => (sys::IBV_WR_RDMA_READ, 0),
+        }
     }
 }
 
@@ -117,6 +134,223 @@ impl<'a> SendWr<'a> {
     pub fn inline(mut self) -> Self {
         self.inline = true;
         self
+    }
+
+    /// Whether the NIC reads the request's source from a host-staged GPU
+    /// region's mirror, which must be staged first.
+    #[inline]
+    pub(crate) fn stages_out(&self) -> bool {
+        !self.op.nic_writes_local() && !self.local.is_empty() && self.local.mr.is_host_staged()
+    }
+
+    /// What can be checked of the request on its own, without the queue
+    /// pair: its length, and whether it may be inline at all.
+    #[inline]
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.local.len > u32::MAX as usize {
+            return Err(Error::TooLong(self.local.len as u64));
+        }
+        if self.inline {
+            self.check_inline()?;
+        }
+        Ok(())
+    }
+
+    #[cold]
+    fn check_inline(&self) -> Result<()> {
+        if !self.local.mr.cpu_addressable() {
+            return Err(Error::InvalidArgument(
+                "inline sends copy the payload with the CPU, which cannot read GPU memory registered for GPUDirect RDMA".into(),
+            ));
+        }
+        if self.op == SendOp::Read {
+            return Err(Error::InvalidArgument("an RDMA read cannot be inline: the NIC writes its local buffer".into()));
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn send_flags(&self) -> u32 {
+        (if self.signaled { sys::IBV_SEND_SIGNALED } else { 0 }) | if self.inline { sys::IBV_SEND_INLINE } else { 0 }
+    }
+
+    /// Writes the request into a chain slot, with `sg` as its one SGE:
+    /// every field a provider reads for an RC send, write or read except
+    /// `wr_id` and `next`, which the poster sets. The slot's other fields
+    /// are left as they are (zero in a fresh slot).
+    #[inline]
+    pub(crate) fn write_raw(&self, raw: &mut sys::ibv_send_wr, sg: &mut sys::ibv_sge) {
+        let (opcode, imm) = self.op.raw();
+        raw.opcode = opcode;
+        raw.__bindgen_anon_1.imm_data = imm.to_be();
+        // Sends carry zeros here (SendWr::send sets none).
+        raw.wr.rdma.remote_addr = self.remote_addr;
+        raw.wr.rdma.rkey = self.rkey;
+        raw.send_flags = self.send_flags();
+        if self.local.is_empty() {
+            (raw.sg_list, raw.num_sge) = (std::ptr::null_mut(), 0);
+        } else {
+            *sg = self.local.sge();
+            (raw.sg_list, raw.num_sge) = (sg, 1);
+        }
+    }
+}
+
+/// Send-queue work requests checked and written out once, then posted any
+/// number of times by [`QueuePair::post_list`](crate::QueuePair::post_list):
+/// perftest's way of reposting one prepared chain, for loops that send the
+/// same requests over and over (benchmarks, fixed ring slots). Each post
+/// still holds the memory and tracks every request exactly as
+/// [`post_send`](crate::QueuePair::post_send) does; what it saves is
+/// checking and rewriting requests that have not changed.
+///
+/// Between posts, [`set_wr_id`](Self::set_wr_id) and
+/// [`set_signaled`](Self::set_signaled) change what the next post reports;
+/// they take effect on the next post (a posted request is not touched).
+///
+/// ```
+/// # fn f(qp: &gpudirect::QueuePair, src: &gpudirect::MemoryRegion, dst: &gpudirect::RemoteBuffer) -> gpudirect::Result<()> {
+/// use gpudirect::{SendList, SendWr};
+/// let wrs = [
+///     SendWr::write(src.slice(0..4096)?, dst, 0)?.unsignaled(),
+///     SendWr::write(src.slice(4096..8192)?, dst, 4096)?.wr_id(7),
+/// ];
+/// let mut list = SendList::new(&wrs)?;
+/// for round in 0..3 {
+///     list.set_wr_id(1, round)?;
+///     qp.post_list(&mut list)?;
+///     // ... reap the completion of `round` before the next post
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// The list borrows the regions it names, so none can be dropped while it
+/// exists (see the `compile_fail` catalogue in the crate's source).
+pub struct SendList<'a> {
+    wrs: Box<[SendWr<'a>]>,
+    /// The requests as the provider reads them, chained (`next`) in order;
+    /// each post writes only their `wr_id`s.
+    chain: Vec<sys::ibv_send_wr>,
+    /// One SGE per request, which `chain` points into (only read through it).
+    _sges: Vec<sys::ibv_sge>,
+    /// The protection domain of every region named (none when empty).
+    pd: Option<ProtectionDomain>,
+    longest_inline: usize,
+    stages: bool,
+}
+
+// SAFETY: the raw pointers in `chain` point only into the list's own heap
+// buffers, which move with it; the requests (`SendWr`) are `Send`.
+unsafe impl Send for SendList<'_> {}
+
+impl<'a> SendList<'a> {
+    /// Checks `wrs` and writes them out as one chain.
+    ///
+    /// # Errors
+    /// [`Error::ForeignMemoryRegion`] when the regions are not all of one
+    /// protection domain; [`Error::TooLong`] for a request over 4 GiB;
+    /// [`Error::InvalidArgument`] for an inline RDMA read or an inline
+    /// request from GPU memory. Whether the queue pair allows an inline
+    /// request's length is checked when the list is posted.
+    pub fn new(wrs: &[SendWr<'a>]) -> Result<Self> {
+        let pd = wrs.first().map(|w| w.local.mr.pd().clone());
+        for w in wrs {
+            if pd.as_ref().is_some_and(|pd| !w.local.mr.pd().same_as(pd)) {
+                return Err(Error::ForeignMemoryRegion);
+            }
+            w.check()?;
+        }
+        let n = wrs.len();
+        let mut chain = vec![sys::ibv_send_wr::default(); n];
+        let mut sges = vec![sys::ibv_sge::default(); n];
+        let (base, sg_base) = (chain.as_mut_ptr(), sges.as_mut_ptr());
+        for (i, w) in wrs.iter().enumerate() {
+            // SAFETY: both vectors have `n` elements and `i < n`; the link
+            // is to slot `i + 1` only when there is one. The vectors never
+            // grow, so the links stay valid for the list's life.
+            let raw = unsafe { &mut *base.add(i) };
+            // SAFETY: as above.
+            w.write_raw(raw, unsafe { &mut *sg_base.add(i) });
+            // SAFETY: as above.
+            raw.next = if i + 1 < n { unsafe { base.add(i + 1) } } else { std::ptr::null_mut() };
+        }
+        Ok(SendList {
+            wrs: wrs.into(),
+            chain,
+            _sges: sges,
+            pd,
+            longest_inline: wrs.iter().filter(|w| w.inline).map(|w| w.local.len).max().unwrap_or(0),
+            stages: wrs.iter().any(|w| w.stages_out()),
+        })
+    }
+
+    /// Number of requests.
+    pub fn len(&self) -> usize {
+        self.wrs.len()
+    }
+
+    /// Whether the list has no request.
+    pub fn is_empty(&self) -> bool {
+        self.wrs.is_empty()
+    }
+
+    /// Sets the id that request `index` reports from the next post on.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when there is no such request.
+    pub fn set_wr_id(&mut self, index: usize, wr_id: u64) -> Result<()> {
+        self.request(index)?.wr_id = wr_id;
+        Ok(())
+    }
+
+    /// Sets whether request `index` generates a completion from the next
+    /// post on (see [`SendWr::unsignaled`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when there is no such request.
+    pub fn set_signaled(&mut self, index: usize, signaled: bool) -> Result<()> {
+        self.request(index)?.signaled = signaled;
+        self.chain[index].send_flags = self.wrs[index].send_flags();
+        Ok(())
+    }
+
+    fn request(&mut self, index: usize) -> Result<&mut SendWr<'a>> {
+        let n = self.wrs.len();
+        self.wrs
+            .get_mut(index)
+            .ok_or_else(|| Error::InvalidArgument(format!("request {index} of a send list of {n}")))
+    }
+
+    /// The requests, as they will next be posted.
+    pub fn requests(&self) -> &[SendWr<'a>] {
+        &self.wrs
+    }
+
+    /// The protection domain of the regions named (`None` when empty).
+    pub(crate) fn pd(&self) -> Option<&ProtectionDomain> {
+        self.pd.as_ref()
+    }
+
+    /// The longest inline payload, 0 when no request is inline.
+    pub(crate) fn longest_inline(&self) -> usize {
+        self.longest_inline
+    }
+
+    /// Whether a request's source is a host-staged GPU region (these are
+    /// posted one by one, staged, as `post_send` posts them).
+    pub(crate) fn stages(&self) -> bool {
+        self.stages
+    }
+
+    /// The chain, to post, with the requests it was written from.
+    pub(crate) fn parts(&mut self) -> (&[SendWr<'a>], &mut Vec<sys::ibv_send_wr>) {
+        (&self.wrs, &mut self.chain)
+    }
+}
+
+impl std::fmt::Debug for SendList<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendList").field("requests", &self.wrs).finish()
     }
 }
 

@@ -15,7 +15,7 @@ use common::{device, loopback, wait_one};
 
 use gpudirect::{
     AccessFlags, CompletionQueue, Context, Error, GidType, LinkLayer, MemoryRegion, PortState, ProtectionDomain,
-    QpConfig, QpState, QueuePair, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    QpConfig, QpState, QueuePair, RecvWr, SendList, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -424,4 +424,97 @@ fn completion_queue_too_small_for_its_queue_pairs_is_refused() {
     // Destroying the first gives its room back.
     drop(first);
     QueuePair::create(&pd, &cq, &cq, &config).unwrap();
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn send_list_is_posted_again_and_again() {
+    let lb = loopback(&QpConfig { max_send_wr: 32, max_inline_data: 64, ..QpConfig::default() });
+    let chunk = 1024;
+    let src = MemoryRegion::alloc(&lb.pd, 4 * chunk, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = MemoryRegion::alloc(&lb.pd, 4 * chunk, AccessFlags::REMOTE_WRITE).unwrap();
+    let remote = dst.remote();
+    let wrs: Vec<_> = (0..4)
+        .map(|i| {
+            let wr = SendWr::write(src.slice(i * chunk..(i + 1) * chunk).unwrap(), &remote, (i * chunk) as u64).unwrap();
+            if i == 3 { wr } else { wr.unsignaled() }
+        })
+        .collect();
+    let mut list = SendList::new(&wrs).unwrap();
+    assert_eq!(list.len(), 4);
+    for round in 0..5u64 {
+        let data = pattern(4 * chunk, round as u8);
+        // Free again: the previous post's completion was reaped.
+        src.write_at(0, &data).unwrap();
+        list.set_wr_id(3, 100 + round).unwrap();
+        lb.a.qp.post_list(&mut list).unwrap();
+        // Every request's source is held, unsignaled ones included.
+        assert!(matches!(src.write_at(0, &[0; 4]), Err(Error::Busy { .. })));
+        let wc = wait_one(&lb.a.cq).ok().unwrap();
+        assert_eq!((wc.wr_id, wc.opcode), (100 + round, WcOpcode::RdmaWrite));
+        let mut got = vec![0; 4 * chunk];
+        dst.read_at(0, &mut got).unwrap();
+        assert_eq!(got, data, "round {round}");
+    }
+
+    // Posted again before the first post completed: each post's requests
+    // complete on their own, in order; a second signaled request reports too.
+    list.set_signaled(1, true).unwrap();
+    list.set_wr_id(1, 7).unwrap();
+    list.set_wr_id(3, 8).unwrap();
+    lb.a.qp.post_list(&mut list).unwrap();
+    list.set_wr_id(3, 9).unwrap();
+    lb.a.qp.post_list(&mut list).unwrap();
+    let ids: Vec<u64> = (0..4).map(|_| wait_one(&lb.a.cq).ok().unwrap().wr_id).collect();
+    assert_eq!(ids, [7, 8, 7, 9]);
+    src.write_at(0, &[0; 4]).unwrap();
+
+    // The queue's room is checked for the whole list: 8 posts fill 32.
+    for _ in 0..8 {
+        lb.a.qp.post_list(&mut list).unwrap();
+    }
+    assert!(matches!(lb.a.qp.post_list(&mut list), Err(Error::QueueFull { queue: "send", depth: 32 })));
+    for _ in 0..16 {
+        wait_one(&lb.a.cq).ok().unwrap();
+    }
+    assert!(matches!(list.set_wr_id(4, 0), Err(Error::InvalidArgument(_))));
+    assert!(matches!(list.set_signaled(9, true), Err(Error::InvalidArgument(_))));
+
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn send_list_refuses_what_post_send_refuses() {
+    let lb = loopback(&QpConfig { max_inline_data: 64, ..QpConfig::default() });
+    let src = MemoryRegion::alloc(&lb.pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+    let dst = MemoryRegion::alloc(&lb.pd, 4096, AccessFlags::REMOTE_WRITE).unwrap();
+    let remote = dst.remote();
+    let other_pd = ProtectionDomain::new(lb.pd.context()).unwrap();
+    let foreign = MemoryRegion::alloc(&other_pd, 4096, AccessFlags::LOCAL_WRITE).unwrap();
+
+    // Regions of two protection domains in one list.
+    let mixed = [SendWr::send(src.slice(0..8).unwrap()), SendWr::send(foreign.slice(0..8).unwrap())];
+    assert!(matches!(SendList::new(&mixed), Err(Error::ForeignMemoryRegion)));
+    // A list of another domain's regions, posted here.
+    let mut elsewhere = SendList::new(&[SendWr::write(foreign.slice(0..8).unwrap(), &remote, 0).unwrap()]).unwrap();
+    assert!(matches!(lb.a.qp.post_list(&mut elsewhere), Err(Error::ForeignMemoryRegion)));
+    // An inline RDMA read cannot be made; an inline payload over this queue
+    // pair's limit is refused when posted.
+    let read = SendWr::read(src.slice(0..8).unwrap(), &remote, 0).unwrap().inline();
+    assert!(matches!(SendList::new(&[read]), Err(Error::InvalidArgument(_))));
+    let mut long = SendList::new(&[SendWr::write(src.slice(0..100).unwrap(), &remote, 0).unwrap().inline()]).unwrap();
+    assert!(matches!(lb.a.qp.post_list(&mut long), Err(Error::InvalidArgument(_))));
+    // Within the limit, an inline list frees its source as soon as it is posted.
+    src.write_at(0, b"inline list").unwrap();
+    let mut short = SendList::new(&[SendWr::write(src.slice(0..11).unwrap(), &remote, 0).unwrap().inline().wr_id(3)]).unwrap();
+    lb.a.qp.post_list(&mut short).unwrap();
+    src.write_at(0, b"overwritten").unwrap();
+    assert_eq!(wait_one(&lb.a.cq).ok().unwrap().wr_id, 3);
+    let mut got = [0; 11];
+    dst.read_at(0, &mut got).unwrap();
+    assert_eq!(&got, b"inline list");
+    // An empty list posts nothing, anywhere.
+    lb.a.qp.post_list(&mut SendList::new(&[]).unwrap()).unwrap();
+    let mut wc = [WorkCompletion::default(); 1];
+    assert_eq!(lb.a.cq.poll(&mut wc).unwrap(), 0);
 }

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use common::{connect_pair, device, loopback, wait_one, Shared};
 
 use gpudirect::{
-    AccessFlags, CompletionQueue, Context, Error, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RecvWr, SendWr,
-    WcStatus, WorkCompletion,
+    AccessFlags, CompletionQueue, Context, Error, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RecvWr, SendList,
+    SendWr, WcStatus, WorkCompletion,
 };
 
 /// Smaller runs for valgrind's tools, which are ~100x slower.
@@ -165,6 +165,64 @@ fn a_post_cannot_overlap_a_copy_in_progress() {
     // post rarely overlap; there the point is the race check, not the timing.
     assert!(quick() || refused_posts > 0, "no round overlapped the copy: the test proved nothing");
     println!("copy vs post: {refused_posts} of {rounds} posts refused Busy while a copy ran; no read saw unreaped bytes");
+}
+
+/// The same for a prepared [`SendList`]: a post of it while `write_at`
+/// rewrites its sources is refused (or the copy is, when the post came
+/// first), so the peer never receives bytes of a copy half done.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_posted_list_cannot_overlap_a_copy_in_progress() {
+    let lb = loopback(&QpConfig::default());
+    let len = scale(32 << 20, 256 << 10);
+    let tail = len - 8192;
+    let src = MemoryRegion::alloc(&lb.pd, len, AccessFlags::default()).unwrap();
+    let dst = MemoryRegion::alloc(&lb.pd, 8192, AccessFlags::REMOTE_WRITE).unwrap();
+    let remote = dst.remote();
+    let wrs = [
+        SendWr::write(src.slice(tail..tail + 4096).unwrap(), &remote, 0).unwrap().unsignaled(),
+        SendWr::write(src.slice(tail + 4096..).unwrap(), &remote, 4096).unwrap(),
+    ];
+    let mut list = SendList::new(&wrs).unwrap();
+    let (mut refused_posts, mut refused_copies) = (0, 0);
+    let rounds = scale(20, 4);
+    for round in 0..rounds {
+        let started = Shared::new(false);
+        let value = round as u8 + 1;
+        let (copied, posted) = thread::scope(|s| {
+            let h = s.spawn(|| {
+                let data = vec![value; len];
+                started.with(|s| *s = true);
+                src.write_at(0, &data)
+            });
+            while !started.get() {
+                thread::yield_now();
+            }
+            thread::sleep(Duration::from_millis(2));
+            let posted = lb.a.qp.post_list(&mut list);
+            match &posted {
+                Ok(()) => {
+                    wait_one(&lb.a.cq).ok().unwrap();
+                }
+                Err(Error::Busy { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
+            (h.join().unwrap(), posted)
+        });
+        refused_posts += usize::from(posted.is_err());
+        match copied {
+            Ok(()) => {}
+            Err(Error::Busy { .. }) => refused_copies += 1,
+            Err(e) => panic!("{e}"),
+        }
+        if posted.is_ok() {
+            let mut got = vec![0; 8192];
+            dst.read_at(0, &mut got).unwrap();
+            assert!(uniform(&got), "round {round}: the list sent bytes of a copy in progress");
+        }
+    }
+    assert!(quick() || refused_posts > 0, "no round overlapped the copy: the test proved nothing");
+    println!("copy vs list: {refused_posts} of {rounds} posts and {refused_copies} copies refused Busy; no torn send");
 }
 
 /// Finding 3: four threads poll one CQ while the main thread posts rounds

@@ -7,7 +7,7 @@ use std::time::Instant;
 use clap::Args;
 use serde::Serialize;
 
-use gpudirect::{RecvWr, SendWr, WcOpcode, WorkCompletion};
+use gpudirect::{RecvWr, SendList, SendWr, WcOpcode, WorkCompletion};
 
 use super::{connect, sizes, Common, Link, Op, Params, Res};
 
@@ -142,6 +142,10 @@ fn drive(link: &mut Link, size: usize, cq_mod: u32, post_list: u32, use_events: 
     // The server has its receives posted (or nothing to do) once past this.
     link.oob.barrier()?;
     let mut wrs = vec![base; batch as usize];
+    // Full batches repost one prepared list, as perftest reposts its own;
+    // only the requests whose signaling changes are touched per post.
+    let mut list = SendList::new(&vec![base.unsignaled(); batch as usize])?;
+    let mut marked: Vec<usize> = Vec::new();
     let mut wcs = [WorkCompletion::default(); 64];
     let (mut posted, mut done) = (0u64, 0u64);
     let mut marks: Vec<(u64, Instant)> = Vec::with_capacity((iters / cq_mod + 2) as usize);
@@ -150,12 +154,28 @@ fn drive(link: &mut Link, size: usize, cq_mod: u32, post_list: u32, use_events: 
     while done < iters {
         while posted < iters && posted - done < depth {
             let n = batch.min(depth - (posted - done)).min(iters - posted);
-            // Rewritten in place, as perftest reuses its request list.
-            for (w, i) in wrs.iter_mut().zip(posted..posted + n) {
-                let signaled = (i + 1) % cq_mod == 0 || i + 1 == iters;
-                *w = if signaled { base.wr_id(i) } else { base.wr_id(i).unsignaled() };
+            if n == batch {
+                for &j in &marked {
+                    list.set_signaled(j, false)?;
+                }
+                marked.clear();
+                // Request j is signaled when (posted + j + 1) % cq_mod == 0.
+                marked.extend(((cq_mod - 1 - posted % cq_mod)..n).step_by(cq_mod as usize).map(|j| j as usize));
+                if posted + n == iters && marked.last() != Some(&(n as usize - 1)) {
+                    marked.push(n as usize - 1);
+                }
+                for &j in &marked {
+                    list.set_signaled(j, true)?;
+                    list.set_wr_id(j, posted + j as u64)?;
+                }
+                link.qp.post_list(&mut list)?;
+            } else {
+                for (w, i) in wrs.iter_mut().zip(posted..posted + n) {
+                    let signaled = (i + 1) % cq_mod == 0 || i + 1 == iters;
+                    *w = if signaled { base.wr_id(i) } else { base.wr_id(i).unsignaled() };
+                }
+                link.qp.post_send(&wrs[..n as usize])?;
             }
-            link.qp.post_send(&wrs[..n as usize])?;
             posted += n;
         }
         let n = if use_events { link.cq.wait(&mut wcs, Some(std::time::Duration::from_secs(60)))? } else { link.cq.poll(&mut wcs)? };
