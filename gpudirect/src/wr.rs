@@ -91,7 +91,7 @@ impl<'a> SendWr<'a> {
     /// An RDMA write of `local` into `remote` at `offset`.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`](crate::Error::OutOfBounds) when the range
+    /// [`Error::OutOfBounds`] when the range
     /// falls outside `remote`: it is refused before anything is posted.
     pub fn write(local: LocalSlice<'a>, remote: &RemoteBuffer, offset: u64) -> Result<Self> {
         Self::rdma(SendOp::Write, local, remote, offset)
