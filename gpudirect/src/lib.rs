@@ -50,9 +50,8 @@
 //!   every queue pair of the region's protection domain, so its cost grows
 //!   with the domain's outstanding work; with none outstanding it checks
 //!   one counter.
-//! - [`QueuePair`]: [`post_send`](QueuePair::post_send),
-//!   [`post_list`](QueuePair::post_list) and
-//!   [`post_recv`](QueuePair::post_recv) may run on several threads; each
+//! - [`QueuePair`]: [`post_send`](QueuePair::post_send), [`post_list`](QueuePair::post_list)
+//!   and [`post_recv`](QueuePair::post_recv) may run on several threads; each
 //!   call's batch is posted whole (one lock per queue covers the room
 //!   check, the holds, host staging and the doorbell), and batches of
 //!   different threads do not interleave.
