@@ -1,7 +1,7 @@
 //! The live probes (verbs and CUDA) behind one trait, so the file-based
 //! checks run on machines with neither and tests can inject answers.
 
-use gpudirect::gdr::{DmaBufProbe, GpuFacts};
+use gpudirect::gdr::{DmaBufProbe, GpuFacts, HostFacts};
 use gpudirect::sysroot::SysRoot;
 use gpudirect::{Context, GidChoice, GidEntry, PortAttr, ProtectionDomain};
 
@@ -28,6 +28,10 @@ pub trait Probes {
     fn rdma(&self) -> Result<Vec<RdmaDevice>, String>;
     /// CUDA's view of every GPU, or why CUDA cannot be used.
     fn gpus(&self, root: &SysRoot) -> Result<Vec<GpuFacts>, String>;
+    /// The host's facts (kernel, peer-memory client), read under `root`.
+    fn host(&self, root: &SysRoot) -> HostFacts {
+        HostFacts::read(root)
+    }
 }
 
 /// The real machine, through `gpudirect`.

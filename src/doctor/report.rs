@@ -2,10 +2,11 @@
 
 use serde::Serialize;
 
-use gpudirect::gdr::{plan, GdrError, GdrFacts, GpuFacts, HostFacts, NicFacts, RegistrationPath};
+use gpudirect::gdr::{plan, GdrError, GdrFacts, GpuFacts, NicFacts, RegistrationPath};
 
 use super::pci::{self, PathLevel};
 use super::probes::Probes;
+use super::stack::PathsLeft;
 use super::{env, stack, Finding, Machine, Status};
 
 /// Version of the `--json` layout; bumped on any incompatible change.
@@ -55,6 +56,9 @@ struct Candidate {
     level: Option<PathLevel>,
     /// NCCL's default `NCCL_NET_GDR_LEVEL` would use GDR for this pair.
     nccl_default: Option<bool>,
+    /// The PCIe bridges between the two.
+    bridges: Vec<String>,
+    /// Failures that block the pair whatever its registration path.
     blocked: Vec<String>,
 }
 
@@ -63,16 +67,12 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
     let root = &m.root;
     let rdma = probes.rdma();
     let gpus = probes.gpus(root);
-    let host = HostFacts::read(root);
+    let host = probes.host(root);
     let topo = pci::discover(root);
     let pairs = pci::pairs(root, &topo);
 
-    let mut findings = stack::rdma(root, &rdma);
-    findings.extend(stack::cuda(root, &gpus));
-    findings.extend(stack::host(&host));
-    findings.extend(pci::check(root, &topo, &m.env));
-    findings.extend(env::check(&m.env));
-
+    // The library's plan for every selected pair, first: the findings of
+    // the facts it judged print its judgement, with the paths it left.
     let mut candidates = Vec::new();
     for g in gpus.as_ref().map(|v| v.as_slice()).unwrap_or_default() {
         if opts.gpu.is_some_and(|o| o != g.ordinal) {
@@ -89,20 +89,34 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
             let pair = pairs.iter().find(|pr| Some(&pr.gpu) == g.pci_bus_id.as_ref() && pr.nic == d.name);
             let level = pair.map(|pr| pr.level);
             let nccl_default = pair.map(|pr| pr.gdr_by_default);
-            // Failures of checks about this pair's path (ACS on its bridges,
-            // the NIC's port) block it whatever the registration path.
-            let blocked = findings
-                .iter()
-                .filter(|f| f.status == Status::Fail)
-                .filter(|f| {
-                    f.check.ends_with(&format!(".{}", d.name))
-                        || f.check == "rdma.uverbs"
-                        || pair.is_some_and(|pr| pr.bridges.iter().any(|b| f.check == format!("acs.bridge.{b}")))
-                })
-                .map(|f| f.summary.clone())
-                .collect();
-            candidates.push(Candidate { gpu: g.clone(), nic: d.name.clone(), path, level, nccl_default, blocked });
+            let bridges = pair.map(|pr| pr.bridges.clone()).unwrap_or_default();
+            candidates.push(Candidate { gpu: g.clone(), nic: d.name.clone(), path, level, nccl_default, bridges, blocked: vec![] });
         }
+    }
+    let mut left = PathsLeft::default();
+    for c in candidates.iter().filter(|c| c.path.is_ok()) {
+        left.gpus.push(c.gpu.ordinal);
+        left.nics.push(c.nic.clone());
+    }
+
+    let mut findings = stack::rdma(root, &rdma, &left);
+    findings.extend(stack::cuda(root, &gpus, &left));
+    findings.extend(stack::host(&host, &left));
+    findings.extend(pci::check(root, &topo, &m.env));
+    findings.extend(env::check(&m.env));
+
+    // What the registration facts cannot see blocks a pair whatever its
+    // path: the NIC's port and GID, the device nodes, ACS on its bridges.
+    for c in &mut candidates {
+        let (port, gid) = (format!("rdma.port.{}", c.nic), format!("rdma.gid.{}", c.nic));
+        c.blocked = findings
+            .iter()
+            .filter(|f| f.status == Status::Fail)
+            .filter(|f| {
+                f.check == port || f.check == gid || f.check == "rdma.uverbs" || c.bridges.iter().any(|b| f.check == format!("acs.bridge.{b}"))
+            })
+            .map(|f| f.summary.clone())
+            .collect();
     }
     let verdict = decide(&candidates, &rdma, &gpus);
     Report { schema: SCHEMA_VERSION, verdict, findings }
@@ -175,37 +189,40 @@ impl std::fmt::Display for Report {
 mod tests {
     use super::*;
     use crate::doctor::probes::RdmaDevice;
-    use gpudirect::gdr::{DmaBufProbe, ModuleFlavour};
+    use gpudirect::gdr::{DmaBufProbe, HostFacts, ModuleFlavour};
     use gpudirect::sysroot::SysRoot;
     use gpudirect::Errno;
 
     struct Fake {
         nics: Vec<(&'static str, DmaBufProbe)>,
         gpus: Vec<(&'static str, bool)>,
+        /// Replaces the machine's host facts when set.
+        host: Option<HostFacts>,
+    }
+
+    /// An active InfiniBand NIC answering the dma-buf probe with `probe`.
+    fn device(name: &str, probe: DmaBufProbe) -> RdmaDevice {
+        RdmaDevice {
+            name: name.to_string(),
+            fw_ver: "28.39.1002".into(),
+            ports: vec![gpudirect::PortAttr {
+                port: 1,
+                state: gpudirect::PortState::Active,
+                max_mtu: Some(gpudirect::Mtu::Mtu4096),
+                active_mtu: Some(gpudirect::Mtu::Mtu4096),
+                lid: 7,
+                link_layer: gpudirect::LinkLayer::InfiniBand,
+                gid_table_len: 1,
+            }],
+            gids: vec![],
+            chosen_gid: Err("not queried in this test".into()),
+            dma_buf: Ok(probe),
+        }
     }
 
     impl Probes for Fake {
         fn rdma(&self) -> Result<Vec<RdmaDevice>, String> {
-            Ok(self
-                .nics
-                .iter()
-                .map(|(name, probe)| RdmaDevice {
-                    name: name.to_string(),
-                    fw_ver: "28.39.1002".into(),
-                    ports: vec![gpudirect::PortAttr {
-                        port: 1,
-                        state: gpudirect::PortState::Active,
-                        max_mtu: Some(gpudirect::Mtu::Mtu4096),
-                        active_mtu: Some(gpudirect::Mtu::Mtu4096),
-                        lid: 7,
-                        link_layer: gpudirect::LinkLayer::InfiniBand,
-                        gid_table_len: 1,
-                    }],
-                    gids: vec![],
-                    chosen_gid: Err("not queried in this test".into()),
-                    dma_buf: Ok(*probe),
-                })
-                .collect())
+            Ok(self.nics.iter().map(|(name, probe)| device(name, *probe)).collect())
         }
         fn gpus(&self, _: &SysRoot) -> Result<Vec<GpuFacts>, String> {
             Ok(self
@@ -224,6 +241,9 @@ mod tests {
                 })
                 .collect())
         }
+        fn host(&self, root: &SysRoot) -> HostFacts {
+            self.host.clone().unwrap_or_else(|| HostFacts::read(root))
+        }
     }
 
     fn machine(name: &str) -> Machine {
@@ -234,7 +254,7 @@ mod tests {
 
     #[test]
     fn dgx_pix_is_available_via_dma_buf() {
-        let p = Fake { nics: vec![("mlx5_0", CAPABLE), ("mlx5_1", CAPABLE)], gpus: vec![("0000:18:00.0", true), ("0000:3a:00.0", true)] };
+        let p = Fake { nics: vec![("mlx5_0", CAPABLE), ("mlx5_1", CAPABLE)], gpus: vec![("0000:18:00.0", true), ("0000:3a:00.0", true)], host: None };
         let r = run(&machine("dgx-pix"), &p, &Options::default());
         assert!(r.verdict.available, "{r}");
         assert_eq!(r.verdict.line, "GPUDirect RDMA: available via dma-buf for GPU0 (NVIDIA H100, 0000:18:00.0) <-> mlx5_0 (PIX)");
@@ -250,15 +270,130 @@ mod tests {
 
     #[test]
     fn without_gpu_dma_buf_peer_memory_is_needed() {
-        let p = Fake { nics: vec![("mlx5_0", CAPABLE)], gpus: vec![("0000:18:00.0", false)] };
+        let p = Fake { nics: vec![("mlx5_0", CAPABLE)], gpus: vec![("0000:18:00.0", false)], host: None };
         let r = run(&machine("dgx-pix"), &p, &Options::default());
         assert!(!r.verdict.available);
         assert!(r.verdict.line.contains("reports CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED (124) = 0"), "{}", r.verdict.line);
     }
 
+    /// The classic ConnectX deployment (MLNX/DOCA OFED with an rdma-core
+    /// whose provider cannot register dma-buf, nvidia-peermem loaded): the
+    /// library registers through peer memory, and the doctor says so. It
+    /// used to answer "not available: mlx5_0 cannot register dma-buf
+    /// memory", judging the NIC's dma-buf fact a second time.
+    #[test]
+    fn peer_memory_serves_a_nic_without_dma_buf() {
+        let no_dmabuf = DmaBufProbe::Unsupported(Errno(libc::EOPNOTSUPP));
+        let host = HostFacts {
+            kernel_release: Some("5.15.0-105-generic".into()),
+            peer_memory_found: vec!["/sys/module/nvidia_peermem/version".into()],
+            peer_memory_api: Some(true),
+        };
+        let p = Fake { nics: vec![("mlx5_0", no_dmabuf), ("mlx5_1", no_dmabuf)], gpus: vec![("0000:18:00.0", true)], host: Some(host) };
+        let r = run(&machine("dgx-pix"), &p, &Options::default());
+        assert_eq!(r.verdict.line, "GPUDirect RDMA: available via peer memory for GPU0 (NVIDIA H100, 0000:18:00.0) <-> mlx5_0 (PIX)", "{r}");
+        assert_eq!(r.verdict.path.as_deref(), Some("peer memory"));
+        let nic = r.findings.iter().find(|f| f.check == "rdma.dmabuf.mlx5_0").unwrap();
+        assert_eq!((nic.status, nic.summary.as_str()), (Status::Warn, "mlx5_0 cannot register dma-buf memory: rules out dma-buf; peer memory is still possible"));
+        let peer = r.findings.iter().find(|f| f.check == "peermem.client").unwrap();
+        assert_eq!(peer.status, Status::Ok);
+    }
+
+    /// Every fixture machine under every combination of probe answers: the
+    /// doctor's verdict for each GPU and NIC is the decision a `Require`
+    /// registration would take on the same facts (`plan`: its first path,
+    /// or the error naming its first cause), unless something registration
+    /// cannot see (port, GID, device nodes, ACS) blocks the pair, which the
+    /// verdict then names instead.
+    #[test]
+    fn the_verdict_is_the_registration_decision_on_every_fixture_and_probe() {
+        let dir = format!("{}/tests/data/machines", env!("CARGO_MANIFEST_DIR"));
+        let mut machines: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        machines.sort();
+        assert!(machines.len() >= 8, "{machines:?}");
+        let (mut checked, mut available, mut blocked) = (0, 0, 0);
+        for name in &machines {
+            let m = machine(name);
+            let topo = pci::discover(&m.root);
+            // Machines without a GPU or a PCI NIC get one of each, unplaced.
+            let gpu_bdfs: Vec<String> = if topo.gpus.is_empty() { vec!["0000:00:00.0".into()] } else { topo.gpus.iter().map(|g| g.bdf.clone()).collect() };
+            let nic_names: Vec<String> = if topo.nics.is_empty() { vec!["mlx5_0".into()] } else { topo.nics.iter().map(|n| n.name.clone()).collect() };
+            for bits in 0..64u32 {
+                let on = |k: u32| bits & (1 << k) != 0;
+                let probe = if on(0) { CAPABLE } else { DmaBufProbe::Unsupported(Errno(libc::EOPNOTSUPP)) };
+                let host = HostFacts {
+                    kernel_release: Some(if on(1) { "6.8.0-45-generic" } else { "5.4.0-150-generic" }.into()),
+                    peer_memory_found: if on(2) { vec!["/sys/module/nvidia_peermem/version".into()] } else { vec![] },
+                    peer_memory_api: Some(on(2)),
+                };
+                let gpu = |i: usize, bdf: &str| GpuFacts {
+                    ordinal: i,
+                    label: format!("GPU{i} (NVIDIA H100, {bdf})"),
+                    pci_bus_id: Some(bdf.to_string()),
+                    cuda_unavailable: None,
+                    driver_version: Some(12080),
+                    gdr_supported: Some(on(3)),
+                    dma_buf_supported: Some(on(4)),
+                    module: if on(5) { ModuleFlavour::Open } else { ModuleFlavour::Proprietary },
+                };
+                let gpus: Vec<GpuFacts> = gpu_bdfs.iter().enumerate().map(|(i, b)| gpu(i, b)).collect();
+                struct Answers<'a>(&'a [GpuFacts], &'a [String], DmaBufProbe, &'a HostFacts);
+                impl Probes for Answers<'_> {
+                    fn rdma(&self) -> Result<Vec<RdmaDevice>, String> {
+                        Ok(self.1.iter().map(|n| device(n, self.2)).collect())
+                    }
+                    fn gpus(&self, _: &SysRoot) -> Result<Vec<GpuFacts>, String> {
+                        Ok(self.0.to_vec())
+                    }
+                    fn host(&self, _: &SysRoot) -> HostFacts {
+                        self.3.clone()
+                    }
+                }
+                let answers = Answers(&gpus, &nic_names, probe, &host);
+                for g in &gpus {
+                    for nic in &nic_names {
+                        let r = run(&m, &answers, &Options { gpu: Some(g.ordinal), device: Some(nic.clone()) });
+                        let facts = GdrFacts { gpu: g.clone(), nic: NicFacts { device: nic.clone(), dma_buf: probe }, host: host.clone() };
+                        let decision = plan(&facts);
+                        let what = format!("{name}, probes {bits:06b}, {} <-> {nic}: {}", g.label, r.verdict.line);
+                        checked += 1;
+                        match decision.try_paths.first() {
+                            None => {
+                                assert!(!r.verdict.available, "{what}");
+                                let first = decision.causes[0].checked(&facts);
+                                assert!(r.verdict.line.ends_with(&first), "{what}\nexpected the first cause: {first}");
+                            }
+                            Some(path) if r.verdict.available => {
+                                available += 1;
+                                assert_eq!(r.verdict.path.as_deref(), Some(path.to_string().as_str()), "{what}");
+                            }
+                            Some(_) => {
+                                blocked += 1;
+                                let by = r
+                                    .findings
+                                    .iter()
+                                    .filter(|f| f.status == Status::Fail)
+                                    .find(|f| r.verdict.line.ends_with(&f.summary))
+                                    .unwrap_or_else(|| panic!("{what}: not available although registration would succeed, and no blocking finding named"));
+                                assert!(by.check.starts_with("rdma.port.") || by.check.starts_with("rdma.gid.") || by.check == "rdma.uverbs" || by.check.starts_with("acs.bridge."), "{what}: blocked by {}", by.check);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(available > 0 && blocked > 0, "{available} available, {blocked} blocked of {checked}");
+        println!("{checked} verdicts of {} machines x 64 probe answers: {available} available, {blocked} blocked by the path, the rest as the registration would fail", machines.len());
+    }
+
     #[test]
     fn acs_redirect_blocks_the_pair() {
-        let p = Fake { nics: vec![("mlx5_0", CAPABLE)], gpus: vec![("0000:03:00.0", true)] };
+        let p = Fake { nics: vec![("mlx5_0", CAPABLE)], gpus: vec![("0000:03:00.0", true)], host: None };
         let r = run(&machine("acs-redirect"), &p, &Options::default());
         assert!(!r.verdict.available, "{r}");
         assert!(r.verdict.line.starts_with("GPUDirect RDMA: not available for GPU0 (NVIDIA H100, 0000:03:00.0) <-> mlx5_0: "), "{}", r.verdict.line);
@@ -267,7 +402,7 @@ mod tests {
 
     #[test]
     fn cross_socket_pair_works_but_nccl_will_not_use_it() {
-        let p = Fake { nics: vec![("mlx5_0", CAPABLE)], gpus: vec![("0000:3b:00.0", true)] };
+        let p = Fake { nics: vec![("mlx5_0", CAPABLE)], gpus: vec![("0000:3b:00.0", true)], host: None };
         let r = run(&machine("two-socket-sys"), &p, &Options::default());
         assert!(r.verdict.available, "{r}");
         assert!(r.verdict.line.contains("(SYS); NCCL's default NCCL_NET_GDR_LEVEL (PXB) will not use it across SYS"), "{}", r.verdict.line);
@@ -275,7 +410,7 @@ mod tests {
 
     #[test]
     fn soft_roce_names_the_provider() {
-        let p = Fake { nics: vec![("rxe0", DmaBufProbe::Unsupported(Errno(libc::EOPNOTSUPP)))], gpus: vec![("0000:00:04.0", true)] };
+        let p = Fake { nics: vec![("rxe0", DmaBufProbe::Unsupported(Errno(libc::EOPNOTSUPP)))], gpus: vec![("0000:00:04.0", true)], host: None };
         let r = run(&machine("vm-soft-roce"), &p, &Options::default());
         assert!(!r.verdict.available);
         assert!(r.verdict.line.contains("rxe0: ibv_reg_dmabuf_mr(fd = -1) probe answered EOPNOTSUPP"), "{}", r.verdict.line);

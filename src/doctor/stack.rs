@@ -1,8 +1,10 @@
 //! Checks of the RDMA and CUDA stacks: devices, ports, GIDs, uverbs nodes,
-//! the CUDA driver and GPU attributes, the NVIDIA module flavour, peer
-//! memory and dma-buf support.
+//! the CUDA driver and the NVIDIA module flavour; and the findings of the
+//! facts GPUDirect RDMA rests on (GPU attributes, dma-buf on NIC and
+//! kernel, peer memory), which the library judges
+//! ([`gpudirect::gdr::Judgement`]) and this module only prints.
 
-use gpudirect::gdr::{DmaBufProbe, GpuFacts, HostFacts, ModuleFlavour, PEER_MEMORY_FILES};
+use gpudirect::gdr::{GpuFacts, HostFacts, Judgement, ModuleFlavour, NicFacts, RegistrationPath};
 use gpudirect::sysroot::SysRoot;
 use gpudirect::{GidType, LinkLayer, Mtu, PortState};
 
@@ -10,8 +12,42 @@ use super::pci::{self, read_text};
 use super::probes::RdmaDevice;
 use super::{Finding, Status};
 
-/// RDMA devices, their ports, GIDs and netdevs, and the uverbs nodes.
-pub fn rdma(root: &SysRoot, devices: &Result<Vec<RdmaDevice>, String>) -> Vec<Finding> {
+/// Which GPUs and NICs are in a pair that still has a zero-copy path by the
+/// library's [`plan`](gpudirect::gdr::plan): a fact that rules out one path
+/// is a warning there, and a failure where nothing is left.
+#[derive(Clone, Debug, Default)]
+pub struct PathsLeft {
+    /// CUDA ordinals.
+    pub gpus: Vec<usize>,
+    /// RDMA device names.
+    pub nics: Vec<String>,
+}
+
+/// A judged fact as a finding: its status is what the fact rules out,
+/// given whether `left` (a path remains where the fact applies).
+pub fn judged(check: String, j: &Judgement, left: bool) -> Finding {
+    let (status, suffix) = match (j.known, j.rules_out()) {
+        (false, _) => (Status::Skipped, String::new()),
+        (true, []) => (Status::Ok, String::new()),
+        (true, [p]) => {
+            let other = if *p == RegistrationPath::DmaBuf { RegistrationPath::PeerMemory } else { RegistrationPath::DmaBuf };
+            if left {
+                (Status::Warn, format!(": rules out {p}; {other} is still possible"))
+            } else {
+                (Status::Fail, format!(": rules out {p}, and {other} is ruled out too"))
+            }
+        }
+        (true, _) => (Status::Fail, ": rules out both zero-copy paths".to_string()),
+    };
+    let mut f = Finding::new(check, status, format!("{}{suffix}", j.summary));
+    f.evidence = j.evidence.iter().filter(|e| !e.is_empty()).cloned().collect();
+    f.fix = j.fix.clone();
+    f
+}
+
+/// RDMA devices, their ports, GIDs and netdevs, the uverbs nodes, and each
+/// NIC's dma-buf fact.
+pub fn rdma(root: &SysRoot, devices: &Result<Vec<RdmaDevice>, String>, left: &PathsLeft) -> Vec<Finding> {
     let mut out = Vec::new();
     let sys_devs = list_dir(root, "/sys/class/infiniband");
     let uverbs: Vec<String> = list_dir(root, "/dev/infiniband").into_iter().filter(|n| n.starts_with("uverbs")).collect();
@@ -44,12 +80,12 @@ pub fn rdma(root: &SysRoot, devices: &Result<Vec<RdmaDevice>, String>) -> Vec<Fi
     };
     out.push(f);
     for d in devices.as_ref().map(|v| v.as_slice()).unwrap_or_default() {
-        out.extend(device(root, d));
+        out.extend(device(root, d, left.nics.contains(&d.name)));
     }
     out
 }
 
-fn device(root: &SysRoot, d: &RdmaDevice) -> Vec<Finding> {
+fn device(root: &SysRoot, d: &RdmaDevice, left: bool) -> Vec<Finding> {
     let mut out = Vec::new();
     let id = |what: &str| format!("rdma.{what}.{}", d.name);
     // Hardware NICs list their netdevs under the PCI function; software
@@ -99,18 +135,14 @@ fn device(root: &SysRoot, d: &RdmaDevice) -> Vec<Finding> {
         out.push(d.gids.iter().fold(f.evidence(format!("{} RoCE v2 entries of {}", v2, d.gids.len())), |f, g| f.evidence(g.to_string())));
     }
     out.push(match &d.dma_buf {
-        Ok(DmaBufProbe::Supported(errno)) => Finding::new(id("dmabuf"), Status::Ok, format!("{} can register dma-buf memory", d.name))
-            .evidence(format!("ibv_reg_dmabuf_mr(fd = -1) answered {errno}")),
-        Ok(DmaBufProbe::Unsupported(errno)) => Finding::new(id("dmabuf"), Status::Fail, format!("{} cannot register dma-buf memory", d.name))
-            .evidence(format!("ibv_reg_dmabuf_mr(fd = -1) answered {errno}"))
-            .fix("use a provider with dma-buf support (mlx5, efa, bnxt_re, irdma; rdma-core 34+); Soft-RoCE never has it"),
+        Ok(probe) => judged(id("dmabuf"), &NicFacts { device: d.name.clone(), dma_buf: *probe }.judge(), left),
         Err(e) => Finding::new(id("dmabuf"), Status::Skipped, format!("{}: the dma-buf probe could not run", d.name)).evidence(e.clone()),
     });
     out
 }
 
-/// The CUDA driver, each GPU's GPUDirect attributes and the module flavour.
-pub fn cuda(root: &SysRoot, gpus: &Result<Vec<GpuFacts>, String>) -> Vec<Finding> {
+/// The CUDA driver, each GPU's GPUDirect facts and the module flavour.
+pub fn cuda(root: &SysRoot, gpus: &Result<Vec<GpuFacts>, String>, left: &PathsLeft) -> Vec<Finding> {
     let mut out = Vec::new();
     let module = ModuleFlavour::read(root);
     let version = root.read("/proc/driver/nvidia/version").ok().and_then(|t| t.lines().next().map(str::to_owned));
@@ -131,24 +163,10 @@ pub fn cuda(root: &SysRoot, gpus: &Result<Vec<GpuFacts>, String>) -> Vec<Finding
             }
             out.push(f);
             for g in list {
-                out.push(match g.gdr_supported {
-                    Some(true) => Finding::new(format!("cuda.gdr.gpu{}", g.ordinal), Status::Ok, format!("{} supports GPUDirect RDMA", g.label))
-                        .evidence("CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED (116) = 1"),
-                    Some(false) => Finding::new(format!("cuda.gdr.gpu{}", g.ordinal), Status::Fail, format!("{} does not support GPUDirect RDMA", g.label))
-                        .evidence("CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED (116) = 0")
-                        .fix("GeForce and some cloud SKUs cannot: use a data-center GPU"),
-                    None => Finding::new(format!("cuda.gdr.gpu{}", g.ordinal), Status::Skipped, format!("{}: attribute 116 unreadable", g.label))
-                        .evidence(g.cuda_unavailable.clone().unwrap_or_default()),
-                });
-                out.push(match g.dma_buf_supported {
-                    Some(true) => Finding::new(format!("cuda.dmabuf.gpu{}", g.ordinal), Status::Ok, format!("{} can export dma-buf", g.label))
-                        .evidence("CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED (124) = 1"),
-                    Some(false) => Finding::new(format!("cuda.dmabuf.gpu{}", g.ordinal), Status::Warn, format!("{} cannot export dma-buf: only peer memory is left", g.label))
-                        .evidence("CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED (124) = 0")
-                        .evidence(format!("kernel module: {module:?}"))
-                        .fix("use the open kernel module flavour (nvidia-open, default from driver 560), CUDA 11.7+ and a Turing or newer GPU"),
-                    None => Finding::new(format!("cuda.dmabuf.gpu{}", g.ordinal), Status::Skipped, format!("{}: attribute 124 unreadable", g.label)),
-                });
+                let [gdr, dma_buf] = g.judge();
+                let here = left.gpus.contains(&g.ordinal);
+                out.push(judged(format!("cuda.gdr.gpu{}", g.ordinal), &gdr, here));
+                out.push(judged(format!("cuda.dmabuf.gpu{}", g.ordinal), &dma_buf, here));
             }
         }
     }
@@ -166,30 +184,11 @@ pub fn cuda(root: &SysRoot, gpus: &Result<Vec<GpuFacts>, String>) -> Vec<Finding
     out
 }
 
-/// Peer-memory client and kernel dma-buf support.
-pub fn host(host: &HostFacts) -> Vec<Finding> {
-    let mut out = Vec::new();
-    let api = match host.peer_memory_api {
-        Some(true) => "/proc/kallsyms: ib_register_peer_memory_client present (MLNX/DOCA OFED ib_core)",
-        Some(false) => "/proc/kallsyms: no ib_register_peer_memory_client (inbox ib_core)",
-        None => "/proc/kallsyms: unreadable",
-    };
-    let f = if host.peer_memory_found.is_empty() {
-        Finding::new("peermem.client", Status::Warn, "no peer-memory client is loaded: GPU memory can only be registered through dma-buf")
-            .evidence(format!("none of {} exists", PEER_MEMORY_FILES.join(", ")))
-            .evidence(api)
-            .fix(if host.peer_memory_api == Some(true) { "`modprobe nvidia-peermem` if dma-buf is unavailable" } else { "dma-buf is the supported path on inbox kernels; peer memory needs MLNX/DOCA OFED plus nvidia-peermem" })
-    } else {
-        Finding::new("peermem.client", Status::Ok, format!("peer-memory client loaded: {}", host.peer_memory_found.join(", "))).evidence(api)
-    };
-    out.push(f);
-    let release = host.kernel_release.clone().unwrap_or_else(|| "unknown".into());
-    out.push(match host.kernel_version() {
-        Some(v) if v >= (5, 12) => Finding::new("dmabuf.kernel", Status::Ok, format!("kernel {release} supports dma-buf memory regions (5.12+)")),
-        Some(_) => Finding::new("dmabuf.kernel", Status::Fail, format!("kernel {release} predates dma-buf memory regions (5.12)")).fix("upgrade to kernel 5.12 or newer, or use peer memory"),
-        None => Finding::new("dmabuf.kernel", Status::Skipped, "kernel release unreadable (/proc/sys/kernel/osrelease)"),
-    });
-    out
+/// The host's facts: kernel dma-buf support and the peer-memory client.
+pub fn host(host: &HostFacts, left: &PathsLeft) -> Vec<Finding> {
+    let [kernel, peer] = host.judge();
+    let any = !left.gpus.is_empty();
+    vec![judged("peermem.client".into(), &peer, any), judged("dmabuf.kernel".into(), &kernel, any)]
 }
 
 /// Entry names of a machine directory (none when it is missing), read
@@ -214,6 +213,7 @@ fn none_or(v: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpudirect::gdr::DmaBufProbe;
     use gpudirect::{Errno, Gid, GidChoice, GidEntry, PortAttr};
 
     struct Tree(std::path::PathBuf);
@@ -260,7 +260,8 @@ mod tests {
     fn soft_roce_host() {
         let t = Tree::new("rxe");
         t.file("/sys/class/infiniband/rxe0/device/net/eth0/address", "52:54:00:00:00:01\n").file("/dev/infiniband/uverbs0", "");
-        let f = rdma(&t.root(), &Ok(vec![rxe(Mtu::Mtu1024, DmaBufProbe::Unsupported(Errno(libc::EOPNOTSUPP)))]));
+        let rxe0 = || Ok(vec![rxe(Mtu::Mtu1024, DmaBufProbe::Unsupported(Errno(libc::EOPNOTSUPP)))]);
+        let f = rdma(&t.root(), &rxe0(), &PathsLeft::default());
         assert_eq!(find(&f, "rdma.devices").status, Status::Ok);
         assert_eq!(find(&f, "rdma.uverbs").status, Status::Ok);
         assert_eq!(find(&f, "rdma.netdev.rxe0").summary, "rxe0 sits on eth0");
@@ -270,14 +271,20 @@ mod tests {
         assert_eq!(find(&f, "rdma.gid.rxe0").status, Status::Ok);
         let d = find(&f, "rdma.dmabuf.rxe0");
         assert_eq!(d.status, Status::Fail);
+        assert_eq!(d.summary, "rxe0 cannot register dma-buf memory: rules out dma-buf, and peer memory is ruled out too");
         assert_eq!(d.evidence, vec!["ibv_reg_dmabuf_mr(fd = -1) answered EOPNOTSUPP (Operation not supported)".to_string()]);
+        assert!(d.fix.as_deref().unwrap().contains("Soft-RoCE (rxe) never does"));
+        // Where peer memory still gives the NIC a path, the same fact is a warning.
+        let f = rdma(&t.root(), &rxe0(), &PathsLeft { gpus: vec![0], nics: vec!["rxe0".into()] });
+        let d = find(&f, "rdma.dmabuf.rxe0");
+        assert_eq!((d.status, d.summary.as_str()), (Status::Warn, "rxe0 cannot register dma-buf memory: rules out dma-buf; peer memory is still possible"));
     }
 
     #[test]
     fn container_without_uverbs_nodes() {
         let t = Tree::new("container");
         t.file("/sys/class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE\n");
-        let f = rdma(&t.root(), &Ok(vec![]));
+        let f = rdma(&t.root(), &Ok(vec![]), &PathsLeft::default());
         assert_eq!(find(&f, "rdma.devices").status, Status::Fail);
         let u = find(&f, "rdma.uverbs");
         assert_eq!(u.status, Status::Fail);
@@ -287,7 +294,7 @@ mod tests {
     #[test]
     fn no_rdma_subsystem() {
         let t = Tree::new("nordma");
-        let f = rdma(&t.root(), &Err("no RDMA subsystem in this kernel".into()));
+        let f = rdma(&t.root(), &Err("no RDMA subsystem in this kernel".into()), &PathsLeft::default());
         let d = find(&f, "rdma.devices");
         assert_eq!((d.status, d.evidence[0].as_str()), (Status::Fail, "no RDMA subsystem in this kernel"));
         assert_eq!(find(&f, "rdma.uverbs").status, Status::Skipped);
@@ -310,16 +317,25 @@ mod tests {
     fn cuda_findings() {
         let t = Tree::new("cuda");
         t.file("/proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n");
-        let f = cuda(&t.root(), &Ok(vec![gpu(true, false)]));
+        let gpu0 = PathsLeft { gpus: vec![0], nics: vec!["mlx5_0".into()] };
+        let f = cuda(&t.root(), &Ok(vec![gpu(true, false)]), &gpu0);
         assert_eq!(find(&f, "cuda.driver").summary, "CUDA driver 12.8, 1 GPU(s)");
         assert_eq!(find(&f, "cuda.gdr.gpu0").status, Status::Ok);
-        assert_eq!(find(&f, "cuda.dmabuf.gpu0").status, Status::Warn);
+        assert_eq!(find(&f, "cuda.gdr.gpu0").evidence, ["CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED (116) = 1"]);
+        let d = find(&f, "cuda.dmabuf.gpu0");
+        assert_eq!(d.status, Status::Warn);
+        assert_eq!(d.summary, "GPU0 (NVIDIA H200, 0000:17:00.0) cannot export dma-buf: rules out dma-buf; peer memory is still possible");
+        // With no path left for the GPU, the same fact fails.
+        let f = cuda(&t.root(), &Ok(vec![gpu(true, false)]), &PathsLeft::default());
+        assert_eq!(find(&f, "cuda.dmabuf.gpu0").status, Status::Fail);
+        let f = cuda(&t.root(), &Ok(vec![gpu(true, false)]), &gpu0);
         let m = find(&f, "cuda.module");
         assert_eq!(m.status, Status::Warn);
         assert!(m.evidence[0].contains("535.104.05"));
-        let f = cuda(&t.root(), &Ok(vec![gpu(false, true)]));
+        let f = cuda(&t.root(), &Ok(vec![gpu(false, true)]), &gpu0);
+        assert_eq!(find(&f, "cuda.gdr.gpu0").status, Status::Fail);
         assert!(find(&f, "cuda.gdr.gpu0").fix.as_deref().unwrap().contains("data-center GPU"));
-        let f = cuda(&Tree::new("nodriver").root(), &Err("CUDA is not available: libcuda.so.1 cannot be loaded".into()));
+        let f = cuda(&Tree::new("nodriver").root(), &Err("CUDA is not available: libcuda.so.1 cannot be loaded".into()), &gpu0);
         assert_eq!(find(&f, "cuda.driver").status, Status::Fail);
         assert_eq!(find(&f, "cuda.module").status, Status::Fail);
     }
@@ -327,12 +343,18 @@ mod tests {
     #[test]
     fn peer_memory_and_kernel() {
         let h = HostFacts { kernel_release: Some("5.10.0-32-amd64".into()), peer_memory_found: vec![], peer_memory_api: Some(true) };
-        let f = host(&h);
-        assert_eq!(find(&f, "peermem.client").status, Status::Warn);
-        assert_eq!(find(&f, "peermem.client").fix.as_deref(), Some("`modprobe nvidia-peermem` if dma-buf is unavailable"));
+        // An old kernel and no peer memory: nothing is left.
+        let f = host(&h, &PathsLeft::default());
+        assert_eq!(find(&f, "peermem.client").status, Status::Fail);
+        assert_eq!(find(&f, "peermem.client").fix.as_deref(), Some("`modprobe nvidia-peermem`"));
         assert_eq!(find(&f, "dmabuf.kernel").status, Status::Fail);
+        // No peer memory where dma-buf works: a warning.
+        let h = HostFacts { kernel_release: Some("6.8.0-45-generic".into()), ..h };
+        let f = host(&h, &PathsLeft { gpus: vec![0], nics: vec!["mlx5_0".into()] });
+        assert_eq!(find(&f, "peermem.client").status, Status::Warn);
+        assert_eq!(find(&f, "peermem.client").summary, "no peer-memory client is loaded: rules out peer memory; dma-buf is still possible");
         let h = HostFacts { kernel_release: Some("6.8.0-45-generic".into()), peer_memory_found: vec!["/sys/module/nvidia_peermem/version".into()], peer_memory_api: Some(true) };
-        let f = host(&h);
+        let f = host(&h, &PathsLeft::default());
         assert_eq!(find(&f, "peermem.client").status, Status::Ok);
         assert_eq!(find(&f, "dmabuf.kernel").status, Status::Ok);
     }
