@@ -12,6 +12,8 @@ mod doctor;
 mod nccl_log;
 mod perf;
 #[cfg(test)]
+mod nccl_agreement;
+#[cfg(test)]
 mod test_rng;
 
 use std::io::{Read, Write};

@@ -21,8 +21,11 @@
 //!    transport (`Using network Socket`, `NET/Socket : Using`, or a
 //!    `*Socket` plugin), a line in which a plugin says GDR is disabled or
 //!    unsupported, `GPU Direct RDMA Disabled` on every per-HCA / per-GPU
-//!    line (no `Enabled` anywhere), `NCCL_NET_GDR_LEVEL` set to `LOC`/`0`,
-//!    `NCCL_NET=Socket`, or `NCCL_IB_DISABLE=1` with NCCL's internal network.
+//!    line (no `Enabled` anywhere), `NCCL_NET_GDR_LEVEL` at a limit below
+//!    `PIX` (`LOC`, `0`, `00`: read as NCCL reads it, [`gpudirect::nccl`],
+//!    so `loc` is ignored), `NCCL_NET` naming a TCP transport (`Socket`,
+//!    `FastSocket`), or `NCCL_IB_DISABLE` non-zero with NCCL's internal
+//!    network.
 //! 3. Anything else is "cannot tell", with the setting or line that would
 //!    settle it. `DMA-BUF is available`, the `use ring PXN 0 GDR 1` summary
 //!    and GDRCopy lines never count as evidence (see [`Misleading`]);
@@ -631,8 +634,10 @@ impl CompletionError {
     }
 }
 
+/// A TCP transport (NCCL's Socket, a socket plugin), by the library's
+/// reading of network names, which the doctor's `NCCL_NET` check shares.
 fn is_socket(net: &str) -> bool {
-    net.to_ascii_lowercase().contains("socket")
+    gpudirect::nccl::is_tcp_network(net)
 }
 
 fn connection(line: usize, prefix: &parse::Prefix, c: parse::ConnLine) -> Connection {

@@ -25,6 +25,8 @@
 //! - [`gpu`]: CUDA GPUs and GPU buffers (driver loaded at run time).
 //! - [`gdr`]: GPUDirect RDMA: registering GPU memory (dma-buf, peer
 //!   memory, or explicitly host-staged) and saying why not.
+//! - [`nccl`]: how NCCL reads the variables that decide its use of
+//!   GPUDirect RDMA (`NCCL_NET_GDR_LEVEL`, `NCCL_IB_DISABLE`, `NCCL_NET`).
 //! - [`sysroot`]: the machine's sysfs/procfs, read through one root.
 //! - [`bootstrap`]: the out-of-band TCP exchange of endpoints and buffers.
 //! - [`error`]: the error type.
@@ -114,6 +116,7 @@ pub mod gdr;
 pub mod gid;
 pub mod gpu;
 pub mod mr;
+pub mod nccl;
 pub mod pd;
 pub mod qp;
 pub mod rcache;

@@ -13,12 +13,14 @@
 //! matches what they will do, not what the value looks like: NCCL's integer
 //! parameters go through `strtoll(value, NULL, 0)`, so `NCCL_IB_DISABLE=yes`
 //! is 0 (IB stays on) and `NCCL_NET_GDR_READ=off` is 0 (GDR reads off);
-//! `NCCL_NET_GDR_LEVEL` follows [`super::pci::parse_gdr_level`]; UCX's
+//! `NCCL_NET_GDR_LEVEL` follows NCCL's `ncclTopoGetLevel`. Those readings
+//! are the library's ([`gpudirect::nccl`]), shared with `nccl-log`; UCX's
 //! yes/no/try values follow `ucs_config_sscanf_ternary`.
 
 use std::collections::BTreeMap;
 
-use super::pci::{parse_gdr_level, NcclPathType};
+use gpudirect::nccl::{self, ib_disabled, is_tcp_network, param_int as nccl_int, Int as NcclInt, PathType as NcclPathType};
+
 use super::{Finding, Status};
 
 /// What setting a variable does to the decision NCCL/UCX would make.
@@ -65,73 +67,6 @@ impl Verdict {
         self.fix = Some(f.into());
         self
     }
-}
-
-/// How NCCL's integer parameters (`NCCL_PARAM`) read a value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum NcclInt {
-    /// Empty: NCCL keeps the default.
-    Empty,
-    /// `strtoll` parsed these digits (anything after them is ignored).
-    Number(i64),
-    /// No digits at all: `strtoll` returns 0 without an error, so NCCL uses 0.
-    NotANumber,
-    /// Out of range: `strtoll` sets ERANGE and NCCL keeps the default.
-    Overflow,
-}
-
-impl NcclInt {
-    /// The value NCCL ends up using, `None` meaning its default.
-    fn used(self) -> Option<i64> {
-        match self {
-            NcclInt::Number(n) => Some(n),
-            NcclInt::NotANumber => Some(0),
-            NcclInt::Empty | NcclInt::Overflow => None,
-        }
-    }
-}
-
-/// C's `strtoll(s, NULL, 0)` as NCCL uses it: leading white space, a sign,
-/// `0x` for hex and a leading `0` for octal; stops at the first non-digit.
-fn nccl_int(s: &str) -> NcclInt {
-    if s.is_empty() {
-        return NcclInt::Empty;
-    }
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() && matches!(b[i], b' ' | b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r') {
-        i += 1;
-    }
-    let negative = b.get(i) == Some(&b'-');
-    if matches!(b.get(i), Some(b'-' | b'+')) {
-        i += 1;
-    }
-    let radix = if b.get(i) == Some(&b'0')
-        && matches!(b.get(i + 1), Some(b'x' | b'X'))
-        && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit)
-    {
-        i += 2;
-        16
-    } else if b.get(i) == Some(&b'0') {
-        8
-    } else {
-        10
-    };
-    let mut value: i128 = 0;
-    let mut digits = 0;
-    while let Some(d) = b.get(i).and_then(|c| (*c as char).to_digit(radix)) {
-        value = value * i128::from(radix) + i128::from(d);
-        if value > i128::from(i64::MAX) + 1 {
-            return NcclInt::Overflow;
-        }
-        digits += 1;
-        i += 1;
-    }
-    if digits == 0 {
-        return NcclInt::NotANumber;
-    }
-    let value = if negative { -value } else { value };
-    i64::try_from(value).map_or(NcclInt::Overflow, NcclInt::Number)
 }
 
 /// A sentence on how a non-obvious integer value was read.
@@ -282,7 +217,7 @@ fn judge(name: &str, value: &str, all: &BTreeMap<&str, &str>) -> Option<Verdict>
 }
 
 fn gdr_level(value: &str) -> Verdict {
-    let Some((level, how)) = parse_gdr_level(value) else {
+    let Some((level, how)) = nccl::gdr_level(value) else {
         return Verdict::new(
             Kind::Overrides,
             Status::Warn,
@@ -387,7 +322,7 @@ fn dmabuf(value: &str) -> Verdict {
 fn ib_disable(value: &str) -> Verdict {
     let read = nccl_int(value);
     let v = match read.used() {
-        Some(n) if n != 0 => Verdict::new(
+        _ if ib_disabled(value) => Verdict::new(
             Kind::Overrides,
             Status::Fail,
             "turns off NCCL's InfiniBand/RoCE transport: inter-node traffic goes over TCP sockets (NET/Socket), with \
@@ -551,8 +486,8 @@ fn gid_index(value: &str) -> Verdict {
 }
 
 fn net(value: &str) -> Verdict {
-    if value.eq_ignore_ascii_case("socket") {
-        Verdict::new(Kind::Overrides, Status::Fail, "forces NCCL's TCP socket transport: no RDMA, so no GPUDirect RDMA")
+    if is_tcp_network(value) {
+        Verdict::new(Kind::Overrides, Status::Fail, "forces a TCP socket transport (NCCL's Socket, or a socket plugin such as FastSocket): no RDMA, so no GPUDirect RDMA")
             .fix("Unset NCCL_NET (or set NCCL_NET=IB).")
     } else if value.eq_ignore_ascii_case("ib") {
         Verdict::new(

@@ -38,13 +38,8 @@
 //! NCCL's AMD Rome exception (default PHB when GPU and NIC share a root
 //! complex; needs the CPU model), and its merging of Broadcom PEX Gen4/Gen5
 //! two-level switches into one (it may call PIX what sysfs shows as PXB;
-//! both allow GDR). [`parse_gdr_level`] mirrors
-//! NCCL's `ncclGetLevel`: an exact, case-sensitive name among LOC, NVL, NVB,
-//! C2C, PIX, PXB, P2C, PXN, PHB, SYS; otherwise, if the value starts with a
-//! digit, `strtol(value, NULL, 0)` (so `0x3` is hex and `07` octal) clamped
-//! to 5 and mapped through `levelsOldToNew = {LOC, PIX, PXB, PHB, SYS, SYS}`:
-//! 0 = LOC, 1 = PIX, 2 = PXB, 3 = PHB, 4 = SYS, 5 and above = SYS; anything
-//! else is ignored and the default applies.
+//! both allow GDR). How NCCL reads `NCCL_NET_GDR_LEVEL` is the library's
+//! [`gpudirect::nccl::gdr_level`], shared with `nccl-log`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -52,6 +47,7 @@ use std::io::{self, Read};
 
 use serde::Serialize;
 
+use gpudirect::nccl::{gdr_level, PathType as NcclPathType};
 use gpudirect::sysroot::SysRoot;
 
 use super::{Finding, Status};
@@ -439,77 +435,13 @@ impl fmt::Display for PathLevel {
     }
 }
 
-/// NCCL's path types in NCCL's order (`topoPathTypeStr`, 2.26 and later),
-/// which is the order `NCCL_NET_GDR_LEVEL` compares in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum NcclPathType {
-    /// Same device.
-    Loc,
-    /// Direct NVLink.
-    Nvl,
-    /// NVLink through another GPU.
-    Nvb,
-    /// Chip-to-chip (Grace).
-    C2c,
-    /// One PCIe switch.
-    Pix,
-    /// Several PCIe switches.
-    Pxb,
-    /// C2C plus the CPU's PCIe (Grace: NIC on the CPU).
-    P2c,
-    /// Through another GPU over NVLink, then PCIe.
-    Pxn,
-    /// Through the CPU.
-    Phb,
-    /// Across CPUs.
-    Sys,
-}
-
-impl NcclPathType {
-    const ALL: [NcclPathType; 10] = [
-        NcclPathType::Loc,
-        NcclPathType::Nvl,
-        NcclPathType::Nvb,
-        NcclPathType::C2c,
-        NcclPathType::Pix,
-        NcclPathType::Pxb,
-        NcclPathType::P2c,
-        NcclPathType::Pxn,
-        NcclPathType::Phb,
-        NcclPathType::Sys,
-    ];
-
-    /// NCCL's spelling, e.g. `PXB`.
-    pub fn name(self) -> &'static str {
-        match self {
-            NcclPathType::Loc => "LOC",
-            NcclPathType::Nvl => "NVL",
-            NcclPathType::Nvb => "NVB",
-            NcclPathType::C2c => "C2C",
-            NcclPathType::Pix => "PIX",
-            NcclPathType::Pxb => "PXB",
-            NcclPathType::P2c => "P2C",
-            NcclPathType::Pxn => "PXN",
-            NcclPathType::Phb => "PHB",
-            NcclPathType::Sys => "SYS",
-        }
-    }
-
-    /// What a PCIe path of `level` is to NCCL.
-    pub fn of_level(level: PathLevel) -> NcclPathType {
-        match level {
-            PathLevel::Pix => NcclPathType::Pix,
-            PathLevel::Pxb => NcclPathType::Pxb,
-            PathLevel::Phb | PathLevel::Node => NcclPathType::Phb,
-            PathLevel::Sys => NcclPathType::Sys,
-        }
-    }
-}
-
-impl fmt::Display for NcclPathType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+/// What a PCIe path of `level` is to NCCL.
+pub fn nccl_path_type(level: PathLevel) -> NcclPathType {
+    match level {
+        PathLevel::Pix => NcclPathType::Pix,
+        PathLevel::Pxb => NcclPathType::Pxb,
+        PathLevel::Phb | PathLevel::Node => NcclPathType::Phb,
+        PathLevel::Sys => NcclPathType::Sys,
     }
 }
 
@@ -538,55 +470,8 @@ impl GdrLimit {
 
     /// Whether NCCL would use GPUDirect RDMA on a path it classifies as `nccl_level`.
     pub fn allows(&self, nccl_level: PathLevel) -> bool {
-        NcclPathType::of_level(nccl_level) <= self.limit
+        nccl_path_type(nccl_level) <= self.limit
     }
-}
-
-/// C's `strtol(s, NULL, 0)` on a string that starts with a digit, saturating
-/// like strtol does on overflow: `0x` means hex, a leading `0` octal.
-fn c_strtol_digits(s: &str) -> i64 {
-    let b = s.as_bytes();
-    let (radix, start) = if b.len() > 2 && b[0] == b'0' && (b[1] | 0x20) == b'x' && b[2].is_ascii_hexdigit() {
-        (16, 2)
-    } else if b.first() == Some(&b'0') {
-        (8, 1)
-    } else {
-        (10, 0)
-    };
-    let mut value: i64 = 0;
-    for &c in &b[start..] {
-        let Some(d) = (c as char).to_digit(radix) else { break };
-        value = value.saturating_mul(i64::from(radix)).saturating_add(i64::from(d));
-    }
-    value
-}
-
-/// What NCCL makes of an `NCCL_NET_GDR_LEVEL` value (see the module docs for
-/// the rules): the limit and how it was read, or `None` when NCCL ignores the
-/// value and keeps its default.
-pub fn parse_gdr_level(value: &str) -> Option<(NcclPathType, String)> {
-    if let Some(t) = NcclPathType::ALL.iter().find(|t| t.name() == value) {
-        return Some((*t, format!("{value} is one of NCCL's path names")));
-    }
-    if !value.as_bytes().first().is_some_and(u8::is_ascii_digit) {
-        return None;
-    }
-    const OLD_TO_NEW: [NcclPathType; 6] = [
-        NcclPathType::Loc,
-        NcclPathType::Pix,
-        NcclPathType::Pxb,
-        NcclPathType::Phb,
-        NcclPathType::Sys,
-        NcclPathType::Sys,
-    ];
-    let number = c_strtol_digits(value);
-    let idx = usize::try_from(number.clamp(0, 5)).unwrap_or(5);
-    let how = if value.len() > 1 && value.starts_with('0') && !value[1..].starts_with(['x', 'X']) {
-        format!("legacy integer, read by strtol as octal: {value} = {number} = {}", OLD_TO_NEW[idx])
-    } else {
-        format!("legacy integer {number} = {} (0 LOC, 1 PIX, 2 PXB, 3 PHB, 4 and up SYS)", OLD_TO_NEW[idx])
-    };
-    Some((OLD_TO_NEW[idx], how))
 }
 
 /// The GDR distance limit NCCL would apply with this environment.
@@ -600,7 +485,7 @@ pub fn gdr_limit(env: &[(String, String)]) -> GdrLimit {
     };
     match value {
         None => default(None, "NCCL's default: PIX and PXB pairs get GPUDirect RDMA, PHB and SYS don't".to_owned()),
-        Some(v) => match parse_gdr_level(&v) {
+        Some(v) => match gdr_level(&v) {
             Some((limit, how)) => GdrLimit { limit, env_value: Some(v), env_used: true, explanation: how },
             None => default(
                 Some(v.clone()),
@@ -788,7 +673,7 @@ fn classify(root: &SysRoot, gpu: &GpuDev, nic: &NicDev) -> Result<Pair, String> 
         nic_host_bridge: n.host_bridge.to_owned(),
         gpu_numa: gpu.numa_node,
         nic_numa: nic.numa_node,
-        gdr_by_default: NcclPathType::of_level(nccl_level) <= NcclPathType::Pxb,
+        gdr_by_default: nccl_path_type(nccl_level) <= NcclPathType::Pxb,
     })
 }
 
@@ -2265,38 +2150,11 @@ mod tests {
         assert_eq!(serde_json::to_string(&PathLevel::Sys).unwrap(), "\"SYS\"");
     }
 
+    /// How each value form is read is the library's (gpudirect::nccl's
+    /// tests); here, how the doctor applies it.
     #[test]
-    fn gdr_level_parsing_follows_nccl() {
+    fn gdr_limit_follows_nccl() {
         use NcclPathType::*;
-        let cases: [(&str, Option<NcclPathType>); 22] = [
-            ("LOC", Some(Loc)),
-            ("PIX", Some(Pix)),
-            ("PXB", Some(Pxb)),
-            ("PHB", Some(Phb)),
-            ("SYS", Some(Sys)),
-            ("NVL", Some(Nvl)),
-            ("C2C", Some(C2c)),
-            ("P2C", Some(P2c)),
-            ("PXN", Some(Pxn)),
-            ("0", Some(Loc)),
-            ("1", Some(Pix)),
-            ("2", Some(Pxb)),
-            ("3", Some(Phb)),
-            ("4", Some(Sys)),
-            ("5", Some(Sys)),
-            ("9", Some(Sys)),
-            ("99999999999999999999999", Some(Sys)),
-            ("08", Some(Loc)),
-            ("0x3", Some(Phb)),
-            ("2abc", Some(Pxb)),
-            ("phb", None),
-            (" 2", None),
-        ];
-        for (value, want) in cases {
-            assert_eq!(parse_gdr_level(value).map(|p| p.0), want, "{value:?}");
-        }
-        assert!(parse_gdr_level("").is_none());
-        assert!(parse_gdr_level("010").unwrap().1.contains("octal"));
         let l = gdr_limit(&env(&[("NCCL_NET_GDR_LEVEL", "1"), ("NCCL_NET_GDR_LEVEL", "3")]));
         assert_eq!(l.limit, Phb, "the last assignment wins");
         assert!(l.allows(PathLevel::Phb) && l.allows(PathLevel::Node) && !l.allows(PathLevel::Sys));
@@ -2474,7 +2332,7 @@ mod tests {
             let t: String = t.into_iter().collect();
             parsed += usize::from(parse_gts(&t).is_some()) + usize::from(parse_rate_gbps(&t).is_some());
             let _ = (parse_hex(&t), parse_width(&t), parse_numa(Some(&t)), is_bdf(&t), nccl_is_bdf(&t));
-            let _ = (parse_gdr_level(&t), natural_key(&t), placement(&t));
+            let _ = (gdr_level(&t), natural_key(&t), placement(&t));
             if let Some(g) = parse_gts(&t) {
                 assert!(link_gbs(g, 16).is_finite());
             }

@@ -412,8 +412,12 @@ pub(super) fn parse_env(msg: &str) -> Option<(String, String)> {
     {
         return None;
     }
-    let value = msg[at + " set by environment to".len()..].trim();
-    let value = value.strip_suffix('.').unwrap_or(value).trim();
+    // NCCL prints `to %s` (one space, then the value as set: a leading
+    // space is part of it, and NCCL reads " 0" differently from "0"), or
+    // `to %lld.` for integer parameters; trailing space is padding.
+    let rest = &msg[at + " set by environment to".len()..];
+    let value = rest.strip_prefix(' ').unwrap_or(rest).trim_end();
+    let value = value.strip_suffix('.').unwrap_or(value).trim_end();
     Some((name.to_string(), value.to_string()))
 }
 

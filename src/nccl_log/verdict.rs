@@ -68,9 +68,10 @@ pub(super) fn decide(scan: &Scan) -> Decision {
         return not_used(evidence);
     }
     if let Some(e) = scan.env("NCCL_NET_GDR_LEVEL") {
-        if e.value.eq_ignore_ascii_case("LOC") || e.value == "0" {
+        // Read as NCCL reads it (and as the doctor does): `loc` is ignored, `00` is LOC.
+        if let Some((level, _)) = gpudirect::nccl::gdr_level(&e.value).filter(|(l, _)| l.forbids_every_nic()) {
             evidence.push(format!(
-                "NCCL_NET_GDR_LEVEL={} (line {}) forbids GPUDirect RDMA for every GPU",
+                "NCCL_NET_GDR_LEVEL={} (line {}, = {level}) forbids GPUDirect RDMA for every GPU",
                 e.value, e.line
             ));
             return not_used(evidence);
@@ -86,10 +87,11 @@ pub(super) fn decide(scan: &Scan) -> Decision {
         }
     }
     if let (Some(e), Some(internal)) = (scan.env("NCCL_IB_DISABLE"), &scan.internal_net) {
-        if e.value == "1" && scan.plugin_loaded.is_none() && !scan.rdma_network_named() {
+        if gpudirect::nccl::ib_disabled(&e.value) && scan.plugin_loaded.is_none() && !scan.rdma_network_named() {
             evidence.push(format!(
-                "NCCL_IB_DISABLE=1 (line {}) with NCCL's internal network ({}) leaves only TCP \
+                "NCCL_IB_DISABLE={} (line {}) with NCCL's internal network ({}) leaves only TCP \
                  sockets",
+                e.value,
                 e.line,
                 quote(internal)
             ));
@@ -356,11 +358,11 @@ pub(super) fn causes(scan: &Scan, d: &Decision) -> Vec<String> {
             .support
             .iter()
             .any(|s| s.net.as_deref().is_some_and(is_socket));
-    if let Some(e) = scan.env("NCCL_IB_DISABLE").filter(|e| e.value == "1") {
+    if let Some(e) = scan.env("NCCL_IB_DISABLE").filter(|e| gpudirect::nccl::ib_disabled(&e.value)) {
         out.add(format!(
-            "NCCL_IB_DISABLE=1 is set (line {}): NCCL skips InfiniBand/RoCE and falls back to \
+            "NCCL_IB_DISABLE={} is set (line {}): NCCL skips InfiniBand/RoCE and falls back to \
              TCP sockets; unset it on every rank",
-            e.line
+            e.value, e.line
         ));
     }
     if let Some(e) = scan.env("NCCL_NET").filter(|e| is_socket(&e.value)) {

@@ -24,14 +24,14 @@
 //! the GPU orders inbound RDMA writes
 //! (`CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING` >= OWNER, as on
 //! Hopper), the writes may still be in flight inside the GPU. Call
-//! [`MemoryRegion::flush_gpu_writes`] after reaping the completion and
+//! [`MemoryRegion::flush_gpu_writes`](crate::MemoryRegion::flush_gpu_writes) after reaping the completion and
 //! before launching the consumer kernel: it is free on GPUs that order
 //! writes and issues `cuFlushGPUDirectRDMAWrites` on older ones (NCCL
 //! issues a loopback RDMA read for the same purpose). Copies through the
 //! region's own accessors (`read_at`) are ordered already: buffers are
 //! allocated with `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS`. Host-staged regions
 //! copy into the GPU synchronously when the completion is reaped (or when
-//! [`MemoryRegion::stage_in`] is called for a peer's write), so the data is
+//! [`MemoryRegion::stage_in`](crate::MemoryRegion::stage_in) is called for a peer's write), so the data is
 //! complete when that returns.
 
 use std::fmt;
