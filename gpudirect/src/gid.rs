@@ -12,7 +12,7 @@ use std::net::Ipv6Addr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::context::LinkLayer;
+use crate::port::LinkLayer;
 
 /// A 128-bit global identifier: an IPv6 address on RoCE, a port's subnet
 /// prefix plus GUID on InfiniBand.

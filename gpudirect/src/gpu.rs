@@ -500,7 +500,7 @@ impl GpuBuffer {
     /// cannot export dma-buf (see [`Gpu::dma_buf_supported`]), or a driver
     /// older than 11.7, which lacks the call (checked before calling).
     pub fn export_dma_buf(&self) -> Result<(OwnedFd, u64, usize)> {
-        let page = crate::mr::page_size() as u64;
+        let page = crate::sysroot::page_size() as u64;
         let base = self.ptr & !(page - 1);
         let offset = self.ptr - base;
         let len = (offset + self.len as u64).next_multiple_of(page) as usize;

@@ -19,9 +19,15 @@
 //! - [`rcache`]: a registration cache for memory the program does not own
 //!   (GPU entries invalidated by allocation identity, host entries by the
 //!   caller).
-//! - [`cq`]: completion queues and work completions.
-//! - [`qp`]: queue pairs, endpoints and posting.
-//! - [`wr`]: work requests.
+//! - [`cq`]: completion queues; the work completions they report
+//!   ([`WorkCompletion`], [`WcStatus`], [`WcOpcode`], [`WcError`]) are
+//!   plain data at the crate root.
+//! - [`qp`]: queue pairs and posting; what the NIC holds until each
+//!   completion is matched lives beside it (private `tracker`).
+//! - [`wr`]: work requests and prepared send lists.
+//! - [`Endpoint`], [`RemoteBuffer`]: what peers exchange (plain, `serde`
+//!   serialisable); [`PortAttr`], [`Mtu`], [`LinkLayer`], [`PortState`]:
+//!   port attributes; [`Errno`]: error numbers. Leaves every module shares.
 //! - [`gpu`]: CUDA GPUs and GPU buffers (driver loaded at run time).
 //! - [`gdr`]: GPUDirect RDMA: registering GPU memory (dma-buf, peer
 //!   memory, or explicitly host-staged) and saying why not.
@@ -126,23 +132,31 @@ pub mod wr;
 // Crate-private leaves: who may touch which bytes (claims), deadlines,
 // and the mutex helgrind can see.
 mod claims;
+mod errno;
+mod port;
+mod wc;
+mod wire;
 mod deadline;
 mod sync;
+mod tracker;
 
 // Misuses the compiler refuses: compile_fail doctests only.
 #[cfg(doctest)]
 mod compile_fail;
 
-pub use context::{Context, DeviceAttr, LinkLayer, Mtu, PortAttr, PortState};
-pub use cq::{CompletionQueue, WcError, WcOpcode, WcStatus, WorkCompletion};
+pub use context::{Context, DeviceAttr};
+pub use port::{LinkLayer, Mtu, PortAttr, PortState};
+pub use cq::CompletionQueue;
+pub use wc::{WcError, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{devices, DeviceInfo, Guid};
 pub use error::{Errno, Error, Result};
 pub use gid::{Gid, GidChoice, GidEntry, GidType};
 pub use gdr::{GdrError, GpuPolicy, RegistrationPath};
 pub use gpu::{Gpu, GpuAllocation, GpuBuffer};
-pub use mr::{AccessFlags, HostBuffer, LocalSlice, Location, MemoryRegion, Registerable, RemoteBuffer};
+pub use mr::{AccessFlags, HostBuffer, LocalSlice, Location, MemoryRegion, Registerable};
 pub use pd::ProtectionDomain;
-pub use qp::{Endpoint, PreparedQueuePair, QpConfig, QpState, QueuePair};
+pub use qp::{PreparedQueuePair, QpConfig, QpState, QueuePair};
+pub use wire::{Endpoint, RemoteBuffer};
 pub use rcache::{CacheConfig, CacheStats, CachedRegion, RegistrationCache};
 pub use wr::{RecvWr, SendList, SendWr};
 

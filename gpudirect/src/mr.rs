@@ -29,13 +29,14 @@ use std::sync::Arc;
 
 use bitflags::bitflags;
 use ibverbs_sys as sys;
-use serde::{Deserialize, Serialize};
 
 use crate::error::{Errno, Error, Result};
 use crate::gdr::RegistrationPath;
+use crate::sysroot::page_size;
 use crate::gpu::{GpuBuffer, PinnedHost};
 use crate::pd::ProtectionDomain;
 use crate::claims::{overlap, RegionClaims, Use};
+use crate::wire::RemoteBuffer;
 
 bitflags! {
     /// Who may access a memory region, and how (`enum ibv_access_flags`).
@@ -121,16 +122,6 @@ unsafe impl Send for HostBuffer {}
 // SAFETY: no interior mutability is reachable through `&HostBuffer`.
 unsafe impl Sync for HostBuffer {}
 
-/// The system page size.
-pub fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
-}
 
 impl HostBuffer {
     /// Allocates `len` zeroed bytes, page-aligned (at least one byte is
@@ -973,43 +964,6 @@ impl LocalSlice<'_> {
     /// Offset within the region.
     pub fn offset(&self) -> usize {
         self.offset
-    }
-}
-
-/// What a peer needs to access a region of ours with RDMA: address, length
-/// and remote key. Give it to the peer over the bootstrap channel
-/// ([`crate::bootstrap`]) or any channel of your own (it is `serde`
-/// serialisable).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct RemoteBuffer {
-    /// Start address in the peer's address space.
-    pub addr: u64,
-    /// Length in bytes.
-    pub len: u64,
-    /// The peer region's rkey.
-    pub rkey: u32,
-}
-
-impl RemoteBuffer {
-    /// The remote address of `offset`, after checking that `len` bytes from
-    /// there lie within the buffer.
-    ///
-    /// # Errors
-    /// [`Error::OutOfBounds`]: nothing is posted for a range outside the
-    /// buffer the peer described.
-    /// A descriptor whose range would wrap past the end of the address
-    /// space (hand-built or from a lying peer) has no valid offset.
-    pub fn addr_of(&self, offset: u64, len: u64) -> Result<u64> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len && self.addr.checked_add(end).is_some() => Ok(self.addr + offset),
-            _ => Err(Error::OutOfBounds { what: "remote buffer", offset, requested: len, len: self.len }),
-        }
-    }
-}
-
-impl fmt::Display for RemoteBuffer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} bytes at {:#x} rkey {:#x}", self.len, self.addr, self.rkey)
     }
 }
 

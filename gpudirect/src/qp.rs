@@ -22,47 +22,23 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use ibverbs_sys as sys;
-use serde::{Deserialize, Serialize};
 
-use crate::claims::{HoldsNic, Use};
-use crate::context::{LinkLayer, Mtu, PortAttr};
-use crate::cq::{CompletionQueue, Reservation, WcOpcode};
+use crate::port::{LinkLayer, Mtu, PortAttr};
+use crate::cq::{CompletionQueue, Reservation};
+use crate::wc::WcOpcode;
 use crate::error::{check, Error, Result};
-use crate::gid::{Gid, GidChoice};
+use crate::gid::GidChoice;
 use crate::mr::{AccessFlags, InFlight, LocalSlice};
 use crate::pd::ProtectionDomain;
-use crate::sync::Mutex;
+use crate::tracker::{finish_post, holder, Pending, Tracker, WorkQueue, RECV_BIT, SEQ_MASK};
+use crate::wire::Endpoint;
 use crate::wr::{RecvWr, SendList, SendOp, SendWr};
-
-/// What a peer needs to connect its queue pair to ours. Exchange it out of
-/// band ([`crate::bootstrap`], or any channel: it is `serde` serialisable).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Endpoint {
-    /// Queue pair number (24 bits).
-    pub qp_num: u32,
-    /// Initial packet sequence number (24 bits).
-    pub psn: u32,
-    /// Port LID (InfiniBand; 0 on RoCE).
-    pub lid: u16,
-    /// The GID the queue pair sends from.
-    pub gid: Gid,
-    /// The port's active MTU; the connection uses the smaller of both ends'.
-    pub mtu: Mtu,
-}
-
-impl fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "QP {:#08x} PSN {:#08x} LID {} GID {} MTU {}", self.qp_num, self.psn, self.lid, self.gid, self.mtu)
-    }
-}
 
 /// Queue pair settings. The defaults suit a LAN: perftest's timeout and
 /// RNR retry count, a retry count of 6 (see [`retry_cnt`](Self::retry_cnt)),
@@ -168,156 +144,6 @@ const STAGE_CHUNK: usize = 1 << 20;
 
 fn splits_for_staging(w: &SendWr<'_>) -> bool {
     matches!(w.op, SendOp::Write | SendOp::WriteWithImm(_)) && w.local.len > STAGE_CHUNK && w.local.mr.is_host_staged()
-}
-
-const RECV_BIT: u64 = 1 << 63;
-const GEN_SHIFT: u32 = 40;
-const SEQ_MASK: u64 = (1 << GEN_SHIFT) - 1;
-static GENERATION: AtomicU32 = AtomicU32::new(1);
-
-struct Pending {
-    seq: u64,
-    wr_id: u64,
-    opcode: WcOpcode,
-    /// Whether the request produces a completion of its own even when it
-    /// succeeds (every receive does).
-    signaled: bool,
-    hold: Option<InFlight>,
-}
-
-/// A completed work request, released by [`Tracker::complete`].
-pub(crate) struct Done {
-    pub(crate) wr_id: u64,
-    /// The operation that was posted.
-    pub(crate) opcode: WcOpcode,
-    /// Whether the bytes the NIC wrote for it, and for the unsignaled RDMA
-    /// reads completed with it, are where the program reads them (false
-    /// when staging them into a host-staged GPU region failed; logged).
-    pub(crate) landed: bool,
-}
-
-/// Reused between posts so posting allocates nothing.
-#[derive(Default)]
-struct Scratch {
-    sges: Vec<sys::ibv_sge>,
-    send: Vec<sys::ibv_send_wr>,
-    recv: Vec<sys::ibv_recv_wr>,
-}
-
-// SAFETY: the vectors' raw pointers only point into themselves while the
-// owning queue's mutex is held during one post, and are never read after.
-unsafe impl Send for Scratch {}
-
-impl Scratch {
-    /// Makes room for a chain of `n` send requests.
-    fn fit_send(&mut self, n: usize) {
-        if self.send.len() < n {
-            self.send.resize(n, sys::ibv_send_wr::default());
-            self.sges.resize(n, sys::ibv_sge::default());
-        }
-    }
-}
-
-pub(crate) struct WorkQueue {
-    depth: u32,
-    next_seq: u64,
-    pending: VecDeque<Pending>,
-    scratch: Scratch,
-}
-
-impl WorkQueue {
-    fn new(depth: u32) -> Self {
-        WorkQueue { depth, next_seq: 0, pending: VecDeque::with_capacity(depth as usize), scratch: Scratch::default() }
-    }
-}
-
-pub(crate) struct Tracker {
-    tag: u64,
-    send: Mutex<WorkQueue>,
-    recv: Mutex<WorkQueue>,
-}
-
-impl Tracker {
-    /// Releases the work request a completion's raw wr_id names, and on the
-    /// send queue the unsignaled ones posted before it: they completed
-    /// too, successfully, whatever this completion's status (an RC queue
-    /// completes in order, and a request that fails always reports its own
-    /// completion). A signaled request posted earlier and not yet reaped
-    /// is left alone, so whichever completion arrives first, none is ever
-    /// dropped. `None` for a completion of no request of this queue pair.
-    ///
-    /// Bytes the NIC wrote are staged into host-staged GPU regions here,
-    /// `byte_len` of them for a receive (only if `ok`: the completion
-    /// succeeded), while the holds are still listed under the queue's
-    /// lock, so no CPU copy can touch them half-staged.
-    pub(crate) fn complete(&self, raw: u64, ok: bool, byte_len: u32) -> Option<Done> {
-        if raw & !RECV_BIT & !SEQ_MASK != self.tag {
-            return None;
-        }
-        let q = if raw & RECV_BIT != 0 { &self.recv } else { &self.send };
-        let seq = raw & SEQ_MASK;
-        let mut q = q.lock();
-        // Requests sit in posting order with consecutive numbers unless a
-        // completion was matched out of order: look there first.
-        let front = q.pending.front()?.seq;
-        let guess = (seq.wrapping_sub(front) & SEQ_MASK) as usize;
-        let pos = match q.pending.get(guess) {
-            Some(p) if p.seq == seq => guess,
-            _ => q.pending.iter().position(|p| p.seq == seq)?,
-        };
-        // A signaled request before it has its own completion still to
-        // come (only when completions are matched out of order).
-        let signaled_before = q.pending.range(..pos).any(|p| p.signaled);
-        let mut landed = true;
-        let mut land = |p: &Pending, written: usize| {
-            if let Some(h) = &p.hold {
-                landed &= h.landed(written);
-            }
-        };
-        let done = &q.pending[pos];
-        if ok {
-            let written = if done.opcode == WcOpcode::Recv { byte_len as usize } else { usize::MAX };
-            land(done, written);
-        }
-        let (wr_id, opcode) = (done.wr_id, done.opcode);
-        if !signaled_before {
-            // Landed in place, then dropped in place: no entry is moved.
-            q.pending.range(..pos).for_each(|p| land(p, usize::MAX));
-            q.pending.drain(..=pos);
-        } else {
-            let mut released = 0;
-            while released < pos && !q.pending[0].signaled {
-                land(&q.pending.pop_front().expect("pos is within the queue"), usize::MAX);
-                released += 1;
-            }
-            q.pending.remove(pos - released);
-        }
-        Some(Done { wr_id, opcode, landed })
-    }
-
-    #[cfg(test)]
-    pub(crate) fn for_test(generation: u64) -> Tracker {
-        Tracker { tag: generation << GEN_SHIFT, send: Mutex::new(WorkQueue::new(8)), recv: Mutex::new(WorkQueue::new(8)) }
-    }
-
-    /// Forgets every pending request (after the queue pair is destroyed);
-    /// says, for the send and receive queue, whether any was left.
-    fn clear(&self) -> [bool; 2] {
-        [&self.send, &self.recv].map(|q| {
-            let mut q = q.lock();
-            let left = !q.pending.is_empty();
-            q.pending.clear();
-            left
-        })
-    }
-}
-
-impl HoldsNic for Tracker {
-    fn holds_conflicting(&self, region: usize, start: usize, end: usize, use_: Use) -> bool {
-        [&self.send, &self.recv]
-            .iter()
-            .any(|q| q.lock().pending.iter().filter_map(|p| p.hold.as_ref()).any(|h| h.conflicts(region, start, end, use_)))
-    }
 }
 
 struct QpInner {
@@ -697,21 +523,6 @@ fn posted_count<W>(ret: i32, bad: *mut W, chain: &[W]) -> usize {
     (b - base) / std::mem::size_of::<W>()
 }
 
-/// Keeps the pending entries of posted requests and drops the holds of the
-/// ones the provider refused.
-#[inline]
-fn finish_post(q: &mut WorkQueue, n: usize, posted: usize, verb: &'static str, ret: i32) -> Result<()> {
-    for _ in posted..n {
-        q.pending.pop_back();
-    }
-    q.next_seq = (q.next_seq + posted as u64) & SEQ_MASK;
-    if ret == 0 {
-        Ok(())
-    } else {
-        Err(Error::returned(verb, ret))
-    }
-}
-
 /// A queue pair in the `INIT` state: give its [`endpoint`](Self::endpoint)
 /// to the peer, post receives, then [`connect`](Self::connect).
 #[derive(Debug)]
@@ -786,14 +597,9 @@ impl QueuePair {
         let qp = NonNull::new(qp).ok_or_else(|| Error::last("ibv_create_qp"))?;
         // SAFETY: a created QP is readable.
         let qp_num = unsafe { (*qp.as_ptr()).qp_num };
-        let tag = u64::from(GENERATION.fetch_add(1, Ordering::Relaxed) & 0x7f_ffff) << GEN_SHIFT;
-        let tracker = Arc::new(Tracker {
-            tag,
-            // The provider may round the depths up; ours stay as requested
-            // so QueueFull fires before the provider's ENOMEM would.
-            send: Mutex::new(WorkQueue::new(config.max_send_wr)),
-            recv: Mutex::new(WorkQueue::new(config.max_recv_wr)),
-        });
+        // The provider may round the depths up; ours stay as requested so
+        // QueueFull fires before the provider's ENOMEM would.
+        let tracker = Arc::new(Tracker::new(config.max_send_wr, config.max_recv_wr));
         // Registered before any post, so no completion can go unmatched.
         send_cq.register(qp_num, tracker.clone());
         recv_cq.register(qp_num, tracker.clone());
@@ -1049,11 +855,6 @@ impl PreparedQueuePair {
 /// The vendor id Soft-RoCE (rxe) reports.
 const RXE_VENDOR_ID: u32 = 0xff_ffff;
 
-/// The tracker as the protection domain lists it.
-fn holder(t: &Arc<Tracker>) -> Weak<dyn HoldsNic> {
-    Arc::downgrade(t) as Weak<dyn HoldsNic>
-}
-
 fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -1064,70 +865,6 @@ fn random_psn() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tracker(generation: u64) -> Tracker {
-        Tracker::for_test(generation)
-    }
-
-    fn push(t: &Tracker, recv: bool, seq: u64, wr_id: u64, signaled: bool) {
-        let q = if recv { &t.recv } else { &t.send };
-        q.lock().pending.push_back(Pending { seq, wr_id, opcode: WcOpcode::Send, signaled, hold: None });
-    }
-
-    fn ids(t: &Tracker) -> Vec<u64> {
-        t.send.lock().pending.iter().map(|p| p.wr_id).collect()
-    }
-
-    #[test]
-    fn signaled_completion_releases_earlier_unsignaled() {
-        let t = tracker(5);
-        for s in 0..4 {
-            push(&t, false, s, 100 + s, s == 2);
-        }
-        let d = t.complete((5 << GEN_SHIFT) | 2, true, 0).unwrap();
-        assert_eq!((d.wr_id, d.opcode), (102, WcOpcode::Send));
-        assert!(d.landed);
-        assert_eq!(ids(&t), [103]);
-    }
-
-    /// Two pollers can take one queue pair's completions k and k+1 and
-    /// match them in either order: a later completion must never release
-    /// an earlier *signaled* request, whose own completion is still coming
-    /// (it used to be drained as "earlier" and its completion dropped).
-    #[test]
-    fn a_later_completion_never_swallows_an_earlier_signaled_one() {
-        let t = tracker(5);
-        push(&t, false, 0, 10, false);
-        push(&t, false, 1, 11, true); // completion k
-        push(&t, false, 2, 12, false);
-        push(&t, false, 3, 13, true); // completion k+1, matched first
-        let late = t.complete((5 << GEN_SHIFT) | 3, true, 0).unwrap();
-        assert_eq!(late.wr_id, 13);
-        assert_eq!(ids(&t), [11, 12], "the unsignaled request before the signaled one went with it");
-        let early = t.complete((5 << GEN_SHIFT) | 1, true, 0).unwrap();
-        assert_eq!(early.wr_id, 11);
-        assert_eq!(ids(&t), [12], "still complete; released by the next completion");
-        push(&t, false, 4, 14, true);
-        assert_eq!(t.complete((5 << GEN_SHIFT) | 4, true, 0).unwrap().wr_id, 14);
-        assert!(ids(&t).is_empty());
-    }
-
-    #[test]
-    fn queues_and_generations_are_kept_apart() {
-        let t = tracker(5);
-        push(&t, false, 0, 1, true);
-        push(&t, true, 0, 2, true);
-        assert_eq!(t.complete(RECV_BIT | (5 << GEN_SHIFT), true, 0).map(|c| c.wr_id), Some(2));
-        // A stale completion from another generation releases nothing.
-        assert!(t.complete(6 << GEN_SHIFT, true, 0).is_none());
-        assert_eq!(t.send.lock().pending.len(), 1);
-        // Unknown sequence numbers release nothing either.
-        assert!(t.complete((5 << GEN_SHIFT) | 7, true, 0).is_none());
-        assert_eq!(t.complete(5 << GEN_SHIFT, true, 0).map(|c| c.wr_id), Some(1));
-        assert_eq!(t.clear(), [false, false]);
-        push(&t, true, 1, 3, true);
-        assert_eq!(t.clear(), [false, true]);
-    }
 
     #[test]
     fn partial_post_keeps_only_accepted_requests() {

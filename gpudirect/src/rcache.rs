@@ -99,7 +99,8 @@ use std::sync::{Mutex, MutexGuard};
 use crate::error::{Errno, Error, Result};
 use crate::gdr::{GpuPolicy, RegistrationPath};
 use crate::gpu::{Gpu, GpuAllocation, GpuBuffer};
-use crate::mr::{AccessFlags, LocalSlice, Location, MemoryRegion, RemoteBuffer};
+use crate::mr::{AccessFlags, LocalSlice, Location, MemoryRegion};
+use crate::wire::RemoteBuffer;
 use crate::pd::ProtectionDomain;
 
 /// How much a [`RegistrationCache`] keeps registered.

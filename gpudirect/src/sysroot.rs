@@ -1,5 +1,6 @@
 //! The machine's files (sysfs, procfs, /dev) read through one root path, so
-//! every check that reads them can run against a fixture tree in tests.
+//! every check that reads them can run against a fixture tree in tests;
+//! and its page size.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -49,5 +50,16 @@ impl SysRoot {
     /// The root directory itself.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+}
+
+/// The system page size (`sysconf(_SC_PAGESIZE)`; 4096 if it fails).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
     }
 }

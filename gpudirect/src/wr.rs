@@ -5,9 +5,10 @@
 
 use ibverbs_sys as sys;
 
-use crate::cq::WcOpcode;
+use crate::wc::WcOpcode;
 use crate::error::{Error, Result};
-use crate::mr::{LocalSlice, RemoteBuffer};
+use crate::mr::LocalSlice;
+use crate::wire::RemoteBuffer;
 use crate::pd::ProtectionDomain;
 
 /// The operation of a send-queue work request.
@@ -192,6 +193,28 @@ impl<'a> SendWr<'a> {
         } else {
             *sg = self.local.sge();
             (raw.sg_list, raw.num_sge) = (sg, 1);
+        }
+    }
+}
+
+/// Reused between posts so posting allocates nothing.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    pub(crate) sges: Vec<sys::ibv_sge>,
+    pub(crate) send: Vec<sys::ibv_send_wr>,
+    pub(crate) recv: Vec<sys::ibv_recv_wr>,
+}
+
+// SAFETY: the vectors' raw pointers only point into themselves while the
+// owning queue's mutex is held during one post, and are never read after.
+unsafe impl Send for Scratch {}
+
+impl Scratch {
+    /// Makes room for a chain of `n` send requests.
+    pub(crate) fn fit_send(&mut self, n: usize) {
+        if self.send.len() < n {
+            self.send.resize(n, sys::ibv_send_wr::default());
+            self.sges.resize(n, sys::ibv_sge::default());
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use super::facts::{DmaBufProbe, GdrFacts, GpuFacts, HostFacts, ModuleFlavour, NicFacts, PEER_MEMORY_FILES};
 use super::RegistrationPath;
-use crate::error::Errno;
+use crate::errno::Errno;
 
 /// One reason a zero-copy path is unavailable: what was checked, and the fix.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -37,7 +37,8 @@
 use std::fmt;
 
 mod facts;
-mod judge;
+mod gather;
+pub(crate) mod judge;
 mod register;
 
 pub use facts::{DmaBufProbe, GdrFacts, GpuFacts, HostFacts, ModuleFlavour, NicFacts, PEER_MEMORY_FILES};

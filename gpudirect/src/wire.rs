@@ -1,0 +1,70 @@
+//! What peers exchange to reach each other: a queue pair's [`Endpoint`]
+//! and the [`RemoteBuffer`]s it may access. Plain, `serde` serialisable
+//! data, shared by queue pairs, memory regions and the bootstrap exchange.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::gid::Gid;
+use crate::port::Mtu;
+
+/// What a peer needs to connect its queue pair to ours. Exchange it out of
+/// band ([`crate::bootstrap`], or any channel: it is `serde` serialisable).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// Queue pair number (24 bits).
+    pub qp_num: u32,
+    /// Initial packet sequence number (24 bits).
+    pub psn: u32,
+    /// Port LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// The GID the queue pair sends from.
+    pub gid: Gid,
+    /// The port's active MTU; the connection uses the smaller of both ends'.
+    pub mtu: Mtu,
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "QP {:#08x} PSN {:#08x} LID {} GID {} MTU {}", self.qp_num, self.psn, self.lid, self.gid, self.mtu)
+    }
+}
+
+/// What a peer needs to access a region of ours with RDMA: address, length
+/// and remote key. Give it to the peer over the bootstrap channel
+/// ([`crate::bootstrap`]) or any channel of your own (it is `serde`
+/// serialisable).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RemoteBuffer {
+    /// Start address in the peer's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// The peer region's rkey.
+    pub rkey: u32,
+}
+
+impl RemoteBuffer {
+    /// The remote address of `offset`, after checking that `len` bytes from
+    /// there lie within the buffer.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`]: nothing is posted for a range outside the
+    /// buffer the peer described.
+    /// A descriptor whose range would wrap past the end of the address
+    /// space (hand-built or from a lying peer) has no valid offset.
+    pub fn addr_of(&self, offset: u64, len: u64) -> Result<u64> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len && self.addr.checked_add(end).is_some() => Ok(self.addr + offset),
+            _ => Err(Error::OutOfBounds { what: "remote buffer", offset, requested: len, len: self.len }),
+        }
+    }
+}
+
+impl fmt::Display for RemoteBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} bytes at {:#x} rkey {:#x}", self.len, self.addr, self.rkey)
+    }
+}
