@@ -1,9 +1,25 @@
 //! The machine's files (sysfs, procfs, /dev) read through one root path, so
 //! every check that reads them can run against a fixture tree in tests;
 //! and its page size.
+//!
+//! Every read stays inside the root: symlinks are followed the way the
+//! kernel follows them, but an absolute target restarts at the root and
+//! `..` at the root stays there, so a fixture (or a hostile tree) can never
+//! make a reader see the real `/`. Reads are bounded and open regular files
+//! only (never a FIFO or device node, which could block or have side
+//! effects).
 
-use std::io;
+use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+
+/// The most [`SysRoot::read`] returns: sysfs attributes are a page at most;
+/// this keeps a fixture (or a misbehaving file) from being read whole.
+pub const TEXT_LIMIT: u64 = 64 * 1024;
+/// The most [`SysRoot::any_line`] streams through (`/proc/kallsyms` is a
+/// few MiB).
+const STREAM_LIMIT: u64 = 256 << 20;
+/// Linux's own limit on symlink hops (MAXSYMLINKS).
+const MAX_SYMLINK_HOPS: usize = 40;
 
 /// A root under which `/sys`, `/proc` and `/dev` are read: `/` on a live
 /// machine, a fixture directory in tests.
@@ -29,27 +45,122 @@ impl SysRoot {
         SysRoot { root: root.into() }
     }
 
-    /// Where an absolute machine path (`/sys/...`) lives under this root.
+    /// Where an absolute machine path (`/sys/...`) lives under this root,
+    /// without following any link: for writing fixtures. Readers use the
+    /// methods below, which resolve links inside the root.
     pub fn path(&self, machine_path: &str) -> PathBuf {
         self.root.join(machine_path.trim_start_matches('/'))
-    }
-
-    /// Whether the machine path exists.
-    pub fn exists(&self, machine_path: &str) -> bool {
-        self.path(machine_path).exists()
-    }
-
-    /// The file's text, trimmed of surrounding white space.
-    ///
-    /// # Errors
-    /// The I/O error of reading it (e.g. `NotFound`, `PermissionDenied`).
-    pub fn read(&self, machine_path: &str) -> io::Result<String> {
-        Ok(std::fs::read_to_string(self.path(machine_path))?.trim().to_owned())
     }
 
     /// The root directory itself.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Resolves a machine path component by component inside the root (see
+    /// the module docs). `None` on a symlink loop or a non-UTF-8 target.
+    pub fn resolve(&self, machine_path: &str) -> Option<String> {
+        let mut pending: Vec<String> =
+            machine_path.split('/').filter(|c| !c.is_empty() && *c != ".").rev().map(str::to_owned).collect();
+        let mut done: Vec<String> = Vec::new();
+        let mut hops = 0;
+        while let Some(comp) = pending.pop() {
+            if comp == ".." {
+                done.pop();
+                continue;
+            }
+            done.push(comp);
+            let host = self.path(&format!("/{}", done.join("/")));
+            let Ok(meta) = std::fs::symlink_metadata(&host) else { continue };
+            if !meta.file_type().is_symlink() {
+                continue;
+            }
+            hops += 1;
+            if hops > MAX_SYMLINK_HOPS {
+                return None;
+            }
+            let target = std::fs::read_link(&host).ok()?;
+            let target = target.to_str()?.to_owned();
+            done.pop();
+            if target.starts_with('/') {
+                done.clear();
+            }
+            for c in target.split('/').rev().filter(|c| !c.is_empty() && *c != ".") {
+                pending.push(c.to_owned());
+            }
+        }
+        Some(format!("/{}", done.join("/")))
+    }
+
+    fn open_regular(&self, machine_path: &str) -> io::Result<std::fs::File> {
+        let resolved = self.resolve(machine_path).ok_or_else(|| io::Error::other("symlink loop or unreadable link"))?;
+        let host = self.path(&resolved);
+        if !std::fs::metadata(&host)?.is_file() {
+            return Err(io::Error::other("not a regular file"));
+        }
+        std::fs::File::open(&host)
+    }
+
+    /// At most `limit` bytes of a regular file.
+    ///
+    /// # Errors
+    /// The I/O error of opening or reading it; an error when it is not a
+    /// regular file or its links loop.
+    pub fn read_bytes(&self, machine_path: &str, limit: u64) -> io::Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        self.open_regular(machine_path)?.take(limit).read_to_end(&mut buf)?;
+        Ok(buf)
+    }
+
+    /// The file's text (at most [`TEXT_LIMIT`] bytes, invalid UTF-8
+    /// replaced), trimmed of surrounding white space: a sysfs attribute
+    /// ends with a newline.
+    ///
+    /// # Errors
+    /// As [`read_bytes`](Self::read_bytes) (e.g. `NotFound`, `PermissionDenied`).
+    pub fn read(&self, machine_path: &str) -> io::Result<String> {
+        let bytes = self.read_bytes(machine_path, TEXT_LIMIT)?;
+        Ok(String::from_utf8_lossy(&bytes).trim().to_owned())
+    }
+
+    /// Whether any line of a (possibly large) file satisfies `pred`,
+    /// streamed rather than read whole: for `/proc/kallsyms`.
+    ///
+    /// # Errors
+    /// As [`read_bytes`](Self::read_bytes).
+    pub fn any_line(&self, machine_path: &str, mut pred: impl FnMut(&str) -> bool) -> io::Result<bool> {
+        let reader = BufReader::new(self.open_regular(machine_path)?.take(STREAM_LIMIT));
+        for line in reader.split(b'\n') {
+            if pred(&String::from_utf8_lossy(&line?)) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Whether the machine path exists (links followed inside the root).
+    pub fn exists(&self, machine_path: &str) -> bool {
+        self.resolve(machine_path).is_some_and(|p| self.path(&p).exists())
+    }
+
+    /// Whether the machine path is a directory (links followed inside the root).
+    pub fn is_dir(&self, machine_path: &str) -> bool {
+        self.resolve(machine_path).is_some_and(|p| self.path(&p).is_dir())
+    }
+
+    /// A directory's entry names, sorted so what is built from them comes
+    /// out in a stable order.
+    ///
+    /// # Errors
+    /// The I/O error of reading the directory.
+    pub fn list_dir(&self, machine_path: &str) -> io::Result<Vec<String>> {
+        let resolved = self.resolve(machine_path).ok_or_else(|| io::Error::other("symlink loop or unreadable link"))?;
+        let mut names: Vec<String> = std::fs::read_dir(self.path(&resolved))?
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        Ok(names)
     }
 }
 
@@ -61,5 +172,34 @@ pub fn page_size() -> usize {
         p as usize
     } else {
         4096
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_stay_inside_the_root_and_are_bounded() {
+        let dir = std::env::temp_dir().join(format!("sysroot-confined-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let root = SysRoot::at(&dir);
+        std::fs::create_dir_all(root.path("/sys/a")).unwrap();
+        std::fs::write(root.path("/sys/a/attr"), "42\n").unwrap();
+        std::fs::write(root.path("/big"), vec![b'x'; 100_000]).unwrap();
+        // An absolute link restarts at the root, `..` stops there.
+        std::os::unix::fs::symlink("/sys/a", root.path("/sys/link")).unwrap();
+        std::os::unix::fs::symlink("../../../../etc", root.path("/sys/a/up")).unwrap();
+        std::os::unix::fs::symlink("/loop", root.path("/loop")).unwrap();
+        assert_eq!(root.read("/sys/link/attr").unwrap(), "42");
+        assert_eq!(root.resolve("/sys/a/up/passwd").as_deref(), Some("/etc/passwd"));
+        assert!(root.read("/sys/a/up/passwd").is_err(), "the host's /etc is never reached");
+        assert!(root.resolve("/loop/x").is_none());
+        assert_eq!(root.read("/big").unwrap().len() as u64, TEXT_LIMIT);
+        assert!(root.read("/sys/a").is_err(), "a directory is not read");
+        assert!(root.is_dir("/sys/link") && root.exists("/sys/link/attr") && !root.exists("/sys/a/up/passwd"));
+        assert_eq!(root.list_dir("/sys/link").unwrap(), ["attr", "up"]);
+        assert!(root.any_line("/sys/a/attr", |l| l == "42").unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -43,7 +43,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::{self, Read};
+use std::io;
 
 use serde::Serialize;
 
@@ -56,87 +56,16 @@ const PCI_DEVICES: &str = "/sys/bus/pci/devices";
 const IB_CLASS: &str = "/sys/class/infiniband";
 const IOMMU_GROUPS: &str = "/sys/kernel/iommu_groups";
 const NVIDIA_VENDOR: u32 = 0x10de;
-/// Real sysfs attributes are at most a page; a bound keeps a garbage fixture
-/// (or a misbehaving file) from being read whole.
-const TEXT_LIMIT: u64 = 64 * 1024;
 /// PCIe configuration space is 4 KiB; nothing past it has meaning.
 const CONFIG_LIMIT: u64 = 4096;
-/// Linux's own limit on symlink hops (MAXSYMLINKS).
-const MAX_SYMLINK_HOPS: usize = 40;
 
 // ---------------------------------------------------------------------------
-// Reading the machine through the root
-
-/// Resolves a machine path component by component, following symlinks the
-/// way the kernel would but inside `root`: an absolute target restarts at the
-/// root and `..` at the root stays there, so a fixture (or a hostile tree)
-/// can never make us read the real `/`. `None` on a symlink loop or a
-/// non-UTF-8 target.
-fn resolve(root: &SysRoot, machine_path: &str) -> Option<String> {
-    let mut pending: Vec<String> =
-        machine_path.split('/').filter(|c| !c.is_empty() && *c != ".").rev().map(str::to_owned).collect();
-    let mut done: Vec<String> = Vec::new();
-    let mut hops = 0;
-    while let Some(comp) = pending.pop() {
-        if comp == ".." {
-            done.pop();
-            continue;
-        }
-        done.push(comp);
-        let host = root.path(&format!("/{}", done.join("/")));
-        let Ok(meta) = std::fs::symlink_metadata(&host) else { continue };
-        if !meta.file_type().is_symlink() {
-            continue;
-        }
-        hops += 1;
-        if hops > MAX_SYMLINK_HOPS {
-            return None;
-        }
-        let target = std::fs::read_link(&host).ok()?;
-        let target = target.to_str()?.to_owned();
-        done.pop();
-        if target.starts_with('/') {
-            done.clear();
-        }
-        for c in target.split('/').rev().filter(|c| !c.is_empty() && *c != ".") {
-            pending.push(c.to_owned());
-        }
-    }
-    Some(format!("/{}", done.join("/")))
-}
-
-/// Reads at most `limit` bytes of a regular file (never a FIFO or device node,
-/// which could block or have side effects).
-fn read_bounded(root: &SysRoot, machine_path: &str, limit: u64) -> io::Result<Vec<u8>> {
-    let resolved = resolve(root, machine_path).ok_or_else(|| io::Error::other("symlink loop or unreadable link"))?;
-    let host = root.path(&resolved);
-    if !std::fs::metadata(&host)?.is_file() {
-        return Err(io::Error::other("not a regular file"));
-    }
-    let mut buf = Vec::new();
-    std::fs::File::open(&host)?.take(limit).read_to_end(&mut buf)?;
-    Ok(buf)
-}
+// Reading the machine: through gpudirect's SysRoot, which stays inside the
+// root and reads bounded.
 
 /// A sysfs text attribute, trimmed (the kernel ends them with a newline).
 pub(super) fn read_text(root: &SysRoot, machine_path: &str) -> Option<String> {
-    let bytes = read_bounded(root, machine_path, TEXT_LIMIT).ok()?;
-    Some(String::from_utf8_lossy(&bytes).trim().to_owned())
-}
-
-/// Directory entry names, sorted so findings come out in a stable order.
-pub(super) fn list_dir(root: &SysRoot, machine_path: &str) -> io::Result<Vec<String>> {
-    let resolved = resolve(root, machine_path).ok_or_else(|| io::Error::other("symlink loop or unreadable link"))?;
-    let mut names: Vec<String> = std::fs::read_dir(root.path(&resolved))?
-        .filter_map(Result::ok)
-        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
-        .collect();
-    names.sort();
-    Ok(names)
-}
-
-fn is_dir(root: &SysRoot, machine_path: &str) -> bool {
-    resolve(root, machine_path).is_some_and(|p| root.path(&p).is_dir())
+    root.read(machine_path).ok()
 }
 
 /// `0x10de`-style sysfs values.
@@ -298,7 +227,7 @@ pub struct OtherRdma {
 /// `/sys/bus/pci/devices` and RDMA NICs in `/sys/class/infiniband`.
 pub fn discover(root: &SysRoot) -> PciTopology {
     let mut topo = PciTopology::default();
-    match list_dir(root, PCI_DEVICES) {
+    match root.list_dir(PCI_DEVICES) {
         Err(e) => topo.notes.push(format!("cannot list {PCI_DEVICES}: {e}")),
         Ok(names) => {
             for name in names {
@@ -306,7 +235,7 @@ pub fn discover(root: &SysRoot) -> PciTopology {
                 if !is_bdf(&bdf) {
                     continue;
                 }
-                let Some(path) = resolve(root, &format!("{PCI_DEVICES}/{name}")) else {
+                let Some(path) = root.resolve(&format!("{PCI_DEVICES}/{name}")) else {
                     topo.notes.push(format!("{PCI_DEVICES}/{name}: symlink loop"));
                     continue;
                 };
@@ -335,7 +264,7 @@ pub fn discover(root: &SysRoot) -> PciTopology {
         g.index = i;
     }
 
-    match list_dir(root, IB_CLASS) {
+    match root.list_dir(IB_CLASS) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             topo.notes.push(format!("{IB_CLASS} does not exist: no RDMA driver is loaded (or it is hidden here)"))
         }
@@ -356,7 +285,7 @@ pub fn discover(root: &SysRoot) -> PciTopology {
 fn nic_from_class(root: &SysRoot, name: &str) -> Result<NicDev, String> {
     let class_dir = format!("{IB_CLASS}/{name}");
     let device_link = format!("{class_dir}/device");
-    let dev = resolve(root, &device_link).filter(|p| is_dir(root, p));
+    let dev = root.resolve(&device_link).filter(|p| root.is_dir(p));
     let Some(path) = dev else {
         return Err(match read_text(root, &format!("{class_dir}/parent")) {
             Some(parent) => format!("no PCI device: software RDMA on network interface {parent} (rxe/siw)"),
@@ -370,7 +299,7 @@ fn nic_from_class(root: &SysRoot, name: &str) -> Result<NicDev, String> {
     let vendor = read_text(root, &format!("{path}/vendor")).and_then(|v| parse_hex(&v)).unwrap_or(0);
     let device = read_text(root, &format!("{path}/device")).and_then(|v| parse_hex(&v)).unwrap_or(0);
     let mut ports = Vec::new();
-    if let Ok(entries) = list_dir(root, &format!("{class_dir}/ports")) {
+    if let Ok(entries) = root.list_dir(&format!("{class_dir}/ports")) {
         for entry in entries {
             let Ok(port) = entry.parse::<u32>() else { continue };
             let dir = format!("{class_dir}/ports/{entry}");
@@ -390,7 +319,7 @@ fn nic_from_class(root: &SysRoot, name: &str) -> Result<NicDev, String> {
         bdf,
         pci_id: format!("{vendor:04x}:{device:04x}"),
         numa_node: parse_numa(read_text(root, &format!("{path}/numa_node")).as_deref()),
-        netdevs: list_dir(root, &format!("{path}/net")).unwrap_or_default(),
+        netdevs: root.list_dir(&format!("{path}/net")).unwrap_or_default(),
         ports,
         sysfs_path: path,
     })
@@ -1150,7 +1079,7 @@ fn acs_findings(root: &SysRoot, pairs: &[Pair]) -> Vec<Finding> {
 fn acs_bridge_finding(root: &SysRoot, bdf: &str, labels: &[String]) -> Finding {
     let cfg_path = format!("{PCI_DEVICES}/{bdf}/config");
     let on_path = format!("on the path of {}", labels.join(", "));
-    let bytes = match read_bounded(root, &cfg_path, CONFIG_LIMIT) {
+    let bytes = match root.read_bytes(&cfg_path, CONFIG_LIMIT) {
         Ok(b) => b,
         Err(e) => {
             return Finding::new(
@@ -1263,7 +1192,7 @@ fn iommu_finding(root: &SysRoot, topo: &PciTopology) -> Finding {
         Some(c) => format!("/proc/cmdline: {c}"),
         None => "/proc/cmdline: not readable".to_owned(),
     };
-    let groups = list_dir(root, IOMMU_GROUPS).unwrap_or_default();
+    let groups = root.list_dir(IOMMU_GROUPS).unwrap_or_default();
     if groups.is_empty() {
         let mut f = Finding::new(
             "iommu.mode",
@@ -1290,7 +1219,7 @@ fn iommu_finding(root: &SysRoot, topo: &PciTopology) -> Finding {
     let mut f_evidence = Vec::new();
     let (mut translated, mut other, mut no_type) = (Vec::new(), Vec::new(), Vec::new());
     for (label, bdf, path) in &devices {
-        let group = resolve(root, &format!("{path}/iommu_group")).filter(|p| is_dir(root, p));
+        let group = root.resolve(&format!("{path}/iommu_group")).filter(|p| root.is_dir(p));
         let mode = match &group {
             None => GroupMode::NoGroup,
             Some(g) => match read_text(root, &format!("{g}/type")) {
@@ -2281,9 +2210,9 @@ mod tests {
         s.link("/sys/class/infiniband/loop/loop2", "device");
         s.link("/sys/bus/pci/devices/0000:01:00.0", "/proc/self");
         let root = SysRoot::at(&s.0);
-        assert_eq!(resolve(&root, "/sys/class/infiniband/evil/device").as_deref(), Some("/etc"));
-        assert_eq!(resolve(&root, "/sys/class/infiniband/abs/device").as_deref(), Some("/etc"));
-        assert_eq!(resolve(&root, "/sys/class/infiniband/loop/device"), None);
+        assert_eq!(root.resolve("/sys/class/infiniband/evil/device").as_deref(), Some("/etc"));
+        assert_eq!(root.resolve("/sys/class/infiniband/abs/device").as_deref(), Some("/etc"));
+        assert_eq!(root.resolve("/sys/class/infiniband/loop/device"), None);
         let topo = discover(&root);
         assert!(topo.nics.is_empty() && topo.gpus.is_empty());
         assert_eq!(topo.other_rdma.len(), 3);

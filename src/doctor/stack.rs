@@ -8,7 +8,7 @@ use gpudirect::gdr::{GpuFacts, HostFacts, Judgement, ModuleFlavour, NicFacts, Re
 use gpudirect::sysroot::SysRoot;
 use gpudirect::{GidType, LinkLayer, Mtu, PortState};
 
-use super::pci::{self, read_text};
+use super::pci::read_text;
 use super::probes::RdmaDevice;
 use super::{Finding, Status};
 
@@ -191,11 +191,9 @@ pub fn host(host: &HostFacts, left: &PathsLeft) -> Vec<Finding> {
     vec![judged("peermem.client".into(), &peer, any), judged("dmabuf.kernel".into(), &kernel, any)]
 }
 
-/// Entry names of a machine directory (none when it is missing), read
-/// with the PCI checks' symlink-safe resolution so a fixture root is never
-/// escaped.
+/// Entry names of a machine directory (none when it is missing).
 fn list_dir(root: &SysRoot, dir: &str) -> Vec<String> {
-    pci::list_dir(root, dir).unwrap_or_default()
+    root.list_dir(dir).unwrap_or_default()
 }
 
 fn names(list: &[RdmaDevice]) -> String {

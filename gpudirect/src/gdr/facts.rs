@@ -118,9 +118,8 @@ impl HostFacts {
             kernel_release: root.read("/proc/sys/kernel/osrelease").ok(),
             peer_memory_found: PEER_MEMORY_FILES.iter().filter(|p| root.exists(p)).map(|p| p.to_string()).collect(),
             peer_memory_api: root
-                .read("/proc/kallsyms")
-                .ok()
-                .map(|k| k.lines().any(|l| l.split_whitespace().nth(2) == Some("ib_register_peer_memory_client"))),
+                .any_line("/proc/kallsyms", |l| l.split_whitespace().nth(2) == Some("ib_register_peer_memory_client"))
+                .ok(),
         }
     }
 
