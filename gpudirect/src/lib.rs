@@ -34,6 +34,8 @@
 //! - [`nccl`]: how NCCL reads the variables that decide its use of
 //!   GPUDirect RDMA (`NCCL_NET_GDR_LEVEL`, `NCCL_IB_DISABLE`, `NCCL_NET`).
 //! - [`sysroot`]: the machine's sysfs/procfs, read through one root.
+//! - [`topology`]: where GPUs and RDMA NICs sit in the PCIe tree, and which
+//!   NIC is nearest each GPU (PIX, PXB, PHB, NODE, SYS).
 //! - [`bootstrap`]: the out-of-band TCP exchange of endpoints and buffers.
 //! - [`error`]: the error type.
 //!
@@ -127,6 +129,7 @@ pub mod pd;
 pub mod qp;
 pub mod rcache;
 pub mod sysroot;
+pub mod topology;
 pub mod wr;
 
 // Crate-private leaves: who may touch which bytes (claims), deadlines,

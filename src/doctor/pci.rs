@@ -1,4 +1,7 @@
 //! PCIe topology, ACS, IOMMU and link bandwidth between GPUs and RDMA NICs.
+//! Discovery and classification are the library's ([`gpudirect::topology`]);
+//! this module judges what they found and reads the rest (config space,
+//! IOMMU groups, link speeds).
 //!
 //! GPUDirect RDMA is PCIe peer-to-peer traffic between a NIC and GPU memory.
 //! Whether NCCL even tries depends on how far apart the two devices sit in
@@ -9,53 +12,20 @@
 //! root, never escaping it) and runs unchanged against the fixture trees
 //! under `tests/data/machines/`.
 //!
-//! # Classification
-//!
-//! Two views are computed for every GPU–NIC pair, because they can differ
-//! and the second one is what decides GPUDirect RDMA:
-//!
-//! * [`Pair::level`], nvidia-smi's words, from the real sysfs device paths
-//!   (`/sys/devices/pci0000:00/0000:00:01.0/.../0000:03:00.0`): different host
-//!   bridges (`pciDDDD:BB`) are NODE when both devices report the same
-//!   `numa_node`, SYS when they report different ones; under one host bridge
-//!   with no common bridge ancestor the traffic turns around in the CPU's root
-//!   complex (PHB); otherwise it turns around at the deepest common bridge,
-//!   and the pair is PIX when it crosses at most three bridges (downstream
-//!   port, upstream port, downstream port: one switch) and PXB when it crosses
-//!   more (several switch levels).
-//! * [`Pair::nccl_level`], NCCL's own model (`src/graph/xml.cc`): NCCL walks
-//!   up sysfs two directories at a time (a switch shows up as an upstream and
-//!   a downstream port), creates a CPU node per `numa_node` value as soon as
-//!   the parent directory is not a bus id, and calls a path PIX when GPU and
-//!   NIC hang off the same node, PXB when the common node is further up, PHB
-//!   through one CPU node and SYS between CPU nodes. It has no NODE level:
-//!   host bridges on one NUMA node are one CPU node, so nvidia-smi's NODE is
-//!   NCCL's PHB.
-//!
-//! NCCL allows GPUDirect RDMA for a pair when its path type is at most the
-//! `NCCL_NET_GDR_LEVEL` limit, PXB by default (since 2.26 formally P2C, one
-//! step above PXB, which only Grace C2C systems produce). Not modelled here:
-//! NCCL's AMD Rome exception (default PHB when GPU and NIC share a root
-//! complex; needs the CPU model), and its merging of Broadcom PEX Gen4/Gen5
-//! two-level switches into one (it may call PIX what sysfs shows as PXB;
-//! both allow GDR). How NCCL reads `NCCL_NET_GDR_LEVEL` is the library's
-//! [`gpudirect::nccl::gdr_level`], shared with `nccl-log`.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::io;
 
 use serde::Serialize;
 
-use gpudirect::nccl::{gdr_level, PathType as NcclPathType};
 use gpudirect::sysroot::SysRoot;
+use gpudirect::topology::{
+    all_pairs, gdr_limit, placement, GdrLimit, GpuDev, NicDev, Pair, PathLevel, PciTopology, Placement, IB_CLASS,
+    PCI_DEVICES,
+};
 
 use super::{Finding, Status};
 
-const PCI_DEVICES: &str = "/sys/bus/pci/devices";
-const IB_CLASS: &str = "/sys/class/infiniband";
 const IOMMU_GROUPS: &str = "/sys/kernel/iommu_groups";
-const NVIDIA_VENDOR: u32 = 0x10de;
 /// PCIe configuration space is 4 KiB; nothing past it has meaning.
 const CONFIG_LIMIT: u64 = 4096;
 
@@ -66,560 +36,6 @@ const CONFIG_LIMIT: u64 = 4096;
 /// A sysfs text attribute, trimmed (the kernel ends them with a newline).
 pub(super) fn read_text(root: &SysRoot, machine_path: &str) -> Option<String> {
     root.read(machine_path).ok()
-}
-
-/// `0x10de`-style sysfs values.
-fn parse_hex(text: &str) -> Option<u32> {
-    let t = text.trim();
-    let digits = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
-    u32::from_str_radix(digits, 16).ok()
-}
-
-/// `numa_node`: -1 (and anything unparsable) means the kernel doesn't know.
-fn parse_numa(text: Option<&str>) -> Option<i32> {
-    text.and_then(|t| t.trim().parse::<i32>().ok()).filter(|n| *n >= 0)
-}
-
-/// A PCI bus id, `DDDD:BB:DD.F`; the domain may be longer than four digits
-/// (Intel VMD puts devices in domains 10000 and up).
-fn is_bdf(s: &str) -> bool {
-    let b = s.as_bytes();
-    if b.len() < 12 {
-        return false;
-    }
-    // `BB:DD.F` is the last seven bytes; everything before is `DDDD...:`.
-    let (dom, tail) = b.split_at(b.len() - 7);
-    dom.last() == Some(&b':')
-        && dom[..dom.len() - 1].iter().all(u8::is_ascii_hexdigit)
-        && tail[2] == b':'
-        && tail[5] == b'.'
-        && [0, 1, 3, 4].iter().all(|&i| tail[i].is_ascii_hexdigit())
-        && tail[6].is_ascii_digit()
-}
-
-/// NCCL's `checkBDFFormat`: exactly 12 characters. Kept separate from
-/// [`is_bdf`] because NCCL treats a VMD domain directory as the CPU, and the
-/// point of its view is to predict what NCCL decides.
-fn nccl_is_bdf(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.len() == 12
-        && b[4] == b':'
-        && b[7] == b':'
-        && b[10] == b'.'
-        && [0, 1, 2, 3, 5, 6, 8, 9, 11].iter().all(|&i| b[i].is_ascii_hexdigit())
-}
-
-/// `mlx5_10` after `mlx5_2`, as people number them.
-fn natural_key(name: &str) -> (String, u64, String) {
-    let digits_start = name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
-    let num = name[digits_start..].parse::<u64>().unwrap_or(0);
-    (name[..digits_start].to_owned(), num, name.to_owned())
-}
-
-// ---------------------------------------------------------------------------
-// What discovery finds
-
-/// GPUs and RDMA NICs found in sysfs, with where they sit in the PCIe tree.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct PciTopology {
-    /// NVIDIA display/3D controllers, in PCI bus order (nvidia-smi's numbering).
-    pub gpus: Vec<GpuDev>,
-    /// RDMA devices backed by a PCI function.
-    pub nics: Vec<NicDev>,
-    /// RDMA devices without a PCI function (software RDMA such as rxe or siw):
-    /// they can't reach GPU memory.
-    pub other_rdma: Vec<OtherRdma>,
-    /// What could not be read during discovery.
-    pub notes: Vec<String>,
-}
-
-/// One NVIDIA GPU.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct GpuDev {
-    /// Position in PCI bus order, as nvidia-smi numbers GPUs (CUDA's order can
-    /// differ unless `CUDA_DEVICE_ORDER=PCI_BUS_ID`).
-    pub index: usize,
-    /// PCI bus id, `0000:18:00.0`.
-    pub bdf: String,
-    /// `vendor:device`, e.g. `10de:2330`.
-    pub pci_id: String,
-    /// The class code as sysfs shows it, e.g. `0x030200`.
-    pub class: String,
-    /// The resolved sysfs device directory (`/sys/devices/pci.../<bdf>`).
-    pub sysfs_path: String,
-    /// `numa_node`; `None` when the kernel reports -1.
-    pub numa_node: Option<i32>,
-}
-
-impl GpuDev {
-    /// `GPU0`.
-    pub fn label(&self) -> String {
-        format!("GPU{}", self.index)
-    }
-}
-
-/// One RDMA NIC (an entry of `/sys/class/infiniband` with a PCI function).
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct NicDev {
-    /// Verbs device name, e.g. `mlx5_0`.
-    pub name: String,
-    /// PCI bus id of its function.
-    pub bdf: String,
-    /// `vendor:device`, e.g. `15b3:1021`.
-    pub pci_id: String,
-    /// The resolved sysfs device directory.
-    pub sysfs_path: String,
-    /// `numa_node`; `None` when the kernel reports -1.
-    pub numa_node: Option<i32>,
-    /// Network interfaces of the same PCI function (`device/net/*`).
-    pub netdevs: Vec<String>,
-    /// Ports from `ports/*`.
-    pub ports: Vec<IbPort>,
-}
-
-impl NicDev {
-    /// The rate the NIC can push per direction, in Gb/s: the fastest active
-    /// port, or the fastest port when none is active (so a cabled-but-down
-    /// link still gets its arithmetic).
-    pub fn rate_gbps(&self) -> Option<f64> {
-        let best = |active: bool| {
-            self.ports
-                .iter()
-                .filter(|p| !active || p.is_active())
-                .filter_map(|p| p.rate_gbps)
-                .fold(None, |acc: Option<f64>, r| Some(acc.map_or(r, |a| a.max(r))))
-        };
-        best(true).or_else(|| best(false))
-    }
-}
-
-/// One port of an RDMA NIC.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct IbPort {
-    /// Port number (1-based, as verbs counts).
-    pub port: u32,
-    /// `rate` as the kernel writes it, e.g. `400 Gb/sec (4X NDR)`.
-    pub rate: Option<String>,
-    /// The number of Gb/s in `rate`.
-    pub rate_gbps: Option<f64>,
-    /// `InfiniBand` or `Ethernet` (RoCE).
-    pub link_layer: Option<String>,
-    /// e.g. `4: ACTIVE`.
-    pub state: Option<String>,
-}
-
-impl IbPort {
-    fn is_active(&self) -> bool {
-        self.state.as_deref().is_some_and(|s| s.contains("ACTIVE"))
-    }
-}
-
-/// An RDMA device that is not a PCI function.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct OtherRdma {
-    /// Verbs device name, e.g. `rxe0`.
-    pub name: String,
-    /// Why it was not taken as a NIC.
-    pub reason: String,
-}
-
-/// Finds NVIDIA GPUs (vendor 0x10de, class 0x0300xx or 0x0302xx) in
-/// `/sys/bus/pci/devices` and RDMA NICs in `/sys/class/infiniband`.
-pub fn discover(root: &SysRoot) -> PciTopology {
-    let mut topo = PciTopology::default();
-    match root.list_dir(PCI_DEVICES) {
-        Err(e) => topo.notes.push(format!("cannot list {PCI_DEVICES}: {e}")),
-        Ok(names) => {
-            for name in names {
-                let bdf = name.to_ascii_lowercase();
-                if !is_bdf(&bdf) {
-                    continue;
-                }
-                let Some(path) = root.resolve(&format!("{PCI_DEVICES}/{name}")) else {
-                    topo.notes.push(format!("{PCI_DEVICES}/{name}: symlink loop"));
-                    continue;
-                };
-                let vendor = read_text(root, &format!("{path}/vendor")).and_then(|v| parse_hex(&v));
-                let class_text = read_text(root, &format!("{path}/class"));
-                let class = class_text.as_deref().and_then(parse_hex);
-                let is_gpu =
-                    vendor == Some(NVIDIA_VENDOR) && class.is_some_and(|c| c >> 8 == 0x0300 || c >> 8 == 0x0302);
-                if !is_gpu {
-                    continue;
-                }
-                let device = read_text(root, &format!("{path}/device")).and_then(|v| parse_hex(&v));
-                topo.gpus.push(GpuDev {
-                    index: 0,
-                    bdf,
-                    pci_id: format!("10de:{:04x}", device.unwrap_or(0)),
-                    class: class_text.unwrap_or_default(),
-                    numa_node: parse_numa(read_text(root, &format!("{path}/numa_node")).as_deref()),
-                    sysfs_path: path,
-                });
-            }
-        }
-    }
-    topo.gpus.sort_by(|a, b| a.bdf.cmp(&b.bdf));
-    for (i, g) in topo.gpus.iter_mut().enumerate() {
-        g.index = i;
-    }
-
-    match root.list_dir(IB_CLASS) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            topo.notes.push(format!("{IB_CLASS} does not exist: no RDMA driver is loaded (or it is hidden here)"))
-        }
-        Err(e) => topo.notes.push(format!("cannot list {IB_CLASS}: {e}")),
-        Ok(names) => {
-            for name in names {
-                match nic_from_class(root, &name) {
-                    Ok(nic) => topo.nics.push(nic),
-                    Err(reason) => topo.other_rdma.push(OtherRdma { name, reason }),
-                }
-            }
-        }
-    }
-    topo.nics.sort_by_key(|n| natural_key(&n.name));
-    topo
-}
-
-fn nic_from_class(root: &SysRoot, name: &str) -> Result<NicDev, String> {
-    let class_dir = format!("{IB_CLASS}/{name}");
-    let device_link = format!("{class_dir}/device");
-    let dev = root.resolve(&device_link).filter(|p| root.is_dir(p));
-    let Some(path) = dev else {
-        return Err(match read_text(root, &format!("{class_dir}/parent")) {
-            Some(parent) => format!("no PCI device: software RDMA on network interface {parent} (rxe/siw)"),
-            None => "no PCI device behind it (no device link): software or virtual RDMA".to_owned(),
-        });
-    };
-    let bdf = path.rsplit('/').next().unwrap_or_default().to_ascii_lowercase();
-    if !path.starts_with("/sys/devices/pci") || !is_bdf(&bdf) {
-        return Err(format!("its device link leads to {path}, not a PCI function"));
-    }
-    let vendor = read_text(root, &format!("{path}/vendor")).and_then(|v| parse_hex(&v)).unwrap_or(0);
-    let device = read_text(root, &format!("{path}/device")).and_then(|v| parse_hex(&v)).unwrap_or(0);
-    let mut ports = Vec::new();
-    if let Ok(entries) = root.list_dir(&format!("{class_dir}/ports")) {
-        for entry in entries {
-            let Ok(port) = entry.parse::<u32>() else { continue };
-            let dir = format!("{class_dir}/ports/{entry}");
-            let rate = read_text(root, &format!("{dir}/rate"));
-            ports.push(IbPort {
-                port,
-                rate_gbps: rate.as_deref().and_then(parse_rate_gbps),
-                rate,
-                link_layer: read_text(root, &format!("{dir}/link_layer")),
-                state: read_text(root, &format!("{dir}/state")),
-            });
-        }
-    }
-    ports.sort_by_key(|p| p.port);
-    Ok(NicDev {
-        name: name.to_owned(),
-        bdf,
-        pci_id: format!("{vendor:04x}:{device:04x}"),
-        numa_node: parse_numa(read_text(root, &format!("{path}/numa_node")).as_deref()),
-        netdevs: root.list_dir(&format!("{path}/net")).unwrap_or_default(),
-        ports,
-        sysfs_path: path,
-    })
-}
-
-/// `400 Gb/sec (4X NDR)` → 400.
-fn parse_rate_gbps(text: &str) -> Option<f64> {
-    let mut words = text.split_whitespace();
-    let value = words.next()?.parse::<f64>().ok()?;
-    let unit = words.next()?;
-    (unit.starts_with("Gb/s") && value.is_finite() && value > 0.0 && value < 1.0e6).then_some(value)
-}
-
-// ---------------------------------------------------------------------------
-// Classification
-
-/// How far apart a GPU and a NIC sit, in nvidia-smi's (and NCCL's) words.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum PathLevel {
-    /// At most one PCIe switch between them (one bridge per side).
-    Pix,
-    /// Several bridges or switch levels, without the host bridge.
-    Pxb,
-    /// Through the host bridge: the CPU's root complex.
-    Phb,
-    /// Across host bridges within one NUMA node (nvidia-smi only; NCCL says PHB).
-    Node,
-    /// Across NUMA nodes: the inter-socket link.
-    Sys,
-}
-
-impl fmt::Display for PathLevel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            PathLevel::Pix => "PIX",
-            PathLevel::Pxb => "PXB",
-            PathLevel::Phb => "PHB",
-            PathLevel::Node => "NODE",
-            PathLevel::Sys => "SYS",
-        })
-    }
-}
-
-/// What a PCIe path of `level` is to NCCL.
-pub fn nccl_path_type(level: PathLevel) -> NcclPathType {
-    match level {
-        PathLevel::Pix => NcclPathType::Pix,
-        PathLevel::Pxb => NcclPathType::Pxb,
-        PathLevel::Phb | PathLevel::Node => NcclPathType::Phb,
-        PathLevel::Sys => NcclPathType::Sys,
-    }
-}
-
-/// The limit NCCL applies to GPU–NIC distance before turning GDR off.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct GdrLimit {
-    /// Pairs whose NCCL path type is at most this get GPUDirect RDMA.
-    pub limit: NcclPathType,
-    /// The raw `NCCL_NET_GDR_LEVEL`, when set.
-    pub env_value: Option<String>,
-    /// Whether NCCL takes the value (false: it ignores it and keeps PXB).
-    pub env_used: bool,
-    /// How the limit came about, in words.
-    pub explanation: String,
-}
-
-impl GdrLimit {
-    /// e.g. `NCCL_NET_GDR_LEVEL=3 (= PHB)` or `NCCL's default limit PXB`.
-    pub fn describe(&self) -> String {
-        match (&self.env_value, self.env_used) {
-            (Some(v), true) if v == self.limit.name() => format!("NCCL_NET_GDR_LEVEL={v}"),
-            (Some(v), true) => format!("NCCL_NET_GDR_LEVEL={v} (= {})", self.limit),
-            _ => format!("NCCL's default limit {}", self.limit),
-        }
-    }
-
-    /// Whether NCCL would use GPUDirect RDMA on a path it classifies as `nccl_level`.
-    pub fn allows(&self, nccl_level: PathLevel) -> bool {
-        nccl_path_type(nccl_level) <= self.limit
-    }
-}
-
-/// The GDR distance limit NCCL would apply with this environment.
-pub fn gdr_limit(env: &[(String, String)]) -> GdrLimit {
-    let value = env.iter().rev().find(|(k, _)| k == "NCCL_NET_GDR_LEVEL").map(|(_, v)| v.clone());
-    let default = |env_value: Option<String>, why: String| GdrLimit {
-        limit: NcclPathType::Pxb,
-        env_value,
-        env_used: false,
-        explanation: why,
-    };
-    match value {
-        None => default(None, "NCCL's default: PIX and PXB pairs get GPUDirect RDMA, PHB and SYS don't".to_owned()),
-        Some(v) => match gdr_level(&v) {
-            Some((limit, how)) => GdrLimit { limit, env_value: Some(v), env_used: true, explanation: how },
-            None => default(
-                Some(v.clone()),
-                format!(
-                    "NCCL_NET_GDR_LEVEL={v:?} is ignored by NCCL (not an exact, upper-case path name and not a \
-                     number), so the default PXB applies"
-                ),
-            ),
-        },
-    }
-}
-
-/// Where a device sits: its host bridge and the bus ids from the root port
-/// down to itself.
-struct Placement<'a> {
-    host_bridge: &'a str,
-    chain: Vec<&'a str>,
-}
-
-impl Placement<'_> {
-    fn dir(&self, upto: usize) -> String {
-        format!("/sys/devices/{}/{}", self.host_bridge, self.chain[..=upto].join("/"))
-    }
-
-    fn ancestors(&self) -> &[&str] {
-        &self.chain[..self.chain.len() - 1]
-    }
-}
-
-fn placement(path: &str) -> Option<Placement<'_>> {
-    let rest = path.strip_prefix("/sys/devices/")?;
-    let mut comps = rest.split('/');
-    let host_bridge = comps.next()?;
-    if !host_bridge.starts_with("pci") {
-        return None;
-    }
-    let chain: Vec<&str> = comps.collect();
-    (!chain.is_empty() && chain.iter().all(|c| is_bdf(c))).then_some(Placement { host_bridge, chain })
-}
-
-/// A node of NCCL's topology graph, as far as this module needs it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum NcclNode {
-    /// A PCI switch, named by bus id.
-    Pci(String),
-    /// A CPU, named by the `numa_node` text NCCL read.
-    Cpu(String),
-}
-
-/// NCCL's parent of the device at `path` (`ncclTopoGetXmlFromSys`): rewind
-/// two directories, but stop at a CPU as soon as a parent directory is not a
-/// bus id. The CPU is keyed by the device's own `numa_node` text.
-fn nccl_parent(root: &SysRoot, path: &str) -> (NcclNode, Option<String>) {
-    let numa = read_text(root, &format!("{path}/numa_node")).unwrap_or_default();
-    let mut p = path.to_owned();
-    let mut slashes = 0;
-    while let Some(idx) = p.rfind('/') {
-        if idx == 0 {
-            break;
-        }
-        p.truncate(idx);
-        slashes += 1;
-        let last = p.rsplit('/').next().unwrap_or_default().to_owned();
-        if !nccl_is_bdf(&last) {
-            return (NcclNode::Cpu(numa), None);
-        }
-        if slashes == 2 {
-            return (NcclNode::Pci(last), Some(p));
-        }
-    }
-    (NcclNode::Cpu(numa), None)
-}
-
-fn nccl_ancestors(root: &SysRoot, path: &str) -> Vec<NcclNode> {
-    let mut out = Vec::new();
-    let mut here = path.to_owned();
-    for _ in 0..64 {
-        let (node, next) = nccl_parent(root, &here);
-        out.push(node);
-        match next {
-            Some(n) => here = n,
-            None => break,
-        }
-    }
-    out
-}
-
-fn nccl_view(root: &SysRoot, gpu_path: &str, nic_path: &str) -> PathLevel {
-    let g = nccl_ancestors(root, gpu_path);
-    let n = nccl_ancestors(root, nic_path);
-    for (gi, node) in g.iter().enumerate() {
-        if matches!(node, NcclNode::Pci(_)) {
-            if let Some(ni) = n.iter().position(|m| m == node) {
-                return if gi == 0 && ni == 0 { PathLevel::Pix } else { PathLevel::Pxb };
-            }
-        }
-    }
-    if g.last() == n.last() {
-        PathLevel::Phb
-    } else {
-        PathLevel::Sys
-    }
-}
-
-/// One GPU–NIC pair and how NCCL sees it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Pair {
-    /// GPU bus id.
-    pub gpu: String,
-    /// GPU number in PCI order (`GPU0`).
-    pub gpu_index: usize,
-    /// NIC verbs name.
-    pub nic: String,
-    /// NIC bus id.
-    pub nic_bdf: String,
-    /// nvidia-smi's classification from the sysfs paths.
-    pub level: PathLevel,
-    /// NCCL's classification (never NODE); this one decides GDR.
-    pub nccl_level: PathLevel,
-    /// The bridge where GPU↔NIC traffic turns around, when it stays below the
-    /// root complex (PIX, PXB).
-    pub turnaround: Option<String>,
-    /// Bridges the peer-to-peer traffic crosses, GPU side first (PIX, PXB).
-    pub bridges: Vec<String>,
-    /// Host bridge above the GPU (`pci0000:15`).
-    pub gpu_host_bridge: String,
-    /// Host bridge above the NIC.
-    pub nic_host_bridge: String,
-    /// GPU `numa_node`.
-    pub gpu_numa: Option<i32>,
-    /// NIC `numa_node`.
-    pub nic_numa: Option<i32>,
-    /// Whether NCCL's default limit (PXB) allows GPUDirect RDMA here.
-    pub gdr_by_default: bool,
-}
-
-impl Pair {
-    /// `GPU0 <-> mlx5_0 (PIX)`, the doctor's verdict-line form.
-    pub fn label(&self) -> String {
-        format!("GPU{} <-> {} ({})", self.gpu_index, self.nic, self.level)
-    }
-}
-
-fn classify(root: &SysRoot, gpu: &GpuDev, nic: &NicDev) -> Result<Pair, String> {
-    let g = placement(&gpu.sysfs_path)
-        .ok_or_else(|| format!("{} resolves to {}, not a PCI device path", gpu.bdf, gpu.sysfs_path))?;
-    let n = placement(&nic.sysfs_path)
-        .ok_or_else(|| format!("{} resolves to {}, not a PCI device path", nic.bdf, nic.sysfs_path))?;
-    let mut turnaround = None;
-    let mut bridges = Vec::new();
-    let level = if g.host_bridge != n.host_bridge {
-        match (gpu.numa_node, nic.numa_node) {
-            (Some(a), Some(b)) if a != b => PathLevel::Sys,
-            _ => PathLevel::Node,
-        }
-    } else {
-        let (ga, na) = (g.ancestors(), n.ancestors());
-        let common = ga.iter().zip(na).take_while(|(a, b)| a == b).count();
-        if common == 0 {
-            PathLevel::Phb
-        } else {
-            let d = ga[common - 1];
-            bridges.extend(ga[common..].iter().rev().map(|s| s.to_string()));
-            bridges.push(d.to_owned());
-            bridges.extend(na[common..].iter().map(|s| s.to_string()));
-            turnaround = Some(d.to_owned());
-            if bridges.len() <= 3 {
-                PathLevel::Pix
-            } else {
-                PathLevel::Pxb
-            }
-        }
-    };
-    let nccl_level = nccl_view(root, &gpu.sysfs_path, &nic.sysfs_path);
-    Ok(Pair {
-        gpu: gpu.bdf.clone(),
-        gpu_index: gpu.index,
-        nic: nic.name.clone(),
-        nic_bdf: nic.bdf.clone(),
-        level,
-        nccl_level,
-        turnaround,
-        bridges,
-        gpu_host_bridge: g.host_bridge.to_owned(),
-        nic_host_bridge: n.host_bridge.to_owned(),
-        gpu_numa: gpu.numa_node,
-        nic_numa: nic.numa_node,
-        gdr_by_default: nccl_path_type(nccl_level) <= NcclPathType::Pxb,
-    })
-}
-
-/// Every GPU–NIC pair whose sysfs paths could be placed in the PCIe tree,
-/// GPU by GPU.
-pub fn pairs(root: &SysRoot, topo: &PciTopology) -> Vec<Pair> {
-    all_pairs(root, topo).into_iter().filter_map(Result::ok).collect()
-}
-
-fn all_pairs(root: &SysRoot, topo: &PciTopology) -> Vec<Result<Pair, String>> {
-    let mut out = Vec::new();
-    for gpu in &topo.gpus {
-        for nic in &topo.nics {
-            out.push(classify(root, gpu, nic).map_err(|why| format!("{} <-> {}: {why}", gpu.label(), nic.name)));
-        }
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------
@@ -1708,6 +1124,8 @@ fn bandwidth_finding(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpudirect::nccl::PathType as NcclPathType;
+    use gpudirect::topology::{discover, pairs};
 
     fn machine(name: &str) -> SysRoot {
         SysRoot::at(format!("{}/tests/data/machines/{name}", env!("CARGO_MANIFEST_DIR")))
@@ -1743,6 +1161,33 @@ mod tests {
 
     fn pair<'a>(pairs: &'a [Pair], gpu: usize, nic: &str) -> &'a Pair {
         pairs.iter().find(|p| p.gpu_index == gpu && p.nic == nic).expect("pair")
+    }
+
+    /// The library's answer to "which NIC for GPU N": best first, on every
+    /// fixture machine, and the switch-local NIC on the DGX layout.
+    #[test]
+    fn nearest_nics_come_best_first() {
+        let root = machine("dgx-pix");
+        let topo = discover(&root);
+        for gpu in 0..2 {
+            let near = topo.nearest_nics(&root, gpu);
+            assert_eq!(near.len(), topo.nics.len(), "GPU{gpu}: {near:#?}");
+            assert_eq!((near[0].nic.as_str(), near[0].level), (["mlx5_0", "mlx5_1"][gpu], PathLevel::Pix), "GPU{gpu}");
+        }
+        for name in ["two-socket-sys", "phb-root-complex", "acs-redirect", "iommu-dma", "nonroot-config64"] {
+            let root = machine(name);
+            let topo = discover(&root);
+            for g in &topo.gpus {
+                let near = topo.nearest_nics(&root, g.index);
+                assert!(near.iter().all(|p| p.gpu_index == g.index), "{name}");
+                assert!(near.windows(2).all(|w| (w[0].nccl_level, w[0].level) <= (w[1].nccl_level, w[1].level)), "{name}: {near:#?}");
+            }
+        }
+        assert!(topo_of("container-no-ib").nearest_nics(&machine("container-no-ib"), 0).is_empty());
+    }
+
+    fn topo_of(name: &str) -> PciTopology {
+        discover(&machine(name))
     }
 
     #[test]
@@ -2150,18 +1595,9 @@ mod tests {
         assert_eq!(parse_gts("Unknown speed"), None);
         assert_eq!(parse_width("16"), Some(16));
         assert_eq!(parse_width("0"), None);
-        assert_eq!(parse_rate_gbps("200 Gb/sec (2X HDR)"), Some(200.0));
-        assert_eq!(parse_rate_gbps("2.5 Gb/sec (1X SDR)"), Some(2.5));
-        assert_eq!(parse_rate_gbps("garbage"), None);
         assert!((link_gbs(16.0, 16) - 31.5077).abs() < 1e-3);
         assert!((link_gbs(5.0, 8) - 4.0).abs() < 1e-9);
         assert!((link_gbs(32.0, 16) - 63.0154).abs() < 1e-3);
-        assert_eq!(parse_numa(Some("-1")), None);
-        assert!(is_bdf("0000:3a:00.0") && is_bdf("10000:01:00.0") && !is_bdf("pci0000:00"));
-        assert!(nccl_is_bdf("0000:3a:00.0") && !nccl_is_bdf("10000:01:00.0"));
-        let mut names = vec!["mlx5_10", "mlx5_2", "mlx5_1"];
-        names.sort_by_key(|n| natural_key(n));
-        assert_eq!(names, ["mlx5_1", "mlx5_2", "mlx5_10"]);
     }
 
     /// A scratch tree under the system temp dir, removed on drop.
@@ -2259,9 +1695,9 @@ mod tests {
                 }
             }
             let t: String = t.into_iter().collect();
-            parsed += usize::from(parse_gts(&t).is_some()) + usize::from(parse_rate_gbps(&t).is_some());
-            let _ = (parse_hex(&t), parse_width(&t), parse_numa(Some(&t)), is_bdf(&t), nccl_is_bdf(&t));
-            let _ = (gdr_level(&t), natural_key(&t), placement(&t));
+            // The library's sysfs parsers have their own exhaustive test (gpudirect::topology).
+            parsed += usize::from(parse_gts(&t).is_some());
+            let _ = (parse_width(&t), gpudirect::nccl::gdr_level(&t), placement(&t));
             if let Some(g) = parse_gts(&t) {
                 assert!(link_gbs(g, 16).is_finite());
             }

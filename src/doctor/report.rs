@@ -4,7 +4,9 @@ use serde::Serialize;
 
 use gpudirect::gdr::{plan, GdrError, GdrFacts, GpuFacts, NicFacts, RegistrationPath};
 
-use super::pci::{self, PathLevel};
+use gpudirect::topology::{self, PathLevel};
+
+use super::pci;
 use super::probes::Probes;
 use super::stack::PathsLeft;
 use super::{env, stack, Finding, Machine, Status};
@@ -68,8 +70,8 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
     let rdma = probes.rdma();
     let gpus = probes.gpus(root);
     let host = probes.host(root);
-    let topo = pci::discover(root);
-    let pairs = pci::pairs(root, &topo);
+    let topo = topology::discover(root);
+    let pairs = topology::pairs(root, &topo);
 
     // The library's plan for every selected pair, first: the findings of
     // the facts it judged print its judgement, with the paths it left.
@@ -319,7 +321,7 @@ mod tests {
         let (mut checked, mut available, mut blocked) = (0, 0, 0);
         for name in &machines {
             let m = machine(name);
-            let topo = pci::discover(&m.root);
+            let topo = topology::discover(&m.root);
             // Machines without a GPU or a PCI NIC get one of each, unplaced.
             let gpu_bdfs: Vec<String> = if topo.gpus.is_empty() { vec!["0000:00:00.0".into()] } else { topo.gpus.iter().map(|g| g.bdf.clone()).collect() };
             let nic_names: Vec<String> = if topo.nics.is_empty() { vec!["mlx5_0".into()] } else { topo.nics.iter().map(|n| n.name.clone()).collect() };
