@@ -78,7 +78,10 @@ pub struct Machine {
     pub env: Vec<(String, String)>,
 }
 
+pub mod acs;
+pub mod bandwidth;
 pub mod env;
+pub mod iommu;
 pub mod pci;
 pub mod probes;
 pub mod report;

@@ -8,7 +8,6 @@ use gpudirect::gdr::{GpuFacts, HostFacts, Judgement, ModuleFlavour, NicFacts, Re
 use gpudirect::sysroot::SysRoot;
 use gpudirect::{GidType, LinkLayer, Mtu, PortState};
 
-use super::pci::read_text;
 use super::probes::RdmaDevice;
 use super::{Finding, Status};
 
@@ -95,7 +94,7 @@ fn device(root: &SysRoot, d: &RdmaDevice, left: bool) -> Vec<Finding> {
     let netdevs = list_dir(root, &net_dir);
     let (on, source) = if !netdevs.is_empty() {
         (netdevs.join(", "), net_dir)
-    } else if let Some(p) = read_text(root, &parent) {
+    } else if let Some(p) = root.read(&parent).ok() {
         (p, parent)
     } else {
         ("no network interface (an InfiniBand port)".to_string(), net_dir)
