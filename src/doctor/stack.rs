@@ -94,7 +94,7 @@ fn device(root: &SysRoot, d: &RdmaDevice, left: bool) -> Vec<Finding> {
     let netdevs = list_dir(root, &net_dir);
     let (on, source) = if !netdevs.is_empty() {
         (netdevs.join(", "), net_dir)
-    } else if let Some(p) = root.read(&parent).ok() {
+    } else if let Ok(p) = root.read(&parent) {
         (p, parent)
     } else {
         ("no network interface (an InfiniBand port)".to_string(), net_dir)
