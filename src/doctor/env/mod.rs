@@ -1,0 +1,450 @@
+//! `NCCL_*` and `UCX_*` environment variables that turn GPUDirect RDMA off,
+//! force it, or pick the NICs it could use.
+//!
+//! A stale variable in a job script is one of the commonest reasons GDR is
+//! off on a machine whose hardware is fine, and nothing warns about it: NCCL
+//! and UCX take the setting and quietly stage through host memory. Each set
+//! variable is explained as one of three kinds, because they call for
+//! different actions: *diagnoses* (only changes what is logged), *configures*
+//! (tells NCCL/UCX something about this site it can't know) and *overrides*
+//! (replaces a decision NCCL/UCX would make on its own, usually correctly).
+//!
+//! Values are read the way the libraries read them, so that the verdict
+//! matches what they will do, not what the value looks like: NCCL's integer
+//! parameters go through `strtoll(value, NULL, 0)`, so `NCCL_IB_DISABLE=yes`
+//! is 0 (IB stays on) and `NCCL_NET_GDR_READ=off` is 0 (GDR reads off);
+//! `NCCL_NET_GDR_LEVEL` follows NCCL's `ncclTopoGetLevel`. Those readings
+//! are the library's ([`gpudirect::nccl`]), shared with `nccl-log`; UCX's
+//! yes/no/try values follow `ucs_config_sscanf_ternary`.
+
+use std::collections::BTreeMap;
+
+use gpudirect::nccl::Int as NcclInt;
+
+use super::{Finding, Status};
+
+mod nccl;
+mod ucx;
+
+use nccl::{
+    debug, debug_subsys, dmabuf, gdr_c2c, gdr_level, gdr_read, gid_index, ib_cuda_support, ib_disable, ib_hca, net,
+    net_plugin, p2p_disable, socket_ifname,
+};
+use ucx::{ucx_gdr, ucx_net_devices, ucx_tls};
+
+/// What setting a variable does to the decision NCCL/UCX would make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Only changes logging.
+    Diagnoses,
+    /// Tells the library a site fact it can't discover.
+    Configures,
+    /// Replaces the library's own choice.
+    Overrides,
+}
+
+impl Kind {
+    fn word(self) -> &'static str {
+        match self {
+            Kind::Diagnoses => "diagnoses",
+            Kind::Configures => "configures",
+            Kind::Overrides => "overrides tuning that is normally right",
+        }
+    }
+}
+
+/// A judged variable, before it becomes a [`Finding`].
+struct Verdict {
+    kind: Kind,
+    status: Status,
+    meaning: String,
+    notes: Vec<String>,
+    fix: Option<String>,
+}
+
+impl Verdict {
+    fn new(kind: Kind, status: Status, meaning: impl Into<String>) -> Verdict {
+        Verdict { kind, status, meaning: meaning.into(), notes: Vec::new(), fix: None }
+    }
+
+    fn note(mut self, n: impl Into<String>) -> Verdict {
+        self.notes.push(n.into());
+        self
+    }
+
+    fn fix(mut self, f: impl Into<String>) -> Verdict {
+        self.fix = Some(f.into());
+        self
+    }
+}
+
+/// A sentence on how a non-obvious integer value was read.
+fn int_note(raw: &str, read: NcclInt) -> Option<String> {
+    match read {
+        NcclInt::NotANumber => Some(format!(
+            "{raw:?} is not a number: NCCL reads it with strtoll, which gives 0 without complaint, so this means 0"
+        )),
+        NcclInt::Overflow => Some(format!("{raw:?} is out of range: NCCL ignores it and keeps its default")),
+        NcclInt::Empty => Some("empty: NCCL keeps its default".to_owned()),
+        NcclInt::Number(n) if raw.trim() != n.to_string() => {
+            Some(format!("NCCL reads {raw:?} as {n} (strtoll: 0x is hex, a leading 0 octal, trailing text ignored)"))
+        }
+        NcclInt::Number(_) => None,
+    }
+}
+
+fn with_int_note(v: Verdict, raw: &str, read: NcclInt) -> Verdict {
+    match int_note(raw, read) {
+        Some(n) => v.note(n),
+        None => v,
+    }
+}
+
+/// Explains every `NCCL_*` and `UCX_*` variable that matters to GPUDirect
+/// RDMA; unknown ones of those families are listed as not judged. With none
+/// set, one finding says the defaults apply. The last assignment of a name
+/// wins, as in a process environment built from a list.
+pub fn check(vars: &[(String, String)]) -> Vec<Finding> {
+    let mut set: BTreeMap<&str, &str> = BTreeMap::new();
+    for (k, v) in vars {
+        if k.starts_with("NCCL_") || k.starts_with("UCX_") {
+            set.insert(k.as_str(), v.as_str());
+        }
+    }
+    if set.is_empty() {
+        return vec![Finding::new(
+            "env.defaults",
+            Status::Ok,
+            "no NCCL_* or UCX_* variable is set: NCCL and UCX decide on GPUDirect RDMA themselves",
+        )
+        .evidence(
+            "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET would make NCCL print its GDR decision (\"GPU Direct RDMA \
+             Enabled for HCA ...\" and channel lines ending in /GDRDMA)",
+        )
+        .evidence(
+            "NCCL also reads NCCL_CONF_FILE or ~/.nccl.conf, then /etc/nccl.conf; this check sees only the environment",
+        )];
+    }
+    let mut out = Vec::new();
+    let mut unjudged = Vec::new();
+    for (name, value) in &set {
+        match judge(name, value, &set) {
+            Some(v) => {
+                let mut f = Finding::new(
+                    format!("env.{}", name.to_ascii_lowercase()),
+                    v.status,
+                    format!("{name}={value} ({}): {}", v.kind.word(), v.meaning),
+                )
+                .evidence(format!("set in the environment: {name}={value:?}"));
+                for n in v.notes {
+                    f = f.evidence(n);
+                }
+                if let Some(fix) = v.fix {
+                    f = f.fix(fix);
+                }
+                out.push(f);
+            }
+            None => unjudged.push(format!("{name}={value}")),
+        }
+    }
+    if !unjudged.is_empty() {
+        let mut f = Finding::new(
+            "env.unjudged",
+            Status::Skipped,
+            format!(
+                "not judged: {} other NCCL_*/UCX_* variable(s) that this check doesn't know to affect GPUDirect RDMA",
+                unjudged.len()
+            ),
+        );
+        for u in unjudged {
+            f = f.evidence(u);
+        }
+        out.push(f);
+    }
+    out
+}
+
+fn judge(name: &str, value: &str, all: &BTreeMap<&str, &str>) -> Option<Verdict> {
+    Some(match name {
+        "NCCL_NET_GDR_LEVEL" => gdr_level(value),
+        "NCCL_IB_GDR_LEVEL" => Verdict::new(
+            Kind::Overrides,
+            Status::Warn,
+            "the pre-2.4 name of NCCL_NET_GDR_LEVEL; current NCCL doesn't read it, so it changes nothing",
+        )
+        .fix("Remove it; if the limit is really wanted, set NCCL_NET_GDR_LEVEL instead."),
+        "NCCL_NET_GDR_READ" => gdr_read(value),
+        "NCCL_DMABUF_ENABLE" => dmabuf(value),
+        "NCCL_IB_DISABLE" => ib_disable(value),
+        "NCCL_IB_HCA" => ib_hca(value),
+        "NCCL_SOCKET_IFNAME" => socket_ifname(value),
+        "NCCL_P2P_DISABLE" => p2p_disable(value),
+        "NCCL_P2P_LEVEL" => Verdict::new(
+            Kind::Overrides,
+            Status::Ok,
+            "limits GPU-to-GPU peer-to-peer inside the node; it does not decide GPU<->NIC GPUDirect RDMA (that is \
+             NCCL_NET_GDR_LEVEL)",
+        ),
+        "NCCL_IB_GID_INDEX" => gid_index(value),
+        "NCCL_NET" => net(value),
+        "NCCL_NET_PLUGIN" => net_plugin(value),
+        "NCCL_IB_CUDA_SUPPORT" => ib_cuda_support(value),
+        "NCCL_NET_GDR_C2C" => gdr_c2c(value),
+        "NCCL_GDRCOPY_ENABLE" => Verdict::new(
+            Kind::Configures,
+            Status::Ok,
+            "GDRCopy (the CPU mapping GPU memory for small copies) is not GPUDirect RDMA; it neither enables nor \
+             disables the NIC's direct access to GPU memory",
+        ),
+        "NCCL_TOPO_FILE" => Verdict::new(
+            Kind::Overrides,
+            Status::Warn,
+            "NCCL takes the PCIe topology from this XML file instead of sysfs, so its GPU<->NIC distances (and GDR \
+             decisions) follow the file, not the topology findings of this doctor",
+        )
+        .fix(format!(
+            "Make sure {value} describes this machine (compare with NCCL_TOPO_DUMP_FILE output), or unset it."
+        )),
+        "NCCL_TOPO_DUMP_FILE" => Verdict::new(
+            Kind::Diagnoses,
+            Status::Ok,
+            "NCCL writes the topology it detected to this file: it shows the path types (PIX, PXB, PHB, SYS) NCCL \
+             computed for each GPU and NIC",
+        ),
+        "NCCL_DEBUG" => debug(value, all),
+        "NCCL_DEBUG_SUBSYS" => debug_subsys(value),
+        "NCCL_DEBUG_FILE" => Verdict::new(
+            Kind::Diagnoses,
+            Status::Ok,
+            "NCCL's log goes to this file (%h = host, %p = pid) instead of stdout: look for /GDRDMA there",
+        ),
+        "UCX_IB_GPU_DIRECT_RDMA" => ucx_gdr(value),
+        "UCX_TLS" => ucx_tls(value),
+        "UCX_NET_DEVICES" => ucx_net_devices(value),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpudirect::nccl::param_int as nccl_int;
+    use nccl::subsys_shows_net;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn judged(name: &str, value: &str) -> Finding {
+        let f = check(&vars(&[(name, value)]));
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!(f[0].check, format!("env.{}", name.to_ascii_lowercase()));
+        f[0].clone()
+    }
+
+    #[test]
+    fn nothing_set_means_defaults() {
+        let f = check(&vars(&[("PATH", "/usr/bin"), ("CUDA_VISIBLE_DEVICES", "0")]));
+        assert_eq!(f.len(), 1);
+        assert_eq!((f[0].check.as_str(), f[0].status), ("env.defaults", Status::Ok));
+        assert!(f[0].evidence.iter().any(|e| e.contains("NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET")));
+    }
+
+    /// Each variable and value: the status, a phrase the summary must carry,
+    /// and (for warn/fail) a phrase the fix must carry.
+    #[test]
+    fn every_known_variable() {
+        use Status::*;
+        let table: &[(&str, &str, Status, &str, &str)] = &[
+            ("NCCL_NET_GDR_LEVEL", "LOC", Fail, "GPUDirect RDMA is off for every NIC", "Unset NCCL_NET_GDR_LEVEL"),
+            ("NCCL_NET_GDR_LEVEL", "0", Fail, "limit LOC", "Unset"),
+            ("NCCL_NET_GDR_LEVEL", "1", Warn, "limit PIX", "Unset"),
+            ("NCCL_NET_GDR_LEVEL", "PXB", Ok, "same as NCCL's default", ""),
+            ("NCCL_NET_GDR_LEVEL", "2", Ok, "same as NCCL's default", ""),
+            ("NCCL_NET_GDR_LEVEL", "PHB", Warn, "through the CPU's root complex", "measured"),
+            ("NCCL_NET_GDR_LEVEL", "5", Warn, "limit SYS", "NCCL_IB_HCA"),
+            ("NCCL_NET_GDR_LEVEL", "phb", Warn, "NCCL ignores this value", "upper case"),
+            ("NCCL_IB_GDR_LEVEL", "3", Warn, "doesn't read it", "NCCL_NET_GDR_LEVEL"),
+            ("NCCL_NET_GDR_READ", "0", Warn, "off for sends", "Unset"),
+            ("NCCL_NET_GDR_READ", "off", Warn, "off for sends", "Unset"),
+            ("NCCL_NET_GDR_READ", "1", Ok, "for sends too", ""),
+            ("NCCL_DMABUF_ENABLE", "0", Warn, "nvidia-peermem", "nvidia_peermem"),
+            ("NCCL_DMABUF_ENABLE", "1", Ok, "NCCL's default", ""),
+            ("NCCL_IB_DISABLE", "1", Fail, "no GPUDirect RDMA at all", "Unset NCCL_IB_DISABLE"),
+            ("NCCL_IB_DISABLE", "2", Fail, "TCP sockets", "Unset"),
+            ("NCCL_IB_DISABLE", "yes", Warn, "stays on", "Write 0 or 1"),
+            ("NCCL_IB_DISABLE", "0", Ok, "stays on", ""),
+            ("NCCL_IB_HCA", "mlx5_0:1,mlx5_1:1", Ok, "only HCAs whose names start with mlx5_0 port 1", ""),
+            ("NCCL_IB_HCA", "=mlx5_0", Ok, "exactly named mlx5_0 (all ports)", ""),
+            ("NCCL_IB_HCA", "^mlx5_2", Ok, "every HCA except", ""),
+            ("NCCL_IB_HCA", "^", Warn, "excludes every HCA", "NCCL_IB_HCA==mlx5_0:1"),
+            ("NCCL_SOCKET_IFNAME", "=eth0", Ok, "exactly the interfaces eth0", ""),
+            ("NCCL_SOCKET_IFNAME", "^docker,lo", Ok, "every interface except those starting with docker, lo", ""),
+            ("NCCL_P2P_DISABLE", "1", Warn, "GPU<->NIC GPUDirect RDMA itself is not affected", "Unset"),
+            ("NCCL_P2P_DISABLE", "2", Ok, "only the value 1 disables", ""),
+            ("NCCL_P2P_DISABLE", "true", Warn, "reads this as 0", "Write 0 or 1"),
+            ("NCCL_P2P_LEVEL", "NVL", Ok, "does not decide GPU<->NIC", ""),
+            ("NCCL_IB_GID_INDEX", "3", Ok, "forces GID index 3", ""),
+            ("NCCL_IB_GID_INDEX", "-1", Ok, "automatic", ""),
+            ("NCCL_NET", "Socket", Fail, "no GPUDirect RDMA", "Unset NCCL_NET"),
+            ("NCCL_NET", "IB", Ok, "built-in InfiniBand", ""),
+            ("NCCL_NET", "AWS Libfabric", Ok, "depends on that plugin", ""),
+            ("NCCL_NET_PLUGIN", "aws-ofi", Ok, "libnccl-net-aws-ofi.so", ""),
+            ("NCCL_NET_PLUGIN", "none", Ok, "no external network plugin", ""),
+            ("NCCL_IB_CUDA_SUPPORT", "0", Warn, "meant to disable", "NCCL_NET_GDR_LEVEL=LOC"),
+            ("NCCL_IB_CUDA_SUPPORT", "1", Warn, "does nothing now", "NCCL_NET_GDR_LEVEL=SYS"),
+            ("NCCL_NET_GDR_C2C", "0", Warn, "Grace", "Unset"),
+            ("NCCL_GDRCOPY_ENABLE", "1", Ok, "not GPUDirect RDMA", ""),
+            ("NCCL_TOPO_FILE", "/opt/topo.xml", Warn, "instead of sysfs", "/opt/topo.xml"),
+            ("NCCL_TOPO_DUMP_FILE", "/tmp/t.xml", Ok, "path types", ""),
+            ("NCCL_DEBUG", "INFO", Ok, "/GDRDMA", ""),
+            ("NCCL_DEBUG", "warn", Ok, "only warnings", ""),
+            ("NCCL_DEBUG", "LOUD", Ok, "not a level", ""),
+            ("NCCL_DEBUG_SUBSYS", "INIT,NET", Ok, "NET lines are logged", ""),
+            ("NCCL_DEBUG_SUBSYS", "^NET", Ok, "filtered out", ""),
+            ("NCCL_DEBUG_FILE", "/tmp/nccl.%h.%p", Ok, "/GDRDMA", ""),
+            ("UCX_IB_GPU_DIRECT_RDMA", "no", Fail, "staged through host memory", "Unset UCX_IB_GPU_DIRECT_RDMA"),
+            ("UCX_IB_GPU_DIRECT_RDMA", "0", Fail, "never lets the NIC", "Unset"),
+            ("UCX_IB_GPU_DIRECT_RDMA", "YES", Ok, "required", ""),
+            ("UCX_IB_GPU_DIRECT_RDMA", "try", Ok, "UCX's default", ""),
+            ("UCX_IB_GPU_DIRECT_RDMA", "sometimes", Fail, "configuration error", "yes, no or try"),
+            ("UCX_TLS", "tcp,cuda_copy", Fail, "no InfiniBand/RoCE transport", "UCX_TLS=rc,cuda_copy,cuda_ipc"),
+            ("UCX_TLS", "rc,sm", Fail, "no CUDA transport", "cuda_copy"),
+            ("UCX_TLS", "rc_x,cuda_copy,gdr_copy", Ok, "IB transport and a CUDA transport", ""),
+            ("UCX_TLS", "^ib", Fail, "no InfiniBand/RoCE transport", "UCX_TLS"),
+            ("UCX_TLS", "^tcp", Ok, "IB transport and a CUDA transport", ""),
+            ("UCX_TLS", "all", Ok, "IB transport", ""),
+            ("UCX_NET_DEVICES", "bond1", Warn, "device:port form", "mlx5_0:1"),
+            ("UCX_NET_DEVICES", "mlx5_0:1,eth0", Ok, "only mlx5_0:1", ""),
+            ("UCX_NET_DEVICES", "all", Ok, "UCX's default", ""),
+        ];
+        assert!(table.len() > 50);
+        for (name, value, status, summary, fix) in table {
+            let f = judged(name, value);
+            assert_eq!(f.status, *status, "{name}={value}: {f:#?}");
+            assert!(f.summary.contains(summary), "{name}={value}: summary {:?} lacks {summary:?}", f.summary);
+            assert!(f.summary.starts_with(&format!("{name}={value} (")), "{}", f.summary);
+            match f.status {
+                Status::Warn | Status::Fail => {
+                    let got = f.fix.as_deref().unwrap_or_else(|| panic!("{name}={value}: no fix"));
+                    assert!(got.contains(fix), "{name}={value}: fix {got:?} lacks {fix:?}");
+                }
+                _ => assert!(fix.is_empty(), "{name}={value}: table expects a fix for a passing value"),
+            }
+        }
+    }
+
+    #[test]
+    fn kinds_are_named() {
+        assert!(judged("NCCL_DEBUG", "INFO").summary.contains("(diagnoses)"));
+        assert!(judged("NCCL_IB_HCA", "mlx5_0").summary.contains("(configures)"));
+        assert!(judged("NCCL_IB_DISABLE", "1").summary.contains("(overrides tuning that is normally right)"));
+    }
+
+    #[test]
+    fn value_traps_are_explained() {
+        let f = judged("NCCL_IB_DISABLE", "yes");
+        assert!(f.evidence.iter().any(|e| e.contains("not a number") && e.contains("means 0")), "{f:#?}");
+        let f = judged("NCCL_NET_GDR_LEVEL", "08");
+        assert!(f.evidence.iter().any(|e| e.contains("octal")), "{f:#?}");
+        assert_eq!(f.status, Status::Fail, "08 is octal 0 = LOC");
+        let f = judged("NCCL_IB_HCA", "mlx5_1");
+        assert!(f.evidence.iter().any(|e| e.contains("mlx5_10")), "{f:#?}");
+        let f = judged("NCCL_IB_HCA", "=mlx5_1");
+        assert!(!f.evidence.iter().any(|e| e.contains("prefix match")), "{f:#?}");
+        let f = judged("NCCL_NET_GDR_READ", "99999999999999999999");
+        assert_eq!(f.status, Status::Ok);
+        assert!(f.evidence.iter().any(|e| e.contains("out of range")));
+    }
+
+    #[test]
+    fn debug_reads_the_subsystems_next_to_it() {
+        let f = check(&vars(&[("NCCL_DEBUG", "INFO")]));
+        assert!(f[0].evidence.iter().any(|e| e.contains("add NCCL_DEBUG_SUBSYS=INIT,NET")), "{f:#?}");
+        let f = check(&vars(&[("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET")]));
+        let d = f.iter().find(|f| f.check == "env.nccl_debug").unwrap();
+        assert!(d.evidence.iter().any(|e| e.contains("includes NET")), "{d:#?}");
+        assert!(subsys_shows_net("ALL") && subsys_shows_net("^INIT") && !subsys_shows_net("INIT,GRAPH"));
+    }
+
+    #[test]
+    fn unknown_variables_are_listed_not_judged() {
+        let f = check(&vars(&[("NCCL_ALGO", "Ring"), ("UCX_LOG_LEVEL", "debug"), ("NCCL_IB_DISABLE", "1")]));
+        assert_eq!(f.len(), 2, "{f:#?}");
+        let u = f.iter().find(|f| f.check == "env.unjudged").unwrap();
+        assert_eq!(u.status, Status::Skipped);
+        assert!(u.summary.contains("not judged"));
+        assert_eq!(u.evidence, ["NCCL_ALGO=Ring", "UCX_LOG_LEVEL=debug"]);
+        assert_eq!(f.iter().find(|f| f.check == "env.nccl_ib_disable").unwrap().status, Status::Fail);
+    }
+
+    #[test]
+    fn last_assignment_wins_and_order_is_stable() {
+        let f = check(&vars(&[("NCCL_IB_DISABLE", "1"), ("UCX_TLS", "rc,cuda_copy"), ("NCCL_IB_DISABLE", "0")]));
+        let names: Vec<&str> = f.iter().map(|f| f.check.as_str()).collect();
+        assert_eq!(names, ["env.nccl_ib_disable", "env.ucx_tls"]);
+        assert_eq!(f[0].status, Status::Ok);
+    }
+
+    #[test]
+    fn strtoll_emulation() {
+        assert_eq!(nccl_int(""), NcclInt::Empty);
+        assert_eq!(nccl_int("1"), NcclInt::Number(1));
+        assert_eq!(nccl_int("  -3"), NcclInt::Number(-3));
+        assert_eq!(nccl_int("+7x"), NcclInt::Number(7));
+        assert_eq!(nccl_int("0x1F"), NcclInt::Number(31));
+        assert_eq!(nccl_int("010"), NcclInt::Number(8));
+        assert_eq!(nccl_int("09"), NcclInt::Number(0));
+        assert_eq!(nccl_int("0x"), NcclInt::Number(0));
+        assert_eq!(nccl_int("true"), NcclInt::NotANumber);
+        assert_eq!(nccl_int("-"), NcclInt::NotANumber);
+        assert_eq!(nccl_int("9223372036854775807"), NcclInt::Number(i64::MAX));
+        assert_eq!(nccl_int("-9223372036854775808"), NcclInt::Number(i64::MIN));
+        assert_eq!(nccl_int("9223372036854775808"), NcclInt::Overflow);
+    }
+
+    /// xorshift64*, so a failure reproduces.
+    fn next(state: &mut u64) -> u64 {
+        *state ^= *state >> 12;
+        *state ^= *state << 25;
+        *state ^= *state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    #[test]
+    fn garbage_values_never_panic() {
+        let names = [
+            "NCCL_NET_GDR_LEVEL",
+            "NCCL_NET_GDR_READ",
+            "NCCL_DMABUF_ENABLE",
+            "NCCL_IB_DISABLE",
+            "NCCL_IB_HCA",
+            "NCCL_SOCKET_IFNAME",
+            "NCCL_P2P_DISABLE",
+            "NCCL_IB_GID_INDEX",
+            "NCCL_NET",
+            "NCCL_NET_PLUGIN",
+            "NCCL_IB_CUDA_SUPPORT",
+            "NCCL_DEBUG",
+            "NCCL_DEBUG_SUBSYS",
+            "UCX_IB_GPU_DIRECT_RDMA",
+            "UCX_TLS",
+            "UCX_NET_DEVICES",
+            "NCCL_X",
+            "UCX_",
+        ];
+        let alphabet: Vec<char> = "0123456789xX+-^=,: \t\u{e9}\u{1f600}abcPHBSYSLOCmlx_".chars().collect();
+        let mut state = 7u64;
+        let mut findings = 0;
+        for _ in 0..3000 {
+            let len = (next(&mut state) % 24) as usize;
+            let value: String =
+                (0..len).map(|_| alphabet[(next(&mut state) % alphabet.len() as u64) as usize]).collect();
+            let name = names[(next(&mut state) % names.len() as u64) as usize];
+            let f = check(&vars(&[(name, &value)]));
+            assert!(!f.is_empty());
+            findings += f.len();
+        }
+        assert!(findings >= 3000);
+    }
+}
