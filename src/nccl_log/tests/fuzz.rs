@@ -1,0 +1,150 @@
+//! Never panics: random bytes, spliced and mangled fixture lines.
+
+use super::*;
+
+use crate::test_rng::Rng;
+
+const PIECES: &[&str] = &[
+    "Channel ",
+    "Ring ",
+    "00",
+    "/",
+    "0",
+    " : ",
+    "[",
+    "]",
+    "->",
+    " [send] ",
+    "[receive]",
+    "via ",
+    "NET/",
+    "IB",
+    "/GDRDMA",
+    "/Shared",
+    "(",
+    ")",
+    "NCCL INFO ",
+    "NCCL WARN ",
+    ":",
+    " ",
+    "\n",
+    "é",
+    "\u{FFFD}",
+    "GPU Direct RDMA ",
+    "Disabled",
+    "Enabled ",
+    "for HCA ",
+    "for GPU ",
+    "'",
+    "HCA ",
+    " set by environment to ",
+    "with error ",
+    "vendor err ",
+    "Using network ",
+    "NET/Socket : Using ",
+    "NCCL version ",
+    "99999999999999999999999",
+    "18446744073709551615",
+    "DMA-BUF is available",
+    "use ring PXN 0 GDR 1",
+    "host:1:2 [0] ",
+    "[1,3]<stdout>:",
+    "\t",
+    "\r",
+    "Got completion ",
+];
+
+fn check_no_panic(text: &str) {
+    let r = explain(text);
+    let shown = r.to_string();
+    assert_eq!(shown.lines().next(), Some(r.headline.as_str()));
+    let expected_start = match r.verdict {
+        Verdict::Used => HEAD_USED,
+        Verdict::Partial => HEAD_PARTIAL,
+        Verdict::NotUsed => HEAD_NOT_USED,
+        Verdict::Unknown => HEAD_UNKNOWN,
+    };
+    assert!(
+        r.headline.starts_with(expected_start),
+        "{:?} / {}",
+        r.verdict,
+        r.headline
+    );
+    assert_eq!(r.verdict == Verdict::Unknown, r.settle_with.is_some());
+    serde_json::to_string(&r).unwrap();
+}
+
+#[test]
+fn never_panics_on_random_bytes() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for _ in 0..500 {
+        let len = rng.below(400);
+        let bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        check_no_panic(&String::from_utf8_lossy(&bytes));
+    }
+}
+
+#[test]
+fn never_panics_on_spliced_log_pieces() {
+    let mut rng = Rng(0xdead_beef_cafe_f00d);
+    for _ in 0..3000 {
+        let mut s = String::new();
+        for _ in 0..rng.below(40) {
+            s.push_str(PIECES[rng.below(PIECES.len())]);
+        }
+        check_no_panic(&s);
+    }
+}
+
+#[test]
+fn never_panics_on_truncated_and_mangled_fixture_lines() {
+    let mut rng = Rng(42);
+    let lines: Vec<String> = fixtures()
+        .into_iter()
+        .flat_map(|f| f.excerpt.lines().map(str::to_string).collect::<Vec<_>>())
+        .collect();
+    assert!(lines.len() > 150);
+    for line in &lines {
+        // Every prefix of every real line, cut at each character boundary.
+        for (i, _) in line.char_indices() {
+            check_no_panic(&line[..i]);
+        }
+    }
+    for _ in 0..2000 {
+        let line = &lines[rng.below(lines.len())];
+        let mut chars: Vec<char> = line.chars().collect();
+        for _ in 0..=rng.below(4) {
+            let at = rng.below(chars.len() + 1);
+            match rng.below(3) {
+                0 if at < chars.len() => {
+                    chars.remove(at);
+                }
+                1 => chars
+                    .splice(at..at, PIECES[rng.below(PIECES.len())].chars())
+                    .for_each(drop),
+                _ => chars.insert(
+                    at,
+                    char::from_u32(rng.next() as u32 % 0x11_0000).unwrap_or('\u{FFFD}'),
+                ),
+            }
+        }
+        check_no_panic(&chars.into_iter().collect::<String>());
+    }
+}
+
+#[test]
+fn huge_numbers_are_not_connections_but_do_not_panic() {
+    let r = explain(
+        "h:1:2 [0] NCCL INFO Channel 99999999999999999999 : 1 -> 2 [send] via NET/IB/0/GDRDMA\n",
+    );
+    assert!(r.connections.is_empty());
+    let r = explain(
+        "h:1:2 [0] NCCL INFO Channel 18446744073709551615/18446744073709551615 : 18446744073709551615[0] -> 0[0] [send] via NET/IB/18446744073709551615/GDRDMA\n\
+         h:1:2 [0] NCCL INFO Channel 18446744073709551614/0 : 1[0] -> 0[0] [send] via NET/IB/0/GDRDMA\n",
+    );
+    assert_eq!(r.connections.len(), 2);
+    assert_eq!(r.connections[0].net_dev, Some(u64::MAX));
+    assert_eq!(r.verdict, Verdict::Used);
+    assert!(channel_ranges(&BTreeSet::from([u64::MAX - 1, u64::MAX])).contains('-'));
+    check_no_panic(&"NCCL INFO ".repeat(10_000));
+}
