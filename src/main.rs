@@ -13,8 +13,6 @@ mod nccl_log;
 mod perf;
 #[cfg(test)]
 mod nccl_agreement;
-#[cfg(test)]
-mod test_rng;
 
 use std::io::{Read, Write};
 use std::path::PathBuf;

@@ -181,16 +181,11 @@ mod tests {
 
     #[test]
     fn reads_stay_inside_the_root_and_are_bounded() {
-        let dir = std::env::temp_dir().join(format!("sysroot-confined-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let root = SysRoot::at(&dir);
-        std::fs::create_dir_all(root.path("/sys/a")).unwrap();
-        std::fs::write(root.path("/sys/a/attr"), "42\n").unwrap();
-        std::fs::write(root.path("/big"), vec![b'x'; 100_000]).unwrap();
+        let tree = testkit::Tree::new("sysroot-confined");
+        let root = SysRoot::at(tree.path());
+        tree.file("/sys/a/attr", "42\n").file("/big", vec![b'x'; 100_000]);
         // An absolute link restarts at the root, `..` stops there.
-        std::os::unix::fs::symlink("/sys/a", root.path("/sys/link")).unwrap();
-        std::os::unix::fs::symlink("../../../../etc", root.path("/sys/a/up")).unwrap();
-        std::os::unix::fs::symlink("/loop", root.path("/loop")).unwrap();
+        tree.link("/sys/link", "/sys/a").link("/sys/a/up", "../../../../etc").link("/loop", "/loop");
         assert_eq!(root.read("/sys/link/attr").unwrap(), "42");
         assert_eq!(root.resolve("/sys/a/up/passwd").as_deref(), Some("/etc/passwd"));
         assert!(root.read("/sys/a/up/passwd").is_err(), "the host's /etc is never reached");
@@ -200,6 +195,5 @@ mod tests {
         assert!(root.is_dir("/sys/link") && root.exists("/sys/link/attr") && !root.exists("/sys/a/up/passwd"));
         assert_eq!(root.list_dir("/sys/link").unwrap(), ["attr", "up"]);
         assert!(root.any_line("/sys/a/attr", |l| l == "42").unwrap());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -126,39 +126,8 @@ fn decode_bound(input_len: usize) -> usize {
 /// and its decoded form (at most 6/5 of it), plus error strings.
 const CHANNEL_BOUND: usize = (MAX_PAYLOAD as usize) * 11 / 5 + 4096;
 
-// ---------------------------------------------------------------------------
-// Seeded generator (splitmix64): reproducible without a dependency.
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-    fn chance(&mut self, one_in: u64) -> bool {
-        self.below(one_in) == 0
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let mut v = Vec::with_capacity(n);
-        while v.len() < n {
-            let w = self.next().to_le_bytes();
-            let k = (n - v.len()).min(8);
-            v.extend_from_slice(&w[..k]);
-        }
-        v
-    }
-}
+// The seeded generator is the workspace test kit's (splitmix64).
+use testkit::Rng;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {

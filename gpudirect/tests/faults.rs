@@ -23,6 +23,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use gpudirect::bootstrap::{Handshake, OobChannel};
+use testkit::{device, open_fds, pattern};
 use gpudirect::{
     AccessFlags, CompletionQueue, Context, Error, MemoryRegion, ProtectionDomain, QpConfig, QpState, QueuePair,
     RemoteBuffer, SendWr, WcStatus, WorkCompletion,
@@ -129,9 +130,6 @@ fn figure(v: Value) {
 
 // ---------------------------------------------------------------- plumbing --
 
-fn device() -> String {
-    std::env::var("GPUDIRECT_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())
-}
 
 fn peer() -> R<String> {
     Ok(std::env::var("GPUDIRECT_PEER").map_err(|_| "GPUDIRECT_PEER is not set (testbed/run --two sets it)")?)
@@ -210,25 +208,10 @@ impl Host {
     }
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn fnv64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
-}
 
 fn run(cmd: &str, args: &[&str]) -> R<String> {
     let out = Command::new(cmd).args(args).stdin(Stdio::null()).output()?;

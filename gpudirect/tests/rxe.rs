@@ -11,16 +11,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::{device, loopback, wait_one};
+use common::{loopback, wait_one};
+use testkit::{device, open_fds, pattern};
 
 use gpudirect::{
     AccessFlags, CompletionQueue, Context, Error, GidType, LinkLayer, MemoryRegion, PortState, ProtectionDomain,
     QpConfig, QpState, QueuePair, RecvWr, SendList, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
-}
 
 #[test]
 #[ignore = "needs an RDMA device"]
@@ -293,10 +291,6 @@ fn kernel_objects() -> std::collections::BTreeMap<String, u64> {
     counts
 }
 
-/// Open file descriptors of this process.
-fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
 
 /// All permutations of `0..n` (Heap's algorithm).
 fn permutations(n: usize) -> Vec<Vec<usize>> {
@@ -443,7 +437,7 @@ fn send_list_is_posted_again_and_again() {
     let mut list = SendList::new(&wrs).unwrap();
     assert_eq!(list.len(), 4);
     for round in 0..5u64 {
-        let data = pattern(4 * chunk, round as u8);
+        let data = pattern(4 * chunk, round);
         // Free again: the previous post's completion was reaped.
         src.write_at(0, &data).unwrap();
         list.set_wr_id(3, 100 + round).unwrap();

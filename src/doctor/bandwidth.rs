@@ -403,7 +403,7 @@ fn bandwidth_finding(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_rng::Rng;
+    use testkit::Rng;
 
     #[test]
     fn sysfs_value_parsers() {
@@ -426,16 +426,16 @@ mod tests {
         let mut parsed = 0;
         for _ in 0..5000 {
             // Half random strings, half real values with a few characters replaced.
-            let mut t: Vec<char> = if rng.below(2) == 0 {
-                (0..rng.below(24)).map(|_| alphabet[rng.below(alphabet.len())]).collect()
+            let mut t: Vec<char> = if rng.index(2) == 0 {
+                (0..rng.index(24)).map(|_| alphabet[rng.index(alphabet.len())]).collect()
             } else {
                 let seeds = ["16.0 GT/s PCIe", "8 GT/s", "400 Gb/sec (4X NDR)", "0x10de", "0000:3a:00.0", "PXB", "16"];
-                seeds[rng.below(seeds.len())].chars().collect()
+                seeds[rng.index(seeds.len())].chars().collect()
             };
-            for _ in 0..rng.below(3) {
+            for _ in 0..rng.index(3) {
                 if !t.is_empty() {
-                    let at = rng.below(t.len());
-                    t[at] = alphabet[rng.below(alphabet.len())];
+                    let at = rng.index(t.len());
+                    t[at] = alphabet[rng.index(alphabet.len())];
                 }
             }
             let t: String = t.into_iter().collect();

@@ -321,9 +321,10 @@ mod tests {
     use gpudirect::topology::{discover, pairs};
 
     use crate::doctor::acs::tests::bridge_config;
+    use testkit::Tree;
 
     fn machine(name: &str) -> SysRoot {
-        SysRoot::at(format!("{}/tests/data/machines/{name}", env!("CARGO_MANIFEST_DIR")))
+        SysRoot::at(testkit::machine(name))
     }
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -733,52 +734,15 @@ mod tests {
         assert!(!gdr_limit(&env(&[("NCCL_NET_GDR_LEVEL", "pxb")])).env_used);
     }
 
-    /// A scratch tree under the system temp dir, removed on drop.
-    struct Scratch(std::path::PathBuf);
-
-    impl Scratch {
-        fn new(tag: &str) -> Scratch {
-            use std::sync::atomic::{AtomicUsize, Ordering};
-            static N: AtomicUsize = AtomicUsize::new(0);
-            let p = std::env::temp_dir().join(format!(
-                "gpudirect-pci-{tag}-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).unwrap();
-            Scratch(p)
-        }
-
-        fn write(&self, machine_path: &str, data: &[u8]) {
-            let p = self.0.join(machine_path.trim_start_matches('/'));
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, data).unwrap();
-        }
-
-        fn link(&self, machine_path: &str, target: &str) {
-            let p = self.0.join(machine_path.trim_start_matches('/'));
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            let _ = std::fs::remove_file(&p);
-            std::os::unix::fs::symlink(target, p).unwrap();
-        }
-    }
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
     #[test]
     fn symlinks_never_leave_the_root() {
-        let s = Scratch::new("escape");
+        let s = Tree::new("escape");
         s.link("/sys/class/infiniband/evil/device", "../../../../../../../../../../etc");
         s.link("/sys/class/infiniband/abs/device", "/etc");
         s.link("/sys/class/infiniband/loop/device", "loop2");
         s.link("/sys/class/infiniband/loop/loop2", "device");
         s.link("/sys/bus/pci/devices/0000:01:00.0", "/proc/self");
-        let root = SysRoot::at(&s.0);
+        let root = SysRoot::at(s.path());
         assert_eq!(root.resolve("/sys/class/infiniband/evil/device").as_deref(), Some("/etc"));
         assert_eq!(root.resolve("/sys/class/infiniband/abs/device").as_deref(), Some("/etc"));
         assert_eq!(root.resolve("/sys/class/infiniband/loop/device"), None);
@@ -789,7 +753,7 @@ mod tests {
         assert!(with(&f, "topology.nics").iter().all(|f| f.status == Status::Fail));
     }
 
-    use crate::test_rng::Rng;
+    use testkit::Rng;
 
     const TEXT_GARBAGE: [&[u8]; 14] = [
         b"",
@@ -815,7 +779,7 @@ mod tests {
         let mut rng = Rng(42);
         let mut classified = 0;
         for round in 0..120 {
-            let s = Scratch::new("fuzz");
+            let s = Tree::new("fuzz");
             let hb = "pci0000:00";
             let chains: [&[&str]; 3] = [
                 &["0000:00:01.0", "0000:01:00.0", "0000:02:00.0", "0000:03:00.0"],
@@ -828,8 +792,8 @@ mod tests {
                     let bdf = chain[depth];
                     let is_gpu = depth + 1 == chain.len() && bdf != "0000:04:00.0";
                     let pick = |rng: &mut Rng, good: &[u8]| -> Vec<u8> {
-                        if rng.below(3) == 0 {
-                            TEXT_GARBAGE[rng.below(TEXT_GARBAGE.len())].to_vec()
+                        if rng.index(3) == 0 {
+                            TEXT_GARBAGE[rng.index(TEXT_GARBAGE.len())].to_vec()
                         } else {
                             good.to_vec()
                         }
@@ -843,20 +807,20 @@ mod tests {
                         ("max_link_speed", &b"32.0 GT/s PCIe\n"[..]),
                         ("max_link_width", &b"16\n"[..]),
                     ] {
-                        if rng.below(8) != 0 {
+                        if rng.index(8) != 0 {
                             let data = pick(&mut rng, good);
-                            s.write(&format!("{dir}/{name}"), &data);
+                            s.file(&format!("{dir}/{name}"), &data);
                         }
                     }
-                    let cfg_len = [0, 64, 256, 4096, rng.below(4200)][rng.below(5)];
-                    let cfg = if rng.below(2) == 0 { rng.bytes(cfg_len) } else { bridge_config(Some(0x1d)) };
-                    s.write(&format!("{dir}/config"), &cfg[..cfg_len.min(cfg.len())]);
+                    let cfg_len = [0, 64, 256, 4096, rng.index(4200)][rng.index(5)];
+                    let cfg = if rng.index(2) == 0 { rng.bytes(cfg_len) } else { bridge_config(Some(0x1d)) };
+                    s.file(&format!("{dir}/config"), &cfg[..cfg_len.min(cfg.len())]);
                     let target = format!("../../../devices/{hb}/{}", chain[..=depth].join("/"));
                     s.link(
                         &format!("/sys/bus/pci/devices/{bdf}"),
-                        if rng.below(10) == 0 { "../nowhere" } else { &target },
+                        if rng.index(10) == 0 { "../nowhere" } else { &target },
                     );
-                    if rng.below(2) == 0 {
+                    if rng.index(2) == 0 {
                         s.link(
                             &format!("{dir}/iommu_group"),
                             &format!("{}kernel/iommu_groups/{round}", "../".repeat(depth + 3)),
@@ -871,13 +835,13 @@ mod tests {
                 &format!("../../devices/{hb}/0000:00:01.0/0000:01:00.0/0000:02:01.0/0000:04:00.0/infiniband/mlx5_0"),
             );
             for name in ["rate", "link_layer", "state"] {
-                let data = TEXT_GARBAGE[rng.below(TEXT_GARBAGE.len())];
-                s.write(&format!("{nic_dir}/infiniband/mlx5_0/ports/1/{name}"), data);
+                let data = TEXT_GARBAGE[rng.index(TEXT_GARBAGE.len())];
+                s.file(&format!("{nic_dir}/infiniband/mlx5_0/ports/1/{name}"), data);
             }
-            s.write(&format!("{nic_dir}/infiniband/mlx5_0/ports/x/rate"), b"1 Gb/sec");
-            s.write(&format!("/sys/kernel/iommu_groups/{round}/type"), TEXT_GARBAGE[rng.below(TEXT_GARBAGE.len())]);
-            s.write("/proc/cmdline", TEXT_GARBAGE[rng.below(TEXT_GARBAGE.len())]);
-            let root = SysRoot::at(&s.0);
+            s.file(&format!("{nic_dir}/infiniband/mlx5_0/ports/x/rate"), b"1 Gb/sec");
+            s.file(&format!("/sys/kernel/iommu_groups/{round}/type"), TEXT_GARBAGE[rng.index(TEXT_GARBAGE.len())]);
+            s.file("/proc/cmdline", TEXT_GARBAGE[rng.index(TEXT_GARBAGE.len())]);
+            let root = SysRoot::at(s.path());
             let topo = discover(&root);
             let ps = pairs(&root, &topo);
             classified += ps.len();

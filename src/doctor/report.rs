@@ -249,7 +249,7 @@ mod tests {
     }
 
     fn machine(name: &str) -> Machine {
-        Machine { root: SysRoot::at(format!("{}/tests/data/machines/{name}", env!("CARGO_MANIFEST_DIR"))), env: vec![] }
+        Machine { root: SysRoot::at(testkit::machine(name)), env: vec![] }
     }
 
     const CAPABLE: DmaBufProbe = DmaBufProbe::Supported(Errno(libc::EBADF));
@@ -309,7 +309,7 @@ mod tests {
     /// verdict then names instead.
     #[test]
     fn the_verdict_is_the_registration_decision_on_every_fixture_and_probe() {
-        let dir = format!("{}/tests/data/machines", env!("CARGO_MANIFEST_DIR"));
+        let dir = testkit::machine("");
         let mut machines: Vec<String> = std::fs::read_dir(&dir)
             .unwrap()
             .filter_map(|e| e.ok())

@@ -211,30 +211,12 @@ fn none_or(v: &[String]) -> String {
 mod tests {
     use super::*;
     use gpudirect::gdr::DmaBufProbe;
+    use testkit::Tree;
     use gpudirect::{Errno, Gid, GidChoice, GidEntry, PortAttr};
 
-    struct Tree(std::path::PathBuf);
-    impl Tree {
-        fn new(name: &str) -> Tree {
-            let d = std::env::temp_dir().join(format!("doctor-stack-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&d);
-            std::fs::create_dir_all(&d).unwrap();
-            Tree(d)
-        }
-        fn file(&self, p: &str, text: &str) -> &Self {
-            let path = self.root().path(p);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, text).unwrap();
-            self
-        }
-        fn root(&self) -> SysRoot {
-            SysRoot::at(&self.0)
-        }
-    }
-    impl Drop for Tree {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+    /// A fixture tree, read as a machine root.
+    fn root_of(t: &Tree) -> SysRoot {
+        SysRoot::at(t.path())
     }
 
     fn rxe(mtu: Mtu, dma_buf: DmaBufProbe) -> RdmaDevice {
@@ -258,7 +240,7 @@ mod tests {
         let t = Tree::new("rxe");
         t.file("/sys/class/infiniband/rxe0/device/net/eth0/address", "52:54:00:00:00:01\n").file("/dev/infiniband/uverbs0", "");
         let rxe0 = || Ok(vec![rxe(Mtu::Mtu1024, DmaBufProbe::Unsupported(Errno(libc::EOPNOTSUPP)))]);
-        let f = rdma(&t.root(), &rxe0(), &PathsLeft::default());
+        let f = rdma(&root_of(&t), &rxe0(), &PathsLeft::default());
         assert_eq!(find(&f, "rdma.devices").status, Status::Ok);
         assert_eq!(find(&f, "rdma.uverbs").status, Status::Ok);
         assert_eq!(find(&f, "rdma.netdev.rxe0").summary, "rxe0 sits on eth0");
@@ -272,7 +254,7 @@ mod tests {
         assert_eq!(d.evidence, vec!["ibv_reg_dmabuf_mr(fd = -1) answered EOPNOTSUPP (Operation not supported)".to_string()]);
         assert!(d.fix.as_deref().unwrap().contains("Soft-RoCE (rxe) never does"));
         // Where peer memory still gives the NIC a path, the same fact is a warning.
-        let f = rdma(&t.root(), &rxe0(), &PathsLeft { gpus: vec![0], nics: vec!["rxe0".into()] });
+        let f = rdma(&root_of(&t), &rxe0(), &PathsLeft { gpus: vec![0], nics: vec!["rxe0".into()] });
         let d = find(&f, "rdma.dmabuf.rxe0");
         assert_eq!((d.status, d.summary.as_str()), (Status::Warn, "rxe0 cannot register dma-buf memory: rules out dma-buf; peer memory is still possible"));
     }
@@ -281,7 +263,7 @@ mod tests {
     fn container_without_uverbs_nodes() {
         let t = Tree::new("container");
         t.file("/sys/class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE\n");
-        let f = rdma(&t.root(), &Ok(vec![]), &PathsLeft::default());
+        let f = rdma(&root_of(&t), &Ok(vec![]), &PathsLeft::default());
         assert_eq!(find(&f, "rdma.devices").status, Status::Fail);
         let u = find(&f, "rdma.uverbs");
         assert_eq!(u.status, Status::Fail);
@@ -291,7 +273,7 @@ mod tests {
     #[test]
     fn no_rdma_subsystem() {
         let t = Tree::new("nordma");
-        let f = rdma(&t.root(), &Err("no RDMA subsystem in this kernel".into()), &PathsLeft::default());
+        let f = rdma(&root_of(&t), &Err("no RDMA subsystem in this kernel".into()), &PathsLeft::default());
         let d = find(&f, "rdma.devices");
         assert_eq!((d.status, d.evidence[0].as_str()), (Status::Fail, "no RDMA subsystem in this kernel"));
         assert_eq!(find(&f, "rdma.uverbs").status, Status::Skipped);
@@ -315,7 +297,7 @@ mod tests {
         let t = Tree::new("cuda");
         t.file("/proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n");
         let gpu0 = PathsLeft { gpus: vec![0], nics: vec!["mlx5_0".into()] };
-        let f = cuda(&t.root(), &Ok(vec![gpu(true, false)]), &gpu0);
+        let f = cuda(&root_of(&t), &Ok(vec![gpu(true, false)]), &gpu0);
         assert_eq!(find(&f, "cuda.driver").summary, "CUDA driver 12.8, 1 GPU(s)");
         assert_eq!(find(&f, "cuda.gdr.gpu0").status, Status::Ok);
         assert_eq!(find(&f, "cuda.gdr.gpu0").evidence, ["CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED (116) = 1"]);
@@ -323,16 +305,16 @@ mod tests {
         assert_eq!(d.status, Status::Warn);
         assert_eq!(d.summary, "GPU0 (NVIDIA H200, 0000:17:00.0) cannot export dma-buf: rules out dma-buf; peer memory is still possible");
         // With no path left for the GPU, the same fact fails.
-        let f = cuda(&t.root(), &Ok(vec![gpu(true, false)]), &PathsLeft::default());
+        let f = cuda(&root_of(&t), &Ok(vec![gpu(true, false)]), &PathsLeft::default());
         assert_eq!(find(&f, "cuda.dmabuf.gpu0").status, Status::Fail);
-        let f = cuda(&t.root(), &Ok(vec![gpu(true, false)]), &gpu0);
+        let f = cuda(&root_of(&t), &Ok(vec![gpu(true, false)]), &gpu0);
         let m = find(&f, "cuda.module");
         assert_eq!(m.status, Status::Warn);
         assert!(m.evidence[0].contains("535.104.05"));
-        let f = cuda(&t.root(), &Ok(vec![gpu(false, true)]), &gpu0);
+        let f = cuda(&root_of(&t), &Ok(vec![gpu(false, true)]), &gpu0);
         assert_eq!(find(&f, "cuda.gdr.gpu0").status, Status::Fail);
         assert!(find(&f, "cuda.gdr.gpu0").fix.as_deref().unwrap().contains("data-center GPU"));
-        let f = cuda(&Tree::new("nodriver").root(), &Err("CUDA is not available: libcuda.so.1 cannot be loaded".into()), &gpu0);
+        let f = cuda(&root_of(&Tree::new("nodriver")), &Err("CUDA is not available: libcuda.so.1 cannot be loaded".into()), &gpu0);
         assert_eq!(find(&f, "cuda.driver").status, Status::Fail);
         assert_eq!(find(&f, "cuda.module").status, Status::Fail);
     }

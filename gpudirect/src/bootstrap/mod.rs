@@ -444,24 +444,15 @@ mod tests {
         assert!(matches!(decode_header(&h), Err(BootstrapError::TooLarge { .. })));
     }
 
-    /// A tiny deterministic generator (xorshift) so the fuzz cases are
-    /// reproducible without a dependency.
-    fn xorshift(s: &mut u64) -> u64 {
-        *s ^= *s << 13;
-        *s ^= *s >> 7;
-        *s ^= *s << 17;
-        *s
-    }
-
     #[test]
     fn random_and_mutated_bytes_never_panic() {
         let good = sample().encode().unwrap();
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = testkit::Rng(0x9e37_79b9_7f4a_7c15);
         for _ in 0..200_000 {
-            let r = xorshift(&mut s);
+            let r = rng.next();
             let mut b = if r & 1 == 0 {
                 let len = (r >> 8) as usize % 128;
-                (0..len).map(|_| xorshift(&mut s) as u8).collect::<Vec<_>>()
+                rng.bytes(len)
             } else {
                 let mut b = good.clone();
                 let i = (r >> 8) as usize % b.len();

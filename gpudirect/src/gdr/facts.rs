@@ -148,12 +148,10 @@ mod tests {
 
     #[test]
     fn host_facts_from_fixture_trees() {
-        let dir = std::env::temp_dir().join(format!("gdr-host-facts-{}", std::process::id()));
-        let root = SysRoot::at(&dir);
+        let tree = testkit::Tree::new("gdr-host-facts");
+        let root = SysRoot::at(tree.path());
         let write = |p: &str, text: &str| {
-            let path = root.path(p);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, text).unwrap();
+            tree.file(p, text);
         };
         write("/proc/sys/kernel/osrelease", "6.1.0-27-amd64\n");
         write("/proc/kallsyms", "ffffffffc0a01230 T ib_register_peer_memory_client\t[ib_core]\nffffffffc0a01300 t other\n");
@@ -168,7 +166,7 @@ mod tests {
         let h = HostFacts::read(&root);
         assert_eq!(h.peer_memory_found, vec!["/sys/module/nvidia_peermem/version".to_string()]);
         assert_eq!(ModuleFlavour::read(&root), ModuleFlavour::Proprietary);
-        std::fs::remove_dir_all(&dir).unwrap();
+        drop(tree);
         assert_eq!(ModuleFlavour::read(&root), ModuleFlavour::NotLoaded);
         assert_eq!(HostFacts::read(&root).peer_memory_api, None);
     }

@@ -11,11 +11,7 @@ use gpudirect::{CompletionQueue, Context, PreparedQueuePair, ProtectionDomain, Q
 /// Longest wait for one completion before the test fails.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The RDMA device named by `GPUDIRECT_TEST_DEVICE` (testbed/run sets it).
-pub fn device() -> String {
-    std::env::var("GPUDIRECT_TEST_DEVICE")
-        .expect("set GPUDIRECT_TEST_DEVICE to the RDMA device to test (e.g. rxe0); testbed/run sets it")
-}
+pub use testkit::device;
 
 /// One side of a loopback connection.
 pub struct Side {

@@ -403,14 +403,6 @@ mod tests {
         assert_eq!(nccl_int("9223372036854775808"), NcclInt::Overflow);
     }
 
-    /// xorshift64*, so a failure reproduces.
-    fn next(state: &mut u64) -> u64 {
-        *state ^= *state >> 12;
-        *state ^= *state << 25;
-        *state ^= *state >> 27;
-        state.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
     #[test]
     fn garbage_values_never_panic() {
         let names = [
@@ -434,13 +426,12 @@ mod tests {
             "UCX_",
         ];
         let alphabet: Vec<char> = "0123456789xX+-^=,: \t\u{e9}\u{1f600}abcPHBSYSLOCmlx_".chars().collect();
-        let mut state = 7u64;
+        let mut rng = testkit::Rng(7);
         let mut findings = 0;
         for _ in 0..3000 {
-            let len = (next(&mut state) % 24) as usize;
-            let value: String =
-                (0..len).map(|_| alphabet[(next(&mut state) % alphabet.len() as u64) as usize]).collect();
-            let name = names[(next(&mut state) % names.len() as u64) as usize];
+            let len = rng.index(24);
+            let value: String = (0..len).map(|_| alphabet[rng.index(alphabet.len())]).collect();
+            let name = names[rng.index(names.len())];
             let f = check(&vars(&[(name, &value)]));
             assert!(!f.is_empty());
             findings += f.len();

@@ -2,7 +2,7 @@
 
 use super::*;
 
-use crate::test_rng::Rng;
+use testkit::Rng;
 
 const PIECES: &[&str] = &[
     "Channel ",
@@ -78,7 +78,7 @@ fn check_no_panic(text: &str) {
 fn never_panics_on_random_bytes() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for _ in 0..500 {
-        let len = rng.below(400);
+        let len = rng.index(400);
         let bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
         check_no_panic(&String::from_utf8_lossy(&bytes));
     }
@@ -89,8 +89,8 @@ fn never_panics_on_spliced_log_pieces() {
     let mut rng = Rng(0xdead_beef_cafe_f00d);
     for _ in 0..3000 {
         let mut s = String::new();
-        for _ in 0..rng.below(40) {
-            s.push_str(PIECES[rng.below(PIECES.len())]);
+        for _ in 0..rng.index(40) {
+            s.push_str(PIECES[rng.index(PIECES.len())]);
         }
         check_no_panic(&s);
     }
@@ -111,16 +111,16 @@ fn never_panics_on_truncated_and_mangled_fixture_lines() {
         }
     }
     for _ in 0..2000 {
-        let line = &lines[rng.below(lines.len())];
+        let line = &lines[rng.index(lines.len())];
         let mut chars: Vec<char> = line.chars().collect();
-        for _ in 0..=rng.below(4) {
-            let at = rng.below(chars.len() + 1);
-            match rng.below(3) {
+        for _ in 0..=rng.index(4) {
+            let at = rng.index(chars.len() + 1);
+            match rng.index(3) {
                 0 if at < chars.len() => {
                     chars.remove(at);
                 }
                 1 => chars
-                    .splice(at..at, PIECES[rng.below(PIECES.len())].chars())
+                    .splice(at..at, PIECES[rng.index(PIECES.len())].chars())
                     .for_each(drop),
                 _ => chars.insert(
                     at,

@@ -1,0 +1,163 @@
+//! What the tests of every package of this workspace share, written once:
+//! a seeded generator ([`Rng`]), temporary directory trees ([`Tree`]),
+//! byte patterns, the process's open descriptors, the device under test
+//! and the fixture machines. Dev-only: nothing here ships.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A seeded generator (splitmix64): every seed, 0 included, gives a full
+/// sequence, and a failing case reproduces from its seed without a
+/// dependency.
+#[derive(Clone, Debug)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// An index in `0..n` (0 when `n` is 0).
+    pub fn index(&mut self, n: usize) -> usize {
+        self.below(n as u64) as usize
+    }
+
+    /// True once in `one_in` draws on average.
+    pub fn chance(&mut self, one_in: u64) -> bool {
+        self.below(one_in) == 0
+    }
+
+    /// `n` random bytes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(n + 8);
+        while v.len() < n {
+            v.extend_from_slice(&self.next().to_le_bytes());
+        }
+        v.truncate(n);
+        v
+    }
+}
+
+/// `len` bytes that differ from seed to seed and from offset to offset, to
+/// tell apart what landed where.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    Rng(seed).bytes(len)
+}
+
+/// The open file descriptors of this process (`/proc/self/fd`).
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
+
+/// The RDMA device under test, named by `GPUDIRECT_TEST_DEVICE`
+/// (`testbed/run` sets it).
+///
+/// # Panics
+/// When the variable is not set: a device test run without a device.
+pub fn device() -> String {
+    std::env::var("GPUDIRECT_TEST_DEVICE")
+        .expect("set GPUDIRECT_TEST_DEVICE to the RDMA device to test (e.g. rxe0); testbed/run sets it")
+}
+
+/// The fixture machine `name`: a sysfs/procfs tree under the workspace's
+/// `tests/data/machines/`.
+pub fn machine(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/machines").join(name)
+}
+
+/// A directory tree under the system's temporary directory, laid out like
+/// `/` (paths are machine paths such as `/sys/class/...`), removed on drop.
+#[derive(Debug)]
+pub struct Tree(PathBuf);
+
+impl Tree {
+    /// A new, empty tree; `tag` names it for whoever finds it left behind.
+    pub fn new(tag: &str) -> Tree {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!("gpudirect-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create a temporary tree");
+        Tree(p)
+    }
+
+    /// The tree's root directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// Where machine path `p` lives in the tree.
+    pub fn at(&self, p: &str) -> PathBuf {
+        self.0.join(p.trim_start_matches('/'))
+    }
+
+    /// Writes a file (and its directories).
+    pub fn file(&self, p: &str, data: impl AsRef<[u8]>) -> &Self {
+        let path = self.at(p);
+        std::fs::create_dir_all(path.parent().expect("a file has a parent")).expect("create directories");
+        std::fs::write(path, data).expect("write a file");
+        self
+    }
+
+    /// Makes a symbolic link (and its directories), replacing what was there.
+    pub fn link(&self, p: &str, target: &str) -> &Self {
+        let path = self.at(p);
+        std::fs::create_dir_all(path.parent().expect("a link has a parent")).expect("create directories");
+        let _ = std::fs::remove_file(&path);
+        std::os::unix::fs::symlink(target, path).expect("make a symlink");
+        self
+    }
+
+    /// Makes a directory (and its parents).
+    pub fn dir(&self, p: &str) -> &Self {
+        std::fs::create_dir_all(self.at(p)).expect("create directories");
+        self
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_generator_is_seeded_and_spread() {
+        let (a, b) = (Rng(0).bytes(64), Rng(0).bytes(64));
+        assert_eq!(a, b);
+        assert_ne!(Rng(1).bytes(64), a);
+        let mut r = Rng(7);
+        let mut seen = [false; 10];
+        for _ in 0..1000 {
+            seen[r.index(10)] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+        assert_eq!(r.below(0), 0);
+        assert_ne!(pattern(32, 1), pattern(32, 2));
+    }
+
+    #[test]
+    fn trees_are_laid_out_like_root_and_removed() {
+        let t = Tree::new("testkit");
+        t.file("/sys/a/b", "x").link("/sys/l", "a").dir("/proc");
+        assert_eq!(std::fs::read_to_string(t.at("/sys/l/b")).unwrap(), "x");
+        let p = t.path().to_owned();
+        drop(t);
+        assert!(!p.exists());
+        assert!(machine("dgx-pix").join("sys").is_dir());
+    }
+}
