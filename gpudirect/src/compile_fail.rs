@@ -1,4 +1,4 @@
-//! Misuses the type system refuses (issue #6, point 6): one `compile_fail`
+//! Misuses the type system refuses (point 6 of `docs/reliability.md`, soundness): one `compile_fail`
 //! doctest each. This module exists only under `cfg(doctest)`; it adds
 //! nothing to the library.
 //!

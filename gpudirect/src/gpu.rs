@@ -97,7 +97,7 @@ struct GpuInner {
     dev: cusys::CUdevice,
     ctx: cusys::CUcontext,
     name: String,
-    pci_bus_id: String,
+    pci_bus_id: Option<String>,
 }
 
 // SAFETY: a CUDA context may be made current on any thread; the handle is
@@ -129,7 +129,8 @@ impl fmt::Debug for Gpu {
 
 impl fmt::Display for Gpu {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "GPU{} ({}, {})", self.inner.ordinal, self.inner.name, self.inner.pci_bus_id)
+        let bus = self.inner.pci_bus_id.as_deref().unwrap_or("unknown PCI address");
+        write!(f, "GPU{} ({}, {bus})", self.inner.ordinal, self.inner.name)
     }
 }
 
@@ -153,8 +154,8 @@ impl Gpu {
         // SAFETY: the buffer is 32 bytes, as passed; the id is NUL-terminated.
         let pci_bus_id = match unsafe { cusys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) }.result() {
             // SAFETY: NUL-terminated on success.
-            Ok(()) => unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().to_lowercase(),
-            Err(_) => "unknown PCI address".into(),
+            Ok(()) => Some(unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().to_lowercase()),
+            Err(_) => None,
         };
         Ok(Gpu { inner: Arc::new(GpuInner { ordinal, dev, ctx, name, pci_bus_id }) })
     }
@@ -169,9 +170,10 @@ impl Gpu {
         &self.inner.name
     }
 
-    /// PCI address, e.g. `0000:17:00.0`.
-    pub fn pci_bus_id(&self) -> &str {
-        &self.inner.pci_bus_id
+    /// PCI address, e.g. `0000:17:00.0`; `None` when CUDA could not tell
+    /// (`cuDeviceGetPCIBusId` failed).
+    pub fn pci_bus_id(&self) -> Option<&str> {
+        self.inner.pci_bus_id.as_deref()
     }
 
     /// A device attribute (`cuDeviceGetAttribute`).

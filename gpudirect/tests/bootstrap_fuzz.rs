@@ -1,4 +1,4 @@
-//! Hostile bootstrap input (issue #6, point 4): the GDRX exchange is fed
+//! Hostile bootstrap input (point 4 of `docs/reliability.md`): the GDRX exchange is fed
 //! truncated, oversized, wrong-magic, wrong-version, wrong-kind, random and
 //! mutated bytes, both to the decoders ([`Handshake::decode`],
 //! [`decode_header`]) and to the [`OobChannel`] read path over real TCP

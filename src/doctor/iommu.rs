@@ -17,6 +17,11 @@ enum GroupMode {
     NoTypeFile,
 }
 
+/// Whether a kernel parameter steers the IOMMU.
+fn is_iommu_param(p: &str) -> bool {
+    ["iommu=", "iommu.", "intel_iommu=", "amd_iommu=", "amd_iommu_dump", "iommu_"].iter().any(|k| p.starts_with(k))
+}
+
 /// One finding on the IOMMU mode and the devices' groups.
 pub(super) fn iommu_finding(root: &SysRoot, topo: &PciTopology) -> Finding {
     let cmdline = root.read("/proc/cmdline").ok();
@@ -29,9 +34,14 @@ pub(super) fn iommu_finding(root: &SysRoot, topo: &PciTopology) -> Finding {
     let asked_on = params
         .iter()
         .any(|p| p.starts_with("intel_iommu=on") || (p.starts_with("amd_iommu=") && *p != "amd_iommu=off"));
-    let cmdline_evidence = match &cmdline {
-        Some(c) => format!("/proc/cmdline: {c}"),
-        None => "/proc/cmdline: not readable".to_owned(),
+    // Only the parameters that steer the IOMMU: the rest of the command line
+    // (root devices, consoles, credentials passed by some boot setups) is
+    // none of this finding's business.
+    let iommu_params: Vec<&str> = params.iter().copied().filter(|p| is_iommu_param(p)).collect();
+    let cmdline_evidence = match (&cmdline, iommu_params.is_empty()) {
+        (None, _) => "/proc/cmdline: not readable".to_owned(),
+        (Some(_), true) => "/proc/cmdline: no IOMMU parameter (iommu=, iommu.*, intel_iommu=, amd_iommu=)".to_owned(),
+        (Some(_), false) => format!("/proc/cmdline, IOMMU parameters: {}", iommu_params.join(" ")),
     };
     let groups = root.list_dir(IOMMU_GROUPS).unwrap_or_default();
     if groups.is_empty() {
@@ -148,4 +158,22 @@ pub(super) fn iommu_finding(root: &SysRoot, topo: &PciTopology) -> Finding {
         f = f.evidence(e);
     }
     f.evidence(cmdline_evidence)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_iommu_parameters_are_shown() {
+        let t = testkit::Tree::new("iommu-cmdline");
+        t.file("/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=UUID=abcd ro console=ttyS0 intel_iommu=on iommu=pt secret=hunter2\n");
+        let root = SysRoot::at(t.path());
+        let f = iommu_finding(&root, &PciTopology::default());
+        let line = f.evidence.iter().find(|e| e.starts_with("/proc/cmdline")).unwrap();
+        assert_eq!(line, "/proc/cmdline, IOMMU parameters: intel_iommu=on iommu=pt");
+        t.file("/proc/cmdline", "ro quiet\n");
+        let f = iommu_finding(&root, &PciTopology::default());
+        assert!(f.evidence.iter().any(|e| e == "/proc/cmdline: no IOMMU parameter (iommu=, iommu.*, intel_iommu=, amd_iommu=)"));
+    }
 }

@@ -65,8 +65,10 @@ fn numa_text(n: Option<i32>) -> String {
 
 fn device_findings(topo: &PciTopology) -> Vec<Finding> {
     let mut out = Vec::new();
-    let notes = |mut f: Finding| {
-        for n in &topo.notes {
+    // Each finding shows the discovery notes about what it is about: a GPU
+    // finding the notes on PCI_DEVICES, a NIC finding those on IB_CLASS.
+    let notes = |mut f: Finding, about: &[&str]| {
+        for n in topo.notes.iter().filter(|n| about.iter().any(|a| n.contains(a))) {
             f = f.evidence(n.clone());
         }
         f
@@ -82,6 +84,7 @@ fn device_findings(topo: &PciTopology) -> Vec<Finding> {
                 "Check `lspci -d 10de:` on the host. A VM needs the GPU passed through; on bare metal, reseat it or \
                  check that it is enabled in the BIOS.",
             ),
+            &[PCI_DEVICES],
         ));
     }
     if topo.nics.is_empty() {
@@ -95,7 +98,7 @@ fn device_findings(topo: &PciTopology) -> Vec<Finding> {
                 names.join(", ")
             )
         };
-        let mut f = notes(Finding::new("topology.nics", Status::Fail, summary));
+        let mut f = notes(Finding::new("topology.nics", Status::Fail, summary), &[IB_CLASS]);
         for o in &topo.other_rdma {
             f = f.evidence(format!("{}: {}", o.name, o.reason));
         }
@@ -149,7 +152,7 @@ fn device_findings(topo: &PciTopology) -> Vec<Finding> {
         for o in &topo.other_rdma {
             f = f.evidence(format!("{} not used: {}", o.name, o.reason));
         }
-        out.push(notes(f));
+        out.push(notes(f, &[PCI_DEVICES, IB_CLASS]));
     }
     out
 }
@@ -583,6 +586,20 @@ mod tests {
         assert_eq!(one(&f, "acs.path", "").status, Status::Skipped);
         assert!(with(&f, "topology.path").is_empty() && with(&f, "bandwidth.path").is_empty());
         assert_eq!(one(&f, "iommu.mode", "").status, Status::Ok);
+    }
+
+    /// A machine with neither: each finding shows the discovery notes on
+    /// its own subject (the NIC note used to be shown as the GPUs' evidence).
+    #[test]
+    fn discovery_notes_go_to_their_own_finding() {
+        let t = Tree::new("empty-machine");
+        t.dir("/sys/bus/pci/devices");
+        let root = SysRoot::at(t.path());
+        let f = check(&root, &discover(&root), &[]);
+        let gpus = one(&f, "topology.gpus", "no NVIDIA GPU");
+        assert!(gpus.evidence.iter().all(|e| !e.contains("infiniband")), "{gpus:#?}");
+        let nics = one(&f, "topology.nics", "no RDMA NIC");
+        assert!(nics.evidence.iter().any(|e| e.contains("/sys/class/infiniband does not exist")), "{nics:#?}");
     }
 
     #[test]

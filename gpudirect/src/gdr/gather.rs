@@ -43,7 +43,7 @@ impl GpuFacts {
             Ok(gpu) => GpuFacts {
                 ordinal,
                 label: gpu.to_string(),
-                pci_bus_id: Some(gpu.pci_bus_id().to_owned()),
+                pci_bus_id: gpu.pci_bus_id().map(str::to_owned),
                 cuda_unavailable: None,
                 driver_version: gpu::driver_version().ok(),
                 gdr_supported: gpu.gpudirect_rdma_supported().ok(),
