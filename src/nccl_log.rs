@@ -43,6 +43,9 @@
 //! - `nccl_versions`: distinct `NCCL version` strings, e.g. `"2.5.7+cuda10.0"`.
 //! - `networks`: distinct `Using network <name>` names.
 //! - `net_devices`: `NET/<plugin> : Using ...` lines ([`NetDevices`]).
+//! - `providers`: aws-ofi-nccl's selected libfabric providers ([`Provider`]).
+//! - `plugin_dmabuf`: aws-ofi-nccl's `Support for DMA-BUF registrations`
+//!   (`false` when any rank said so), or `null`.
 //! - `gdr_support`: per-HCA / per-GPU `GPU Direct RDMA Enabled|Disabled`
 //!   lines ([`GdrSupport`]).
 //! - `environment`: `NAME set by environment to VALUE` lines ([`EnvSetting`]).
@@ -129,6 +132,19 @@ pub struct LogLine {
     pub host: Option<String>,
     /// The message after NCCL's prefix (clipped to 300 characters).
     pub text: String,
+}
+
+/// A libfabric provider the OFI plugin selected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Provider {
+    /// 1-based line number.
+    pub line: usize,
+    /// Host name from the prefix, when present.
+    pub host: Option<String>,
+    /// The provider (`efa`, `tcp`, `verbs;ofi_rxm`).
+    pub name: String,
+    /// NICs it found, when said.
+    pub nics: Option<u32>,
 }
 
 /// A `NET/<plugin> : Using ...` line: the NICs a network plugin chose.
@@ -276,6 +292,12 @@ pub struct Report {
     pub networks: Vec<String>,
     /// NIC lists the network plugins printed.
     pub net_devices: Vec<NetDevices>,
+    /// aws-ofi-nccl's `Selected Provider is <name> (found N nics)` lines.
+    pub providers: Vec<Provider>,
+    /// aws-ofi-nccl's `Support for DMA-BUF registrations:` (false when any
+    /// rank said false): whether the plugin registers GPU memory through
+    /// dma-buf. `None` when no such line.
+    pub plugin_dmabuf: Option<bool>,
     /// Per-HCA and per-GPU GPUDirect RDMA lines.
     pub gdr_support: Vec<GdrSupport>,
     /// Settings NCCL reported taking from the environment.
@@ -333,6 +355,8 @@ pub fn explain(text: &str) -> Report {
         nccl_versions: scan.versions,
         networks: scan.networks.into_iter().map(|(name, _)| name).collect(),
         net_devices: scan.net_devices,
+        providers: scan.providers,
+        plugin_dmabuf: scan.plugin_dmabuf.map(|(s, _)| s),
         gdr_support: scan.support,
         environment: scan.env,
         ranks,
@@ -369,6 +393,8 @@ struct Scan {
     misleading: Vec<Misleading>,
     warnings: Vec<LogLine>,
     plugin_gdr_off: Vec<LogLine>,
+    providers: Vec<Provider>,
+    plugin_dmabuf: Option<(bool, LogLine)>,
     completion_errors: Vec<CompletionError>,
     reg_failures: Vec<LogLine>,
     no_ib_device: Option<LogLine>,
@@ -461,6 +487,19 @@ impl Scan {
                 let name = name.trim();
                 if !name.is_empty() && seen.insert((4, None, name.to_string())) {
                     scan.networks.push((clip(name), here(msg)));
+                }
+                continue;
+            }
+            if let Some((name, nics)) = parse::parse_provider(msg) {
+                if seen.insert((7, None, name.clone())) {
+                    scan.providers.push(Provider { line: n, host: prefix.host.clone(), name, nics });
+                }
+                continue;
+            }
+            if let Some(supported) = parse::parse_plugin_dmabuf(msg) {
+                // A "false" on any rank is what matters; keep the first one.
+                if scan.plugin_dmabuf.as_ref().is_none_or(|(s, _)| *s && !supported) {
+                    scan.plugin_dmabuf = Some((supported, here(msg)));
                 }
                 continue;
             }
@@ -588,6 +627,7 @@ impl Scan {
     fn rdma_network_named(&self) -> bool {
         self.networks.iter().any(|(name, _)| !is_socket(name))
             || self.net_devices.iter().any(|d| !is_socket(&d.net))
+            || self.providers.iter().any(|p| !matches!(p.name.as_str(), "tcp" | "sockets" | "udp"))
             || self
                 .net_conns()
                 .any(|c| !c.net.as_deref().is_some_and(is_socket))

@@ -402,6 +402,29 @@ pub(super) fn net_device_names(list: &str) -> Vec<String> {
         .collect()
 }
 
+/// aws-ofi-nccl's `NET/OFI Selected Provider is efa (found 16 nics)`: the
+/// libfabric provider and how many NICs it found.
+pub(super) fn parse_provider(msg: &str) -> Option<(String, Option<u32>)> {
+    let at = msg.find("Selected Provider is ")?;
+    let rest = &msg[at + "Selected Provider is ".len()..];
+    let name: String = rest.chars().take_while(|c| !c.is_whitespace() && *c != ',').collect();
+    if name.is_empty() {
+        return None;
+    }
+    let nics = rest.find("(found ").and_then(|i| take_number(&rest[i + "(found ".len()..])).map(|(n, _)| n);
+    Some((name, nics.and_then(|n| u32::try_from(n).ok())))
+}
+
+/// aws-ofi-nccl's `NET/OFI Support for DMA-BUF registrations: false`.
+pub(super) fn parse_plugin_dmabuf(msg: &str) -> Option<bool> {
+    let at = msg.find("Support for DMA-BUF registrations:")?;
+    match msg[at + "Support for DMA-BUF registrations:".len()..].trim() {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    }
+}
+
 /// `NCCL_IB_DISABLE set by environment to 1.` as a name and value.
 pub(super) fn parse_env(msg: &str) -> Option<(String, String)> {
     let at = msg.find(" set by environment to")?;

@@ -51,6 +51,13 @@ impl fmt::Display for Report {
         if !self.networks.is_empty() {
             writeln!(f, "Network: {}", self.networks.join(", "))?;
         }
+        for p in &self.providers {
+            let nics = p.nics.map(|n| format!(", {n} NIC(s)")).unwrap_or_default();
+            writeln!(f, "Libfabric provider: {}{nics} (line {})", p.name, p.line)?;
+        }
+        if let Some(s) = self.plugin_dmabuf {
+            writeln!(f, "Plugin registers dma-buf: {}", if s { "yes" } else { "no" })?;
+        }
         if !self.net_devices.is_empty() {
             writeln!(f, "\nNICs:")?;
             for d in &self.net_devices {

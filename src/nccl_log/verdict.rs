@@ -455,6 +455,14 @@ pub(super) fn causes(scan: &Scan, d: &Decision) -> Vec<String> {
             e.value, e.line
         ));
     }
+    if let Some((false, l)) = &scan.plugin_dmabuf {
+        out.add(format!(
+            "the network plugin does not register GPU memory through dma-buf ({}): GPUDirect \
+             RDMA through it rests on a peer-memory client (nvidia-peermem) on every node; \
+             `gpudirect doctor` on each node says whether one is loaded",
+            quote(l)
+        ));
+    }
     if let Some(l) = scan.plugin_gdr_off.first() {
         out.add(format!(
             "the network plugin disabled GPUDirect RDMA ({}): check the plugin's own GDR \

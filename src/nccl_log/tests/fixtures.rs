@@ -491,3 +491,25 @@ fn synthetic_single_node_crlf() {
     assert_eq!(r.connections[2].via, "SHM/direct/direct");
     assert_eq!(r.connections[2].transport, Transport::Shm);
 }
+
+/// aws-ofi-nccl's provider and dma-buf lines (NVIDIA/nccl#1597): the
+/// provider is recorded with its NIC count, and a plugin that will not
+/// register dma-buf is named as a cause (GDR then needs peer memory).
+#[test]
+fn ofi_provider_and_plugin_dma_buf_support() {
+    let r = fixture("nccl1597-p5en-efa-ofi-no-dmabuf.txt");
+    assert_eq!(r.verdict, Verdict::Unknown);
+    assert_eq!(r.providers.len(), 1);
+    let p = &r.providers[0];
+    assert_eq!((p.name.as_str(), p.nics, p.line, p.host.as_deref()), ("efa", Some(16), 10, Some("8h200-3")));
+    assert_eq!(r.plugin_dmabuf, Some(false));
+    assert!(r.causes[0].contains("does not register GPU memory through dma-buf (line 7"), "{:?}", r.causes);
+    assert!(r.to_string().contains("Libfabric provider: efa, 16 NIC(s) (line 10)"), "{r}");
+    // A "true" elsewhere does not hide a rank's "false".
+    let log = "a:1:2 [0] NCCL INFO NET/OFI Support for DMA-BUF registrations: true\n\
+               b:1:2 [0] NCCL INFO NET/OFI Support for DMA-BUF registrations: false\n";
+    assert_eq!(explain(log).plugin_dmabuf, Some(false));
+    // A tcp provider is no RDMA network.
+    let log = "a:1:2 [0] NCCL INFO NET/OFI Selected Provider is tcp (found 1 nics)\n";
+    assert_eq!(explain(log).providers[0].nics, Some(1));
+}

@@ -126,6 +126,8 @@ fn json_shape_is_stable() {
         "nccl_versions",
         "networks",
         "net_devices",
+        "providers",
+        "plugin_dmabuf",
         "gdr_support",
         "environment",
         "ranks",
