@@ -135,6 +135,9 @@ pub mod wr;
 // Crate-private leaves: who may touch which bytes (claims), deadlines,
 // and the mutex helgrind can see.
 mod claims;
+#[cfg(feature = "fault-injection")]
+#[doc(hidden)]
+pub mod fault;
 mod errno;
 mod port;
 mod wc;

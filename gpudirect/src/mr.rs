@@ -213,11 +213,24 @@ unsafe impl Send for MrInner {}
 // SAFETY: as above; shared access never creates references to the bytes.
 unsafe impl Sync for MrInner {}
 
+/// Whether a test asked this deregistration to fail ([`crate::fault`]).
+#[inline]
+fn injected_dereg_failure() -> bool {
+    #[cfg(feature = "fault-injection")]
+    return crate::fault::take_dereg_mr_failure();
+    #[cfg(not(feature = "fault-injection"))]
+    false
+}
+
 impl Drop for MrInner {
     fn drop(&mut self) {
-        // SAFETY: the last handle is gone, so no work request references
-        // the region; deregister before the backing memory is freed.
-        let ret = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+        let ret = if injected_dereg_failure() {
+            libc::EBUSY
+        } else {
+            // SAFETY: the last handle is gone, so no work request references
+            // the region; deregister before the backing memory is freed.
+            unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) }
+        };
         if ret != 0 {
             // The MR, and a peer's rkey to it, may still be valid: leak the
             // memory rather than free pages the NIC can still reach.

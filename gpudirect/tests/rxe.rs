@@ -512,3 +512,49 @@ fn send_list_refuses_what_post_send_refuses() {
     let mut wc = [WorkCompletion::default(); 1];
     assert_eq!(lb.a.cq.poll(&mut wc).unwrap(), 0);
 }
+
+/// Finding 7 of issue #11: when `ibv_dereg_mr` fails the region (and a
+/// peer's rkey to it) may stay valid, so the memory behind it must not be
+/// freed. The failure is injected (`gpudirect::fault`); the backing value's
+/// `Drop` tells whether it was freed.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_failed_deregistration_leaks_the_memory_instead_of_freeing_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    struct Watched {
+        bytes: Vec<u8>,
+        freed: Arc<AtomicBool>,
+    }
+    impl Drop for Watched {
+        fn drop(&mut self) {
+            self.freed.store(true, Ordering::SeqCst);
+        }
+    }
+    // SAFETY: the Vec's heap buffer stays put when the value moves, and
+    // nothing but the region touches it.
+    unsafe impl gpudirect::Registerable for Watched {
+        fn as_mut_ptr(&mut self) -> *mut u8 {
+            self.bytes.as_mut_ptr()
+        }
+        fn len(&self) -> usize {
+            self.bytes.len()
+        }
+    }
+    let ctx = Context::open(Some(&device())).unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let register = |freed: &Arc<AtomicBool>| {
+        MemoryRegion::register(&pd, Watched { bytes: vec![7; 8192], freed: freed.clone() }, AccessFlags::LOCAL_WRITE).unwrap()
+    };
+    // Control: a deregistration that succeeds frees the memory.
+    let freed = Arc::new(AtomicBool::new(false));
+    drop(register(&freed));
+    assert!(freed.load(Ordering::SeqCst), "a deregistered region's memory is freed");
+    // A deregistration that fails leaks it.
+    let freed = Arc::new(AtomicBool::new(false));
+    let mr = register(&freed);
+    gpudirect::fault::fail_next_dereg_mr(1);
+    drop(mr);
+    assert!(!freed.load(Ordering::SeqCst), "memory the NIC may still reach was freed after a failed ibv_dereg_mr");
+}

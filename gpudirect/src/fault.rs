@@ -1,0 +1,21 @@
+//! Failure injection for the library's own tests (feature
+//! `fault-injection`, which only the test builds of this workspace turn
+//! on): makes a verb that cannot be made to fail on demand report a
+//! failure, so the path that handles it runs for real. Not for production.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static DEREG_MR_FAILURES: AtomicU32 = AtomicU32::new(0);
+
+/// The next `n` deregistrations of memory regions (`ibv_dereg_mr`, when a
+/// region's last handle goes) are not performed and report `EBUSY`, as a
+/// provider may when the region is still in use. The region then stays
+/// registered, as after a real failure.
+pub fn fail_next_dereg_mr(n: u32) {
+    DEREG_MR_FAILURES.store(n, Ordering::SeqCst);
+}
+
+/// Whether this deregistration is to fail (and counts it).
+pub(crate) fn take_dereg_mr_failure() -> bool {
+    DEREG_MR_FAILURES.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+}
