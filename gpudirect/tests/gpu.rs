@@ -6,9 +6,12 @@
 //! ```
 //!
 //! On a GPU machine without an RDMA device, add
-//! `--skip registration_cache_notices_reallocated_gpu_memory`. On one
+//! `--skip registration_cache_notices_reallocated_gpu_memory --skip
+//! host_staged_regions_stage_out_and_in_in_order`. On one
 //! without a Rust toolchain, `testbed/gpu-bundle` builds everything here
 //! and says how to run it there.
+
+mod common;
 
 use cudarc::driver::sys as cusys;
 use gpudirect::gdr::{plan, GdrFacts, GpuFacts, HostFacts};
@@ -195,4 +198,61 @@ fn registration_cache_notices_reallocated_gpu_memory() {
     again.copy_to_host(0, &mut back).unwrap();
     assert_eq!(back, data, "the region is the new allocation");
     drop(fresh);
+}
+
+/// Finding 6 of issue #11 on a real GPU: a host-staged region's bytes go
+/// out through its mirror (a chunked write over 1 MiB too) and come in
+/// when completions are reaped, earlier unsignaled RDMA reads included; a
+/// send over a range a receive is writing is refused, since staging it
+/// would overwrite what the NIC writes.
+#[test]
+#[ignore = "needs a CUDA GPU and an RDMA device"]
+fn host_staged_regions_stage_out_and_in_in_order() {
+    use common::{loopback, wait_one};
+    use gpudirect::{AccessFlags, GpuPolicy, Location, MemoryRegion, QpConfig, RecvWr, RegistrationPath, SendWr};
+    let gpu = gpu0();
+    let lb = loopback(&QpConfig::default());
+    let len = 3 << 20;
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let staged = MemoryRegion::register_gpu(&lb.pd, GpuBuffer::alloc(&gpu, len).unwrap(), access, GpuPolicy::HostStaged).unwrap();
+    assert_eq!(staged.location(), Location::Gpu { ordinal: gpu.ordinal(), path: RegistrationPath::HostStaged });
+    let host = MemoryRegion::alloc(&lb.pd, len, access).unwrap();
+
+    // Out: a 3 MiB write from GPU memory goes as 1 MiB chunks and lands whole.
+    let data = testkit::pattern(len, 1);
+    staged.write_at(0, &data).unwrap();
+    lb.a.qp.post_send(&[SendWr::write(staged.slice(..).unwrap(), &host.remote(), 0).unwrap().wr_id(1)]).unwrap();
+    assert_eq!(wait_one(&lb.a.cq).ok().unwrap().wr_id, 1);
+    let mut got = vec![0; len];
+    host.read_at(0, &mut got).unwrap();
+    assert!(got == data, "the staged write did not land whole");
+
+    // In: a receive into the staged region is in GPU memory once reaped.
+    let msg = testkit::pattern(4096, 2);
+    host.write_at(0, &msg).unwrap();
+    lb.a.qp.post_recv(&[RecvWr::new(staged.slice(0..4096).unwrap()).wr_id(2)]).unwrap();
+    // A send over the range the receive is writing would stage over it.
+    let over = SendWr::write(staged.slice(0..4096).unwrap(), &host.remote(), 0).unwrap();
+    assert!(matches!(lb.a.qp.post_send(&[over]), Err(Error::Busy { .. })));
+    lb.b.qp.post_send(&[SendWr::send(host.slice(0..4096).unwrap()).wr_id(3)]).unwrap();
+    assert_eq!(wait_one(&lb.a.cq).ok().unwrap().wr_id, 2);
+    assert_eq!(wait_one(&lb.b.cq).ok().unwrap().wr_id, 3);
+    let mut back = vec![0; 4096];
+    staged.read_at(0, &mut back).unwrap();
+    assert_eq!(back, msg, "the receive was not staged in");
+
+    // Two RDMA reads, the first unsignaled: both are staged in when the
+    // second completes.
+    let remote = testkit::pattern(8192, 3);
+    host.write_at(0, &remote).unwrap();
+    lb.a.qp
+        .post_send(&[
+            SendWr::read(staged.slice(0..4096).unwrap(), &host.remote(), 0).unwrap().unsignaled(),
+            SendWr::read(staged.slice(4096..8192).unwrap(), &host.remote(), 4096).unwrap().wr_id(4),
+        ])
+        .unwrap();
+    assert_eq!(wait_one(&lb.a.cq).ok().unwrap().wr_id, 4);
+    let mut back = vec![0; 8192];
+    staged.read_at(0, &mut back).unwrap();
+    assert_eq!(back, remote, "an RDMA read into the staged region was not staged in");
 }
