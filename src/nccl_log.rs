@@ -18,8 +18,9 @@
 //!    on each side.
 //!    A NET connection between GPUs of one host counts like any other.
 //! 2. Without NET connection lines, these settle "not used": the socket
-//!    transport (`Using network Socket`, `NET/Socket : Using`, or a
-//!    `*Socket` plugin), a line in which a plugin says GDR is disabled or
+//!    transport (`Using network Socket`, `NET/Socket : Using`, a
+//!    `*Socket` plugin, or such a plugin's `Connected after N retries` /
+//!    `Accepted data socket N` lines), a line in which a plugin says GDR is disabled or
 //!    unsupported, `GPU Direct RDMA Disabled` on every per-HCA / per-GPU
 //!    line (no `Enabled` anywhere), `NCCL_NET_GDR_LEVEL` at a limit below
 //!    `PIX` (`LOC`, `0`, `00`: read as NCCL reads it, [`gpudirect::nccl`],
@@ -395,6 +396,8 @@ struct Scan {
     plugin_gdr_off: Vec<LogLine>,
     providers: Vec<Provider>,
     plugin_dmabuf: Option<(bool, LogLine)>,
+    /// A TCP plugin connecting or accepting its data sockets.
+    tcp_setup: Vec<LogLine>,
     completion_errors: Vec<CompletionError>,
     reg_failures: Vec<LogLine>,
     no_ib_device: Option<LogLine>,
@@ -487,6 +490,12 @@ impl Scan {
                 let name = name.trim();
                 if !name.is_empty() && seen.insert((4, None, name.to_string())) {
                     scan.networks.push((clip(name), here(msg)));
+                }
+                continue;
+            }
+            if parse::parse_tcp_connect(msg).is_some() {
+                if scan.tcp_setup.len() < MAX_QUOTED {
+                    scan.tcp_setup.push(here(msg));
                 }
                 continue;
             }
@@ -613,12 +622,14 @@ impl Scan {
         self.conns.iter().filter(|c| c.transport == Transport::Net)
     }
 
-    /// Lines showing the socket transport was NCCL's network.
+    /// Lines showing the socket transport was NCCL's network: `Using
+    /// network Socket`, or a TCP plugin connecting its data sockets.
     fn socket_evidence(&self) -> Vec<&LogLine> {
         self.networks
             .iter()
             .filter(|(name, _)| is_socket(name))
             .map(|(_, l)| l)
+            .chain(self.tcp_setup.iter().take(1))
             .collect()
     }
 

@@ -402,6 +402,16 @@ pub(super) fn net_device_names(list: &str) -> Vec<String> {
         .collect()
 }
 
+/// A socket plugin's connection set-up, `NET/FastSocket : Connected after 18
+/// retries.` or `NET/FastSocket : Accepted data socket 2`: the plugin's
+/// name, when it is a TCP transport (data then moves through host memory).
+pub(super) fn parse_tcp_connect(msg: &str) -> Option<&str> {
+    let rest = msg.strip_prefix("NET/")?;
+    let (name, tail) = rest.split_once(" : ")?;
+    let setup = tail.starts_with("Connected after ") || tail.starts_with("Accepted data socket");
+    (setup && gpudirect::nccl::is_tcp_network(name)).then_some(name)
+}
+
 /// aws-ofi-nccl's `NET/OFI Selected Provider is efa (found 16 nics)`: the
 /// libfabric provider and how many NICs it found.
 pub(super) fn parse_provider(msg: &str) -> Option<(String, Option<u32>)> {

@@ -513,3 +513,18 @@ fn ofi_provider_and_plugin_dma_buf_support() {
     let log = "a:1:2 [0] NCCL INFO NET/OFI Selected Provider is tcp (found 1 nics)\n";
     assert_eq!(explain(log).providers[0].nics, Some(1));
 }
+
+/// Google's Fast Socket plugin setting up its data sockets
+/// (NVIDIA/nccl#651): a TCP transport, so the traffic went through host
+/// memory, even with no channel line in the excerpt.
+#[test]
+fn fastsocket_connect_and_accept_lines_settle_not_used() {
+    let r = fixture("nccl651-gcp-a100-fastsocket-connect-accept.txt");
+    assert_eq!(r.verdict, Verdict::NotUsed);
+    assert!(r.evidence[0].contains("line 4: 'NET/FastSocket : Connected after 18 retries.'"), "{:?}", r.evidence);
+    // The same lines from an RDMA plugin's name are no socket evidence.
+    let log = "a:1:2 [0] NCCL INFO NET/IBext : Connected after 3 retries.\n";
+    assert_eq!(explain(log).verdict, Verdict::Unknown);
+    assert_eq!(parse::parse_tcp_connect("NET/FastSocket : Accepted data socket 2"), Some("FastSocket"));
+    assert_eq!(parse::parse_tcp_connect("NET/FastSocket : Using [0]eth0"), None);
+}
