@@ -1,11 +1,5 @@
 //! Completion queues (`ibv_create_cq`, `ibv_poll_cq`) and the work
 //! completions they report.
-//!
-//! A completion is also the moment the library lets go of the memory the
-//! work request used: reaping it through [`CompletionQueue::poll`] or
-//! [`CompletionQueue::wait`] releases the request's hold on its memory
-//! region (and, for the send queue, that of the unsignaled requests posted
-//! before it).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -101,6 +95,12 @@ impl Drop for CqInner {
 /// `Send + Sync`. Any number of threads may poll and wait at once; every
 /// completion is reported exactly once, to one of them. Waiters take
 /// turns sleeping on the channel; pollers do not wait for them.
+///
+/// A completion is also the moment the library lets go of the memory the
+/// work request used: reaping it through [`CompletionQueue::poll`] or
+/// [`CompletionQueue::wait`] releases the request's hold on its memory
+/// region (and, for the send queue, that of the unsignaled requests posted
+/// before it).
 #[derive(Clone)]
 pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,

@@ -1,11 +1,4 @@
 //! GIDs and the choice of which one a RoCE connection uses.
-//!
-//! On RoCE the GID index decides the protocol version and the source IP
-//! address of every packet. The wrong one (a RoCE v1 entry, or an IPv6
-//! link-local address when the peer is reached over IPv4) is the classic
-//! misconfiguration: the connection times out with no hint why. The choice
-//! is therefore made explicitly by [`choose_gid`], logged, and shown by
-//! every queue pair's `Debug` output.
 
 use std::fmt;
 use std::net::Ipv6Addr;
@@ -171,6 +164,13 @@ fn list(entries: &[GidEntry]) -> String {
 /// a RoCE v2 global IPv6 address, a RoCE v2 link-local address, and only
 /// then RoCE v1. Among equals the lowest index wins, which is what perftest
 /// and NCCL's defaults reach on a single-address interface.
+///
+/// On RoCE the GID index decides the protocol version and the source IP
+/// address of every packet. The wrong one (a RoCE v1 entry, or an IPv6
+/// link-local address when the peer is reached over IPv4) is the classic
+/// misconfiguration: the connection times out with no hint why. The choice
+/// is therefore made explicitly by this function, logged, and shown by
+/// every queue pair's `Debug` output.
 pub fn choose_gid(
     device: &str,
     port: u8,

@@ -1,10 +1,5 @@
 //! CUDA GPUs and GPU memory, through the CUDA driver API (cudarc, loaded at
 //! run time).
-//!
-//! Nothing here needs CUDA at build time, and on a machine without the
-//! driver every entry point returns [`Error::CudaUnavailable`] instead of
-//! panicking (cudarc panics on first use when `libcuda` is missing; this
-//! module checks first).
 
 use std::fmt;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -116,6 +111,11 @@ impl Drop for GpuInner {
 }
 
 /// A CUDA GPU with its primary context retained. Cheap to clone.
+///
+/// Nothing here needs CUDA at build time, and on a machine without the
+/// driver every entry point returns [`Error::CudaUnavailable`] instead of
+/// panicking (cudarc panics on first use when `libcuda` is missing; this
+/// library checks first).
 #[derive(Clone)]
 pub struct Gpu {
     inner: Arc<GpuInner>,

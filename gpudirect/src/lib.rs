@@ -3,41 +3,36 @@
 //! which MTU, which registration path) is visible and logged.
 //!
 //! # The path of a byte
-//! 1. [`mr`]: register memory ([`MemoryRegion`]), describe it to a peer
-//!    ([`RemoteBuffer`]).
-//! 2. [`qp`]: connect a reliable-connected [`QueuePair`] and post work
-//!    requests ([`SendWr`], [`RecvWr`]) that name that memory.
-//! 3. [`cq`]: reap [`WorkCompletion`]s from a [`CompletionQueue`]; reaping
-//!    is what releases the memory a request held.
+//! 1. Register memory: [`MemoryRegion`] (`mr.rs`), described to a peer by
+//!    a [`RemoteBuffer`].
+//! 2. Post work requests ([`SendWr`], [`RecvWr`], a prepared [`SendList`])
+//!    that name that memory on a connected [`QueuePair`] (`qp.rs`).
+//! 3. Reap [`WorkCompletion`]s from a [`CompletionQueue`] (`cq.rs`);
+//!    reaping is what releases the memory a request held.
 //!
-//! # Objects, one module each
-//! - [`device`]: listing RDMA devices.
-//! - [`context`]: an opened device ([`Context`]), its ports and GID table.
-//! - [`gid`]: GIDs and the RoCE GID choice.
-//! - [`pd`]: protection domains.
-//! - [`mr`]: memory regions and access flags.
-//! - [`rcache`]: a registration cache for memory the program does not own
-//!   (GPU entries invalidated by allocation identity, host entries by the
-//!   caller).
-//! - [`cq`]: completion queues; the work completions they report
-//!   ([`WorkCompletion`], [`WcStatus`], [`WcOpcode`], [`WcError`]) are
-//!   plain data at the crate root.
-//! - [`qp`]: queue pairs and posting; what the NIC holds until each
-//!   completion is matched lives beside it (private `tracker`).
-//! - [`wr`]: work requests and prepared send lists.
-//! - [`Endpoint`], [`RemoteBuffer`]: what peers exchange (plain, `serde`
-//!   serialisable); [`PortAttr`], [`Mtu`], [`LinkLayer`], [`PortState`]:
-//!   port attributes; [`Errno`]: error numbers. Leaves every module shares.
-//! - [`gpu`]: CUDA GPUs and GPU buffers (driver loaded at run time).
-//! - [`gdr`]: GPUDirect RDMA: registering GPU memory (dma-buf, peer
-//!   memory, or explicitly host-staged) and saying why not.
-//! - [`nccl`]: how NCCL reads the variables that decide its use of
-//!   GPUDirect RDMA (`NCCL_NET_GDR_LEVEL`, `NCCL_IB_DISABLE`, `NCCL_NET`).
-//! - [`sysroot`]: the machine's sysfs/procfs, read through one root.
-//! - [`topology`]: where GPUs and RDMA NICs sit in the PCIe tree, and which
-//!   NIC is nearest each GPU (PIX, PXB, PHB, NODE, SYS).
-//! - [`bootstrap`]: the out-of-band TCP exchange of endpoints and buffers.
-//! - [`error`]: the error type.
+//! # What is where
+//! One public path per item: the verbs objects and their plain data are at
+//! the crate root; subsystems with their own vocabulary are namespaces.
+//! - Devices and ports: [`devices`] ([`DeviceInfo`], [`Guid`]), an opened
+//!   [`Context`] ([`DeviceAttr`], [`PortAttr`], [`PortState`], [`Mtu`],
+//!   [`LinkLayer`]), GIDs and the RoCE GID choice ([`Gid`], [`GidEntry`],
+//!   [`GidType`], [`GidChoice`], [`choose_gid`]).
+//! - Memory: [`ProtectionDomain`], [`MemoryRegion`] ([`AccessFlags`],
+//!   [`HostBuffer`], [`Registerable`], [`LocalSlice`], [`Location`]).
+//! - Queues: [`QueuePair`] ([`PreparedQueuePair`], [`QpConfig`],
+//!   [`QpState`], [`Endpoint`]), work requests ([`SendWr`], [`RecvWr`],
+//!   [`SendList`]), [`CompletionQueue`] ([`WorkCompletion`], [`WcStatus`],
+//!   [`WcOpcode`], [`WcError`]).
+//! - GPUs: [`Gpu`], [`GpuBuffer`], [`GpuAllocation`], [`gpu_count`],
+//!   [`driver_version`]; how GPU memory is registered: [`GpuPolicy`],
+//!   [`RegistrationPath`].
+//! - Errors: [`Error`], [`Result`], [`Errno`].
+//! - Namespaces: [`gdr`] (the facts GPUDirect RDMA rests on, judged:
+//!   why a path is or is not available), [`topology`] (PCIe placement of
+//!   GPUs and NICs, the NIC nearest a GPU), [`nccl`] (how NCCL reads its
+//!   GPUDirect variables), [`rcache`] (a registration cache for memory the
+//!   program does not own), [`bootstrap`] (the out-of-band TCP exchange),
+//!   [`sysroot`] (the machine's files, read through one root).
 //!
 //! # Thread safety
 //! Every handle is `Send + Sync` and cheap to clone; share them freely.
@@ -71,7 +66,7 @@
 //!   held from `ibv_poll_cq` until the completions it returned are matched
 //!   to their requests, so pollers cannot reorder one queue pair's
 //!   completions. Which thread gets which completion is not defined.
-//! - [`RegistrationCache`]: lookups from several threads share the cache.
+//! - [`RegistrationCache`](rcache::RegistrationCache): lookups from several threads share the cache.
 //! - [`Context`], [`ProtectionDomain`], [`Gpu`]: immutable after creation.
 //!
 //! A queue pair may be dropped while other threads poll its CQ: its
@@ -116,25 +111,26 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod bootstrap;
-pub mod context;
-pub mod cq;
-pub mod device;
-pub mod error;
+mod context;
+mod cq;
+mod device;
+mod error;
 pub mod gdr;
-pub mod gid;
-pub mod gpu;
-pub mod mr;
+mod gid;
+mod gpu;
+mod mr;
 pub mod nccl;
-pub mod pd;
-pub mod qp;
+mod pd;
+mod qp;
 pub mod rcache;
 pub mod sysroot;
 pub mod topology;
-pub mod wr;
+mod wr;
 
 // Crate-private leaves: who may touch which bytes (claims), deadlines,
 // and the mutex helgrind can see.
 mod claims;
+mod policy;
 #[cfg(feature = "fault-injection")]
 #[doc(hidden)]
 pub mod fault;
@@ -156,14 +152,13 @@ pub use cq::CompletionQueue;
 pub use wc::{WcError, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{devices, DeviceInfo, Guid};
 pub use error::{Errno, Error, Result};
-pub use gid::{Gid, GidChoice, GidEntry, GidType};
-pub use gdr::{GdrError, GpuPolicy, RegistrationPath};
-pub use gpu::{Gpu, GpuAllocation, GpuBuffer};
+pub use gid::{choose_gid, Gid, GidChoice, GidEntry, GidType};
+pub use policy::{GpuPolicy, RegistrationPath};
+pub use gpu::{driver_version, gpu_count, Gpu, GpuAllocation, GpuBuffer, GPU_PAGE};
 pub use mr::{AccessFlags, HostBuffer, LocalSlice, Location, MemoryRegion, Registerable};
 pub use pd::ProtectionDomain;
 pub use qp::{PreparedQueuePair, QpConfig, QpState, QueuePair};
 pub use wire::{Endpoint, RemoteBuffer};
-pub use rcache::{CacheConfig, CacheStats, CachedRegion, RegistrationCache};
 pub use wr::{RecvWr, SendList, SendWr};
 
 #[cfg(test)]
@@ -181,8 +176,8 @@ mod tests {
         check::<MemoryRegion>();
         check::<QueuePair>();
         check::<PreparedQueuePair>();
-        check::<RegistrationCache>();
-        check::<CachedRegion>();
+        check::<rcache::RegistrationCache>();
+        check::<rcache::CachedRegion>();
         check::<Error>();
     }
 

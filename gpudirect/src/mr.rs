@@ -1,21 +1,4 @@
 //! Memory regions (`ibv_reg_mr`): memory the NIC may read and write.
-//!
-//! # Why there is no `&[u8]` into a registered buffer
-//! Once registered, memory can change under the program's feet: the local
-//! NIC writes it for receives and RDMA reads, and a peer holding the rkey
-//! writes it whenever it likes. A Rust reference promises the opposite, so
-//! [`MemoryRegion`] never hands one out in safe code. Bytes move in and out
-//! by copy ([`write_at`](MemoryRegion::write_at),
-//! [`read_at`](MemoryRegion::read_at)), and those copies refuse ranges that
-//! a posted, not yet completed work request is using (so a send's source is
-//! not overwritten mid-flight and a receive's destination is not read
-//! half-written). Zero-copy access is available as an `unsafe` escape hatch.
-//!
-//! # Lifetimes
-//! A [`MemoryRegion`] is a cheap, clonable handle. The region is
-//! deregistered, and its memory freed, only when the last handle is gone,
-//! and every posted work request holds a handle until its completion is
-//! reaped: memory the NIC may still touch is never freed.
 
 use std::alloc::{self, Layout};
 use std::any::Any;
@@ -31,7 +14,7 @@ use bitflags::bitflags;
 use ibverbs_sys as sys;
 
 use crate::error::{Errno, Error, Result};
-use crate::gdr::RegistrationPath;
+use crate::policy::RegistrationPath;
 use crate::sysroot::page_size;
 use crate::gpu::{GpuBuffer, PinnedHost};
 use crate::pd::ProtectionDomain;
@@ -269,6 +252,23 @@ impl Drop for MrInner {
 /// let bytes: Option<&[u8]> = mr.as_slice();
 /// # }
 /// ```
+///
+/// # Why there is no `&[u8]` into a registered buffer
+/// Once registered, memory can change under the program's feet: the local
+/// NIC writes it for receives and RDMA reads, and a peer holding the rkey
+/// writes it whenever it likes. A Rust reference promises the opposite, so
+/// [`MemoryRegion`] never hands one out in safe code. Bytes move in and out
+/// by copy ([`write_at`](MemoryRegion::write_at),
+/// [`read_at`](MemoryRegion::read_at)), and those copies refuse ranges that
+/// a posted, not yet completed work request is using (so a send's source is
+/// not overwritten mid-flight and a receive's destination is not read
+/// half-written). Zero-copy access is available as an `unsafe` escape hatch.
+///
+/// # Lifetimes
+/// A [`MemoryRegion`] is a cheap, clonable handle. The region is
+/// deregistered, and its memory freed, only when the last handle is gone,
+/// and every posted work request holds a handle until its completion is
+/// reaped: memory the NIC may still touch is never freed.
 #[derive(Clone)]
 pub struct MemoryRegion {
     pub(crate) inner: Arc<MrInner>,

@@ -1,26 +1,5 @@
 //! Reliable-connected queue pairs (`ibv_create_qp`, `ibv_modify_qp`,
 //! `ibv_post_send`, `ibv_post_recv`).
-//!
-//! A queue pair is created by [`QueuePair::create`] in the `INIT` state as a
-//! [`PreparedQueuePair`]: it has an [`Endpoint`] to give the peer and can
-//! already take receives. [`PreparedQueuePair::connect`] drives it through
-//! `RTR` and `RTS` with the peer's endpoint and yields a [`QueuePair`], the
-//! only type that can post sends:
-//!
-//! ```compile_fail
-//! # fn f(qp: gpudirect::PreparedQueuePair, wr: gpudirect::SendWr<'_>) {
-//! qp.post_send(&[wr]); // not connected yet: no such method
-//! # }
-//! ```
-//!
-//! Connecting consumes the prepared queue pair, so it cannot be connected twice:
-//!
-//! ```compile_fail
-//! # fn f(qp: gpudirect::PreparedQueuePair, peer: gpudirect::Endpoint) -> gpudirect::Result<()> {
-//! let a = qp.connect(&peer)?;
-//! let b = qp.connect(&peer)?; // use of moved value
-//! # Ok(()) }
-//! ```
 
 use std::fmt;
 use std::mem::MaybeUninit;
@@ -48,7 +27,7 @@ use crate::wr::{RecvWr, SendList, SendOp, SendWr};
 pub struct QpConfig {
     /// Port number (from 1).
     pub port: u8,
-    /// GID index override; `None` chooses by [`crate::gid::choose_gid`].
+    /// GID index override; `None` chooses by [`crate::choose_gid`].
     pub gid_index: Option<u32>,
     /// Send queue depth.
     pub max_send_wr: u32,
@@ -525,6 +504,27 @@ fn posted_count<W>(ret: i32, bad: *mut W, chain: &[W]) -> usize {
 
 /// A queue pair in the `INIT` state: give its [`endpoint`](Self::endpoint)
 /// to the peer, post receives, then [`connect`](Self::connect).
+///
+/// A queue pair is created by [`QueuePair::create`] in the `INIT` state as a
+/// [`PreparedQueuePair`]: it has an [`Endpoint`] to give the peer and can
+/// already take receives. [`PreparedQueuePair::connect`] drives it through
+/// `RTR` and `RTS` with the peer's endpoint and yields a [`QueuePair`], the
+/// only type that can post sends:
+///
+/// ```compile_fail
+/// # fn f(qp: gpudirect::PreparedQueuePair, wr: gpudirect::SendWr<'_>) {
+/// qp.post_send(&[wr]); // not connected yet: no such method
+/// # }
+/// ```
+///
+/// Connecting consumes the prepared queue pair, so it cannot be connected twice:
+///
+/// ```compile_fail
+/// # fn f(qp: gpudirect::PreparedQueuePair, peer: gpudirect::Endpoint) -> gpudirect::Result<()> {
+/// let a = qp.connect(&peer)?;
+/// let b = qp.connect(&peer)?; // use of moved value
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct PreparedQueuePair {
     inner: QpInner,

@@ -97,7 +97,7 @@ use std::fmt;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::error::{Errno, Error, Result};
-use crate::gdr::{GpuPolicy, RegistrationPath};
+use crate::policy::{GpuPolicy, RegistrationPath};
 use crate::gpu::{Gpu, GpuAllocation, GpuBuffer};
 use crate::mr::{AccessFlags, LocalSlice, Location, MemoryRegion};
 use crate::wire::RemoteBuffer;

@@ -15,7 +15,7 @@ mod common;
 
 use cudarc::driver::sys as cusys;
 use gpudirect::gdr::{plan, GdrFacts, GpuFacts, HostFacts};
-use gpudirect::gpu::{self, GPU_PAGE};
+use gpudirect::{driver_version, gpu_count, GPU_PAGE};
 use gpudirect::sysroot::SysRoot;
 use gpudirect::{Error, Gpu, GpuBuffer};
 
@@ -25,11 +25,11 @@ use gpudirect::{Error, Gpu, GpuBuffer};
 fn cuda_entry_points_never_panic() {
     // SAFETY: only probes whether the library loads.
     let present = unsafe { cusys::is_culib_present() };
-    match (present, gpu::gpu_count()) {
+    match (present, gpu_count()) {
         (false, Err(Error::CudaUnavailable(why))) => {
             assert!(why.contains("libcuda.so.1"), "{why}");
             assert!(matches!(Gpu::open(0), Err(Error::CudaUnavailable(_))));
-            assert!(matches!(gpu::driver_version(), Err(Error::CudaUnavailable(_))));
+            assert!(matches!(driver_version(), Err(Error::CudaUnavailable(_))));
             let f = GpuFacts::gather(0, &SysRoot::live());
             assert!(f.cuda_unavailable.as_deref().is_some_and(|w| w.contains("libcuda.so.1")));
         }
@@ -50,7 +50,7 @@ fn gpu0() -> Gpu {
 fn capabilities_and_facts() {
     let gpu = gpu0();
     println!("{gpu}");
-    println!("driver version {}", gpu::driver_version().unwrap());
+    println!("driver version {}", driver_version().unwrap());
     println!("GPU_DIRECT_RDMA_SUPPORTED (116) = {}", gpu.gpudirect_rdma_supported().unwrap());
     println!("DMA_BUF_SUPPORTED (124) = {}", gpu.dma_buf_supported().unwrap());
     let f = GpuFacts::gather(0, &SysRoot::live());

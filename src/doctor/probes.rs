@@ -70,7 +70,7 @@ impl Probes for LiveProbes {
     }
 
     fn gpus(&self, root: &SysRoot) -> Result<Vec<GpuFacts>, String> {
-        let n = gpudirect::gpu::gpu_count().map_err(|e| e.to_string())?;
+        let n = gpudirect::gpu_count().map_err(|e| e.to_string())?;
         Ok((0..n).map(|i| GpuFacts::gather(i, root)).collect())
     }
 }

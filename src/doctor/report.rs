@@ -2,7 +2,8 @@
 
 use serde::Serialize;
 
-use gpudirect::gdr::{plan, GdrError, GdrFacts, GpuFacts, NicFacts, RegistrationPath};
+use gpudirect::gdr::{plan, GdrError, GdrFacts, GpuFacts, NicFacts};
+use gpudirect::RegistrationPath;
 
 use gpudirect::topology::{self, PathLevel};
 

@@ -4,7 +4,8 @@
 //! kernel, peer memory), which the library judges
 //! ([`gpudirect::gdr::Judgement`]) and this module only prints.
 
-use gpudirect::gdr::{GpuFacts, HostFacts, Judgement, ModuleFlavour, NicFacts, RegistrationPath};
+use gpudirect::gdr::{GpuFacts, HostFacts, Judgement, ModuleFlavour, NicFacts};
+use gpudirect::RegistrationPath;
 use gpudirect::sysroot::SysRoot;
 use gpudirect::{GidType, LinkLayer, Mtu, PortState};
 

@@ -1,10 +1,10 @@
 //! The one judge of GPUDirect RDMA: each fact judged once ([`Judgement`]),
 //! and the paths they leave ([`plan`]). A registration under
-//! [`GpuPolicy::Require`](super::GpuPolicy::Require) and `gpudirect doctor`
+//! [`GpuPolicy::Require`](crate::GpuPolicy::Require) and `gpudirect doctor`
 //! both decide from these.
 
 use super::facts::{DmaBufProbe, GdrFacts, GpuFacts, HostFacts, ModuleFlavour, NicFacts, PEER_MEMORY_FILES};
-use super::RegistrationPath;
+use crate::policy::RegistrationPath;
 use crate::errno::Errno;
 
 /// One reason a zero-copy path is unavailable: what was checked, and the fix.

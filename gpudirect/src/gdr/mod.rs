@@ -7,11 +7,11 @@
 //! **Peer memory** (the legacy one): plain `ibv_reg_mr` on the device
 //! pointer, served by the `nvidia-peermem` kernel module. When neither
 //! works, other stacks quietly copy through host memory at about half the
-//! bandwidth. Here the caller decides, with [`GpuPolicy`]:
-//! [`Require`](GpuPolicy::Require) (the default) returns a [`GdrError`]
+//! bandwidth. Here the caller decides, with [`GpuPolicy`](crate::GpuPolicy):
+//! [`Require`](crate::GpuPolicy::Require) (the default) returns a [`GdrError`]
 //! listing each cause, what was checked and what to do; with
-//! [`Prefer`](GpuPolicy::Prefer) the region falls back to host staging and
-//! says so. Every GPU region reports the [`RegistrationPath`] used.
+//! [`Prefer`](crate::GpuPolicy::Prefer) the region falls back to host staging and
+//! says so. Every GPU region reports the [`RegistrationPath`](crate::RegistrationPath) used.
 //!
 //! The decision is a pure function of [`GdrFacts`], so every cause is
 //! tested with injected facts; [`GdrFacts::gather`] collects them live.
@@ -34,8 +34,6 @@
 //! [`MemoryRegion::stage_in`](crate::MemoryRegion::stage_in) is called for a peer's write), so the data is
 //! complete when that returns.
 
-use std::fmt;
-
 mod facts;
 mod gather;
 pub(crate) mod judge;
@@ -44,64 +42,3 @@ mod register;
 pub use facts::{DmaBufProbe, GdrFacts, GpuFacts, HostFacts, ModuleFlavour, NicFacts, PEER_MEMORY_FILES};
 pub use judge::{plan, Cause, Fact, GdrError, Judgement, Plan};
 
-/// How a GPU memory region was registered with the NIC.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum RegistrationPath {
-    /// Zero-copy through a dma-buf export of the GPU memory.
-    DmaBuf,
-    /// Zero-copy through the `nvidia-peermem` peer-memory client.
-    PeerMemory,
-    /// Not zero-copy: the NIC uses a pinned host mirror and every transfer
-    /// is copied between it and the GPU.
-    HostStaged,
-}
-
-impl fmt::Display for RegistrationPath {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            RegistrationPath::DmaBuf => "dma-buf",
-            RegistrationPath::PeerMemory => "peer memory",
-            RegistrationPath::HostStaged => "host-staged",
-        })
-    }
-}
-
-/// What to do when GPUDirect RDMA is not available.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum GpuPolicy {
-    /// GPUDirect RDMA or an error naming why not. The default.
-    #[default]
-    Require,
-    /// GPUDirect RDMA if possible, otherwise host staging, reported by the
-    /// region's path and a warning in the log.
-    Prefer,
-    /// Host staging, without trying GPUDirect RDMA.
-    HostStaged,
-}
-
-impl std::str::FromStr for GpuPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "require" => Ok(GpuPolicy::Require),
-            "prefer" => Ok(GpuPolicy::Prefer),
-            "host-staged" | "hoststaged" | "staged" => Ok(GpuPolicy::HostStaged),
-            _ => Err(format!("unknown GPU policy {s:?}: expected require, prefer or host-staged")),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn policies_parse() {
-        assert_eq!("require".parse::<GpuPolicy>().unwrap(), GpuPolicy::Require);
-        assert_eq!("Prefer".parse::<GpuPolicy>().unwrap(), GpuPolicy::Prefer);
-        assert_eq!("host-staged".parse::<GpuPolicy>().unwrap(), GpuPolicy::HostStaged);
-        assert!("always".parse::<GpuPolicy>().is_err());
-        assert_eq!(GpuPolicy::default(), GpuPolicy::Require);
-    }
-}

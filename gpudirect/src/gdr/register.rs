@@ -2,7 +2,8 @@
 //! allows, tried in order, and what to do when none works.
 
 use super::judge::{plan, Cause, GdrError, Plan};
-use super::{GdrFacts, GpuPolicy, RegistrationPath};
+use super::GdrFacts;
+use crate::policy::{GpuPolicy, RegistrationPath};
 use crate::error::{Error, Result};
 use crate::gpu::GpuBuffer;
 use crate::mr::{AccessFlags, MemoryRegion};
