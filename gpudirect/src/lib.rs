@@ -3,7 +3,7 @@
 //! which MTU, which registration path) is visible and logged.
 //!
 //! # The path of a byte
-//! 1. Register memory: [`MemoryRegion`] (`mr.rs`), described to a peer by
+//! 1. Register memory: [`MemoryRegion`] (`mr/`), described to a peer by
 //!    a [`RemoteBuffer`].
 //! 2. Post work requests ([`SendWr`], [`RecvWr`], a prepared [`SendList`])
 //!    that name that memory on a connected [`QueuePair`] (`qp.rs`).

@@ -37,7 +37,6 @@
 mod facts;
 mod gather;
 pub(crate) mod judge;
-mod register;
 
 pub use facts::{DmaBufProbe, GdrFacts, GpuFacts, HostFacts, ModuleFlavour, NicFacts, PEER_MEMORY_FILES};
 pub use judge::{plan, Cause, Fact, GdrError, Judgement, Plan};

@@ -1,10 +1,8 @@
 //! Memory regions (`ibv_reg_mr`): memory the NIC may read and write.
 
-use std::alloc::{self, Layout};
 use std::any::Any;
 use std::fmt;
 use std::mem::ManuallyDrop;
-use std::os::fd::AsRawFd;
 use std::ops::{Bound, RangeBounds};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, Ordering};
@@ -16,10 +14,15 @@ use ibverbs_sys as sys;
 use crate::error::{Errno, Error, Result};
 use crate::policy::RegistrationPath;
 use crate::sysroot::page_size;
-use crate::gpu::{GpuBuffer, PinnedHost};
+use crate::gpu::GpuBuffer;
 use crate::pd::ProtectionDomain;
 use crate::claims::{overlap, RegionClaims, Use};
 use crate::wire::RemoteBuffer;
+
+mod gpu;
+mod host;
+
+pub use host::{HostBuffer, Registerable};
 
 bitflags! {
     /// Who may access a memory region, and how (`enum ibv_access_flags`).
@@ -48,98 +51,6 @@ bitflags! {
 impl Default for AccessFlags {
     fn default() -> Self {
         AccessFlags::LOCAL_WRITE
-    }
-}
-
-/// Memory that can be handed to [`MemoryRegion::register`].
-///
-/// # Safety
-/// An implementor promises that, from the call to
-/// [`as_mut_ptr`](Self::as_mut_ptr) until the value is dropped:
-/// - the pointer addresses [`len`](Self::len) bytes that stay allocated at
-///   the same address (moving the value must not move them), and
-/// - nothing reads or writes those bytes except through that pointer (the
-///   region owns the value and never calls anything else on it but `Drop`).
-#[allow(clippy::len_without_is_empty)]
-pub unsafe trait Registerable: Send + Sync + 'static {
-    /// Pointer to the first byte; called once, before registration.
-    fn as_mut_ptr(&mut self) -> *mut u8;
-    /// Length in bytes.
-    fn len(&self) -> usize;
-}
-
-// SAFETY: a Vec's heap buffer does not move when the Vec is moved, and the
-// region never touches the Vec again until dropping it.
-unsafe impl Registerable for Vec<u8> {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.as_mut_slice().as_mut_ptr()
-    }
-    fn len(&self) -> usize {
-        Vec::len(self)
-    }
-}
-
-// SAFETY: as for Vec: the boxed slice stays put when the Box moves.
-unsafe impl Registerable for Box<[u8]> {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        <[u8]>::as_mut_ptr(self)
-    }
-    fn len(&self) -> usize {
-        <[u8]>::len(self)
-    }
-}
-
-/// A zeroed, page-aligned host buffer: the usual backing for a region.
-///
-/// Page alignment keeps the region from sharing pages with unrelated
-/// allocations (which `fork` would otherwise copy-on-write away from the
-/// NIC) and is what NICs translate fastest.
-pub struct HostBuffer {
-    ptr: NonNull<u8>,
-    layout: Layout,
-    len: usize,
-}
-
-// SAFETY: HostBuffer owns its allocation exclusively; it is plain bytes.
-unsafe impl Send for HostBuffer {}
-// SAFETY: no interior mutability is reachable through `&HostBuffer`.
-unsafe impl Sync for HostBuffer {}
-
-
-impl HostBuffer {
-    /// Allocates `len` zeroed bytes, page-aligned (at least one byte is
-    /// allocated even for `len == 0`).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] when `len` cannot be allocated.
-    pub fn new(len: usize) -> Result<HostBuffer> {
-        let page = page_size();
-        let size = len.max(1).checked_next_multiple_of(page);
-        let layout = size
-            .and_then(|s| Layout::from_size_align(s, page).ok())
-            .ok_or_else(|| Error::InvalidArgument(format!("cannot allocate a {len}-byte host buffer")))?;
-        // SAFETY: layout has non-zero size.
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr)
-            .ok_or_else(|| Error::InvalidArgument(format!("out of memory allocating {len} bytes")))?;
-        Ok(HostBuffer { ptr, layout, len })
-    }
-}
-
-impl Drop for HostBuffer {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
-    }
-}
-
-// SAFETY: the allocation never moves and only the region uses it.
-unsafe impl Registerable for HostBuffer {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-    fn len(&self) -> usize {
-        self.len
     }
 }
 
@@ -334,51 +245,6 @@ impl MemoryRegion {
         Ok(Self::finish(pd, mr, addr, len, access, Box::new(()), None))
     }
 
-    /// Registers GPU memory directly (zero-copy) by `path`:
-    /// [`RegistrationPath::DmaBuf`] or [`RegistrationPath::PeerMemory`].
-    /// [`crate::gdr`] decides which path to try; this performs it, and
-    /// hands the buffer back on failure so the next path can be tried.
-    pub(crate) fn register_gpu_direct_or_return(
-        pd: &ProtectionDomain,
-        buf: GpuBuffer,
-        path: RegistrationPath,
-        access: AccessFlags,
-    ) -> std::result::Result<MemoryRegion, (GpuBuffer, Error)> {
-        let iova = buf.device_ptr();
-        let len = buf.len();
-        let registered = match path {
-            RegistrationPath::DmaBuf => buf.export_dma_buf().and_then(|(fd, offset, _)| {
-                // SAFETY: `fd` is a dma-buf exporting the buffer's pages;
-                // the region will own `buf`, so the memory outlives it. The
-                // registration holds its own reference to the dma-buf, so
-                // `fd` may close when this returns.
-                unsafe { reg_dmabuf_mr(pd, offset, len, iova, fd.as_raw_fd(), access) }
-            }),
-            // SAFETY: a peer-memory client pins and maps the device range;
-            // the region will own `buf`, so the memory outlives it. The CPU
-            // never dereferences the address (accessors copy through CUDA).
-            RegistrationPath::PeerMemory => unsafe { reg_mr(pd, iova as *mut u8, len, access) },
-            RegistrationPath::HostStaged => {
-                return Err((buf, Error::InvalidArgument("host staging is not a direct registration path".into())))
-            }
-        };
-        match registered {
-            Ok((mr, access)) => Ok(Self::finish(pd, mr, iova as *mut u8, len, access, Box::new(()), Some(GpuMemory { buf, path }))),
-            Err(e) => Err((buf, e)),
-        }
-    }
-
-    /// Registers a pinned host mirror of `buf` for the NIC: the
-    /// [`RegistrationPath::HostStaged`] fallback.
-    pub(crate) fn register_gpu_staged(pd: &ProtectionDomain, buf: GpuBuffer, access: AccessFlags) -> Result<MemoryRegion> {
-        let mirror = PinnedHost::alloc(buf.gpu(), buf.len())?;
-        let (ptr, len) = (mirror.ptr(), mirror.len());
-        // SAFETY: the mirror is owned by the region and outlives the registration.
-        let (mr, access) = unsafe { reg_mr(pd, ptr, len, access)? };
-        let gpu = GpuMemory { buf, path: RegistrationPath::HostStaged };
-        Ok(Self::finish(pd, mr, ptr, len, access, Box::new(mirror), Some(gpu)))
-    }
-
     /// Asks the NIC's provider whether it can register dma-buf memory, the
     /// way NCCL and UCX do: `ibv_reg_dmabuf_mr` with `fd = -1`, returning
     /// the errno (`EBADF` from a capable provider, `EOPNOTSUPP` or
@@ -456,29 +322,6 @@ impl MemoryRegion {
         self.inner.gpu.as_ref().filter(|g| g.path == RegistrationPath::HostStaged).map(|g| &g.buf)
     }
 
-    /// Before a GPU kernel consumes data the NIC wrote into this region
-    /// (a receive, an RDMA read, or a peer's write announced by a write
-    /// with immediate): makes those writes visible to the GPU. On GPUs that
-    /// order RDMA writes ([`Gpu::rdma_writes_ordered`](crate::Gpu::rdma_writes_ordered),
-    /// Hopper and newer) there is nothing to do; older ones are flushed
-    /// with `cuFlushGPUDirectRDMAWrites`. Host-staged regions need nothing
-    /// more than their (synchronous) stage-in; host memory nothing at all.
-    ///
-    /// # Errors
-    /// [`Error::Cuda`].
-    pub fn flush_gpu_writes(&self) -> Result<()> {
-        match &*self.inner.gpu {
-            Some(g) if g.path != RegistrationPath::HostStaged => {
-                if g.buf.gpu().rdma_writes_ordered()? {
-                    Ok(())
-                } else {
-                    g.buf.gpu().flush_rdma_writes()
-                }
-            }
-            _ => Ok(()),
-        }
-    }
-
     /// Holds `offset..offset + len` for a work request about to be posted
     /// (`nic_writes`: a receive or an RDMA read into it), refused while a
     /// CPU copy conflicts. The caller holds its queue's lock and enters
@@ -506,26 +349,6 @@ impl MemoryRegion {
     pub(crate) fn claim_for_staging(&self, offset: usize, len: usize) -> Result<StagingClaim<'_>> {
         let claim = self.claim_cpu(offset, len, Use::CpuWrites)?;
         Ok(StagingClaim { claim, next: offset, end: offset + len })
-    }
-
-    /// For a host-staged region ([`RegistrationPath::HostStaged`]): copies
-    /// `range` from the NIC's host mirror to the GPU. Receives and RDMA
-    /// reads into the region are staged in automatically when their
-    /// completions are reaped; call this after learning (e.g. from a write
-    /// with immediate) that a peer RDMA-wrote the range. Other regions:
-    /// nothing to do.
-    ///
-    /// # Errors
-    /// [`Error::OutOfBounds`], [`Error::Cuda`]; [`Error::Busy`] while a
-    /// posted work request uses the range (a receive or RDMA read would
-    /// leave a half-written mirror) or a copy on another thread does.
-    pub fn stage_in(&self, range: impl RangeBounds<usize>) -> Result<()> {
-        let s = self.slice(range)?;
-        let Some(buf) = self.staged() else { return Ok(()) };
-        let _claim = self.claim_cpu(s.offset, s.len, Use::CpuWrites)?;
-        // SAFETY: the mirror range is inside the region, no Rust reference
-        // to it exists, and the claim keeps writers off it.
-        unsafe { buf.copy_from_raw(s.offset, self.inner.addr.add(s.offset), s.len) }
     }
 
     /// Length in bytes.
