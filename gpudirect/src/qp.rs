@@ -212,27 +212,18 @@ impl QpInner {
         }
         let mut q = self.tracker.recv.lock();
         let q = &mut *q;
-        if q.pending.len() + wrs.len() > q.depth as usize {
-            return Err(Error::QueueFull { queue: "receive", depth: q.depth });
-        }
+        q.room_for(wrs.len(), "receive")?;
         let first_seq = q.next_seq;
         let kept = q.pending.len();
-        let s = &mut q.scratch;
-        s.sges.clear();
-        s.recv.clear();
+        q.scratch.sges.clear();
+        q.scratch.recv.clear();
         for (i, wr) in wrs.iter().enumerate() {
             let seq = (first_seq + i as u64) & SEQ_MASK;
-            let hold = match claim(&wr.local, true) {
-                Ok(h) => h,
-                Err(e) => {
-                    q.pending.truncate(kept); // releases this batch's claims
-                    return Err(e);
-                }
-            };
-            s.sges.push(wr.local.sge());
-            s.recv.push(sys::ibv_recv_wr { wr_id: RECV_BIT | self.tracker.tag | seq, ..Default::default() });
-            q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: WcOpcode::Recv, signaled: true, hold });
+            q.enter(kept, claim(&wr.local, true), |hold| Pending { seq, wr_id: wr.wr_id, opcode: WcOpcode::Recv, signaled: true, hold })?;
+            q.scratch.sges.push(wr.local.sge());
+            q.scratch.recv.push(sys::ibv_recv_wr { wr_id: RECV_BIT | self.tracker.tag | seq, ..Default::default() });
         }
+        let s = &mut q.scratch;
         link_recv(&mut s.recv, &mut s.sges, wrs.iter().map(|w| !w.local.is_empty()));
         let mut bad = std::ptr::null_mut();
         // SAFETY: `recv` is a valid, NUL-terminated chain whose SGEs name
@@ -284,9 +275,7 @@ impl QpInner {
         if n == 0 {
             return Ok(());
         }
-        if q.pending.len() + n > q.depth as usize {
-            return Err(Error::QueueFull { queue: "send", depth: q.depth });
-        }
+        q.room_for(n, "send")?;
         let first_seq = q.next_seq;
         let kept = q.pending.len();
         let s = &mut q.scratch;
@@ -297,16 +286,10 @@ impl QpInner {
         let (chain, sges) = (s.send.as_mut_ptr(), s.sges.as_mut_ptr());
         let mut any_inline = false;
         for (i, wr) in wrs.iter().enumerate() {
+            let seq = (first_seq + i as u64) & SEQ_MASK;
             // Inline payloads are copied during the post, by the CPU: that
             // copy is a read like any send's, so it is held the same way.
-            let hold = match claim(wr) {
-                Ok(h) => h,
-                Err(e) => {
-                    q.pending.truncate(kept); // releases this batch's holds
-                    return Err(e);
-                }
-            };
-            let seq = (first_seq + i as u64) & SEQ_MASK;
+            q.enter(kept, claim(wr), |hold| Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold })?;
             // SAFETY: fit_send made room for `n` slots of each; `i < n`,
             // and `i + 1` is at most one past the end, never dereferenced
             // (the last request's link is set to NULL after the loop).
@@ -316,7 +299,6 @@ impl QpInner {
             raw.wr_id = self.tracker.tag | seq;
             wr.write_raw(raw, sg);
             any_inline |= wr.inline;
-            q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold });
         }
         let s = &mut q.scratch;
         s.send[n - 1].next = std::ptr::null_mut();
@@ -335,24 +317,16 @@ impl QpInner {
     fn post_list_locked(&self, q: &mut WorkQueue, list: &mut SendList<'_>) -> Result<()> {
         let (wrs, chain) = list.parts();
         let n = wrs.len();
-        if q.pending.len() + n > q.depth as usize {
-            return Err(Error::QueueFull { queue: "send", depth: q.depth });
-        }
+        q.room_for(n, "send")?;
         let first_seq = q.next_seq;
         let kept = q.pending.len();
         let mut any_inline = false;
         for (i, (wr, raw)) in wrs.iter().zip(chain.iter_mut()).enumerate() {
-            let hold = match claim(&wr.local, wr.op.nic_writes_local()) {
-                Ok(h) => h,
-                Err(e) => {
-                    q.pending.truncate(kept); // releases this post's holds
-                    return Err(e);
-                }
-            };
             let seq = (first_seq + i as u64) & SEQ_MASK;
+            let hold = claim(&wr.local, wr.op.nic_writes_local());
+            q.enter(kept, hold, |hold| Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold })?;
             raw.wr_id = self.tracker.tag | seq;
             any_inline |= wr.inline;
-            q.pending.push_back(Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold });
         }
         // SAFETY: the list's chain is NULL-terminated, of `n` requests
         // written from `wrs` (SendList::new) whose SGEs name registered
@@ -411,9 +385,7 @@ impl QpInner {
         }
         let mut q = self.tracker.send.lock();
         let chunks: usize = wrs.iter().map(|w| if splits_for_staging(w) { w.local.len.div_ceil(STAGE_CHUNK) } else { 1 }).sum();
-        if q.pending.len() + chunks > q.depth as usize {
-            return Err(Error::QueueFull { queue: "send", depth: q.depth });
-        }
+        q.room_for(chunks, "send")?;
         for (wr, staging) in wrs.iter().zip(&mut staging) {
             let Some(staging) = staging else {
                 self.post_send_locked(&mut q, std::slice::from_ref(wr), |w| claim(&w.local, w.op.nic_writes_local()))?;

@@ -55,6 +55,33 @@ impl WorkQueue {
     pub(crate) fn new(depth: u32) -> Self {
         WorkQueue { depth, next_seq: 0, pending: VecDeque::with_capacity(depth as usize), scratch: Scratch::default() }
     }
+
+    /// Refuses a batch of `n` requests that would overfill the queue (named
+    /// `queue` in the error), before anything of it is held or posted.
+    #[inline]
+    pub(crate) fn room_for(&self, n: usize, queue: &'static str) -> Result<()> {
+        if self.pending.len() + n > self.depth as usize {
+            return Err(Error::QueueFull { queue, depth: self.depth });
+        }
+        Ok(())
+    }
+
+    /// Enters one request of a batch with the hold its claim returned. A
+    /// failed claim releases the holds of the whole batch (the entries
+    /// after the first `kept`), so nothing of it stays held.
+    #[inline(always)]
+    pub(crate) fn enter(&mut self, kept: usize, hold: Result<Option<InFlight>>, entry: impl FnOnce(Option<InFlight>) -> Pending) -> Result<()> {
+        match hold {
+            Ok(hold) => {
+                self.pending.push_back(entry(hold));
+                Ok(())
+            }
+            Err(e) => {
+                self.pending.truncate(kept);
+                Err(e)
+            }
+        }
+    }
 }
 
 pub(crate) struct Tracker {
