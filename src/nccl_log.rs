@@ -8,9 +8,12 @@
 //! `/GDRDMA` exactly when that connection registers GPU memory with the NIC.
 //! [`explain`] reads such a log (NCCL 2.4 `Ring` lines through 2.2x
 //! `Channel NN/N` lines, with host names, stripped prefixes or launcher
-//! prefixes such as `[1,3]<stdout>:`) and says whether it was used, per rank
-//! and per direction, what would settle it when the log cannot, and what to
-//! check next.
+//! prefixes such as `[1,3]<stdout>:`; NCCL 2.0-2.3 wording such as `Using
+//! internal Network Socket` and `host:pid:tid [dev] INFO` without `NCCL`;
+//! terminal pastes with several records glued on one line or one record
+//! broken across two) and says whether it was used, per rank and per
+//! direction, what would settle it when the log cannot, and what to check
+//! next.
 //!
 //! # Verdict rules
 //! 1. NET connection lines decide when present: all `/GDRDMA` → used; none →
@@ -30,8 +33,11 @@
 //! 3. Anything else is "cannot tell", with the setting or line that would
 //!    settle it. `DMA-BUF is available`, the `use ring PXN 0 GDR 1` summary
 //!    and GDRCopy lines never count as evidence (see [`Misleading`]);
-//!    `Enabled for HCA` alone only says a NIC could. An IB completion error 4
-//!    (local protection, often ACS breaking GDR) is reported as a cause.
+//!    `Enabled for HCA` alone only says a NIC could. A GPU whose per-GPU
+//!    `Enabled` lines all end in `read 0` (the check for receives) keeps its
+//!    sends off GPUDirect RDMA: at most partial, said in the evidence. An IB
+//!    completion error 4 (local protection, often ACS breaking GDR) is
+//!    reported as a cause.
 //!
 //! # JSON (`--json`)
 //! The [`Report`] serialises with serde; field names are stable and new
@@ -48,7 +54,8 @@
 //! - `plugin_dmabuf`: aws-ofi-nccl's `Support for DMA-BUF registrations`
 //!   (`false` when any rank said so), or `null`.
 //! - `gdr_support`: per-HCA / per-GPU `GPU Direct RDMA Enabled|Disabled`
-//!   lines ([`GdrSupport`]).
+//!   lines ([`GdrSupport`]), with the registration path (`mechanism`:
+//!   `DMABUF`, `nvidia-peermem`) and the per-GPU `read` flag when printed.
 //! - `environment`: `NAME set by environment to VALUE` lines ([`EnvSetting`]).
 //! - `ranks`: per-rank summary of its connections ([`RankSummary`]).
 //! - `connections`: every distinct connection line ([`Connection`]), the
@@ -56,8 +63,9 @@
 //! - `misleading`: lines that look like evidence but are not ([`Misleading`]).
 //! - `warnings`: distinct `NCCL WARN` lines ([`LogLine`], at most 200).
 //! - `causes`: what to check next, most specific first.
-//! - `lines_read`, `nccl_lines`: lines in the input, and those carrying an
-//!   `NCCL INFO` / `NCCL WARN` marker.
+//! - `lines_read`, `nccl_lines`: lines in the input, and the NCCL records
+//!   in them (an `NCCL INFO` / `NCCL WARN` marker each, or NCCL 2.0-2.2's
+//!   bare `INFO` / `WARN` after a full prefix).
 
 mod parse;
 mod scan;
@@ -186,6 +194,12 @@ pub struct GdrSupport {
     pub gpu: Option<String>,
     /// What follows: `(no module)`, `(distance 3 >= 2)`, `..., read 0`.
     pub detail: Option<String>,
+    /// The registration path NCCL 2.19+ name on per-HCA lines: `DMABUF`
+    /// or `nvidia-peermem`.
+    pub mechanism: Option<String>,
+    /// Per-GPU lines from NCCL 2.5 on end in `read 1` when the check was
+    /// for sends (the NIC reads GPU memory) and `read 0` for receives.
+    pub read: Option<bool>,
 }
 
 /// A `NAME set by environment to VALUE` line.
@@ -318,7 +332,9 @@ pub struct Report {
     pub causes: Vec<String>,
     /// Lines in the input.
     pub lines_read: usize,
-    /// Lines with an `NCCL INFO` or `NCCL WARN` marker.
+    /// NCCL records: `NCCL INFO` / `NCCL WARN` markers (several records
+    /// glued on one line count apart), and NCCL 2.0-2.2's bare `INFO` /
+    /// `WARN` after a `host:pid:tid [dev]` prefix.
     pub nccl_lines: usize,
 }
 
@@ -450,11 +466,11 @@ fn describe_support(s: &GdrSupport) -> String {
     if let Some(net) = &s.net {
         let _ = write!(out, "NET/{net} : ");
     }
-    out.push_str(if s.enabled {
-        "GPU Direct RDMA Enabled for "
-    } else {
-        "GPU Direct RDMA Disabled for "
-    });
+    out.push_str("GPU Direct RDMA ");
+    if let Some(m) = &s.mechanism {
+        let _ = write!(out, "({m}) ");
+    }
+    out.push_str(if s.enabled { "Enabled for " } else { "Disabled for " });
     if let Some(g) = &s.gpu {
         let _ = write!(out, "GPU {g} / ");
     }

@@ -30,16 +30,114 @@ pub(super) enum Level {
 /// marker. Without a marker the whole (trimmed) line is the message, so
 /// recognisers still work on logs whose prefixes were cut off.
 pub(super) fn split_line(line: &str) -> (Prefix, Level, &str) {
+    let Some((at, level)) = find_marker(line) else {
+        return match legacy_marker(line) {
+            Some((at, level)) => (
+                parse_prefix(&line[..at]),
+                level,
+                line[at + LEGACY_MARKER_LEN..].trim(),
+            ),
+            None => (Prefix::default(), Level::None, line.trim()),
+        };
+    };
+    let msg = line[at + MARKER_LEN..].trim();
+    (parse_prefix(&line[..at]), level, msg)
+}
+
+/// `NCCL INFO` and `NCCL WARN` are the same length.
+const MARKER_LEN: usize = "NCCL INFO".len();
+/// ` INFO ` / ` WARN `: NCCL up to 2.2 printed no `NCCL` before the level.
+const LEGACY_MARKER_LEN: usize = " INFO ".len();
+
+/// The first `NCCL INFO` / `NCCL WARN` marker on a line.
+fn find_marker(line: &str) -> Option<(usize, Level)> {
     let info = line.find("NCCL INFO");
     let warn = line.find("NCCL WARN");
-    let (at, level) = match (info, warn) {
-        (Some(i), Some(w)) if w < i => (w, Level::Warn),
-        (Some(i), _) => (i, Level::Info),
-        (None, Some(w)) => (w, Level::Warn),
-        (None, None) => return (Prefix::default(), Level::None, line.trim()),
+    match (info, warn) {
+        (Some(i), Some(w)) if w < i => Some((w, Level::Warn)),
+        (Some(i), _) => Some((i, Level::Info)),
+        (None, Some(w)) => Some((w, Level::Warn)),
+        (None, None) => None,
+    }
+}
+
+/// NCCL 2.0-2.2's marker, `host:pid:tid [dev] INFO msg`. Only taken after a
+/// whole `host:pid:tid [dev]` prefix: `INFO` alone is common in other tools'
+/// output (`INFO:tensorflow:...`).
+fn legacy_marker(line: &str) -> Option<(usize, Level)> {
+    for (word, level) in [(" INFO ", Level::Info), (" WARN ", Level::Warn)] {
+        let mut from = 0;
+        while let Some(found) = line[from..].find(word) {
+            let at = from + found;
+            if record_start(line, at).is_some() {
+                return Some((at, level));
+            }
+            from = at + 1;
+        }
+    }
+    None
+}
+
+/// Splits one physical line into the NCCL records on it. Terminal pastes
+/// padded to a fixed width put several records on one line (`... via
+/// NET/IBext/1/GDRDMA      host:11979:12555 [1] NCCL INFO Channel ...`);
+/// each one after the first starts at the `host:pid:tid [dev]` prefix of
+/// its marker, or at the marker when the prefix was stripped.
+pub(super) fn records(line: &str) -> Vec<&str> {
+    let mut markers = Vec::new();
+    let mut from = 0;
+    while let Some((at, _)) = find_marker(&line[from..]) {
+        markers.push(from + at);
+        from += at + MARKER_LEN;
+    }
+    let Some(&first) = markers.first() else {
+        return vec![line];
     };
-    let msg = line[at + "NCCL INFO".len()..].trim();
-    (parse_prefix(&line[..at]), level, msg)
+    let mut out = Vec::with_capacity(markers.len() + 1);
+    // Text before the first prefix is the tail of a record broken across
+    // lines (`NFO Channel 01/0 : ...`), or a launcher's own prefix.
+    let mut start = record_start(line, first).unwrap_or(0);
+    if line[..start].trim().is_empty() {
+        start = 0;
+    } else {
+        out.push(&line[..start]);
+    }
+    for pair in markers.windows(2) {
+        let (previous, at) = (pair[0], pair[1]);
+        // A prefix cannot reach back into the previous record's marker.
+        let cut = record_start(line, at).unwrap_or(at).max(previous + MARKER_LEN);
+        out.push(&line[start..cut]);
+        start = cut;
+    }
+    out.push(&line[start..]);
+    out
+}
+
+/// Where the `host:pid:tid [dev]` prefix (with a launcher's prefix glued to
+/// its front, and on WARN lines the `file.cc:line` after the device) ending
+/// just before `marker` begins; `None` when the text there is not one.
+fn record_start(line: &str, marker: usize) -> Option<usize> {
+    let mut head = line[..marker].trim_end();
+    if !head.ends_with(']') {
+        // `transport/net_ib.cc:1192` between the device and `NCCL WARN`.
+        let token_at = head.rfind(char::is_whitespace).map_or(0, |i| i + 1);
+        let (file, number) = head[token_at..].rsplit_once(':')?;
+        if file.is_empty() || !is_digits(number) {
+            return None;
+        }
+        head = head[..token_at].trim_end();
+    }
+    let open = head.strip_suffix(']')?.rfind('[')?;
+    if !is_digits(&head[open + 1..head.len() - 1]) {
+        return None;
+    }
+    let before = head[..open].trim_end();
+    let token_at = before.rfind(char::is_whitespace).map_or(0, |i| i + 1);
+    let mut parts = before[token_at..].rsplit(':');
+    let (tid, pid) = (parts.next()?, parts.next()?);
+    // The host may be empty (`:22901:22901 [0]`), but its colon is there.
+    parts.next()?;
+    (is_digits(tid) && is_digits(pid)).then_some(token_at)
 }
 
 /// Reads `host:pid:tid [dev]` from the text before the marker, ignoring a
@@ -202,6 +300,12 @@ fn parse_connection_at(s: &str) -> Option<ConnLine> {
         return None;
     }
     let (via, transport, net) = classify_via(via);
+    // `via NET/IBext/` at the end of a pasted excerpt: NCCL always prints
+    // the NIC index, so a NET path without one was cut off, and its
+    // `/GDRDMA` (or not) is unknown.
+    if net.as_ref().is_some_and(|n| n.dev.is_none()) {
+        return None;
+    }
     Some(ConnLine {
         channel,
         sub,
@@ -298,6 +402,8 @@ pub(super) struct SupportLine {
     pub hca_name: Option<String>,
     pub gpu: Option<String>,
     pub detail: Option<String>,
+    pub mechanism: Option<String>,
+    pub read: Option<bool>,
 }
 
 /// Recognises the per-HCA line (`NET/IB : GPU Direct RDMA Disabled for HCA 0
@@ -307,9 +413,11 @@ pub(super) struct SupportLine {
 pub(super) fn parse_support(msg: &str) -> Option<SupportLine> {
     let at = msg.find("GPU Direct RDMA ")?;
     let mut rest = &msg[at + "GPU Direct RDMA ".len()..];
-    // Tolerate a qualifier such as `(nvidia-peermem) ` before the state.
+    // 2.19+ name the registration path: `(DMABUF) enabled`, `(nvidia-peermem) enabled`.
+    let mut mechanism = None;
     if let Some(inner) = rest.strip_prefix('(') {
         let close = inner.find(')')?;
+        mechanism = Some(inner[..close].to_string());
         rest = inner[close + 1..].trim_start();
     }
     let (enabled, after) = if let Some(r) = strip_prefix_ignore_case(rest, "enabled ") {
@@ -327,6 +435,8 @@ pub(super) fn parse_support(msg: &str) -> Option<SupportLine> {
         hca_name: None,
         gpu: None,
         detail: None,
+        mechanism,
+        read: None,
     };
     if let Some(r) = rest.strip_prefix("GPU ") {
         let end = r.find(|c: char| c.is_whitespace()).unwrap_or(r.len());
@@ -339,10 +449,15 @@ pub(super) fn parse_support(msg: &str) -> Option<SupportLine> {
         line.hca = r[..end].parse().ok();
         rest = r[end..].trim_start();
         if let Some(inner) = rest.strip_prefix('\'') {
-            if let Some(close) = inner.find('\'') {
+            // The DMABUF and nvidia-peermem lines print `'%s` without the
+            // closing quote.
+            let close = inner
+                .find(|c: char| c == '\'' || c.is_whitespace())
+                .unwrap_or(inner.len());
+            if close > 0 {
                 line.hca_name = Some(inner[..close].to_string());
-                rest = &inner[close + 1..];
             }
+            rest = inner[close..].strip_prefix('\'').unwrap_or(&inner[close..]);
         }
     } else if line.gpu.is_none() {
         return None;
@@ -351,6 +466,12 @@ pub(super) fn parse_support(msg: &str) -> Option<SupportLine> {
     if !rest.is_empty() {
         line.detail = Some(rest.to_string());
     }
+    // `..., read 1`: the per-GPU check NCCL ran for sends (the NIC reads GPU
+    // memory); `read 0` is the one for receives.
+    line.read = rest
+        .rfind("read ")
+        .and_then(|i| take_number(&rest[i + "read ".len()..]))
+        .map(|(n, _)| n != 0);
     Some(line)
 }
 
@@ -373,33 +494,69 @@ fn net_name_before(head: &str) -> Option<String> {
 
 /// `NET/IB : Using [0]mlx5_0:1/RoCE ...` or `NET/Socket : Using [0]eth0:...`:
 /// the network plugin's name and what follows `Using `.
+/// NCCL 2.3 and older print one line per NIC instead: `NET/IB: [0]
+/// mlx4_0:1/IB`. Their `NET/IB : Using interface eth0 for sideband
+/// communication` names the bootstrap interface, not a NIC, and is not a
+/// list.
 pub(super) fn parse_net_using(msg: &str) -> Option<(String, String)> {
     let body = msg.strip_prefix("NET/")?;
-    let using = body.find(": Using ")?;
-    let name = body[..using].trim();
+    let colon = body.find(':')?;
+    let name = body[..colon].trim();
     if name.is_empty() || name.contains(char::is_whitespace) {
         return None;
     }
-    Some((
-        name.to_string(),
-        body[using + ": Using ".len()..].trim().to_string(),
-    ))
+    let tail = body[colon + 1..].trim_start();
+    let list = match tail.strip_prefix("Using ") {
+        Some(list) if !list.starts_with("interface ") => list,
+        Some(_) => return None,
+        None if tail.starts_with('[') && !net_device_names(tail).is_empty() => tail,
+        None => return None,
+    };
+    Some((name.to_string(), list.trim().to_string()))
 }
 
-/// The device names in a `Using` list: `[0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE`.
+/// The network NCCL chose: `Using network IB` (2.4+) or `Using internal
+/// Network Socket` (2.3 and older).
+pub(super) fn parse_network(msg: &str) -> Option<&str> {
+    let name = msg
+        .strip_prefix("Using network ")
+        .or_else(|| msg.strip_prefix("Using internal Network "))?
+        .trim();
+    (!name.is_empty()).then_some(name)
+}
+
+/// The device names in a `Using` list: `[0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE`,
+/// the 2.3 form `[0] mlx4_0:1/IB`, and 2.19+ merged NICs `[0]={[0]
+/// mlx5_2:1/RoCE, [1] mlx5_3:1/RoCE}`, whose members are the devices.
 pub(super) fn net_device_names(list: &str) -> Vec<String> {
-    list.split_whitespace()
-        .filter_map(|tok| {
-            let inner = tok.strip_prefix('[')?;
-            let close = inner.find(']')?;
+    let mut names = Vec::new();
+    let mut after_index = false;
+    for tok in list.split_whitespace() {
+        let mut name = tok;
+        if let Some(inner) = tok.strip_prefix('[') {
+            let Some(close) = inner.find(']') else {
+                after_index = false;
+                continue;
+            };
             if !is_digits(&inner[..close]) {
-                return None;
+                after_index = false;
+                continue;
             }
-            let name = &inner[close + 1..];
-            let name = name.split([':', '<', ';']).next().unwrap_or(name);
-            (!name.is_empty()).then(|| name.to_string())
-        })
-        .collect()
+            name = &inner[close + 1..];
+            if name.is_empty() || name.starts_with('=') {
+                after_index = true;
+                continue;
+            }
+        } else if !after_index {
+            continue;
+        }
+        after_index = false;
+        let name = name.split([':', '<', ';', ',', '}']).next().unwrap_or(name);
+        if name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+            names.push(name.to_string());
+        }
+    }
+    names
 }
 
 /// A socket plugin's connection set-up, `NET/FastSocket : Connected after 18

@@ -46,10 +46,13 @@ impl Scan {
         let mut seen_conn = HashSet::new();
         let mut misleading_at: HashMap<String, usize> = HashMap::new();
         let mut error_at: HashMap<(u64, Option<String>), usize> = HashMap::new();
-        for (index, raw) in text.lines().enumerate() {
-            scan.lines_read += 1;
-            let n = index + 1;
-            let (prefix, level, msg) = parse::split_line(raw);
+        scan.lines_read = text.lines().count();
+        // Line numbers stay physical: glued records share their line's number.
+        let records = text.lines().enumerate().flat_map(|(index, raw)| {
+            parse::records(raw).into_iter().map(move |r| (index + 1, r))
+        });
+        for (n, record) in records {
+            let (prefix, level, msg) = parse::split_line(record);
             if level != parse::Level::None {
                 scan.nccl_lines += 1;
             }
@@ -99,6 +102,8 @@ impl Scan {
                         hca_name: s.hca_name,
                         gpu: s.gpu,
                         detail: s.detail,
+                        mechanism: s.mechanism,
+                        read: s.read,
                     });
                 }
                 continue;
@@ -115,9 +120,8 @@ impl Scan {
                 }
                 continue;
             }
-            if let Some(name) = msg.strip_prefix("Using network ") {
-                let name = name.trim();
-                if !name.is_empty() && seen.insert((4, None, name.to_string())) {
+            if let Some(name) = parse::parse_network(msg) {
+                if seen.insert((4, None, name.to_string())) {
                     scan.networks.push((clip(name), here(msg)));
                 }
                 continue;

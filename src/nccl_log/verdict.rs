@@ -143,6 +143,18 @@ pub(super) fn decide(scan: &Scan) -> Decision {
             describe_support(e)
         ));
     }
+    for e in receive_only_gpus(scan) {
+        evidence.push(format!(
+            "GPU {}{}: 'GPU Direct RDMA Enabled' only with read 0 (line {}: {}), NCCL's check \
+             for receives; it prints no 'read 1' line when it keeps sends from a GPU off \
+             GPUDirect RDMA (NCCL_NET_GDR_READ=0, or a pre-Ampere GPU without NVLink), so sends \
+             from that GPU go through host memory: at most partial",
+            e.gpu.as_deref().unwrap_or("?"),
+            e.host.as_ref().map(|h| format!(" on {h}")).unwrap_or_default(),
+            e.line,
+            describe_support(e)
+        ));
+    }
     if let Some(d) = disabled.first() {
         evidence.push(format!(
             "{} 'GPU Direct RDMA Disabled' line(s) (line {}: {}): those NICs or GPUs go through \
@@ -180,6 +192,22 @@ pub(super) fn decide(scan: &Scan) -> Decision {
         evidence,
         settle_with: Some(settle),
     }
+}
+
+/// The first `Enabled ... read 0` line of each GPU (per host) that has no
+/// `Enabled ... read 1` line: receives may use GPUDirect RDMA, sends from it
+/// do not.
+pub(super) fn receive_only_gpus(scan: &Scan) -> Vec<&GdrSupport> {
+    let per_gpu = || scan.support.iter().filter(|s| s.enabled && s.gpu.is_some());
+    let sends: BTreeSet<(&Option<String>, &Option<String>)> = per_gpu()
+        .filter(|s| s.read == Some(true))
+        .map(|s| (&s.host, &s.gpu))
+        .collect();
+    let mut seen = BTreeSet::new();
+    per_gpu()
+        .filter(|s| s.read == Some(false))
+        .filter(|s| !sends.contains(&(&s.host, &s.gpu)) && seen.insert((&s.host, &s.gpu)))
+        .collect()
 }
 
 /// One label per rank whose NET lines do (or do not) carry /GDRDMA:
@@ -330,6 +358,11 @@ fn decide_from_connections(scan: &Scan, net: &[&Connection]) -> Decision {
 
 /// What to check next, the causes named by lines of this log first and
 /// the generic ones only when nothing more specific is known.
+/// Why sends can stage through host memory while receives do not.
+const GDR_READ: &str = "NCCL lets the NIC read GPU memory for sends only where \
+     NCCL_NET_GDR_READ allows it (by default only on some platforms); NCCL_NET_GDR_READ=1 \
+     enables it, measure before keeping it";
+
 pub(super) fn causes(scan: &Scan, d: &Decision) -> Vec<String> {
     let mut out = Causes::default();
     for e in scan.completion_errors.iter().filter(|e| e.is_protection()) {
@@ -477,6 +510,9 @@ pub(super) fn causes(scan: &Scan, d: &Decision) -> Vec<String> {
             quote(l)
         ));
     }
+    if d.verdict == Verdict::Unknown && !receive_only_gpus(scan).is_empty() {
+        out.add(format!("the per-GPU lines check receives only (read 0): {GDR_READ}"));
+    }
     if d.verdict == Verdict::Partial {
         let net: Vec<&Connection> = scan.net_conns().collect();
         let recv_only = net
@@ -492,13 +528,7 @@ pub(super) fn causes(scan: &Scan, d: &Decision) -> Vec<String> {
                 .iter()
                 .any(|c| c.direction == Direction::Send && c.gdr == Some(false));
         if recv_only {
-            out.add(
-                "every receive uses GPUDirect RDMA but some sends do not: NCCL lets the NIC \
-                 read GPU memory for sends only where NCCL_NET_GDR_READ allows it (by default \
-                 only on some platforms); NCCL_NET_GDR_READ=1 enables it, measure before keeping \
-                 it"
-                .to_string(),
-            );
+            out.add(format!("every receive uses GPUDirect RDMA but some sends do not: {GDR_READ}"));
         }
         if !recv_only || sends_differ {
             out.add(
