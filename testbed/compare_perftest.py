@@ -36,9 +36,23 @@ from xml.sax.saxutils import escape
 
 SCHEMA = 1
 MIB = 1 << 20
-ALL_SIZES = [1 << p for p in range(1, 24)]  # 2 B .. 8 MiB, as perftest -a
+
+
+def _perftest_all_sizes():
+    """perftest's -a sweep (2 B .. 8 MiB), read from its one definition,
+    PERFTEST_ALL_EXPONENTS in src/perf/sizes.rs, which bw -a and the rdma
+    bench use too."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "src", "perf", "sizes.rs")
+    with open(src, encoding="utf-8") as f:
+        m = re.search(r"PERFTEST_ALL_EXPONENTS:[^=]*=\s*(\d+)\.\.=(\d+);", f.read())
+    if not m:
+        raise RuntimeError("%s: no PERFTEST_ALL_EXPONENTS range" % src)
+    return [1 << p for p in range(int(m.group(1)), int(m.group(2)) + 1)]
+
+
+ALL_SIZES = _perftest_all_sizes()
 QUICK_SIZES = [2, 4096, 65536, 1048576]
-DEFAULT_SIZES = [1 << p for p in range(1, 24, 2)]  # 2, 8, 32, .. 8 MiB
+DEFAULT_SIZES = ALL_SIZES[::2]  # every other power of two: 2, 8, 32, .. 8 MiB
 BW_OPS = ("write", "read", "send")
 ALL_OPS = ("write", "read", "send", "lat")
 TOOLS = ("perftest", "gpudirect")

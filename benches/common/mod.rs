@@ -15,13 +15,15 @@
 // Each bench binary uses a different part of this module.
 #![allow(dead_code)]
 
+/// perftest's `-a` sweep, from its one definition in the tools.
+#[path = "../../src/perf/sizes.rs"]
+mod perftest;
+
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use gpudirect::{CompletionQueue, Context, WorkCompletion};
 
-/// 2 B .. 8 MiB in powers of two: 23 sizes.
-pub const RDMA_SIZES: std::ops::RangeInclusive<u32> = 1..=23;
 /// 4 KiB .. 64 MiB in powers of four: 8 sizes.
 pub const REG_SIZES: [usize; 8] = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20];
 
@@ -104,8 +106,7 @@ pub fn sizes(var: &str, default: &[usize]) -> Vec<usize> {
 }
 
 pub fn rdma_sizes() -> Vec<usize> {
-    let all: Vec<usize> = RDMA_SIZES.map(|p| 1usize << p).collect();
-    sizes("GPUDIRECT_BENCH_SIZES", &all)
+    sizes("GPUDIRECT_BENCH_SIZES", &perftest::perftest_all_sizes())
 }
 
 pub fn reg_sizes() -> Vec<usize> {

@@ -8,6 +8,7 @@
 
 pub mod bw;
 pub mod lat;
+mod sizes;
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -18,10 +19,6 @@ use gpudirect::{
     AccessFlags, CompletionQueue, Context, Endpoint, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RemoteBuffer,
 };
 
-/// All sizes of `-a`: 2 B to 8 MiB, as perftest sweeps.
-pub fn all_sizes() -> Vec<usize> {
-    (1..=23).map(|p| 1usize << p).collect()
-}
 
 /// The operation measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
@@ -187,7 +184,7 @@ pub fn connect(c: &Common, client_params: Params, max_inline: u32, areas: usize)
 /// The sizes the options ask for.
 pub fn sizes(c: &Common, default: usize) -> Vec<usize> {
     if c.all {
-        all_sizes()
+        sizes::perftest_all_sizes()
     } else {
         vec![c.size.unwrap_or(default)]
     }
