@@ -1,10 +1,10 @@
 //! Checks of the RDMA and CUDA stacks: devices, ports, GIDs, uverbs nodes,
-//! the CUDA driver and the NVIDIA module flavour; and the findings of the
+//! the CUDA driver; and the findings of the
 //! facts GPUDirect RDMA rests on (GPU attributes, dma-buf on NIC and
 //! kernel, peer memory), which the library judges
 //! ([`gpudirect::gdr::Judgement`]) and this module only prints.
 
-use gpudirect::gdr::{GpuFacts, HostFacts, Judgement, ModuleFlavour, NicFacts};
+use gpudirect::gdr::{GpuFacts, HostFacts, Judgement, NicFacts};
 use gpudirect::RegistrationPath;
 use gpudirect::sysroot::SysRoot;
 use gpudirect::{GidType, LinkLayer, Mtu, PortState};
@@ -141,27 +141,34 @@ fn device(root: &SysRoot, d: &RdmaDevice, left: bool) -> Vec<Finding> {
     out
 }
 
-/// The CUDA driver, each GPU's GPUDirect facts and the module flavour.
+/// The CUDA driver and each GPU's GPUDirect facts. The kernel module's
+/// flavour is evidence for the GPU's dma-buf fact, which the library judges;
+/// its version line is shown with the driver.
 pub fn cuda(root: &SysRoot, gpus: &Result<Vec<GpuFacts>, String>, left: &PathsLeft) -> Vec<Finding> {
     let mut out = Vec::new();
-    let module = ModuleFlavour::read(root);
-    let version = root.read("/proc/driver/nvidia/version").ok().and_then(|t| t.lines().next().map(str::to_owned));
+    let version = match root.read("/proc/driver/nvidia/version") {
+        Ok(t) => format!("/proc/driver/nvidia/version: {}", t.lines().next().unwrap_or_default()),
+        Err(_) => "/proc/driver/nvidia/version: missing (no NVIDIA kernel module is loaded)".to_string(),
+    };
     match gpus {
         Err(why) => {
             out.push(
                 Finding::new("cuda.driver", Status::Fail, "CUDA cannot be used")
                     .evidence(why.clone())
+                    .evidence(version)
                     .fix("install the NVIDIA driver; in a container use the NVIDIA container toolkit (--gpus)"),
             );
         }
-        Ok(list) if list.is_empty() => out.push(Finding::new("cuda.driver", Status::Fail, "the CUDA driver sees no GPU").fix("check CUDA_VISIBLE_DEVICES and `nvidia-smi`")),
+        Ok(list) if list.is_empty() => out.push(
+            Finding::new("cuda.driver", Status::Fail, "the CUDA driver sees no GPU").evidence(version).fix("check CUDA_VISIBLE_DEVICES and `nvidia-smi`"),
+        ),
         Ok(list) => {
             let v = list.iter().find_map(|g| g.driver_version).map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10)).unwrap_or_else(|| "unknown".into());
             let mut f = Finding::new("cuda.driver", Status::Ok, format!("CUDA driver {v}, {} GPU(s)", list.len()));
             for g in list {
                 f = f.evidence(g.label.clone());
             }
-            out.push(f);
+            out.push(f.evidence(version));
             for g in list {
                 let [gdr, dma_buf] = g.judge();
                 let here = left.gpus.contains(&g.ordinal);
@@ -170,17 +177,6 @@ pub fn cuda(root: &SysRoot, gpus: &Result<Vec<GpuFacts>, String>, left: &PathsLe
             }
         }
     }
-    let f = match &module {
-        ModuleFlavour::Open => Finding::new("cuda.module", Status::Ok, "the open NVIDIA kernel module is loaded (dma-buf capable)"),
-        ModuleFlavour::Proprietary => Finding::new("cuda.module", Status::Warn, "the proprietary NVIDIA kernel module is loaded: no dma-buf export")
-            .fix("install the open flavour (nvidia-open / `nvidia-driver-XXX-open`), the default from driver 560"),
-        ModuleFlavour::NotLoaded => Finding::new("cuda.module", Status::Fail, "no NVIDIA kernel module is loaded").fix("install and load the NVIDIA driver"),
-        ModuleFlavour::Unknown(l) => Finding::new("cuda.module", Status::Warn, format!("unrecognised NVIDIA module version line: {l}")),
-    };
-    out.push(match version {
-        Some(v) => f.evidence(format!("/proc/driver/nvidia/version: {v}")),
-        None => f.evidence("/proc/driver/nvidia/version: missing"),
-    });
     out
 }
 
@@ -211,7 +207,7 @@ fn none_or(v: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpudirect::gdr::DmaBufProbe;
+    use gpudirect::gdr::{DmaBufProbe, ModuleFlavour};
     use testkit::Tree;
     use gpudirect::{Errno, Gid, GidChoice, GidEntry, PortAttr};
 
@@ -308,16 +304,22 @@ mod tests {
         // With no path left for the GPU, the same fact fails.
         let f = cuda(&root_of(&t), &Ok(vec![gpu(true, false)]), &PathsLeft::default());
         assert_eq!(find(&f, "cuda.dmabuf.gpu0").status, Status::Fail);
-        let f = cuda(&root_of(&t), &Ok(vec![gpu(true, false)]), &gpu0);
-        let m = find(&f, "cuda.module");
-        assert_eq!(m.status, Status::Warn);
-        assert!(m.evidence[0].contains("535.104.05"));
+        // The module flavour is evidence for the GPU's dma-buf fact, not a
+        // finding of its own; its version line is shown with the driver.
+        let proprietary = GpuFacts { module: ModuleFlavour::Proprietary, ..gpu(true, false) };
+        let f = cuda(&root_of(&t), &Ok(vec![proprietary]), &gpu0);
+        assert!(find(&f, "cuda.driver").evidence.iter().any(|e| e.contains("535.104.05")), "{f:#?}");
+        let d = find(&f, "cuda.dmabuf.gpu0");
+        assert_eq!(d.status, Status::Warn);
+        assert!(d.evidence.iter().any(|e| e == "NVIDIA kernel module: the proprietary kernel module (/proc/driver/nvidia/version)"), "{d:#?}");
+        assert!(d.fix.as_deref().unwrap().contains("open kernel module flavour"), "{d:#?}");
+        assert!(!f.iter().any(|x| x.check == "cuda.module"));
         let f = cuda(&root_of(&t), &Ok(vec![gpu(false, true)]), &gpu0);
         assert_eq!(find(&f, "cuda.gdr.gpu0").status, Status::Fail);
         assert!(find(&f, "cuda.gdr.gpu0").fix.as_deref().unwrap().contains("data-center GPU"));
         let f = cuda(&root_of(&Tree::new("nodriver")), &Err("CUDA is not available: libcuda.so.1 cannot be loaded".into()), &gpu0);
         assert_eq!(find(&f, "cuda.driver").status, Status::Fail);
-        assert_eq!(find(&f, "cuda.module").status, Status::Fail);
+        assert!(find(&f, "cuda.driver").evidence.iter().any(|e| e.contains("no NVIDIA kernel module is loaded")));
     }
 
     #[test]

@@ -38,6 +38,19 @@ impl ModuleFlavour {
     }
 }
 
+impl std::fmt::Display for ModuleFlavour {
+    /// `the open kernel module`, `the proprietary kernel module`, `no NVIDIA
+    /// kernel module` or the unrecognised version line, quoted.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModuleFlavour::Open => f.write_str("the open kernel module"),
+            ModuleFlavour::Proprietary => f.write_str("the proprietary kernel module"),
+            ModuleFlavour::NotLoaded => f.write_str("no NVIDIA kernel module"),
+            ModuleFlavour::Unknown(line) => write!(f, "an unrecognised kernel module ({line:?})"),
+        }
+    }
+}
+
 /// The answer of the NIC's dma-buf probe: `ibv_reg_dmabuf_mr` with
 /// `fd = -1`, as NCCL and UCX do. A provider that can register dma-buf
 /// rejects the bad descriptor (`EBADF`); one that cannot says

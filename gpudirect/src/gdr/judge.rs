@@ -269,7 +269,10 @@ impl GpuFacts {
             (None, None) => Judgement::unknown(Fact::GpuGdr, format!("{gpu}: attribute 116 unreadable"), vec![]),
         };
         let old_driver = self.driver_version.filter(|&v| v < 11070);
-        let dma_buf = match (&self.cuda_unavailable, old_driver, self.dma_buf_supported) {
+        // The module flavour is evidence for this fact, never a verdict of
+        // its own: attribute 124 is CUDA's answer and already accounts for it.
+        let module = format!("NVIDIA kernel module: {} (/proc/driver/nvidia/version)", self.module);
+        let mut dma_buf = match (&self.cuda_unavailable, old_driver, self.dma_buf_supported) {
             (Some(why), _, _) => Judgement::unknown(Fact::GpuDmaBuf, format!("{gpu}: dma-buf export not checked (CUDA unavailable)"), vec![why.clone()]),
             (None, Some(v), _) => {
                 let c = Cause::CudaTooOldForDmaBuf(v);
@@ -285,10 +288,11 @@ impl GpuFacts {
                 Cause::GpuWithoutDmaBuf,
                 &sides,
                 format!("{gpu} cannot export dma-buf"),
-                vec!["CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED (124) = 0".into(), format!("kernel module: {:?}", self.module)],
+                vec!["CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED (124) = 0".into()],
             ),
             (None, None, None) => Judgement::unknown(Fact::GpuDmaBuf, format!("{gpu}: attribute 124 unreadable"), vec![]),
         };
+        dma_buf.evidence.push(module);
         [gdr, dma_buf]
     }
 }
