@@ -79,7 +79,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use scan::{is_socket, CompletionError, Scan};
+use scan::{CompletionError, Scan};
 
 /// Whether GPUDirect RDMA carried the network traffic seen in a log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

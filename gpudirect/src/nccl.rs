@@ -221,6 +221,14 @@ mod tests {
             ("", Int::Empty),
             ("99999999999999999999", Int::Overflow),
             ("-9223372036854775808", Int::Number(i64::MIN)),
+            ("9223372036854775807", Int::Number(i64::MAX)),
+            ("9223372036854775808", Int::Overflow),
+            ("+7x", Int::Number(7)),
+            ("0x1F", Int::Number(31)),
+            // Octal stops at the 9, as strtoll does: "0" is read.
+            ("09", Int::Number(0)),
+            ("true", Int::NotANumber),
+            ("-", Int::NotANumber),
         ];
         for (v, want) in cases {
             assert_eq!(param_int(v), want, "{v:?}");

@@ -3,6 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use gpudirect::nccl::is_tcp_network;
+
 use super::{
     clip, parse, quote, Connection, Direction, EnvSetting, GdrSupport, LogLine, Misleading,
     NetDevices, Provider, Transport, MAX_QUOTED, MAX_WARNINGS, WHY_DMABUF, WHY_GDRCOPY,
@@ -260,7 +262,7 @@ impl Scan {
     pub(super) fn socket_evidence(&self) -> Vec<&LogLine> {
         self.networks
             .iter()
-            .filter(|(name, _)| is_socket(name))
+            .filter(|(name, _)| is_tcp_network(name))
             .map(|(_, l)| l)
             .chain(self.tcp_setup.iter().take(1))
             .collect()
@@ -269,18 +271,18 @@ impl Scan {
     /// Networks other than sockets named anywhere (`Using network IB`, a
     /// `NET/IB : Using` list, a non-socket NET connection).
     pub(super) fn rdma_network_named(&self) -> bool {
-        self.networks.iter().any(|(name, _)| !is_socket(name))
-            || self.net_devices.iter().any(|d| !is_socket(&d.net))
+        self.networks.iter().any(|(name, _)| !is_tcp_network(name))
+            || self.net_devices.iter().any(|d| !is_tcp_network(&d.net))
             || self.providers.iter().any(|p| !matches!(p.name.as_str(), "tcp" | "sockets" | "udp"))
             || self
                 .net_conns()
-                .any(|c| !c.net.as_deref().is_some_and(is_socket))
+                .any(|c| !c.net.as_deref().is_some_and(is_tcp_network))
     }
 
     pub(super) fn socket_devices(&self) -> Vec<&NetDevices> {
         self.net_devices
             .iter()
-            .filter(|d| is_socket(&d.net))
+            .filter(|d| is_tcp_network(&d.net))
             .collect()
     }
 }
@@ -316,12 +318,6 @@ impl CompletionError {
     pub(super) fn is_protection(&self) -> bool {
         self.status == 4
     }
-}
-
-/// A TCP transport (NCCL's Socket, a socket plugin), by the library's
-/// reading of network names, which the doctor's `NCCL_NET` check shares.
-pub(super) fn is_socket(net: &str) -> bool {
-    gpudirect::nccl::is_tcp_network(net)
 }
 
 pub(super) fn connection(line: usize, prefix: &parse::Prefix, c: parse::ConnLine) -> Connection {

@@ -3,8 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use gpudirect::nccl::is_tcp_network;
+
 use super::{
-    describe_support, is_socket, quote, CompletionError, Connection, Direction, GdrSupport, Scan,
+    describe_support, quote, CompletionError, Connection, Direction, GdrSupport, Scan,
     Verdict, HEAD_NOT_USED, HEAD_PARTIAL, HEAD_UNKNOWN, HEAD_USED, SETTLE_SUBSYS,
 };
 
@@ -78,7 +80,7 @@ pub(super) fn decide(scan: &Scan) -> Decision {
         }
     }
     if let Some(e) = scan.env("NCCL_NET") {
-        if is_socket(&e.value) {
+        if is_tcp_network(&e.value) {
             evidence.push(format!(
                 "NCCL_NET={} (line {}) selects TCP sockets",
                 e.value, e.line
@@ -280,7 +282,7 @@ fn decide_from_connections(scan: &Scan, net: &[&Connection]) -> Decision {
         ));
         if let Some(s) = without
             .iter()
-            .find(|c| c.net.as_deref().is_some_and(is_socket))
+            .find(|c| c.net.as_deref().is_some_and(is_tcp_network))
         {
             evidence.push(format!(
                 "NET/{} is TCP sockets: every transfer is staged in host memory ({})",
@@ -386,11 +388,11 @@ pub(super) fn causes(scan: &Scan, d: &Decision) -> Vec<String> {
         || !scan.socket_devices().is_empty()
         || scan
             .net_conns()
-            .any(|c| c.net.as_deref().is_some_and(is_socket))
+            .any(|c| c.net.as_deref().is_some_and(is_tcp_network))
         || scan
             .support
             .iter()
-            .any(|s| s.net.as_deref().is_some_and(is_socket));
+            .any(|s| s.net.as_deref().is_some_and(is_tcp_network));
     if let Some(e) = scan.env("NCCL_IB_DISABLE").filter(|e| gpudirect::nccl::ib_disabled(&e.value)) {
         out.add(format!(
             "NCCL_IB_DISABLE={} is set (line {}): NCCL skips InfiniBand/RoCE and falls back to \
@@ -398,7 +400,7 @@ pub(super) fn causes(scan: &Scan, d: &Decision) -> Vec<String> {
             e.value, e.line
         ));
     }
-    if let Some(e) = scan.env("NCCL_NET").filter(|e| is_socket(&e.value)) {
+    if let Some(e) = scan.env("NCCL_NET").filter(|e| is_tcp_network(&e.value)) {
         out.add(format!(
             "NCCL_NET={} is set (line {}): it forces TCP sockets",
             e.value, e.line
@@ -421,7 +423,7 @@ pub(super) fn causes(scan: &Scan, d: &Decision) -> Vec<String> {
             .chain(scan.networks.iter().map(|(n, _)| n.as_str()))
             .chain(scan.net_conns().filter_map(|c| c.net.as_deref()))
             .chain(scan.support.iter().filter_map(|s| s.net.as_deref()))
-            .filter(|n| is_socket(n) && *n != "Socket")
+            .filter(|n| is_tcp_network(n) && *n != "Socket")
             .collect();
         for p in plugins {
             out.add(format!(
@@ -454,7 +456,7 @@ pub(super) fn causes(scan: &Scan, d: &Decision) -> Vec<String> {
         ));
     } else if let Some(s) = hca_off
         .iter()
-        .find(|s| !s.net.as_deref().is_some_and(is_socket))
+        .find(|s| !s.net.as_deref().is_some_and(is_tcp_network))
     {
         out.add(format!(
             "NCCL could not register GPU memory with the NIC (line {}: '{}'): check that \

@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use gpudirect::nccl::Int as NcclInt;
+use gpudirect::nccl::Int;
 
 use super::{Finding, Status};
 
@@ -79,21 +79,21 @@ impl Verdict {
 }
 
 /// A sentence on how a non-obvious integer value was read.
-fn int_note(raw: &str, read: NcclInt) -> Option<String> {
+fn int_note(raw: &str, read: Int) -> Option<String> {
     match read {
-        NcclInt::NotANumber => Some(format!(
+        Int::NotANumber => Some(format!(
             "{raw:?} is not a number: NCCL reads it with strtoll, which gives 0 without complaint, so this means 0"
         )),
-        NcclInt::Overflow => Some(format!("{raw:?} is out of range: NCCL ignores it and keeps its default")),
-        NcclInt::Empty => Some("empty: NCCL keeps its default".to_owned()),
-        NcclInt::Number(n) if raw.trim() != n.to_string() => {
+        Int::Overflow => Some(format!("{raw:?} is out of range: NCCL ignores it and keeps its default")),
+        Int::Empty => Some("empty: NCCL keeps its default".to_owned()),
+        Int::Number(n) if raw.trim() != n.to_string() => {
             Some(format!("NCCL reads {raw:?} as {n} (strtoll: 0x is hex, a leading 0 octal, trailing text ignored)"))
         }
-        NcclInt::Number(_) => None,
+        Int::Number(_) => None,
     }
 }
 
-fn with_int_note(v: Verdict, raw: &str, read: NcclInt) -> Verdict {
+fn with_int_note(v: Verdict, raw: &str, read: Int) -> Verdict {
     match int_note(raw, read) {
         Some(n) => v.note(n),
         None => v,
@@ -228,7 +228,6 @@ fn judge(name: &str, value: &str, all: &BTreeMap<&str, &str>) -> Option<Verdict>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpudirect::nccl::param_int as nccl_int;
     use nccl::subsys_shows_net;
 
     fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -384,23 +383,6 @@ mod tests {
         let names: Vec<&str> = f.iter().map(|f| f.check.as_str()).collect();
         assert_eq!(names, ["env.nccl_ib_disable", "env.ucx_tls"]);
         assert_eq!(f[0].status, Status::Ok);
-    }
-
-    #[test]
-    fn strtoll_emulation() {
-        assert_eq!(nccl_int(""), NcclInt::Empty);
-        assert_eq!(nccl_int("1"), NcclInt::Number(1));
-        assert_eq!(nccl_int("  -3"), NcclInt::Number(-3));
-        assert_eq!(nccl_int("+7x"), NcclInt::Number(7));
-        assert_eq!(nccl_int("0x1F"), NcclInt::Number(31));
-        assert_eq!(nccl_int("010"), NcclInt::Number(8));
-        assert_eq!(nccl_int("09"), NcclInt::Number(0));
-        assert_eq!(nccl_int("0x"), NcclInt::Number(0));
-        assert_eq!(nccl_int("true"), NcclInt::NotANumber);
-        assert_eq!(nccl_int("-"), NcclInt::NotANumber);
-        assert_eq!(nccl_int("9223372036854775807"), NcclInt::Number(i64::MAX));
-        assert_eq!(nccl_int("-9223372036854775808"), NcclInt::Number(i64::MIN));
-        assert_eq!(nccl_int("9223372036854775808"), NcclInt::Overflow);
     }
 
     #[test]

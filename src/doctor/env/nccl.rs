@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use gpudirect::nccl::{self, ib_disabled, is_tcp_network, param_int as nccl_int, Int as NcclInt, PathType as NcclPathType};
+use gpudirect::nccl::{self, ib_disabled, is_tcp_network, param_int, Int, PathType};
 
 use super::{with_int_note, Kind, Verdict};
 use crate::doctor::Status;
@@ -18,7 +18,7 @@ pub(super) fn gdr_level(value: &str) -> Verdict {
         .fix("Use one of LOC, PIX, PXB, PHB, SYS (upper case), or unset it.");
     };
     let v = match level {
-        NcclPathType::Loc | NcclPathType::Nvl | NcclPathType::Nvb | NcclPathType::C2c => Verdict::new(
+        PathType::Loc | PathType::Nvl | PathType::Nvb | PathType::C2c => Verdict::new(
             Kind::Overrides,
             Status::Fail,
             format!(
@@ -27,14 +27,14 @@ pub(super) fn gdr_level(value: &str) -> Verdict {
             ),
         )
         .fix("Unset NCCL_NET_GDR_LEVEL (NCCL's default PXB allows GDR for GPUs and NICs under common PCIe switches)."),
-        NcclPathType::Pix => Verdict::new(
+        PathType::Pix => Verdict::new(
             Kind::Overrides,
             Status::Warn,
             "limit PIX: only a NIC under the GPU's own PCIe switch gets GPUDirect RDMA; pairs NCCL would allow by \
              default (PXB, several switch levels) lose it",
         )
         .fix("Unset NCCL_NET_GDR_LEVEL unless PXB paths were measured to be slower here."),
-        NcclPathType::Pxb | NcclPathType::P2c | NcclPathType::Pxn => Verdict::new(
+        PathType::Pxb | PathType::P2c | PathType::Pxn => Verdict::new(
             Kind::Overrides,
             Status::Ok,
             format!(
@@ -46,14 +46,14 @@ pub(super) fn gdr_level(value: &str) -> Verdict {
             "on Grace (C2C) systems NCCL's own default is P2C, which also allows NICs attached to the CPU; PXB there \
              turns that off",
         ),
-        NcclPathType::Phb => Verdict::new(
+        PathType::Phb => Verdict::new(
             Kind::Overrides,
             Status::Warn,
             "limit PHB: GPUDirect RDMA also through the CPU's root complex (GPU and NIC on one NUMA node); whether \
              that beats host staging depends on the CPU",
         )
         .fix("Keep it only if ib_write_bw --use_cuda on such a pair was measured faster than without; else unset it."),
-        NcclPathType::Sys => Verdict::new(
+        PathType::Sys => Verdict::new(
             Kind::Overrides,
             Status::Warn,
             "limit SYS: GPUDirect RDMA even across the inter-socket link, which is usually slower than staging \
@@ -65,7 +65,7 @@ pub(super) fn gdr_level(value: &str) -> Verdict {
 }
 
 pub(super) fn gdr_read(value: &str) -> Verdict {
-    let read = nccl_int(value);
+    let read = param_int(value);
     let v = match read.used() {
         Some(0) => Verdict::new(
             Kind::Overrides,
@@ -89,7 +89,7 @@ pub(super) fn gdr_read(value: &str) -> Verdict {
 }
 
 pub(super) fn dmabuf(value: &str) -> Verdict {
-    let read = nccl_int(value);
+    let read = param_int(value);
     let v = match read.used() {
         Some(0) => Verdict::new(
             Kind::Overrides,
@@ -111,7 +111,7 @@ pub(super) fn dmabuf(value: &str) -> Verdict {
 }
 
 pub(super) fn ib_disable(value: &str) -> Verdict {
-    let read = nccl_int(value);
+    let read = param_int(value);
     let v = match read.used() {
         _ if ib_disabled(value) => Verdict::new(
             Kind::Overrides,
@@ -120,7 +120,7 @@ pub(super) fn ib_disable(value: &str) -> Verdict {
              no GPUDirect RDMA at all",
         )
         .fix("Unset NCCL_IB_DISABLE (or set 0)."),
-        _ if read == NcclInt::NotANumber => Verdict::new(
+        _ if read == Int::NotANumber => Verdict::new(
             Kind::Overrides,
             Status::Warn,
             "the IB/RoCE transport stays on, whatever the value seems to say: NCCL reads it as 0",
@@ -228,7 +228,7 @@ pub(super) fn socket_ifname(value: &str) -> Verdict {
 
 pub(super) fn p2p_disable(value: &str) -> Verdict {
     // ncclGetLevel: strtol, and only exactly 1 disables.
-    let read = nccl_int(value);
+    let read = param_int(value);
     let v = if read.used() == Some(1) {
         Verdict::new(
             Kind::Overrides,
@@ -238,7 +238,7 @@ pub(super) fn p2p_disable(value: &str) -> Verdict {
              itself is not affected",
         )
         .fix("Unset it unless it works around a known P2P fault on this machine.")
-    } else if read == NcclInt::NotANumber {
+    } else if read == Int::NotANumber {
         Verdict::new(
             Kind::Overrides,
             Status::Warn,
@@ -252,7 +252,7 @@ pub(super) fn p2p_disable(value: &str) -> Verdict {
 }
 
 pub(super) fn gid_index(value: &str) -> Verdict {
-    let read = nccl_int(value);
+    let read = param_int(value);
     let v = match read.used() {
         Some(n) if n < 0 => Verdict::new(
             Kind::Configures,
@@ -320,7 +320,7 @@ pub(super) fn net_plugin(value: &str) -> Verdict {
 }
 
 pub(super) fn ib_cuda_support(value: &str) -> Verdict {
-    let intent = match nccl_int(value).used() {
+    let intent = match param_int(value).used() {
         Some(0) => "meant to disable GPUDirect RDMA",
         Some(_) => "meant to force GPUDirect RDMA",
         None => "meant to leave the default",
@@ -337,7 +337,7 @@ pub(super) fn ib_cuda_support(value: &str) -> Verdict {
 }
 
 pub(super) fn gdr_c2c(value: &str) -> Verdict {
-    let read = nccl_int(value);
+    let read = param_int(value);
     let v = match read.used() {
         Some(0) => Verdict::new(
             Kind::Overrides,
