@@ -126,6 +126,14 @@ fn serve(link: &mut Link, size: usize) -> Res<Option<BwResult>> {
     Ok(None)
 }
 
+/// The offsets, in a batch of `n` requests starting at request `posted`,
+/// of those that ask for a completion: every `cq_mod`-th request of the run
+/// (perftest's `--cq-mod`) and its last one.
+fn signaled(posted: u64, n: u64, cq_mod: u64, iters: u64) -> impl Iterator<Item = usize> {
+    let last = (posted + n == iters && (posted + n) % cq_mod != 0).then_some(n - 1);
+    ((cq_mod - 1 - posted % cq_mod)..n).step_by(cq_mod as usize).chain(last).map(|j| j as usize)
+}
+
 /// Client side of one size.
 fn drive(link: &mut Link, size: usize, cq_mod: u32, post_list: u32, use_events: bool) -> Res<BwResult> {
     let p = link.params.clone();
@@ -159,11 +167,7 @@ fn drive(link: &mut Link, size: usize, cq_mod: u32, post_list: u32, use_events: 
                     list.set_signaled(j, false)?;
                 }
                 marked.clear();
-                // Request j is signaled when (posted + j + 1) % cq_mod == 0.
-                marked.extend(((cq_mod - 1 - posted % cq_mod)..n).step_by(cq_mod as usize).map(|j| j as usize));
-                if posted + n == iters && marked.last() != Some(&(n as usize - 1)) {
-                    marked.push(n as usize - 1);
-                }
+                marked.extend(signaled(posted, n, cq_mod, iters));
                 for &j in &marked {
                     list.set_signaled(j, true)?;
                     list.set_wr_id(j, posted + j as u64)?;
@@ -171,8 +175,10 @@ fn drive(link: &mut Link, size: usize, cq_mod: u32, post_list: u32, use_events: 
                 link.qp.post_list(&mut list)?;
             } else {
                 for (w, i) in wrs.iter_mut().zip(posted..posted + n) {
-                    let signaled = (i + 1) % cq_mod == 0 || i + 1 == iters;
-                    *w = if signaled { base.wr_id(i) } else { base.wr_id(i).unsignaled() };
+                    *w = base.wr_id(i).unsignaled();
+                }
+                for j in signaled(posted, n, cq_mod, iters) {
+                    wrs[j] = base.wr_id(posted + j as u64);
                 }
                 link.qp.post_send(&wrs[..n as usize])?;
             }
@@ -203,4 +209,26 @@ fn drive(link: &mut Link, size: usize, cq_mod: u32, post_list: u32, use_events: 
         bw_avg_mb_s: iters as f64 * size as f64 / elapsed / mb,
         msg_rate_mpps: iters as f64 / elapsed / 1e6,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::signaled;
+
+    /// The batches' signaled requests are exactly the run's every
+    /// `cq_mod`-th and last request, whatever the batch boundaries.
+    #[test]
+    fn signaled_requests_follow_cq_mod_across_batches() {
+        for (iters, cq_mod, batch) in [(1000u64, 100u64, 16u64), (37, 5, 4), (10, 1, 3), (7, 10, 7), (64, 8, 8), (5, 2, 1)] {
+            let mut got = Vec::new();
+            let mut posted = 0;
+            while posted < iters {
+                let n = batch.min(iters - posted);
+                got.extend(signaled(posted, n, cq_mod, iters).map(|j| posted + j as u64));
+                posted += n;
+            }
+            let want: Vec<u64> = (0..iters).filter(|i| (i + 1) % cq_mod == 0 || i + 1 == iters).collect();
+            assert_eq!(got, want, "iters {iters} cq_mod {cq_mod} batch {batch}");
+        }
+    }
 }
