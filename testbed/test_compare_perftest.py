@@ -1,4 +1,4 @@
-"""Tests of testbed/compare_perftest.py: python3 -m unittest discover -s testbed -p 'test_compare_perftest.py'
+"""Tests of testbed/compare_perftest.py, perf_results.py and perf_render.py: python3 -m unittest discover -s testbed -p 'test_compare_perftest.py'
 (or, from testbed/: python3 -m unittest test_compare_perftest)."""
 
 import json
@@ -10,6 +10,8 @@ import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_perftest as cp  # noqa: E402
+import perf_render as rd  # noqa: E402
+import perf_results as pr  # noqa: E402
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
@@ -137,79 +139,79 @@ def sample_log(runs_text, runs, done=True, ops="write lat", sizes=(2, 65536), re
 
 class SizesAndPlan(unittest.TestCase):
     def test_sizes(self):
-        self.assertEqual(cp.parse_sizes("all")[0], 2)
-        self.assertEqual(cp.parse_sizes("all")[-1], 8 << 20)
-        self.assertEqual(len(cp.parse_sizes("all")), 23)
-        self.assertEqual(cp.parse_sizes("quick"), [2, 4096, 65536, 1048576])
-        self.assertEqual(cp.parse_sizes("64K,2, 1M,4096,4k"), [2, 4096, 65536, 1048576])
-        self.assertEqual(len(cp.parse_sizes("default")), 12)
+        self.assertEqual(pr.parse_sizes("all")[0], 2)
+        self.assertEqual(pr.parse_sizes("all")[-1], 8 << 20)
+        self.assertEqual(len(pr.parse_sizes("all")), 23)
+        self.assertEqual(pr.parse_sizes("quick"), [2, 4096, 65536, 1048576])
+        self.assertEqual(pr.parse_sizes("64K,2, 1M,4096,4k"), [2, 4096, 65536, 1048576])
+        self.assertEqual(len(pr.parse_sizes("default")), 12)
         for bad in ("", "x", "0", "2G", "-4"):
-            with self.assertRaises(cp.UsageError):
-                cp.parse_sizes(bad)
+            with self.assertRaises(pr.UsageError):
+                pr.parse_sizes(bad)
 
     def test_plan_caps_iterations_and_tx_depth(self):
-        rows = dict((r[0], r[1:]) for r in cp.plan([2, 65536, 1 << 20, 8 << 20], 1000, 500, 128, 128 << 20, 16))
+        rows = dict((r[0], r[1:]) for r in pr.plan([2, 65536, 1 << 20, 8 << 20], 1000, 500, 128, 128 << 20, 16))
         self.assertEqual(rows[2], (1000, 128, 500))
         self.assertEqual(rows[65536], (1000, 128, 500))
         self.assertEqual(rows[1 << 20], (128, 128, 128))
         self.assertEqual(rows[8 << 20], (16, 16, 16))
         # no cap, and min_iters never raises above --iters
-        self.assertEqual(cp.plan([8 << 20], 10, 5, 128, 0, 16), [(8 << 20, 10, 10, 5)])
-        self.assertEqual(cp.plan([8 << 20], 10, 5, 128, 1 << 20, 16), [(8 << 20, 10, 10, 5)])
+        self.assertEqual(pr.plan([8 << 20], 10, 5, 128, 0, 16), [(8 << 20, 10, 10, 5)])
+        self.assertEqual(pr.plan([8 << 20], 10, 5, 128, 1 << 20, 16), [(8 << 20, 10, 10, 5)])
 
 
 class PerftestParser(unittest.TestCase):
     def test_write_bw(self):
-        p = cp.parse_perftest(WRITE_BW_65536)
+        p = pr.parse_perftest(WRITE_BW_65536)
         self.assertEqual(p["kind"], "bw")
         self.assertEqual(p["rows"], [{"bytes": 65536, "iterations": 1000, "bw_peak_mb_s": 99.62,
                                       "bw_avg_mb_s": 98.37, "msg_rate_mpps": 0.001574}])
         self.assertEqual(len(p["lines"]), 2)
 
     def test_read_bw_with_noise_lines(self):
-        p = cp.parse_perftest(READ_BW_4096)
+        p = pr.parse_perftest(READ_BW_4096)
         self.assertEqual(p["rows"][0]["bw_avg_mb_s"], 63.42)
         self.assertEqual(p["rows"][0]["bytes"], 4096)
 
     def test_small_message_bw_uses_message_rate(self):
-        row = cp.parse_perftest(WRITE_BW_2)["rows"][0]
+        row = pr.parse_perftest(WRITE_BW_2)["rows"][0]
         self.assertEqual(row["bw_avg_mb_s"], 0.09)
-        self.assertAlmostEqual(cp.bw_value(row), 0.048006e6 * 2 / (1 << 20))
-        big = cp.parse_perftest(WRITE_BW_65536)["rows"][0]
-        self.assertEqual(cp.bw_value(big), 98.37)
+        self.assertAlmostEqual(pr.bw_value(row), 0.048006e6 * 2 / (1 << 20))
+        big = pr.parse_perftest(WRITE_BW_65536)["rows"][0]
+        self.assertEqual(pr.bw_value(big), 98.37)
 
     def test_gbits_converted(self):
-        row = cp.parse_perftest(GBITS_BW)["rows"][0]
+        row = pr.parse_perftest(GBITS_BW)["rows"][0]
         self.assertAlmostEqual(row["bw_avg_mb_s"], 0.83e9 / 8 / (1 << 20))
 
     def test_write_lat(self):
-        p = cp.parse_perftest(WRITE_LAT_2)
+        p = pr.parse_perftest(WRITE_LAT_2)
         self.assertEqual(p["kind"], "lat")
         self.assertEqual(p["rows"], [{"bytes": 2, "iterations": 500, "t_min_us": 3533.34, "t_max_us": 7892.51,
                                       "t_typical_us": 3998.38, "t_avg_us": 4092.41, "t_stdev_us": 419.10,
                                       "p99_us": 6030.65, "p999_us": 7892.51}])
 
     def test_sweep_rows(self):
-        p = cp.parse_perftest(SWEEP_LAT)
+        p = pr.parse_perftest(SWEEP_LAT)
         self.assertEqual([r["bytes"] for r in p["rows"]], [2, 4])
         self.assertEqual(p["rows"][1]["p99_us"], 4900.0)
 
     def test_no_table(self):
-        self.assertIsNone(cp.parse_perftest(FAILED_CLIENT))
-        self.assertIsNone(cp.parse_perftest(""))
+        self.assertIsNone(pr.parse_perftest(FAILED_CLIENT))
+        self.assertIsNone(pr.parse_perftest(""))
 
 
 class OursParser(unittest.TestCase):
     def test_pretty_json_after_banner(self):
         text = "some banner\n---\n" + json.dumps(OURS_BW, indent=2) + "\n"
-        self.assertEqual(cp.parse_gpudirect_json(text), OURS_BW)
+        self.assertEqual(pr.parse_gpudirect_json(text), OURS_BW)
 
     def test_compact_lat(self):
-        self.assertEqual(cp.parse_gpudirect_json(json.dumps(OURS_LAT)), OURS_LAT)
+        self.assertEqual(pr.parse_gpudirect_json(json.dumps(OURS_LAT)), OURS_LAT)
 
     def test_none(self):
-        self.assertIsNone(cp.parse_gpudirect_json("gpudirect bw: error: {not json}"))
-        self.assertIsNone(cp.parse_gpudirect_json('{"tool": "x"}'))
+        self.assertIsNone(pr.parse_gpudirect_json("gpudirect bw: error: {not json}"))
+        self.assertIsNone(pr.parse_gpudirect_json('{"tool": "x"}'))
 
 
 def make_raw(repeat=1):
@@ -235,7 +237,7 @@ def make_raw(repeat=1):
                           server="Couldn't connect", note="server_not_listening")
         n += 1
         body += run_block(n, "gpudirect", "lat", 65536, 500, 0, rep, "gpudirect lat: error: boom\n", rc=1)
-    return cp.build_raw(sample_log(body, n, repeat=repeat))
+    return pr.build_raw(sample_log(body, n, repeat=repeat))
 
 
 class LogAndReport(unittest.TestCase):
@@ -266,7 +268,7 @@ class LogAndReport(unittest.TestCase):
     def test_wrong_size_and_nonzero_exit_are_failures(self):
         body = run_block(1, "perftest", "write", 4096, 1000, 128, 1, WRITE_BW_65536)
         body += run_block(2, "gpudirect", "write", 65536, 1000, 128, 1, ours_json(OURS_BW), rc=1)
-        raw = cp.build_raw(sample_log(body, 2, ops="write", sizes=(4096, 65536)))
+        raw = pr.build_raw(sample_log(body, 2, ops="write", sizes=(4096, 65536)))
         self.assertFalse(raw["runs"][0]["ok"])
         self.assertIn("no result row for 4096 bytes", raw["runs"][0]["error"])
         self.assertFalse(raw["runs"][1]["ok"])
@@ -276,23 +278,23 @@ class LogAndReport(unittest.TestCase):
     def test_truncated_log(self):
         body = run_block(1, "perftest", "write", 65536, 1000, 128, 1, WRITE_BW_65536)
         body += run_block(2, "gpudirect", "write", 65536, 1000, 128, 1, "partial\n", end=False)
-        raw = cp.build_raw(sample_log(body, 4, done=False, ops="write lat", sizes=(65536,)), testbed_rc=124)
+        raw = pr.build_raw(sample_log(body, 4, done=False, ops="write lat", sizes=(65536,)), testbed_rc=124)
         self.assertFalse(raw["complete"])
         self.assertEqual(len(raw["runs"]), 2)
         self.assertTrue(raw["runs"][0]["ok"])
         self.assertIn("did not finish", raw["runs"][1]["error"])
         self.assertIn("124", raw["runs"][1]["error"])
-        md = cp.render_markdown(raw)
+        md = rd.render_markdown(raw)
         self.assertIn("incomplete: 2 of 4 runs recorded; testbed exit status 124", md)
         self.assertIn("## Latency (µs, one-way)\n\nNo runs.", md)
 
     def test_medians_and_ratio_table(self):
         raw = make_raw(repeat=3)
-        s = cp.summarize(raw)
+        s = pr.summarize(raw)
         # ours at 64 KiB: 91, 92, 93 -> median 92; perftest 98.37 each time
         self.assertEqual(s["write"][65536]["gpudirect"]["bw_mb_s"]["median"], 92.0)
         self.assertEqual(s["write"][65536]["perftest"]["bw_mb_s"]["n"], 3)
-        md = cp.render_markdown(raw, s)
+        md = rd.render_markdown(raw, s)
         self.assertIn("| 65536 | 64 KiB | 1000 | 128 | 98.37 (98.37–98.37) | 92.00 (91.00–93.00) | %.2f |"
                       % (92.0 / 98.37), md)
         # small messages: both from the message rate
@@ -309,11 +311,11 @@ class LogAndReport(unittest.TestCase):
         self.assertIn("0123456789abcdef (with uncommitted changes)", md)
 
     def test_ratio_helpers(self):
-        self.assertIsNone(cp.ratio(None, 1))
-        self.assertIsNone(cp.ratio(1, 0))
-        self.assertEqual(cp.ratio(3, 2), 1.5)
-        self.assertAlmostEqual(cp.geomean([2, 0.5, None]), 1.0)
-        self.assertEqual(cp.nice_ceiling(93.0), (100, 20))
+        self.assertIsNone(pr.ratio(None, 1))
+        self.assertIsNone(pr.ratio(1, 0))
+        self.assertEqual(pr.ratio(3, 2), 1.5)
+        self.assertAlmostEqual(pr.geomean([2, 0.5, None]), 1.0)
+        self.assertEqual(rd.nice_ceiling(93.0), (100, 20))
 
 
 class Svg(unittest.TestCase):
@@ -322,7 +324,7 @@ class Svg(unittest.TestCase):
 
     def test_well_formed_with_both_curves(self):
         raw = make_raw(repeat=3)
-        root = self.parse(cp.render_svg(raw))
+        root = self.parse(rd.render_svg(raw))
         self.assertEqual(root.tag, SVG_NS + "svg")
         curves = root.findall(".//%sg[@class]" % SVG_NS)
         got = {(g.get("data-tool"), g.get("data-op")) for g in curves if g.get("class", "").startswith("curve")}
@@ -352,8 +354,8 @@ class Svg(unittest.TestCase):
                 body += run_block(n, "perftest", op, size, 1000, 128, 1, text, rc=0 if size != 4096 else 1)
                 n += 1
                 body += run_block(n, "gpudirect", op, size, 1000, 128, 1, ours_json(OURS_BW, size))
-        raw = cp.build_raw(sample_log(body, n, ops="write read send", sizes=(2, 4096, 65536)))
-        root = self.parse(cp.render_svg(raw))
+        raw = pr.build_raw(sample_log(body, n, ops="write read send", sizes=(2, 4096, 65536)))
+        root = self.parse(rd.render_svg(raw))
         panels = [g for g in root.iter(SVG_NS + "g") if g.get("class") == "panel"]
         self.assertEqual([p.get("data-op") for p in panels], ["write", "read", "send"])
         for g in root.iter(SVG_NS + "g"):
@@ -363,9 +365,9 @@ class Svg(unittest.TestCase):
                 self.assertEqual(len(g.findall(SVG_NS + "rect")), 2)
 
     def test_no_bandwidth_data(self):
-        raw = cp.build_raw(sample_log(run_block(1, "perftest", "lat", 2, 500, 0, 1, WRITE_LAT_2), 1,
+        raw = pr.build_raw(sample_log(run_block(1, "perftest", "lat", 2, 500, 0, 1, WRITE_LAT_2), 1,
                                       ops="lat", sizes=(2,)))
-        root = self.parse(cp.render_svg(raw))
+        root = self.parse(rd.render_svg(raw))
         self.assertTrue(any("no bandwidth data" in (t.text or "") for t in root.iter(SVG_NS + "text")))
 
 
