@@ -255,3 +255,33 @@ fn records_split_at_each_prefix_and_keep_prose_whole() {
     let (_, level, _) = parse::split_line("the job printed [1] INFO lines");
     assert_eq!(level, Level::None);
 }
+
+#[test]
+fn dmabuf_enabled_in_one_layer_disabled_in_the_plugin() {
+    let r = fixture("dgxmanager-gb10-dmabuf-enabled-plugin-disabled.txt");
+    assert_eq!(r.verdict, Verdict::NotUsed);
+    // (mechanism, enabled, plugin, HCA name)
+    type Row<'a> = (Option<&'a str>, bool, Option<&'a str>, Option<&'a str>);
+    let s: Vec<Row> = r
+        .gdr_support
+        .iter()
+        .map(|s| (s.mechanism.as_deref(), s.enabled, s.net.as_deref(), s.hca_name.as_deref()))
+        .collect();
+    assert_eq!(
+        s,
+        [
+            (Some("DMABUF"), true, Some("IB"), Some("rocep1s0f0")),
+            (None, false, None, Some("rocep1s0f0"))
+        ]
+    );
+    assert_eq!(r.connections.len(), 1);
+    let c = &r.connections[0];
+    assert_eq!((c.net.as_deref(), c.net_dev, c.gdr), (Some("NCCL RDMA Plugin v10"), Some(0), Some(false)));
+    // The DMABUF line only says the NIC could; the connection did not.
+    assert!(
+        r.evidence.iter().any(|e| e.contains("(DMABUF) Enabled for HCA 0 'rocep1s0f0'") && e.contains("only says the NIC could")),
+        "{:?}",
+        r.evidence
+    );
+    assert_eq!(r.net_devices[0].devices, ["rocep1s0f0"]);
+}
