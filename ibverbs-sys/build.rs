@@ -14,7 +14,7 @@ const PACKAGES: &str = "libibverbs-dev libclang-dev pkg-config";
 
 fn fail(what: &str) -> ! {
     eprintln!();
-    eprintln!("error: ibverbs-sys cannot be built: {what}");
+    eprintln!("error: gpudirect-sys cannot be built: {what}");
     eprintln!("  On Debian or Ubuntu install the rdma-core headers and libclang:");
     eprintln!("      sudo apt-get install {PACKAGES}");
     eprintln!("  On Fedora/RHEL: sudo dnf install rdma-core-devel clang-devel pkgconf");
@@ -24,8 +24,9 @@ fn fail(what: &str) -> ! {
     std::process::exit(1);
 }
 
-/// The include folders for `infiniband/verbs.h`; emits the link flags.
-fn locate() -> Vec<PathBuf> {
+/// The include folders for `infiniband/verbs.h` and libibverbs' version;
+/// emits the link flags.
+fn locate() -> (Vec<PathBuf>, String) {
     println!("cargo:rerun-if-env-changed=IBVERBS_INCLUDE_DIR");
     println!("cargo:rerun-if-env-changed=IBVERBS_LIB_DIR");
     let inc = env::var_os("IBVERBS_INCLUDE_DIR").map(PathBuf::from);
@@ -39,25 +40,44 @@ fn locate() -> Vec<PathBuf> {
         }
         println!("cargo:rustc-link-search=native={}", lib.display());
         println!("cargo:rustc-link-lib=dylib=ibverbs");
-        return vec![inc];
+        return (vec![inc], "unknown (IBVERBS_INCLUDE_DIR)".to_string());
     }
     match pkg_config::Config::new()
         .atleast_version("1.8")
         .probe("libibverbs")
     {
-        Ok(lib) => lib.include_paths,
+        Ok(lib) => (lib.include_paths, lib.version),
         // The pkg-config crate's own text is a page long; the cause is
         // nearly always the missing -dev package.
         Err(_) => fail("the rdma-core headers were not found (`pkg-config libibverbs` failed)"),
     }
 }
 
+/// Where `GPUDIRECT_SYS_WRITE_PREGENERATED=1` writes the bindings that
+/// docs.rs builds use.
+const PREGENERATED: &str = "src/pregenerated.rs";
+
 fn main() {
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=DOCS_RS");
+    println!("cargo:rerun-if-env-changed=GPUDIRECT_SYS_WRITE_PREGENERATED");
+    println!("cargo:rustc-check-cfg=cfg(gpudirect_sys_pregenerated)");
+    if env::var_os("DOCS_RS").is_some() {
+        // docs.rs has neither rdma-core's headers nor libclang, and a docs
+        // build links nothing: the checked-in bindings describe the API.
+        println!("cargo:rustc-cfg=gpudirect_sys_pregenerated");
+        return;
+    }
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let here = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let includes = locate();
+    let (includes, version) = locate();
+    // For dependents' build scripts (DEP_GPUDIRECT_IBVERBS_INCLUDE) and the
+    // pregenerated-bindings test.
+    if let Ok(joined) = env::join_paths(&includes) {
+        println!("cargo:include={}", joined.to_string_lossy());
+    }
+    println!("cargo:rustc-env=GPUDIRECT_SYS_LIBIBVERBS_VERSION={version}");
     let header = here.join("wrapper.h");
     let inline_c = out.join("verbs_inline");
 
@@ -101,6 +121,16 @@ fn main() {
     bindings
         .write_to_file(out.join("bindings.rs"))
         .unwrap_or_else(|e| fail(&format!("cannot write bindings: {e}")));
+    if env::var_os("GPUDIRECT_SYS_WRITE_PREGENERATED").is_some() {
+        let text = format!(
+            "// The bindings docs.rs builds use (DOCS_RS set: no headers, no libclang there).\n\
+             // Written by build.rs with GPUDIRECT_SYS_WRITE_PREGENERATED=1 from libibverbs {version}\n\
+             // (rdma-core's headers); tests/pregenerated.rs checks that a fresh generation\n\
+             // has the same public items. Do not edit.\n{}",
+            bindings.to_string()
+        );
+        std::fs::write(here.join(PREGENERATED), text).unwrap_or_else(|e| fail(&format!("cannot write {PREGENERATED}: {e}")));
+    }
 
     let mut cc = cc::Build::new();
     cc.file(inline_c.with_extension("c"))

@@ -7,7 +7,7 @@ use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use gpudirect_sys as sys;
 
 use crate::device::{DeviceList, Guid};
 use crate::error::{check, Error, Result};

@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ibverbs_sys as sys;
+use gpudirect_sys as sys;
 
 use crate::context::Context;
 use crate::deadline::Deadline;

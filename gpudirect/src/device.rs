@@ -4,7 +4,7 @@ use std::ffi::CStr;
 use std::fmt;
 use std::ptr::NonNull;
 
-use ibverbs_sys as sys;
+use gpudirect_sys as sys;
 
 use crate::error::{Errno, Error, Result};
 

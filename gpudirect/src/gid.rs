@@ -63,9 +63,9 @@ pub enum GidType {
 impl GidType {
     pub(crate) fn from_raw(t: u32) -> GidType {
         match t {
-            ibverbs_sys::IBV_GID_TYPE_IB => GidType::Ib,
-            ibverbs_sys::IBV_GID_TYPE_ROCE_V1 => GidType::RoceV1,
-            ibverbs_sys::IBV_GID_TYPE_ROCE_V2 => GidType::RoceV2,
+            gpudirect_sys::IBV_GID_TYPE_IB => GidType::Ib,
+            gpudirect_sys::IBV_GID_TYPE_ROCE_V1 => GidType::RoceV1,
+            gpudirect_sys::IBV_GID_TYPE_ROCE_V2 => GidType::RoceV2,
             other => GidType::Other(other),
         }
     }

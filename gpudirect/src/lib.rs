@@ -146,6 +146,11 @@ mod tracker;
 #[cfg(doctest)]
 mod compile_fail;
 
+// The README's example (what crates.io shows) compiles as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub use context::{Context, DeviceAttr};
 pub use port::{LinkLayer, Mtu, PortAttr, PortState};
 pub use cq::CompletionQueue;

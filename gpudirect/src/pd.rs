@@ -5,7 +5,7 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use gpudirect_sys as sys;
 
 use crate::claims::Holders;
 use crate::context::Context;

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use ibverbs_sys as sys;
+use gpudirect_sys as sys;
 
 /// Path MTU, as negotiated between the two ends of a queue pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]

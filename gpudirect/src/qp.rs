@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use ibverbs_sys as sys;
+use gpudirect_sys as sys;
 
 use crate::port::{LinkLayer, Mtu, PortAttr};
 use crate::cq::{CompletionQueue, Reservation};

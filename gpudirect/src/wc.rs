@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use ibverbs_sys as sys;
+use gpudirect_sys as sys;
 
 /// The status of a work completion (`enum ibv_wc_status`), named as in the
 /// verbs man page without the `IBV_WC_` prefix and `_ERR` suffix spelled out.

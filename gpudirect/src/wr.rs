@@ -3,7 +3,7 @@
 //! [`SendList`] that [`QueuePair::post_list`](crate::QueuePair::post_list)
 //! posts again and again.
 
-use ibverbs_sys as sys;
+use gpudirect_sys as sys;
 
 use crate::wc::WcOpcode;
 use crate::error::{Error, Result};

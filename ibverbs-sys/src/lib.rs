@@ -2,7 +2,8 @@
 //!
 //! Generated at build time by bindgen from the installed
 //! `<infiniband/verbs.h>`, so struct layouts always match the headers the
-//! program is compiled against. The `static inline` verbs (`ibv_post_send`,
+//! program is compiled against. (docs.rs builds, which have no headers, use
+//! a checked-in generation from rdma-core 44.0 instead.) The `static inline` verbs (`ibv_post_send`,
 //! `ibv_post_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_query_gid_ex`,
 //! `__ibv_reg_mr`, `___ibv_query_port`, ...) are callable under their own
 //! names through small C wrappers compiled from the same headers.
@@ -21,4 +22,8 @@
 #![allow(non_upper_case_globals, non_camel_case_types, non_snake_case)]
 #![allow(clippy::all, rustdoc::all, missing_docs, unsafe_op_in_unsafe_fn)]
 
+#[cfg(not(gpudirect_sys_pregenerated))]
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+// docs.rs: the same build script's output, checked in (see build.rs).
+#[cfg(gpudirect_sys_pregenerated)]
+include!("pregenerated.rs");

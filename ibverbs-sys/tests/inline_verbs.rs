@@ -4,7 +4,7 @@
 //! against clang's view of verbs.h; these tests check what those cannot:
 //! that the C wrappers were compiled and linked.)
 
-use ibverbs_sys::*;
+use gpudirect_sys::*;
 
 #[test]
 fn inline_verbs_link() {

@@ -9,7 +9,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 use bitflags::bitflags;
-use ibverbs_sys as sys;
+use gpudirect_sys as sys;
 
 use crate::error::{Errno, Error, Result};
 use crate::policy::RegistrationPath;
