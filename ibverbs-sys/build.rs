@@ -126,8 +126,7 @@ fn main() {
             "// The bindings docs.rs builds use (DOCS_RS set: no headers, no libclang there).\n\
              // Written by build.rs with GPUDIRECT_SYS_WRITE_PREGENERATED=1 from libibverbs {version}\n\
              // (rdma-core's headers); tests/pregenerated.rs checks that a fresh generation\n\
-             // has the same public items. Do not edit.\n{}",
-            bindings.to_string()
+             // has the same public items. Do not edit.\n{bindings}"
         );
         std::fs::write(here.join(PREGENERATED), text).unwrap_or_else(|e| fail(&format!("cannot write {PREGENERATED}: {e}")));
     }
