@@ -3,13 +3,13 @@
 use std::fmt;
 use std::net::Ipv6Addr;
 
-use serde::{Deserialize, Serialize};
 
 use crate::port::LinkLayer;
 
 /// A 128-bit global identifier: an IPv6 address on RoCE, a port's subnet
 /// prefix plus GUID on InfiniBand.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Gid(pub [u8; 16]);
 
 impl Gid {

@@ -188,6 +188,7 @@ mod tests {
 
     /// Endpoints and buffer descriptors can travel over the user's own
     /// channel (JSON here).
+    #[cfg(feature = "serde")]
     #[test]
     fn endpoint_and_remote_buffer_are_serde() {
         let ep = Endpoint { qp_num: 0x1234, psn: 0x42, lid: 0, gid: Gid([0xfe; 16]), mtu: Mtu::Mtu4096 };

@@ -23,7 +23,6 @@
 
 use std::fmt;
 
-use serde::Serialize;
 
 /// How an integer parameter's value is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,8 +91,9 @@ pub fn param_int(value: &str) -> Int {
 
 /// NCCL's path types between two devices, nearest first: the order in
 /// which `NCCL_NET_GDR_LEVEL` compares.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "UPPERCASE")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "UPPERCASE"))]
 pub enum PathType {
     /// Same device.
     Loc,

@@ -6,7 +6,8 @@ use std::fmt;
 use gpudirect_sys as sys;
 
 /// Path MTU, as negotiated between the two ends of a queue pair.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub enum Mtu {
     /// 256 bytes.

@@ -4,7 +4,6 @@
 
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::gid::Gid;
@@ -12,7 +11,8 @@ use crate::port::Mtu;
 
 /// What a peer needs to connect its queue pair to ours. Exchange it out of
 /// band ([`crate::bootstrap`], or any channel: it is `serde` serialisable).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Endpoint {
     /// Queue pair number (24 bits).
     pub qp_num: u32,
@@ -36,7 +36,8 @@ impl fmt::Display for Endpoint {
 /// and remote key. Give it to the peer over the bootstrap channel
 /// ([`crate::bootstrap`]) or any channel of your own (it is `serde`
 /// serialisable).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RemoteBuffer {
     /// Start address in the peer's address space.
     pub addr: u64,

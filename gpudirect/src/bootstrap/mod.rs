@@ -40,7 +40,8 @@ const KIND_BARRIER: u8 = 2;
 
 /// What the two sides swap: the queue pair endpoint, the buffers the peer
 /// may access, and an application blob (e.g. agreed test parameters).
-#[derive(Clone, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Handshake {
     /// This side's queue pair endpoint.
     pub endpoint: Option<Endpoint>,

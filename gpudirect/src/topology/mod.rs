@@ -41,7 +41,6 @@
 
 use std::fmt;
 
-use serde::Serialize;
 
 use crate::nccl::{gdr_level, PathType as NcclPathType};
 use crate::sysroot::SysRoot;
@@ -58,7 +57,8 @@ pub const PCI_DEVICES: &str = "/sys/bus/pci/devices";
 pub const IB_CLASS: &str = "/sys/class/infiniband";
 
 /// GPUs and RDMA NICs found in sysfs, with where they sit in the PCIe tree.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PciTopology {
     /// NVIDIA display/3D controllers, in PCI bus order (nvidia-smi's numbering).
     pub gpus: Vec<GpuDev>,
@@ -72,7 +72,8 @@ pub struct PciTopology {
 }
 
 /// One NVIDIA GPU.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct GpuDev {
     /// Position in PCI bus order, as nvidia-smi numbers GPUs (CUDA's order can
     /// differ unless `CUDA_DEVICE_ORDER=PCI_BUS_ID`).
@@ -97,7 +98,8 @@ impl GpuDev {
 }
 
 /// One RDMA NIC (an entry of `/sys/class/infiniband` with a PCI function).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct NicDev {
     /// Verbs device name, e.g. `mlx5_0`.
     pub name: String,
@@ -132,7 +134,8 @@ impl NicDev {
 }
 
 /// One port of an RDMA NIC.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct IbPort {
     /// Port number (1-based, as verbs counts).
     pub port: u32,
@@ -154,7 +157,8 @@ impl IbPort {
 }
 
 /// An RDMA device that is not a PCI function.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct OtherRdma {
     /// Verbs device name, e.g. `rxe0`.
     pub name: String,
@@ -163,8 +167,9 @@ pub struct OtherRdma {
 }
 
 /// How far apart a GPU and a NIC sit, in nvidia-smi's (and NCCL's) words.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "UPPERCASE")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "UPPERCASE"))]
 pub enum PathLevel {
     /// At most one PCIe switch between them (one bridge per side).
     Pix,
@@ -201,7 +206,8 @@ pub fn nccl_path_type(level: PathLevel) -> NcclPathType {
 }
 
 /// The limit NCCL applies to GPU–NIC distance before turning GDR off.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct GdrLimit {
     /// Pairs whose NCCL path type is at most this get GPUDirect RDMA.
     pub limit: NcclPathType,
@@ -254,7 +260,8 @@ pub fn gdr_limit(env: &[(String, String)]) -> GdrLimit {
 }
 
 /// One GPU–NIC pair and how NCCL sees it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Pair {
     /// GPU bus id.
     pub gpu: String,

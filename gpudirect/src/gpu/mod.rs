@@ -1,43 +1,30 @@
 //! CUDA GPUs and GPU memory, through the CUDA driver API (cudarc, loaded at
-//! run time).
+//! run time). `driver.rs` makes the driver calls; without the `cuda`
+//! feature `no_driver.rs` stands in, and every entry point here answers
+//! [`Error::CudaUnavailable`].
 
 use std::fmt;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::result as cu;
-use cudarc::driver::sys as cusys;
-use cudarc::driver::DriverError;
-
 use crate::error::{Error, Result};
+
+#[cfg(feature = "cuda")]
+mod driver;
+#[cfg(not(feature = "cuda"))]
+#[path = "no_driver.rs"]
+mod driver;
+
+use driver::Attr;
 
 /// GPU pages are 64 KiB: GPUDirect RDMA maps GPU memory to the NIC in these
 /// units, and peer-memory registration refuses other sizes.
 pub const GPU_PAGE: usize = 64 * 1024;
 
-pub(crate) fn cuda_err(call: &'static str, e: DriverError) -> Error {
-    let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));
-    let text = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    Error::Cuda { call, error: if text.is_empty() { name } else { format!("{name} ({text})") } }
-}
-
 /// Loads the driver and runs `cuInit` once per process.
 fn driver() -> Result<()> {
     static INIT: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-    INIT.get_or_init(|| {
-        // SAFETY: only probes whether the shared library can be loaded.
-        if !unsafe { cusys::is_culib_present() } {
-            return Err("the CUDA driver library (libcuda.so.1) cannot be loaded: no NVIDIA driver is installed, \
-                        or, in a container, the driver is not mounted in (run with --gpus / the NVIDIA container toolkit)"
-                .into());
-        }
-        cu::init().map_err(|e| match cuda_err("cuInit", e) {
-            Error::Cuda { error, .. } => format!("cuInit failed: {error}"),
-            other => other.to_string(),
-        })
-    })
-    .clone()
-    .map_err(Error::CudaUnavailable)
+    INIT.get_or_init(driver::init).clone().map_err(Error::CudaUnavailable)
 }
 
 /// Checks that the driver exports `name` before it is called: cudarc's
@@ -45,9 +32,7 @@ fn driver() -> Result<()> {
 /// CUDA release that added an entry point lacks it. Looked up once.
 fn require_symbol(cache: &OnceLock<bool>, name: &'static str, since: &'static str) -> Result<()> {
     driver()?;
-    // SAFETY: only looks the symbol up (dlsym); nothing is called. The
-    // library is loaded (`driver` checked it).
-    let present = *cache.get_or_init(|| unsafe { cusys::culib().get::<unsafe extern "C" fn()>(name.as_bytes()).is_ok() });
+    let present = *cache.get_or_init(|| driver::has_symbol(name));
     symbol_answer(name, since, present, driver_version().ok())
 }
 
@@ -72,10 +57,7 @@ fn symbol_answer(name: &'static str, since: &'static str, present: bool, version
 /// [`Error::CudaUnavailable`] without a driver.
 pub fn driver_version() -> Result<i32> {
     driver()?;
-    let mut v = 0;
-    // SAFETY: valid out-pointer; the driver is loaded.
-    unsafe { cusys::cuDriverGetVersion(&mut v) }.result().map_err(|e| cuda_err("cuDriverGetVersion", e))?;
-    Ok(v)
+    driver::version()
 }
 
 /// How many CUDA GPUs this process sees.
@@ -84,28 +66,22 @@ pub fn driver_version() -> Result<i32> {
 /// [`Error::CudaUnavailable`] without a driver.
 pub fn gpu_count() -> Result<usize> {
     driver()?;
-    Ok(cu::device::get_count().map_err(|e| cuda_err("cuDeviceGetCount", e))?.max(0) as usize)
+    driver::count()
 }
 
 struct GpuInner {
     ordinal: usize,
-    dev: cusys::CUdevice,
-    ctx: cusys::CUcontext,
+    dev: driver::Device,
+    ctx: driver::Ctx,
     name: String,
     pci_bus_id: Option<String>,
 }
 
-// SAFETY: a CUDA context may be made current on any thread; the handle is
-// only used through driver calls, which are thread-safe.
-unsafe impl Send for GpuInner {}
-// SAFETY: as above.
-unsafe impl Sync for GpuInner {}
-
 impl Drop for GpuInner {
     fn drop(&mut self) {
-        // SAFETY: retained in `Gpu::open`; every buffer holds an Arc to us.
-        if let Err(e) = unsafe { cu::primary_ctx::release(self.dev) } {
-            tracing::warn!("{}", cuda_err("cuDevicePrimaryCtxRelease", e));
+        // Retained in `Gpu::open`; every buffer holds an Arc to us.
+        if let Err(e) = driver::release(self.dev) {
+            tracing::warn!("{e}");
         }
     }
 }
@@ -146,17 +122,7 @@ impl Gpu {
         if ordinal >= count {
             return Err(Error::GpuNotFound { ordinal, count });
         }
-        let dev = cu::device::get(ordinal as i32).map_err(|e| cuda_err("cuDeviceGet", e))?;
-        // SAFETY: `dev` came from cuDeviceGet.
-        let ctx = unsafe { cu::primary_ctx::retain(dev) }.map_err(|e| cuda_err("cuDevicePrimaryCtxRetain", e))?;
-        let name = cu::device::get_name(dev).unwrap_or_else(|_| "unknown GPU".into());
-        let mut bus = [0 as std::ffi::c_char; 32];
-        // SAFETY: the buffer is 32 bytes, as passed; the id is NUL-terminated.
-        let pci_bus_id = match unsafe { cusys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev) }.result() {
-            // SAFETY: NUL-terminated on success.
-            Ok(()) => Some(unsafe { std::ffi::CStr::from_ptr(bus.as_ptr()) }.to_string_lossy().to_lowercase()),
-            Err(_) => None,
-        };
+        let (dev, ctx, name, pci_bus_id) = driver::open(ordinal)?;
         Ok(Gpu { inner: Arc::new(GpuInner { ordinal, dev, ctx, name, pci_bus_id }) })
     }
 
@@ -176,13 +142,14 @@ impl Gpu {
         self.inner.pci_bus_id.as_deref()
     }
 
-    /// A device attribute (`cuDeviceGetAttribute`).
+    /// A device attribute (`cuDeviceGetAttribute`), named by cudarc's
+    /// enum; only with the `cuda` feature.
     ///
     /// # Errors
     /// [`Error::Cuda`].
-    pub fn attribute(&self, attr: cusys::CUdevice_attribute) -> Result<i32> {
-        // SAFETY: `dev` came from cuDeviceGet.
-        unsafe { cu::device::get_attribute(self.inner.dev, attr) }.map_err(|e| cuda_err("cuDeviceGetAttribute", e))
+    #[cfg(feature = "cuda")]
+    pub fn attribute(&self, attr: cudarc::driver::sys::CUdevice_attribute) -> Result<i32> {
+        driver::raw_attribute(self.inner.dev, attr)
     }
 
     /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED` (116): whether the
@@ -191,7 +158,7 @@ impl Gpu {
     /// # Errors
     /// [`Error::Cuda`].
     pub fn gpudirect_rdma_supported(&self) -> Result<bool> {
-        Ok(self.attribute(cusys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED)? != 0)
+        Ok(driver::attribute(self.inner.dev, Attr::GpuDirectRdmaSupported)? != 0)
     }
 
     /// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED` (124): whether the GPU's
@@ -200,7 +167,7 @@ impl Gpu {
     /// # Errors
     /// [`Error::Cuda`].
     pub fn dma_buf_supported(&self) -> Result<bool> {
-        Ok(self.attribute(cusys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)? != 0)
+        Ok(driver::attribute(self.inner.dev, Attr::DmaBufSupported)? != 0)
     }
 
     /// Whether data the NIC wrote into this GPU's memory is visible to the
@@ -213,8 +180,7 @@ impl Gpu {
     /// # Errors
     /// [`Error::Cuda`].
     pub fn rdma_writes_ordered(&self) -> Result<bool> {
-        let v = self.attribute(cusys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING)?;
-        Ok(v >= cusys::CUGPUDirectRDMAWritesOrdering::CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER as i32)
+        Ok(driver::attribute(self.inner.dev, Attr::RdmaWritesOrdering)? >= driver::WRITES_ORDERING_OWNER)
     }
 
     /// Makes every GPUDirect RDMA write that reached this GPU so far
@@ -230,21 +196,12 @@ impl Gpu {
         static SYMBOL: OnceLock<bool> = OnceLock::new();
         require_symbol(&SYMBOL, "cuFlushGPUDirectRDMAWrites", "11.3")?;
         self.bind()?;
-        // SAFETY: a context is current; the enum values are the documented ones.
-        unsafe {
-            cusys::cuFlushGPUDirectRDMAWrites(
-                cusys::CUflushGPUDirectRDMAWritesTarget::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
-                cusys::CUflushGPUDirectRDMAWritesScope::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER,
-            )
-        }
-        .result()
-        .map_err(|e| cuda_err("cuFlushGPUDirectRDMAWrites", e))
+        driver::flush_rdma_writes()
     }
 
     /// Makes the GPU's primary context current on this thread.
     fn bind(&self) -> Result<()> {
-        // SAFETY: the context is retained for as long as `self` lives.
-        unsafe { cu::ctx::set_current(self.inner.ctx) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))
+        driver::set_current(self.inner.ctx)
     }
 }
 
@@ -287,44 +244,18 @@ impl Gpu {
     /// [`Error::Cuda`] when the driver call fails.
     pub fn allocation_of(&self, ptr: u64) -> Result<GpuAllocation> {
         self.bind()?;
-        let mut mem_type: std::ffi::c_uint = 0;
-        let mut ordinal: std::ffi::c_int = -1;
-        let mut buffer_id: std::ffi::c_ulonglong = 0;
-        let mut base: cusys::CUdeviceptr = 0;
-        let mut size: usize = 0;
-        use cusys::CUpointer_attribute as A;
-        let mut attrs = [
-            A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            A::CU_POINTER_ATTRIBUTE_BUFFER_ID,
-            A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-            A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-        ];
-        let mut data: [*mut std::ffi::c_void; 5] = [
-            (&mut mem_type as *mut std::ffi::c_uint).cast(),
-            (&mut ordinal as *mut std::ffi::c_int).cast(),
-            (&mut buffer_id as *mut std::ffi::c_ulonglong).cast(),
-            (&mut base as *mut cusys::CUdeviceptr).cast(),
-            (&mut size as *mut usize).cast(),
-        ];
-        // SAFETY: a context is current; each data pointer addresses a
-        // variable of the type its attribute is documented to write
-        // (unsigned int, int, unsigned long long, CUdeviceptr, size_t), and
-        // both arrays have the length passed.
-        unsafe { cusys::cuPointerGetAttributes(attrs.len() as std::ffi::c_uint, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr) }
-            .result()
-            .map_err(|e| cuda_err("cuPointerGetAttributes", e))?;
-        // Unlike cuPointerGetAttribute, the plural form succeeds for
-        // pointers CUDA does not know and leaves zeros: check the type.
-        if mem_type != cusys::CUmemorytype::CU_MEMORYTYPE_DEVICE as std::ffi::c_uint {
+        let info = driver::pointer_info(ptr)?;
+        if !info.device_memory {
             return Err(Error::InvalidArgument(format!(
-                "{ptr:#x} is not device memory (CU_POINTER_ATTRIBUTE_MEMORY_TYPE = {mem_type})"
+                "{ptr:#x} is not device memory (CU_POINTER_ATTRIBUTE_MEMORY_TYPE = {})",
+                info.memory_type
             )));
         }
+        let ordinal = info.ordinal;
         if ordinal < 0 || ordinal as usize != self.ordinal() {
             return Err(Error::InvalidArgument(format!("{ptr:#x} belongs to GPU{ordinal}, not GPU{}", self.ordinal())));
         }
-        Ok(GpuAllocation { ordinal: ordinal as usize, buffer_id, base, size: size as u64 })
+        Ok(GpuAllocation { ordinal: ordinal as usize, buffer_id: info.buffer_id, base: info.base, size: info.size })
     }
 }
 
@@ -334,7 +265,7 @@ impl Gpu {
 /// complete before they return, as the NIC's view requires.
 pub struct GpuBuffer {
     gpu: Gpu,
-    ptr: cusys::CUdeviceptr,
+    ptr: u64,
     len: usize,
     /// Freed on drop (allocated here) or owned by the caller.
     owned: bool,
@@ -351,34 +282,11 @@ impl Drop for GpuBuffer {
         if self.owned && self.gpu.bind().is_ok() {
             // SAFETY: allocated by cuMemAlloc in `alloc`; no region uses it
             // any more (regions own their buffer).
-            if let Err(e) = unsafe { cu::free_sync(self.ptr) } {
-                tracing::warn!("{}", cuda_err("cuMemFree", e));
+            if let Err(e) = unsafe { driver::free(self.ptr) } {
+                tracing::warn!("{e}");
             }
         }
     }
-}
-
-fn set_sync_memops(ptr: cusys::CUdeviceptr) -> Result<()> {
-    let one: std::ffi::c_uint = 1;
-    // SAFETY: `ptr` is device memory of the current context; the value is a c_uint as documented.
-    unsafe {
-        cusys::cuPointerSetAttribute(
-            (&one as *const std::ffi::c_uint).cast(),
-            cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
-            ptr,
-        )
-    }
-    .result()
-    .map_err(|e| cuda_err("cuPointerSetAttribute(SYNC_MEMOPS)", e))
-}
-
-fn pointer_attr<T: Default>(ptr: cusys::CUdeviceptr, attr: cusys::CUpointer_attribute) -> Result<T> {
-    let mut v = T::default();
-    // SAFETY: `v` has the type the attribute is documented to return (checked by the callers).
-    unsafe { cusys::cuPointerGetAttribute((&mut v as *mut T).cast(), attr, ptr) }
-        .result()
-        .map_err(|e| cuda_err("cuPointerGetAttribute", e))?;
-    Ok(v)
 }
 
 impl GpuBuffer {
@@ -395,12 +303,10 @@ impl GpuBuffer {
             .checked_next_multiple_of(GPU_PAGE)
             .ok_or_else(|| Error::InvalidArgument(format!("cannot allocate {len} bytes of GPU memory")))?;
         gpu.bind()?;
-        // SAFETY: a context is current; the memory is zeroed below before use.
-        let ptr = unsafe { cu::malloc_sync(size) }.map_err(|e| cuda_err("cuMemAlloc", e))?;
+        let ptr = driver::alloc_zeroed(size)?;
+        // Freed on drop, also when the attribute cannot be set.
         let buf = GpuBuffer { gpu: gpu.clone(), ptr, len: size, owned: true };
-        set_sync_memops(ptr)?;
-        // SAFETY: `ptr` is `size` bytes of device memory just allocated.
-        unsafe { cu::memset_d8_sync(ptr, 0, size) }.map_err(|e| cuda_err("cuMemsetD8", e))?;
+        driver::set_sync_memops(ptr)?;
         Ok(buf)
     }
 
@@ -422,24 +328,21 @@ impl GpuBuffer {
         if len == 0 {
             return bad("empty range".into());
         }
-        let mem_type: std::ffi::c_uint = pointer_attr(ptr, cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE)?;
-        if mem_type != cusys::CUmemorytype::CU_MEMORYTYPE_DEVICE as std::ffi::c_uint {
-            return bad(format!("not device memory (CU_POINTER_ATTRIBUTE_MEMORY_TYPE = {mem_type})"));
+        let info = driver::pointer_info(ptr)?;
+        if !info.device_memory {
+            return bad(format!("not device memory (CU_POINTER_ATTRIBUTE_MEMORY_TYPE = {})", info.memory_type));
         }
-        let ordinal: std::ffi::c_int = pointer_attr(ptr, cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)?;
-        if ordinal as usize != gpu.ordinal() {
-            return bad(format!("belongs to GPU{ordinal}, not GPU{}", gpu.ordinal()));
+        if info.ordinal < 0 || info.ordinal as usize != gpu.ordinal() {
+            return bad(format!("belongs to GPU{}, not GPU{}", info.ordinal, gpu.ordinal()));
         }
-        let pool: usize = pointer_attr(ptr, cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE).unwrap_or(0);
-        if pool != 0 {
+        if driver::from_pool(ptr) {
             return bad("allocated from a stream-ordered memory pool (cudaMallocAsync), which GPUDirect RDMA does not support; allocate with cuMemAlloc/cudaMalloc".into());
         }
-        let start: cusys::CUdeviceptr = pointer_attr(ptr, cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)?;
-        let size: usize = pointer_attr(ptr, cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE)?;
-        if ptr.checked_add(len as u64).is_none_or(|end| end > start + size as u64) {
+        let (start, size) = (info.base, info.size);
+        if ptr.checked_add(len as u64).is_none_or(|end| end > start.saturating_add(size)) {
             return bad(format!("extends past its allocation ({start:#x} + {size} bytes)"));
         }
-        set_sync_memops(ptr)?;
+        driver::set_sync_memops(ptr)?;
         Ok(GpuBuffer { gpu: gpu.clone(), ptr, len, owned: false })
     }
 
@@ -477,8 +380,9 @@ impl GpuBuffer {
     pub fn copy_from_host(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.check(offset, src.len())?;
         self.gpu.bind()?;
-        // SAFETY: the range is inside the allocation (checked).
-        unsafe { cu::memcpy_htod_sync(self.ptr + offset as u64, src) }.map_err(|e| cuda_err("cuMemcpyHtoD", e))
+        // SAFETY: the device range is inside the allocation (checked);
+        // `src` is a slice.
+        unsafe { driver::copy_htod(self.ptr + offset as u64, src.as_ptr(), src.len()) }
     }
 
     /// Copies bytes of the buffer at `offset` to the host (synchronous).
@@ -488,8 +392,9 @@ impl GpuBuffer {
     pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check(offset, dst.len())?;
         self.gpu.bind()?;
-        // SAFETY: the range is inside the allocation (checked).
-        unsafe { cu::memcpy_dtoh_sync(dst, self.ptr + offset as u64) }.map_err(|e| cuda_err("cuMemcpyDtoH", e))
+        // SAFETY: the device range is inside the allocation (checked);
+        // `dst` is a slice we hold exclusively.
+        unsafe { driver::copy_dtoh(dst.as_mut_ptr(), self.ptr + offset as u64, dst.len()) }
     }
 
     /// Exports the buffer as a dma-buf (`cuMemGetHandleForAddressRange`):
@@ -509,22 +414,7 @@ impl GpuBuffer {
         static SYMBOL: OnceLock<bool> = OnceLock::new();
         require_symbol(&SYMBOL, "cuMemGetHandleForAddressRange", "11.7")?;
         self.gpu.bind()?;
-        let mut fd: std::ffi::c_int = -1;
-        // SAFETY: `fd` is an int out-parameter as the DMA_BUF_FD handle type requires;
-        // the range covers allocated device memory rounded to host pages.
-        unsafe {
-            cusys::cuMemGetHandleForAddressRange(
-                (&mut fd as *mut std::ffi::c_int).cast(),
-                base,
-                len,
-                cusys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
-                0,
-            )
-        }
-        .result()
-        .map_err(|e| cuda_err("cuMemGetHandleForAddressRange", e))?;
-        // SAFETY: on success `fd` is a new descriptor we own.
-        Ok((unsafe { OwnedFd::from_raw_fd(fd) }, offset, len))
+        Ok((driver::export_dma_buf(base, len)?, offset, len))
     }
 }
 
@@ -538,9 +428,7 @@ impl GpuBuffer {
         self.check(offset, len)?;
         self.gpu.bind()?;
         // SAFETY: device range checked; host range per our contract.
-        unsafe { cusys::cuMemcpyDtoH_v2(dst.cast(), self.ptr + offset as u64, len) }
-            .result()
-            .map_err(|e| cuda_err("cuMemcpyDtoH", e))
+        unsafe { driver::copy_dtoh(dst, self.ptr + offset as u64, len) }
     }
 
     /// Copies `len` bytes from raw host memory into the buffer at `offset`.
@@ -551,9 +439,7 @@ impl GpuBuffer {
         self.check(offset, len)?;
         self.gpu.bind()?;
         // SAFETY: device range checked; host range per our contract.
-        unsafe { cusys::cuMemcpyHtoD_v2(self.ptr + offset as u64, src.cast(), len) }
-            .result()
-            .map_err(|e| cuda_err("cuMemcpyHtoD", e))
+        unsafe { driver::copy_htod(self.ptr + offset as u64, src, len) }
     }
 }
 
@@ -574,11 +460,8 @@ unsafe impl Sync for PinnedHost {}
 impl PinnedHost {
     pub(crate) fn alloc(gpu: &Gpu, len: usize) -> Result<PinnedHost> {
         gpu.bind()?;
-        // SAFETY: a context is current; the memory is zeroed before use.
-        let ptr = unsafe { cu::malloc_host(len, cusys::CU_MEMHOSTALLOC_PORTABLE) }.map_err(|e| cuda_err("cuMemHostAlloc", e))?;
-        // SAFETY: `len` bytes were just allocated.
-        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, len) };
-        Ok(PinnedHost { gpu: gpu.clone(), ptr: ptr.cast(), len })
+        let ptr = driver::host_alloc_zeroed(len)?;
+        Ok(PinnedHost { gpu: gpu.clone(), ptr, len })
     }
 
     pub(crate) fn ptr(&self) -> *mut u8 {
@@ -595,8 +478,8 @@ impl Drop for PinnedHost {
         if self.gpu.bind().is_ok() {
             // SAFETY: allocated by cuMemHostAlloc; the region that used it
             // was deregistered first (it is dropped after the MR).
-            if let Err(e) = unsafe { cu::free_host(self.ptr.cast()) } {
-                tracing::warn!("{}", cuda_err("cuMemFreeHost", e));
+            if let Err(e) = unsafe { driver::host_free(self.ptr) } {
+                tracing::warn!("{e}");
             }
         }
     }
@@ -622,6 +505,17 @@ mod tests {
         assert!(symbol_answer("cuFlushGPUDirectRDMAWrites", "11.3", false, None).unwrap_err().to_string().contains("version unknown"));
     }
 
+    /// Built without the `cuda` feature: every entry point answers
+    /// CudaUnavailable naming the feature, and nothing panics.
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn without_the_cuda_feature_every_entry_point_says_so() {
+        let answers = [gpu_count().map(drop), driver_version().map(drop), Gpu::open(0).map(drop)];
+        for a in answers {
+            assert!(matches!(a, Err(Error::CudaUnavailable(ref m)) if m.contains("`cuda` feature")), "{a:?}");
+        }
+    }
+
     /// The real lookup: without a driver it answers CudaUnavailable before
     /// looking anything up; with one, a symbol the driver lacks (a made-up
     /// name here) is the typed error and a present one passes.
@@ -630,8 +524,7 @@ mod tests {
         static MISSING: OnceLock<bool> = OnceLock::new();
         static PRESENT: OnceLock<bool> = OnceLock::new();
         let missing = require_symbol(&MISSING, "cuNoSuchEntryPoint", "99.0");
-        // SAFETY: only probes whether the library loads.
-        if unsafe { cusys::is_culib_present() } && driver().is_ok() {
+        if driver::present() && driver().is_ok() {
             assert!(matches!(missing, Err(Error::Cuda { call: "cuNoSuchEntryPoint", .. })), "{missing:?}");
             assert_eq!(MISSING.get(), Some(&false));
             require_symbol(&PRESENT, "cuDriverGetVersion", "2.2").unwrap();
