@@ -2,6 +2,9 @@
 //! not (`doctor`), what an NCCL log says about it (`nccl-log`), and
 //! measures bandwidth and latency the way perftest does (`bw`, `lat`).
 //!
+//! Logs (the library's, through `tracing`) go to stderr: warnings by
+//! default, more with `RUST_LOG=info` or `RUST_LOG=debug`.
+//!
 //! Exit status: `doctor` 0 when GPUDirect RDMA is available, 1 when not,
 //! 2 when the tool itself could not run; `nccl-log` 0 when the log shows
 //! GPUDirect RDMA used, 1 when not or only partly, 3 when the log cannot
@@ -60,7 +63,17 @@ enum Command {
     },
 }
 
+/// The library reports through `tracing`: its warnings (a region staged
+/// through host memory, a teardown that failed) show by default, on
+/// stderr so `--json` output stays clean; `RUST_LOG=debug` adds the choices
+/// it makes (device, GID, MTU, registration path).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
 fn main() -> ExitCode {
+    init_logging();
     match Cli::parse().command {
         Command::Doctor { json, gpu, device, root } => {
             if !root.join("proc").is_dir() && !root.join("sys").is_dir() {

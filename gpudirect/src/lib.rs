@@ -75,6 +75,29 @@
 //! the CQ has been seen empty afterwards (some providers leave a
 //! destroyed QP's completions in the CQ), so a CQ can never overrun.
 //!
+//! # Logging
+//! The library reports through [`tracing`](https://docs.rs/tracing):
+//! warnings for what a caller should know but that is not an error (a GPU
+//! region staged through host memory under [`GpuPolicy::Prefer`], a
+//! teardown verb that failed), `info` for the choices it makes (the GID,
+//! the connected MTU, each GPU region's registration path), `debug` for
+//! the objects it creates. Nothing is printed unless the program installs a
+//! subscriber, e.g. `tracing_subscriber::fmt().with_env_filter(
+//! tracing_subscriber::EnvFilter::from_default_env()).init()`; the
+//! `gpudirect` tools and examples do, on stderr, honouring `RUST_LOG`
+//! (`RUST_LOG=debug gpudirect bw ...`).
+//!
+//! # Features
+//! - `cuda` (default): GPU memory through CUDA (cudarc, loaded at run
+//!   time: nothing CUDA is needed to build). Without it the GPU types
+//!   remain and every CUDA call returns [`Error::CudaUnavailable`] saying
+//!   so; cudarc is not in the dependency tree.
+//! - `serde` (default): `Serialize` on the plain data types, and
+//!   `Deserialize` on the wire types ([`Endpoint`], [`RemoteBuffer`],
+//!   [`Gid`], [`Mtu`], [`bootstrap::Handshake`]).
+//!
+//! The minimum supported Rust version is 1.88.
+//!
 //! # Example
 //! ```no_run
 //! use gpudirect::{AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain,
