@@ -191,7 +191,7 @@ pub fn reap(cq: &CompletionQueue, mut n: usize, mode: Poll, what: &str) {
             last_progress = Instant::now();
         } else {
             empty += 1;
-            if empty % 4096 == 0 && last_progress.elapsed() > COMPLETION_TIMEOUT {
+            if empty.is_multiple_of(4096) && last_progress.elapsed() > COMPLETION_TIMEOUT {
                 panic!("{what}: no completion for {COMPLETION_TIMEOUT:?} with {n} still expected");
             }
             std::hint::spin_loop();

@@ -19,10 +19,12 @@ use crate::tracker::{finish_post, holder, Pending, Tracker, WorkQueue, RECV_BIT,
 use crate::wire::Endpoint;
 use crate::wr::{RecvWr, SendList, SendOp, SendWr};
 
-/// Queue pair settings. The defaults suit a LAN: perftest's timeout and
-/// RNR retry count, a retry count of 6 (see [`retry_cnt`](Self::retry_cnt)),
-/// 128-deep queues, and remote write and read allowed at the
-/// queue-pair level (each memory region still grants its own access).
+/// Queue pair settings. The defaults suit a LAN and never wait forever:
+/// perftest's timeout, retry counts of 6 for both lost packets and a
+/// receiver without a receive posted (see [`retry_cnt`](Self::retry_cnt)
+/// and [`rnr_retry`](Self::rnr_retry)), 128-deep queues, and remote write
+/// and read allowed at the queue-pair level (each memory region still
+/// grants its own access).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QpConfig {
     /// Port number (from 1).
@@ -47,9 +49,25 @@ pub struct QpConfig {
     /// peer within about `(retry_cnt + 1) × 4.096 µs × 2^timeout`
     /// (0.5 s with the default timeout; measured in docs/reliability.md).
     pub retry_cnt: u8,
-    /// Receiver-not-ready retries (0..=7; 7 means forever).
+    /// Receiver-not-ready retries (0..=7; 7 means forever): how often a
+    /// send is tried again when the peer has no receive posted for it,
+    /// before it fails with
+    /// [`RnrRetryExceeded`](crate::WcStatus::RnrRetryExceeded).
+    ///
+    /// The default is 6, where NCCL and perftest use 7 (forever): both
+    /// never run out of receives by their own flow control, while with 7 a
+    /// peer that stops posting receives (a protocol bug, a stuck process)
+    /// stalls the sender silently. With 6 and the default
+    /// [`min_rnr_timer`](Self::min_rnr_timer) the sender fails after the
+    /// peer posted nothing for about 7 × 41 ms ≈ 0.3 s. The cost: each RNR
+    /// NAK pauses the sending queue pair for at least the peer's timer, so
+    /// a protocol that lets receives run short should keep them posted
+    /// ahead (or choose 7 and a short timer, as NCCL does).
     pub rnr_retry: u8,
-    /// Minimum RNR NAK timer the peer is asked to wait (encoded, 12 ≈ 0.64 ms).
+    /// Minimum RNR NAK timer this side asks a sender to wait when it has no
+    /// receive posted (encoded as in the IB spec: 12 ≈ 0.64 ms, 24 ≈ 41 ms,
+    /// 0 = 655 ms). The default 24 makes [`rnr_retry`](Self::rnr_retry)'s
+    /// bound a fraction of a second rather than milliseconds.
     pub min_rnr_timer: u8,
     /// Outstanding RDMA reads per direction (capped by the device).
     pub max_rd_atomic: u8,
@@ -74,8 +92,8 @@ impl Default for QpConfig {
             access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
             timeout: 14,
             retry_cnt: 6,
-            rnr_retry: 7,
-            min_rnr_timer: 12,
+            rnr_retry: 6,
+            min_rnr_timer: 24,
             max_rd_atomic: 16,
             mtu: None,
             service_level: 0,

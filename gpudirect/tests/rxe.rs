@@ -192,6 +192,26 @@ fn send_and_receive_with_and_without_immediate() {
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
 }
 
+/// A send to a peer that never posts a receive fails within a bound under
+/// the default `QpConfig` (rnr_retry 6, never "forever"), and the error
+/// names the missing receive: RNR_RETRY_EXC on hardware; Soft-RoCE sends
+/// no receiver-not-ready NAK and ends in RETRY_EXC, whose hint says so.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_send_without_a_posted_receive_fails_within_a_bound() {
+    let lb = loopback(&QpConfig::default());
+    let src = MemoryRegion::alloc(&lb.pd, 64, AccessFlags::default()).unwrap();
+    let start = std::time::Instant::now();
+    lb.a.qp.post_send(&[SendWr::send(src.slice(0..64).unwrap()).wr_id(7)]).unwrap();
+    let e = wait_one(&lb.a.cq).ok().unwrap_err();
+    let elapsed = start.elapsed();
+    println!("{} after {elapsed:?}: {e}", e.status);
+    assert!(matches!(e.status, WcStatus::RnrRetryExceeded | WcStatus::RetryExceeded), "{e}");
+    assert_eq!(e.wr_id, 7);
+    assert!(e.to_string().contains("no receive posted"), "{e}");
+    assert!(elapsed < std::time::Duration::from_secs(10), "took {elapsed:?}");
+}
+
 #[test]
 #[ignore = "needs an RDMA device"]
 fn batch_of_unsignaled_writes_with_one_signaled() {
@@ -301,7 +321,7 @@ fn permutations(n: usize) -> Vec<Vec<usize>> {
         }
         for i in 0..k - 1 {
             heap(k - 1, a, out);
-            let j = if k % 2 == 0 { i } else { 0 };
+            let j = if k.is_multiple_of(2) { i } else { 0 };
             a.swap(j, k - 1);
         }
         heap(k - 1, a, out);

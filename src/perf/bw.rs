@@ -130,7 +130,7 @@ fn serve(link: &mut Link, size: usize) -> Res<Option<BwResult>> {
 /// of those that ask for a completion: every `cq_mod`-th request of the run
 /// (perftest's `--cq-mod`) and its last one.
 fn signaled(posted: u64, n: u64, cq_mod: u64, iters: u64) -> impl Iterator<Item = usize> {
-    let last = (posted + n == iters && (posted + n) % cq_mod != 0).then_some(n - 1);
+    let last = (posted + n == iters && !(posted + n).is_multiple_of(cq_mod)).then_some(n - 1);
     ((cq_mod - 1 - posted % cq_mod)..n).step_by(cq_mod as usize).chain(last).map(|j| j as usize)
 }
 

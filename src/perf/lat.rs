@@ -178,7 +178,7 @@ impl PingPong {
             Op::Send => SendWr::send(local),
             _ => SendWr::write(local, &link.peer, 0)?,
         };
-        let signaled = !self.inline || (i + 1) % SIGNAL_EVERY == 0;
+        let signaled = !self.inline || (i + 1).is_multiple_of(SIGNAL_EVERY);
         let wr = if self.inline { wr.inline() } else { wr };
         link.qp.post_send(&[if signaled { wr } else { wr.unsignaled() }])?;
         if signaled {

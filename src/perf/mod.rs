@@ -165,6 +165,10 @@ pub fn connect(c: &Common, client_params: Params, max_inline: u32, areas: usize)
         max_send_wr: depth,
         max_recv_wr: rx_depth,
         max_inline_data: max_inline,
+        // perftest's receiver-not-ready settings, so the send test compares
+        // like with like; its own receives are posted deep ahead (RX_DEPTH).
+        rnr_retry: 7,
+        min_rnr_timer: 12,
         ..QpConfig::default()
     };
     let qp = QueuePair::create(&pd, &cq, &cq, &config)?;
