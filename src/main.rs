@@ -17,7 +17,7 @@ mod perf;
 #[cfg(test)]
 mod nccl_agreement;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -93,17 +93,19 @@ fn main() -> ExitCode {
         Command::Bw(a) => perf_result(perf::bw::run(&a), a.common.json, "bw"),
         Command::Lat(a) => perf_result(perf::lat::run(&a), a.common.json, "lat"),
         Command::NcclLog { file, json } => {
-            let mut bytes = Vec::new();
+            // Streamed: memory stays bounded whatever the log's size.
             let read = if file == "-" {
-                std::io::stdin().read_to_end(&mut bytes).map(|_| ())
+                nccl_log::explain_reader(std::io::stdin().lock())
             } else {
-                std::fs::File::open(&file).and_then(|mut f| f.read_to_end(&mut bytes)).map(|_| ())
+                std::fs::File::open(&file).and_then(|f| nccl_log::explain_reader(std::io::BufReader::with_capacity(1 << 20, f)))
             };
-            if let Err(e) = read {
-                eprintln!("gpudirect nccl-log: cannot read {file}: {e}");
-                return ExitCode::from(2);
-            }
-            let report = nccl_log::explain(&String::from_utf8_lossy(&bytes));
+            let report = match read {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("gpudirect nccl-log: cannot read {file}: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             if let Err(code) = emit(&report, json, "nccl-log") {
                 return code;
             }

@@ -6,7 +6,7 @@
 //! `NCCL_DEBUG=INFO` log: each network connection line
 //! (`Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA`) ends in
 //! `/GDRDMA` exactly when that connection registers GPU memory with the NIC.
-//! [`explain`] reads such a log (NCCL 2.4 `Ring` lines through 2.2x
+//! [`explain_reader`] reads such a log (NCCL 2.4 `Ring` lines through 2.2x
 //! `Channel NN/N` lines, with host names, stripped prefixes or launcher
 //! prefixes such as `[1,3]<stdout>:`; NCCL 2.0-2.3 wording such as `Using
 //! internal Network Socket` and `host:pid:tid [dev] INFO` without `NCCL`;
@@ -66,6 +66,9 @@
 //! - `lines_read`, `nccl_lines`: lines in the input, and the NCCL records
 //!   in them (an `NCCL INFO` / `NCCL WARN` marker each, or NCCL 2.0-2.2's
 //!   bare `INFO` / `WARN` after a full prefix).
+//! - `lines_cut`, `not_kept`: lines longer than 64 KiB (only their start
+//!   is read), and distinct facts past the limits that keep memory bounded
+//!   (50,000 connections, 10,000 other lines), counted but not listed.
 
 mod parse;
 mod scan;
@@ -336,6 +339,11 @@ pub struct Report {
     /// glued on one line count apart), and NCCL 2.0-2.2's bare `INFO` /
     /// `WARN` after a `host:pid:tid [dev]` prefix.
     pub nccl_lines: usize,
+    /// Lines longer than 64 KiB, of which only the first 64 KiB were read.
+    pub lines_cut: usize,
+    /// Distinct facts past the limits (50,000 connections, 10,000 other
+    /// lines): counted here, not listed.
+    pub not_kept: usize,
 }
 
 const MAX_WARNINGS: usize = 200;
@@ -358,12 +366,27 @@ const WHY_PXN_GDR: &str = "a communicator-wide setting printed after ring setup,
 const WHY_GDRCOPY: &str = "GDRCopy lets the CPU map GPU memory for small copies; it is not \
      the NIC reading or writing GPU memory";
 
-/// Reads an NCCL debug log and explains whether GPUDirect RDMA carried its
-/// network traffic. Never fails: text that is not an NCCL log yields
-/// [`Verdict::Unknown`].
+/// [`explain_reader`] on a log in memory (the tests' entry point).
+#[cfg(test)]
 #[must_use]
 pub fn explain(text: &str) -> Report {
-    let scan = Scan::read(text);
+    // Reading from memory cannot fail.
+    explain_reader(text.as_bytes()).unwrap_or_else(|_| report(Scan::default()))
+}
+
+/// Reads an NCCL debug log from `reader` and explains whether GPUDirect
+/// RDMA carried its network traffic. Text that is not an NCCL log yields
+/// [`Verdict::Unknown`]. The log is streamed: memory stays bounded whatever
+/// its size (one line of at most 64 KiB at a time, and at most 50,000
+/// distinct connections and 10,000 other facts kept).
+///
+/// # Errors
+/// The reader's I/O error.
+pub fn explain_reader(reader: impl std::io::BufRead) -> std::io::Result<Report> {
+    Ok(report(Scan::read(reader)?))
+}
+
+fn report(scan: Scan) -> Report {
     let decision = verdict::decide(&scan);
     let causes = verdict::causes(&scan, &decision);
     let ranks = summarise_ranks(&scan.conns);
@@ -386,6 +409,8 @@ pub fn explain(text: &str) -> Report {
         causes,
         lines_read: scan.lines_read,
         nccl_lines: scan.nccl_lines,
+        lines_cut: scan.lines_cut,
+        not_kept: scan.not_kept,
     }
 }
 

@@ -35,218 +35,310 @@ pub(super) struct Scan {
     pub(super) internal_net: Option<LogLine>,
     pub(super) plugin_loaded: Option<LogLine>,
     pub(super) geforce: Option<LogLine>,
+    /// Distinct facts past the limits below: counted, not listed.
+    pub(super) not_kept: usize,
+    /// Lines longer than [`MAX_LINE`]: only their start was read.
+    pub(super) lines_cut: usize,
+    seen: Seen,
 }
 
+/// Memory stays bounded whatever the input: at most this many distinct
+/// connection lines are kept (a 512-GPU job prints about 32,000), and
+/// `MAX_FACTS` other facts (versions, support, device, environment lines,
+/// ...), each clipped to 300 characters. Measured on 600,000 distinct
+/// lines: 75 MB peak for the text report, 106 MB with `--json`.
+const MAX_CONNECTIONS: usize = 50_000;
+const MAX_FACTS: usize = 10_000;
+/// Bytes read of one physical line; NCCL's lines are far shorter, a
+/// terminal paste of glued records a few KiB.
+pub(super) const MAX_LINE: usize = 64 * 1024;
+
+/// What the de-duplication has met. Logs repeat themselves (one copy per
+/// rank, per communicator, or a paste twice); the explanation counts
+/// distinct facts. Sets and index maps, not list scans, so a pathological
+/// input of many distinct lines stays linear.
+#[derive(Default)]
+struct Seen {
+    facts: HashSet<(u8, Option<String>, String)>,
+    conns: HashSet<ConnKey>,
+    misleading_at: HashMap<String, usize>,
+    error_at: HashMap<(u64, Option<String>), usize>,
+}
+
+/// A connection line's identity: host, pid, channel, sub-channel, ranks,
+/// direction and transport.
+type ConnKey = (Option<String>, Option<u64>, u64, Option<u64>, u64, u64, Direction, String);
+
 impl Scan {
-    pub(super) fn read(text: &str) -> Scan {
+    /// Scans a log line by line from `reader`, holding at most
+    /// [`MAX_LINE`] bytes of it at a time (the rest of a longer line is
+    /// skipped and counted in `lines_cut`). Lines end at `\n`, a `\r`
+    /// before it is dropped, and bytes that are not UTF-8 are replaced.
+    pub(super) fn read(mut reader: impl std::io::BufRead) -> std::io::Result<Scan> {
         let mut scan = Scan::default();
-        // Logs repeat themselves (one copy per rank, per communicator, or a
-        // paste twice); the explanation counts distinct facts.
-        // Sets and index maps, not list scans, so a pathological input of
-        // many distinct lines stays linear.
-        let mut seen: HashSet<(u8, Option<String>, String)> = HashSet::new();
-        let mut seen_conn = HashSet::new();
-        let mut misleading_at: HashMap<String, usize> = HashMap::new();
-        let mut error_at: HashMap<(u64, Option<String>), usize> = HashMap::new();
-        scan.lines_read = text.lines().count();
-        // Line numbers stay physical: glued records share their line's number.
-        let records = text.lines().enumerate().flat_map(|(index, raw)| {
-            parse::records(raw).into_iter().map(move |r| (index + 1, r))
-        });
-        for (n, record) in records {
-            let (prefix, level, msg) = parse::split_line(record);
-            if level != parse::Level::None {
-                scan.nccl_lines += 1;
-            }
-            if msg.is_empty() {
-                continue;
-            }
-            let here = |text: &str| LogLine {
-                line: n,
-                host: prefix.host.clone(),
-                text: clip(text),
+        let mut line: Vec<u8> = Vec::new();
+        let mut cut = false;
+        loop {
+            let buf = match reader.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
             };
-            if let Some(v) = parse::parse_version(msg) {
-                if seen.insert((3, None, v.clone())) {
-                    scan.versions.push(v);
+            if buf.is_empty() {
+                if !line.is_empty() || cut {
+                    scan.finish_line(&line, cut);
                 }
+                return Ok(scan);
             }
-            if level == parse::Level::Warn
-                && scan.warnings.len() < MAX_WARNINGS
-                && seen.insert((0, None, msg.to_string()))
-            {
-                scan.warnings.push(here(msg));
-            }
-            if let Some(c) = parse::parse_connection(msg) {
-                let key = (
-                    prefix.host.clone(),
-                    prefix.pid,
-                    c.channel,
-                    c.sub,
-                    c.from_rank,
-                    c.to_rank,
-                    c.direction,
-                    c.via.clone(),
-                );
-                if seen_conn.insert(key) {
-                    scan.conns.push(connection(n, &prefix, c));
+            let (chunk, end) = match buf.iter().position(|&b| b == b'\n') {
+                Some(i) => (&buf[..i], Some(i + 1)),
+                None => (buf, None),
+            };
+            let room = MAX_LINE - line.len();
+            cut |= chunk.len() > room;
+            line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            let used = end.unwrap_or(buf.len());
+            reader.consume(used);
+            if end.is_some() {
+                if line.last() == Some(&b'\r') && !cut {
+                    line.pop();
                 }
-                continue;
+                scan.finish_line(&line, cut);
+                line.clear();
+                cut = false;
             }
-            if let Some(s) = parse::parse_support(msg) {
-                if seen.insert((1, prefix.host.clone(), msg.to_string())) {
-                    scan.support.push(GdrSupport {
-                        line: n,
-                        host: prefix.host.clone(),
-                        net: s.net,
-                        enabled: s.enabled,
-                        hca: s.hca,
-                        hca_name: s.hca_name,
-                        gpu: s.gpu,
-                        detail: s.detail,
-                        mechanism: s.mechanism,
-                        read: s.read,
-                    });
-                }
-                continue;
+        }
+    }
+
+    fn finish_line(&mut self, bytes: &[u8], cut: bool) {
+        if cut {
+            self.lines_cut += 1;
+        }
+        self.line(&String::from_utf8_lossy(bytes));
+    }
+
+    /// Scans the next physical line. Line numbers stay physical: records
+    /// glued on one line share its number.
+    pub(super) fn line(&mut self, raw: &str) {
+        self.lines_read += 1;
+        let n = self.lines_read;
+        for record in parse::records(raw) {
+            self.record(n, record);
+        }
+    }
+
+    /// Whether a fact of `kind` (from `host`) is new and there is room to
+    /// keep it; what finds no room is counted in `not_kept`.
+    fn first_time(&mut self, kind: u8, host: Option<String>, text: &str) -> bool {
+        let key = (kind, host, clip(text));
+        if self.seen.facts.contains(&key) {
+            return false;
+        }
+        if self.seen.facts.len() >= MAX_FACTS {
+            self.not_kept += 1;
+            return false;
+        }
+        self.seen.facts.insert(key)
+    }
+
+    fn record(&mut self, n: usize, record: &str) {
+        let (prefix, level, msg) = parse::split_line(record);
+        if level != parse::Level::None {
+            self.nccl_lines += 1;
+        }
+        if msg.is_empty() {
+            return;
+        }
+        let here = |text: &str| LogLine {
+            line: n,
+            host: prefix.host.clone(),
+            text: clip(text),
+        };
+        if let Some(v) = parse::parse_version(msg) {
+            if self.first_time(3, None, &v) {
+                self.versions.push(v);
             }
-            if let Some((net, list)) = parse::parse_net_using(msg) {
-                if seen.insert((2, prefix.host.clone(), msg.to_string())) {
-                    scan.net_devices.push(NetDevices {
-                        line: n,
-                        host: prefix.host.clone(),
-                        devices: parse::net_device_names(&list),
-                        net,
-                        text: clip(&list),
-                    });
-                }
-                continue;
+        }
+        if level == parse::Level::Warn
+            && self.warnings.len() < MAX_WARNINGS
+            && self.first_time(0, None, msg)
+        {
+            self.warnings.push(here(msg));
+        }
+        if let Some(c) = parse::parse_connection(msg) {
+            let key = (
+                prefix.host.clone(),
+                prefix.pid,
+                c.channel,
+                c.sub,
+                c.from_rank,
+                c.to_rank,
+                c.direction,
+                c.via.clone(),
+            );
+            if self.seen.conns.contains(&key) {
+                return;
             }
-            if let Some(name) = parse::parse_network(msg) {
-                if seen.insert((4, None, name.to_string())) {
-                    scan.networks.push((clip(name), here(msg)));
-                }
-                continue;
-            }
-            if parse::parse_tcp_connect(msg).is_some() {
-                if scan.tcp_setup.len() < MAX_QUOTED {
-                    scan.tcp_setup.push(here(msg));
-                }
-                continue;
-            }
-            if let Some((name, nics)) = parse::parse_provider(msg) {
-                if seen.insert((7, None, name.clone())) {
-                    scan.providers.push(Provider { line: n, host: prefix.host.clone(), name, nics });
-                }
-                continue;
-            }
-            if let Some(supported) = parse::parse_plugin_dmabuf(msg) {
-                // A "false" on any rank is what matters; keep the first one.
-                if scan.plugin_dmabuf.as_ref().is_none_or(|(s, _)| *s && !supported) {
-                    scan.plugin_dmabuf = Some((supported, here(msg)));
-                }
-                continue;
-            }
-            if let Some((name, value)) = parse::parse_env(msg) {
-                if seen.insert((5, Some(name.clone()), value.clone())) {
-                    scan.env.push(EnvSetting {
-                        line: n,
-                        name,
-                        value: clip(&value),
-                    });
-                }
-                continue;
-            }
-            if let Some((status, vendor)) = parse::parse_completion_error(msg) {
-                match error_at.get(&(status, vendor.clone())) {
-                    Some(&i) => scan.completion_errors[i].count += 1,
-                    None => {
-                        error_at.insert((status, vendor.clone()), scan.completion_errors.len());
-                        scan.completion_errors.push(CompletionError {
-                            status,
-                            vendor,
-                            first: here(msg),
-                            count: 1,
-                        });
-                    }
-                }
-                continue;
-            }
-            let lower = msg.to_ascii_lowercase();
-            let misleading = if msg.contains("DMA-BUF is available") {
-                Some(WHY_DMABUF)
-            } else if msg.contains("use ring PXN") && msg.contains("GDR") {
-                Some(WHY_PXN_GDR)
-            } else if lower.contains("gdrcopy") {
-                Some(WHY_GDRCOPY)
+            if self.conns.len() >= MAX_CONNECTIONS {
+                self.not_kept += 1;
             } else {
-                None
-            };
-            if let Some(why) = misleading {
-                let text = clip(msg);
-                match misleading_at.get(&text) {
-                    Some(&i) => scan.misleading[i].count += 1,
-                    None => {
-                        misleading_at.insert(text.clone(), scan.misleading.len());
-                        scan.misleading.push(Misleading {
-                            line: n,
-                            text,
-                            count: 1,
-                            why: why.to_string(),
-                        });
-                    }
+                self.seen.conns.insert(key);
+                self.conns.push(connection(n, &prefix, c));
+            }
+            return;
+        }
+        if let Some(s) = parse::parse_support(msg) {
+            if self.first_time(1, prefix.host.clone(), msg) {
+                self.support.push(GdrSupport {
+                    line: n,
+                    host: prefix.host.clone(),
+                    net: s.net,
+                    enabled: s.enabled,
+                    hca: s.hca,
+                    hca_name: s.hca_name,
+                    gpu: s.gpu,
+                    detail: s.detail,
+                    mechanism: s.mechanism,
+                    read: s.read,
+                });
+            }
+            return;
+        }
+        if let Some((net, list)) = parse::parse_net_using(msg) {
+            if self.first_time(2, prefix.host.clone(), msg) {
+                self.net_devices.push(NetDevices {
+                    line: n,
+                    host: prefix.host.clone(),
+                    devices: parse::net_device_names(&list),
+                    net,
+                    text: clip(&list),
+                });
+            }
+            return;
+        }
+        if let Some(name) = parse::parse_network(msg) {
+            if self.first_time(4, None, name) {
+                self.networks.push((clip(name), here(msg)));
+            }
+            return;
+        }
+        if parse::parse_tcp_connect(msg).is_some() {
+            if self.tcp_setup.len() < MAX_QUOTED {
+                self.tcp_setup.push(here(msg));
+            }
+            return;
+        }
+        if let Some((name, nics)) = parse::parse_provider(msg) {
+            if self.first_time(7, None, &name) {
+                self.providers.push(Provider { line: n, host: prefix.host.clone(), name, nics });
+            }
+            return;
+        }
+        if let Some(supported) = parse::parse_plugin_dmabuf(msg) {
+            // A "false" on any rank is what matters; keep the first one.
+            if self.plugin_dmabuf.as_ref().is_none_or(|(s, _)| *s && !supported) {
+                self.plugin_dmabuf = Some((supported, here(msg)));
+            }
+            return;
+        }
+        if let Some((name, value)) = parse::parse_env(msg) {
+            if self.first_time(5, Some(name.clone()), &value) {
+                self.env.push(EnvSetting {
+                    line: n,
+                    name,
+                    value: clip(&value),
+                });
+            }
+            return;
+        }
+        if let Some((status, vendor)) = parse::parse_completion_error(msg) {
+            match self.seen.error_at.get(&(status, vendor.clone())) {
+                Some(&i) => self.completion_errors[i].count += 1,
+                None => {
+                    self.seen.error_at.insert((status, vendor.clone()), self.completion_errors.len());
+                    self.completion_errors.push(CompletionError {
+                        status,
+                        vendor,
+                        first: here(msg),
+                        count: 1,
+                    });
                 }
-                continue;
             }
-            let mentions_gdr = lower.contains("gdr")
-                || lower.contains("gpudirect")
-                || lower.contains("gpu direct");
-            let says_off = ["disabl", "not supported", "unsupported", "not available"]
-                .iter()
-                .any(|w| lower.contains(w));
-            // `NCCL_GDR_FLUSH_DISABLE` and friends tune GDR, they do not turn it off.
-            // The rule is broad, so it only trusts lines NCCL (or its plugin)
-            // printed itself: prose pasted around a log must not settle it.
-            if level != parse::Level::None && mentions_gdr && says_off && !lower.contains("flush") {
-                if scan.plugin_gdr_off.len() < MAX_QUOTED {
-                    scan.plugin_gdr_off.push(here(msg));
-                }
-                continue;
-            }
-            if msg.contains("NET/IB") && msg.contains("No device found") {
-                scan.no_ib_device.get_or_insert_with(|| here(msg));
-            }
-            if msg.contains("NET/Plugin") {
-                if lower.contains("loaded") {
-                    scan.plugin_loaded.get_or_insert_with(|| here(msg));
-                } else if [
-                    "no plugin found",
-                    "could not find",
-                    "using internal",
-                    "cannot open",
-                ]
-                .iter()
-                .any(|w| lower.contains(w))
-                {
-                    scan.internal_net.get_or_insert_with(|| here(msg));
+            return;
+        }
+        let lower = msg.to_ascii_lowercase();
+        let misleading = if msg.contains("DMA-BUF is available") {
+            Some(WHY_DMABUF)
+        } else if msg.contains("use ring PXN") && msg.contains("GDR") {
+            Some(WHY_PXN_GDR)
+        } else if lower.contains("gdrcopy") {
+            Some(WHY_GDRCOPY)
+        } else {
+            None
+        };
+        if let Some(why) = misleading {
+            let text = clip(msg);
+            match self.seen.misleading_at.get(&text) {
+                Some(&i) => self.misleading[i].count += 1,
+                None => {
+                    self.seen.misleading_at.insert(text.clone(), self.misleading.len());
+                    self.misleading.push(Misleading {
+                        line: n,
+                        text,
+                        count: 1,
+                        why: why.to_string(),
+                    });
                 }
             }
-            if [
-                "reg_dmabuf_mr failed",
-                "reg_mr failed",
-                "failed to register",
+            return;
+        }
+        let mentions_gdr = lower.contains("gdr")
+            || lower.contains("gpudirect")
+            || lower.contains("gpu direct");
+        let says_off = ["disabl", "not supported", "unsupported", "not available"]
+            .iter()
+            .any(|w| lower.contains(w));
+        // `NCCL_GDR_FLUSH_DISABLE` and friends tune GDR, they do not turn it off.
+        // The rule is broad, so it only trusts lines NCCL (or its plugin)
+        // printed itself: prose pasted around a log must not settle it.
+        if level != parse::Level::None && mentions_gdr && says_off && !lower.contains("flush") {
+            if self.plugin_gdr_off.len() < MAX_QUOTED {
+                self.plugin_gdr_off.push(here(msg));
+            }
+            return;
+        }
+        if msg.contains("NET/IB") && msg.contains("No device found") {
+            self.no_ib_device.get_or_insert_with(|| here(msg));
+        }
+        if msg.contains("NET/Plugin") {
+            if lower.contains("loaded") {
+                self.plugin_loaded.get_or_insert_with(|| here(msg));
+            } else if [
+                "no plugin found",
+                "could not find",
+                "using internal",
+                "cannot open",
             ]
             .iter()
             .any(|w| lower.contains(w))
-                && scan.reg_failures.len() < MAX_QUOTED
             {
-                scan.reg_failures.push(here(msg));
-            }
-            if msg.contains("GeForce") {
-                scan.geforce.get_or_insert_with(|| here(msg));
+                self.internal_net.get_or_insert_with(|| here(msg));
             }
         }
-        scan
+        if [
+            "reg_dmabuf_mr failed",
+            "reg_mr failed",
+            "failed to register",
+        ]
+        .iter()
+        .any(|w| lower.contains(w))
+            && self.reg_failures.len() < MAX_QUOTED
+        {
+            self.reg_failures.push(here(msg));
+        }
+        if msg.contains("GeForce") {
+            self.geforce.get_or_insert_with(|| here(msg));
+        }
     }
 
     pub(super) fn env(&self, name: &str) -> Option<&EnvSetting> {

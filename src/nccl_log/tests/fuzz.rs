@@ -148,3 +148,23 @@ fn huge_numbers_are_not_connections_but_do_not_panic() {
     assert!(channel_ranges(&BTreeSet::from([u64::MAX - 1, u64::MAX])).contains('-'));
     check_no_panic(&"NCCL INFO ".repeat(10_000));
 }
+
+/// The streamed reader: lines split at `\n` (a `\r` before it dropped), an
+/// over-long line read only in part and counted, the last line without a
+/// newline kept, and the same report as from memory.
+#[test]
+fn streamed_lines_are_bounded_and_read_as_in_memory() {
+    let fixture_text = std::fs::read_to_string(data_dir().join("nccl687-a100-gdrdma-nosubchannel-2.11.4.txt")).unwrap();
+    let excerpt = fixture_text.split_once("\n---\n").unwrap().1.replace('\n', "\r\n");
+    let streamed = explain_reader(std::io::BufReader::with_capacity(7, excerpt.as_bytes())).unwrap();
+    let whole = explain(&excerpt);
+    assert_eq!((streamed.verdict, streamed.connections.len()), (whole.verdict, whole.connections.len()));
+    assert!(streamed.connections.len() > 1 && streamed.lines_cut == 0);
+    // A 1 MiB line of noise between two connection lines: its start is
+    // read, the rest skipped, and the lines around it still count.
+    let conn = "h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0/GDRDMA";
+    let long = format!("{conn}\n{}\n{}", "x".repeat(1 << 20), conn.replace("00/0", "01/0"));
+    let r = explain_reader(std::io::BufReader::new(long.as_bytes())).unwrap();
+    assert_eq!((r.lines_read, r.lines_cut, r.connections.len()), (3, 1, 2));
+    assert_eq!(r.connections[1].line, 3);
+}

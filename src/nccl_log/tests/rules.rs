@@ -137,6 +137,8 @@ fn json_shape_is_stable() {
         "causes",
         "lines_read",
         "nccl_lines",
+        "lines_cut",
+        "not_kept",
     ]);
     assert_eq!(keys, expected);
     assert_eq!(v["verdict"], "partial");
