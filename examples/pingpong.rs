@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use gpudirect::bootstrap::{Handshake, OobChannel};
+use gpudirect::bootstrap::{with_port, Handshake, OobChannel, DEFAULT_PORT};
 use gpudirect::{
     AccessFlags, CompletionQueue, Context, Gpu, GpuBuffer, GpuPolicy, MemoryRegion, ProtectionDomain, QpConfig,
     QueuePair, RecvWr, RemoteBuffer, SendWr, WcOpcode, WorkCompletion,
@@ -43,17 +43,20 @@ struct Args {
     /// Wait for a client.
     #[arg(long, conflicts_with = "connect", required_unless_present = "connect")]
     server: bool,
-    /// Connect to a server at HOST:PORT.
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Connect to a server at HOST or HOST:PORT.
+    #[arg(long, value_name = "HOST[:PORT]")]
     connect: Option<String>,
-    /// Server: address and port to listen on.
-    #[arg(long, default_value = "0.0.0.0:18515", value_name = "ADDR:PORT")]
+    /// TCP port of the bootstrap exchange when --connect or --listen names none.
+    #[arg(long, short = 'p', default_value_t = DEFAULT_PORT)]
+    port: u16,
+    /// Server: address to listen on (ADDR or ADDR:PORT).
+    #[arg(long, default_value = "0.0.0.0", value_name = "ADDR[:PORT]")]
     listen: String,
     /// RDMA device (default: the first one).
     #[arg(long, short = 'd')]
     device: Option<String>,
     /// Port of the device.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, short = 'i', default_value_t = 1)]
     ib_port: u8,
     /// GID index (default: the RoCE v2 IPv4-mapped entry; the choice is printed).
     #[arg(long, short = 'x')]
@@ -299,11 +302,12 @@ fn run(args: Args) -> Res<()> {
     println!("device {} port {}: {}", ctx.name(), args.ib_port, qp.gid());
 
     let mut oob = if is_server {
-        let listener = TcpListener::bind(&args.listen).map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-        println!("waiting for a client on {}", args.listen);
+        let listen = with_port(&args.listen, args.port);
+        let listener = TcpListener::bind(&listen).map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        println!("waiting for a client on {listen}");
         OobChannel::accept(&listener, timeout)?
     } else {
-        OobChannel::connect(args.connect.as_deref().unwrap_or_default(), timeout)?
+        OobChannel::connect(with_port(args.connect.as_deref().unwrap_or_default(), args.port), timeout)?
     };
 
     // The server sizes its buffer from the client's parameters, so the

@@ -42,7 +42,7 @@ enum Command {
         #[arg(long)]
         gpu: Option<usize>,
         /// Only this RDMA device.
-        #[arg(long)]
+        #[arg(long, short = 'd')]
         device: Option<String>,
         /// Read sysfs/procfs under this directory instead of / (for
         /// fixture trees and offline analysis of a copied tree).
@@ -118,14 +118,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Prints a perf tool's report (client side) or its error.
-fn perf_result<R: std::fmt::Display + serde::Serialize>(r: perf::Res<Option<R>>, json: bool, cmd: &str) -> ExitCode {
+/// Prints a perf tool's report (both sides print the client's) or its error.
+fn perf_result<R: std::fmt::Display + serde::Serialize>(r: perf::Res<R>, json: bool, cmd: &str) -> ExitCode {
     match r {
-        Ok(Some(report)) => match emit(&report, json, cmd) {
+        Ok(report) => match emit(&report, json, cmd) {
             Ok(()) => ExitCode::SUCCESS,
             Err(code) => code,
         },
-        Ok(None) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpudirect {cmd}: error: {e}");
             ExitCode::FAILURE
@@ -149,4 +148,26 @@ fn emit<R: std::fmt::Display + serde::Serialize>(report: &R, json: bool, cmd: &s
     };
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{Cli, Command};
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("gpudirect").chain(args.iter().copied()))
+    }
+
+    /// perftest's defaults and no option that is listed and then refused.
+    #[test]
+    fn command_lines_follow_perftest() {
+        assert!(matches!(parse(&["bw"]).unwrap().command, Command::Bw(_)), "no arguments: a server");
+        assert!(matches!(parse(&["lat", "nodeA", "-p", "9000", "-s", "8"]).unwrap().command, Command::Lat(_)));
+        let e = parse(&["lat", "--op", "read"]).err().expect("lat has no read");
+        assert!(e.to_string().contains("possible values: write, send"), "{e}");
+        assert!(parse(&["bw", "--op", "read", "nodeA"]).is_ok());
+        assert!(matches!(parse(&["doctor", "-d", "mlx5_0"]).unwrap().command, Command::Doctor { .. }));
+    }
 }

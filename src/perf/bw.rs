@@ -5,11 +5,11 @@
 use std::time::Instant;
 
 use clap::Args;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use gpudirect::{RecvWr, SendList, SendWr, WcOpcode, WorkCompletion};
 
-use super::{connect, sizes, Common, Link, Op, Params, Res};
+use super::{connect, progress, share_report, sizes, Common, Link, Op, Params, Res};
 
 /// `gpudirect bw` options.
 #[derive(Args, Clone, Debug)]
@@ -34,7 +34,7 @@ pub struct BwArgs {
 }
 
 /// One size's result, perftest's columns.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BwResult {
     /// Message size.
     pub bytes: usize,
@@ -48,15 +48,19 @@ pub struct BwResult {
     pub msg_rate_mpps: f64,
 }
 
-/// The client's report.
-#[derive(Clone, Debug, Serialize)]
+/// The client's report (the server prints it too).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BwReport {
     /// `"gpudirect bw"`.
-    pub tool: &'static str,
+    pub tool: String,
     /// The operation.
     pub op: Op,
     /// Work requests in flight.
     pub tx_depth: u32,
+    /// The client's buffer (`host memory`, `GPU0 memory, path: dma-buf`).
+    pub client_memory: String,
+    /// The server's buffer.
+    pub server_memory: String,
     /// Per size.
     pub results: Vec<BwResult>,
 }
@@ -71,20 +75,30 @@ impl std::fmt::Display for BwReport {
     }
 }
 
-/// Runs either side; the client returns the report.
-pub fn run(a: &BwArgs) -> Res<Option<BwReport>> {
+/// Runs either side; both return the client's report.
+pub fn run(a: &BwArgs) -> Res<BwReport> {
     let params = Params { op: a.op, sizes: sizes(&a.common, 65536), iters: a.common.iters.unwrap_or(5000), tx_depth: a.tx_depth };
     let mut link = connect(&a.common, params, 0, 1)?;
     if !a.common.json {
-        eprintln!("{}", super::banner("gpudirect bw", &link, &format!("  cq_mod {}  post_list {}", a.cq_mod, a.post_list)));
+        let extra = format!("  cq_mod {}  post_list {}", a.cq_mod, a.post_list);
+        eprintln!("{}", super::banner("gpudirect bw", &link, link.params.tx_depth, &extra));
     }
     let mut results = Vec::new();
-    for size in link.params.sizes.clone() {
+    for (i, size) in link.params.sizes.clone().into_iter().enumerate() {
+        progress("gpudirect bw", &link, i, size);
         let r = if link.is_server { serve(&mut link, size)? } else { Some(drive(&mut link, size, a.cq_mod, a.post_list, a.use_events)?) };
         results.extend(r);
     }
     link.oob.barrier()?;
-    Ok((!link.is_server).then_some(BwReport { tool: "gpudirect bw", op: link.params.op, tx_depth: link.params.tx_depth, results }))
+    let report = (!link.is_server).then(|| BwReport {
+        tool: "gpudirect bw".into(),
+        op: link.params.op,
+        tx_depth: link.params.tx_depth,
+        client_memory: link.memory.clone(),
+        server_memory: link.peer_memory.clone(),
+        results,
+    });
+    share_report(&mut link, report)
 }
 
 /// Server side of one size: passive for RDMA; for sends, keeps receives posted.

@@ -10,11 +10,13 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use gpudirect::{RecvWr, SendWr, WcOpcode, WorkCompletion};
 
-use super::{connect, sizes, Common, Link, Op, Params, Res};
+use clap::ValueEnum;
+
+use super::{connect, progress, share_report, sizes, Common, Link, Op, Params, Res};
 
 /// Inline limit requested from the queue pair (perftest's default for RC).
 const MAX_INLINE: u32 = 220;
@@ -27,13 +29,32 @@ const SIGNAL_EVERY: u32 = 32;
 pub struct LatArgs {
     #[command(flatten)]
     pub common: Common,
-    /// Operation (write or send).
+    /// Operation.
     #[arg(long, value_enum, default_value = "write")]
-    pub op: Op,
+    pub op: LatOp,
+}
+
+/// What `lat` measures: ib_write_lat's and ib_send_lat's operations (an
+/// RDMA read has no one-way latency to halve).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LatOp {
+    /// RDMA write, each side polling the last byte of its buffer.
+    Write,
+    /// Send/receive.
+    Send,
+}
+
+impl From<LatOp> for Op {
+    fn from(op: LatOp) -> Op {
+        match op {
+            LatOp::Write => Op::Write,
+            LatOp::Send => Op::Send,
+        }
+    }
 }
 
 /// One size's result, perftest's columns (microseconds, one way).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LatResult {
     /// Message size.
     pub bytes: usize,
@@ -55,13 +76,17 @@ pub struct LatResult {
     pub p999_us: f64,
 }
 
-/// The client's report.
-#[derive(Clone, Debug, Serialize)]
+/// The client's report (the server prints it too).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LatReport {
     /// `"gpudirect lat"`.
-    pub tool: &'static str,
+    pub tool: String,
     /// The operation.
     pub op: Op,
+    /// The client's buffer (`host memory`, `GPU0 memory, path: dma-buf`).
+    pub client_memory: String,
+    /// The server's buffer.
+    pub server_memory: String,
     /// Per size.
     pub results: Vec<LatResult>,
 }
@@ -80,21 +105,34 @@ impl std::fmt::Display for LatReport {
     }
 }
 
-/// Runs either side; the client returns the report.
-pub fn run(a: &LatArgs) -> Res<Option<LatReport>> {
-    if a.op == Op::Read {
-        return Err("latency is measured for write and send (as ib_write_lat / ib_send_lat)".into());
+/// Runs either side; both return the client's report.
+pub fn run(a: &LatArgs) -> Res<LatReport> {
+    // The client knows its operation now; a server learns it from the client (checked below).
+    if a.common.gpu.is_some() && a.op == LatOp::Write && matches!(a.common.role(), super::Role::Client(_)) {
+        return Err("with --gpu, latency is measured with --op send: a write's arrival is seen by polling the \
+                    buffer's last byte, and the CPU cannot poll GPU memory"
+            .into());
     }
     // Room for the unsignaled inline sends between two signaled ones, twice.
-    let params = Params { op: a.op, sizes: sizes(&a.common, 2), iters: a.common.iters.unwrap_or(1000), tx_depth: 4 * SIGNAL_EVERY };
+    let params = Params { op: a.op.into(), sizes: sizes(&a.common, 2), iters: a.common.iters.unwrap_or(1000), tx_depth: 4 * SIGNAL_EVERY };
     // The buffer holds a receive area and a send area of the largest size.
     let mut link = connect(&a.common, params, MAX_INLINE, 2)?;
+    if link.params.op == Op::Read {
+        return Err("the client asked for read latency, which lat does not measure".into());
+    }
+    if link.mr.location() != gpudirect::Location::Host && link.params.op == Op::Write {
+        return Err("the client asked for write latency, which needs host memory on both sides (the CPU polls the \
+                    buffer's last byte): use --op send with --gpu"
+            .into());
+    }
     if !a.common.json {
-        eprintln!("{}", super::banner("gpudirect lat", &link, ""));
+        // One message in flight per direction, as ib_write_lat prints.
+        eprintln!("{}", super::banner("gpudirect lat", &link, 1, ""));
     }
     let timeout = Duration::from_secs(a.common.timeout);
     let mut results = Vec::new();
-    for size in link.params.sizes.clone() {
+    for (index, size) in link.params.sizes.clone().into_iter().enumerate() {
+        progress("gpudirect lat", &link, index, size);
         let mut pp = PingPong::new(&link, size, timeout)?;
         link.oob.barrier()?;
         let mut rtts = Vec::with_capacity(link.params.iters as usize);
@@ -117,7 +155,14 @@ pub fn run(a: &LatArgs) -> Res<Option<LatReport>> {
         }
     }
     link.oob.barrier()?;
-    Ok((!link.is_server).then_some(LatReport { tool: "gpudirect lat", op: link.params.op, results }))
+    let report = (!link.is_server).then(|| LatReport {
+        tool: "gpudirect lat".into(),
+        op: link.params.op,
+        client_memory: link.memory.clone(),
+        server_memory: link.peer_memory.clone(),
+        results,
+    });
+    share_report(&mut link, report)
 }
 
 /// One size's ping-pong state. Receive area: bytes [0, size); send area:

@@ -14,14 +14,15 @@ use std::net::TcpListener;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use gpudirect::bootstrap::{Handshake, OobChannel};
+use gpudirect::bootstrap::{with_port, Handshake, OobChannel, DEFAULT_PORT};
 use gpudirect::{
-    AccessFlags, CompletionQueue, Context, Endpoint, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RemoteBuffer,
+    AccessFlags, CompletionQueue, Context, Endpoint, Gpu, GpuBuffer, GpuPolicy, MemoryRegion, ProtectionDomain, QpConfig,
+    QueuePair, RemoteBuffer,
 };
 
 
 /// The operation measured.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Op {
     /// RDMA write.
@@ -32,17 +33,28 @@ pub enum Op {
     Send,
 }
 
-/// Options shared by both tools.
+/// Options shared by both tools, spelled as perftest spells them: no
+/// server address makes this side the server, `-p` is the TCP port (18515
+/// by default) and the same short flags mean the same on `bw`, `lat`,
+/// the pingpong example and `doctor` (`-d` device, `-i` port, `-x` GID
+/// index, `-s` size, `-n` iterations).
 #[derive(Args, Clone, Debug)]
 pub struct Common {
-    /// Wait for a client.
-    #[arg(long, conflicts_with = "connect", required_unless_present = "connect")]
-    pub server: bool,
-    /// Connect to a server at HOST:PORT.
-    #[arg(long, value_name = "HOST:PORT")]
+    /// The server to connect to (HOST or HOST:PORT); without it this side
+    /// is the server, as with perftest.
+    #[arg(value_name = "SERVER", conflicts_with_all = ["connect", "server"])]
+    pub host: Option<String>,
+    /// Connect to a server (HOST or HOST:PORT), as the positional SERVER.
+    #[arg(long, value_name = "HOST[:PORT]", conflicts_with = "server")]
     pub connect: Option<String>,
-    /// Server: address and port to listen on.
-    #[arg(long, default_value = "0.0.0.0:18515", value_name = "ADDR:PORT")]
+    /// Be the server (the default without a SERVER).
+    #[arg(long)]
+    pub server: bool,
+    /// TCP port of the bootstrap exchange (perftest's -p).
+    #[arg(long, short = 'p', default_value_t = DEFAULT_PORT)]
+    pub port: u16,
+    /// Server: address to listen on (ADDR, or ADDR:PORT overriding -p).
+    #[arg(long, default_value = "0.0.0.0", value_name = "ADDR[:PORT]")]
     pub listen: String,
     /// RDMA device (default: the first).
     #[arg(long, short = 'd')]
@@ -53,21 +65,50 @@ pub struct Common {
     /// GID index (default: the RoCE v2 IPv4-mapped entry).
     #[arg(long, short = 'x')]
     pub gid_index: Option<u32>,
-    /// Message size in bytes.
+    /// Message size in bytes (client; the server follows the client).
     #[arg(long, short = 's', conflicts_with = "all")]
     pub size: Option<usize>,
-    /// Sweep sizes 2 B to 8 MiB.
+    /// Sweep sizes 2 B to 8 MiB (client), with a progress line per size on
+    /// stderr.
     #[arg(long, short = 'a')]
     pub all: bool,
-    /// Iterations per size.
+    /// Iterations per size (client; the server follows the client).
     #[arg(long, short = 'n')]
     pub iters: Option<u32>,
-    /// Machine-readable output.
+    /// Machine-readable output, on both sides (the server prints the
+    /// client's results).
     #[arg(long)]
     pub json: bool,
     /// Seconds to wait for the peer.
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
+    /// Use memory of this CUDA GPU on this side (perftest's --use_cuda);
+    /// the registration path is printed per side.
+    #[arg(long, value_name = "N")]
+    pub gpu: Option<usize>,
+    /// With --gpu: require GPUDirect RDMA, prefer it (falling back to host
+    /// staging), or stage through host memory.
+    #[arg(long, default_value = "require", value_name = "require|prefer|host-staged", requires = "gpu")]
+    pub gpu_policy: GpuPolicy,
+}
+
+/// Which side this process is, and the address it listens on or connects to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Waits for a client on this address.
+    Server(String),
+    /// Connects to a server at this address.
+    Client(String),
+}
+
+impl Common {
+    /// The side and its address, the port from `-p` unless one was given.
+    pub fn role(&self) -> Role {
+        match self.host.as_ref().or(self.connect.as_ref()) {
+            Some(h) => Role::Client(with_port(h, self.port)),
+            None => Role::Server(with_port(&self.listen, self.port)),
+        }
+    }
 }
 
 /// What the client tells the server.
@@ -119,6 +160,10 @@ impl Params {
 pub struct Link {
     pub params: Params,
     pub is_server: bool,
+    /// What this side's buffer is (`host memory`, `GPU0 memory, path: dma-buf`).
+    pub memory: String,
+    /// What the peer said its buffer is.
+    pub peer_memory: String,
     pub qp: QueuePair,
     pub cq: CompletionQueue,
     pub mr: MemoryRegion,
@@ -140,15 +185,24 @@ pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
 pub fn connect(c: &Common, client_params: Params, max_inline: u32, areas: usize) -> Res<Link> {
     client_params.validate()?;
     let timeout = Duration::from_secs(c.timeout);
+    // Before any peer waits on us: a GPU that cannot be used fails here,
+    // on each side that asked for one.
+    let gpu = c.gpu.map(Gpu::open).transpose()?;
     let ctx = Context::open(c.device.as_deref())?;
     let pd = ProtectionDomain::new(&ctx)?;
-    let mut oob = if c.server {
-        let l = TcpListener::bind(&c.listen).map_err(|e| format!("cannot listen on {}: {e}", c.listen))?;
-        OobChannel::accept(&l, timeout)?
-    } else {
-        OobChannel::connect(c.connect.as_deref().unwrap_or_default(), timeout)?
+    let role = c.role();
+    let is_server = matches!(role, Role::Server(_));
+    if is_server && (c.size.is_some() || c.all || c.iters.is_some()) {
+        eprintln!("note: on the server the client's sizes and iterations apply; -s/-a/-n given here are not used");
+    }
+    let mut oob = match &role {
+        Role::Server(addr) => {
+            let l = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+            OobChannel::accept(&l, timeout)?
+        }
+        Role::Client(addr) => OobChannel::connect(addr.as_str(), timeout)?,
     };
-    let params = if c.server {
+    let params = if is_server {
         Params::decode(&oob.exchange(&Handshake::default())?.app)?
     } else {
         oob.exchange(&Handshake { app: client_params.encode(), ..Default::default() })?;
@@ -173,16 +227,22 @@ pub fn connect(c: &Common, client_params: Params, max_inline: u32, areas: usize)
     };
     let qp = QueuePair::create(&pd, &cq, &cq, &config)?;
     let max = *params.sizes.iter().max().unwrap_or(&1) * areas;
-    let mr = MemoryRegion::alloc(&pd, max, AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)?;
+    let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let mr = match &gpu {
+        None => MemoryRegion::alloc(&pd, max, access)?,
+        Some(g) => MemoryRegion::register_gpu(&pd, GpuBuffer::alloc(g, max)?, access, c.gpu_policy)?,
+    };
+    let memory = mr.location().to_string();
     let local = qp.endpoint();
-    let peer = oob.exchange(&Handshake { endpoint: Some(local), buffers: vec![mr.remote()], app: vec![] })?;
+    let peer = oob.exchange(&Handshake { endpoint: Some(local), buffers: vec![mr.remote()], app: memory.clone().into_bytes() })?;
+    let peer_memory = String::from_utf8_lossy(&peer.app).into_owned();
     let peer_ep = peer.endpoint.ok_or("the peer sent no endpoint")?;
     let peer_buf = *peer.buffers.first().ok_or("the peer sent no buffer")?;
     if peer_buf.len < max as u64 {
         return Err(format!("the peer's buffer ({peer_buf}) is smaller than {max} bytes").into());
     }
     let qp = qp.connect(&peer_ep)?;
-    Ok(Link { params, is_server: c.server, qp, cq, mr, peer: peer_buf, oob, local, rx_depth })
+    Ok(Link { params, is_server, memory, peer_memory, qp, cq, mr, peer: peer_buf, oob, local, rx_depth })
 }
 
 /// The sizes the options ask for.
@@ -194,17 +254,79 @@ pub fn sizes(c: &Common, default: usize) -> Vec<usize> {
     }
 }
 
-/// The banner perftest prints, abridged, so logs show what ran.
-pub fn banner(tool: &str, link: &Link, extra: &str) -> String {
+/// The banner perftest prints, abridged, so logs show what ran: `tx_depth`
+/// is the one the measurement has in flight (1 for a latency ping-pong,
+/// as ib_write_lat prints).
+pub fn banner(tool: &str, link: &Link, tx_depth: u32, extra: &str) -> String {
     let p = &link.params;
+    let rule = "---------------------------------------------------------------------------------------";
     format!(
-        "---------------------------------------------------------------------------------------\n \
-         {tool}  op {:?}  iterations {}  tx depth {}{extra}\n \
-         local  {}\n{}",
-        p.op,
-        p.iters,
-        p.tx_depth,
-        link.local,
-        "---------------------------------------------------------------------------------------"
+        "{rule}\n {tool}  op {:?}  iterations {}  tx depth {tx_depth}{extra}\n \
+         local  {}\n memory {}  (peer: {})\n{rule}",
+        p.op, p.iters, link.local, link.memory, link.peer_memory
     )
+}
+
+/// One line on stderr per size of a sweep, so a long `-a` run shows where
+/// it is; stdout (and `--json`) carries only the report.
+pub fn progress(tool: &str, link: &Link, index: usize, size: usize) {
+    let n = link.params.sizes.len();
+    if n > 1 && !link.is_server {
+        eprintln!("{tool}: {size} B ({}/{n})", index + 1);
+    }
+}
+
+/// The end of a run: the client sends its report to the server, which
+/// prints it too (perftest's servers print the results as well), so both
+/// sides return it.
+pub fn share_report<R: serde::Serialize + serde::de::DeserializeOwned>(link: &mut Link, report: Option<R>) -> Res<R> {
+    match report {
+        Some(r) => {
+            let json = serde_json::to_vec(&r)?;
+            link.oob.exchange(&Handshake { app: json, ..Default::default() })?;
+            Ok(r)
+        }
+        None => {
+            let got = link.oob.exchange(&Handshake::default())?;
+            Ok(serde_json::from_slice(&got.app).map_err(|e| format!("the client's report is not readable: {e}"))?)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        common: Common,
+    }
+
+    fn role(args: &[&str]) -> Result<Role, clap::Error> {
+        Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied())).map(|c| c.common.role())
+    }
+
+    /// perftest's conventions: no address is a server on 18515, a bare
+    /// host is a client on -p's port, an explicit port wins.
+    #[test]
+    fn roles_and_ports_follow_perftest() {
+        assert_eq!(role(&[]).unwrap(), Role::Server("0.0.0.0:18515".into()));
+        assert_eq!(role(&["--server", "-p", "9000"]).unwrap(), Role::Server("0.0.0.0:9000".into()));
+        assert_eq!(role(&["--listen", "127.0.0.1:18520"]).unwrap(), Role::Server("127.0.0.1:18520".into()));
+        assert_eq!(role(&["nodeA"]).unwrap(), Role::Client("nodeA:18515".into()));
+        assert_eq!(role(&["nodeA", "-p", "7000"]).unwrap(), Role::Client("nodeA:7000".into()));
+        assert_eq!(role(&["--connect", "10.0.0.2:18520"]).unwrap(), Role::Client("10.0.0.2:18520".into()));
+        assert_eq!(role(&["--connect", "10.0.0.2"]).unwrap(), Role::Client("10.0.0.2:18515".into()));
+        assert_eq!(role(&["fe80::1"]).unwrap(), Role::Client("[fe80::1]:18515".into()));
+        assert_eq!(role(&["[::1]:5"]).unwrap(), Role::Client("[::1]:5".into()));
+        for clash in [&["nodeA", "--server"][..], &["nodeA", "--connect", "b"], &["--connect", "a", "--server"]] {
+            assert!(role(clash).is_err(), "{clash:?}");
+        }
+        // --gpu-policy only means something with --gpu.
+        assert!(role(&["--gpu-policy", "prefer"]).is_err());
+        assert!(role(&["--gpu", "0", "--gpu-policy", "host-staged"]).is_ok());
+    }
 }

@@ -219,6 +219,31 @@ pub struct OobChannel {
 /// Default bound on every bootstrap write, incoming message and connect attempt.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// perftest's TCP port for the exchange, used by this crate's tools too.
+pub const DEFAULT_PORT: u16 = 18515;
+
+/// `addr` with `port` appended unless it names one, for command lines that
+/// take `HOST` or `HOST:PORT`: `node1`, `10.0.0.1` and a bare IPv6 address
+/// (`fe80::1`, bracketed on the way) get `port`; `node1:7`, `10.0.0.1:7`
+/// and `[::1]:7` keep theirs.
+///
+/// ```
+/// use gpudirect::bootstrap::with_port;
+/// assert_eq!(with_port("node1", 18515), "node1:18515");
+/// assert_eq!(with_port("node1:7000", 18515), "node1:7000");
+/// assert_eq!(with_port("fe80::1", 18515), "[fe80::1]:18515");
+/// ```
+pub fn with_port(addr: &str, port: u16) -> String {
+    if addr.parse::<std::net::SocketAddr>().is_ok() {
+        return addr.to_string();
+    }
+    match addr.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && !h.contains(':') && p.parse::<u16>().is_ok() => addr.to_string(),
+        _ if addr.contains(':') && !addr.starts_with('[') => format!("[{addr}]:{port}"),
+        _ => format!("{}:{port}", addr.trim_end_matches(':')),
+    }
+}
+
 fn io_err(op: impl Into<String>, source: io::Error, timeout: Duration) -> BootstrapError {
     match source.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => BootstrapError::Timeout(timeout),
