@@ -148,6 +148,7 @@ impl Gpu {
     /// # Errors
     /// [`Error::Cuda`].
     #[cfg(feature = "cuda")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
     pub fn attribute(&self, attr: cudarc::driver::sys::CUdevice_attribute) -> Result<i32> {
         driver::raw_attribute(self.inner.dev, attr)
     }
