@@ -212,6 +212,30 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Atomics return into registered memory
+//!
+//! An atomic's result lands where the NIC writes: a slice of a registered
+//! region, never a plain buffer (E0308, mismatched types):
+//!
+//! ```compile_fail,E0308
+//! # fn f(dst: &gpudirect::RemoteBuffer) -> gpudirect::Result<()> {
+//! let mut word = [0u8; 8];
+//! let wr = gpudirect::SendWr::fetch_add(&mut word[..], dst, 0, 1)?;
+//! # let _ = wr; Ok(()) }
+//! ```
+//!
+//! and that slice outlives the request (E0597):
+//!
+//! ```compile_fail,E0597
+//! # fn f(pd: &gpudirect::ProtectionDomain, dst: &gpudirect::RemoteBuffer) -> gpudirect::Result<()> {
+//! use gpudirect::{AccessFlags, MemoryRegion, SendWr};
+//! let wr = {
+//!     let results = MemoryRegion::alloc(pd, 8, AccessFlags::default())?;
+//!     SendWr::compare_swap(results.slice(..)?, dst, 0, 0, 1)?
+//! };
+//! # let _ = wr; Ok(()) }
+//! ```
+//!
 //! # Dropping in any order is allowed, by design
 //!
 //! Nothing stops dropping a context before its queue pairs, or a region

@@ -39,6 +39,11 @@ pub struct DeviceAttr {
     pub max_qp_init_rd_atom: u32,
     /// Most outstanding RDMA reads/atomics a queue pair can answer.
     pub max_qp_rd_atom: u32,
+    /// Whether the device does atomic operations (`atomic_cap` is
+    /// `IBV_ATOMIC_HCA` or `IBV_ATOMIC_GLOB`). Upstream mlx5 says
+    /// `IBV_ATOMIC_NONE` when its firmware is not set to host byte order,
+    /// so where this is true the words are read and written in host order.
+    pub atomics: bool,
 }
 
 pub(crate) struct ContextInner {
@@ -256,6 +261,7 @@ fn query_device(ctx: NonNull<sys::ibv_context>) -> Result<DeviceAttr> {
         max_mr_size: a.max_mr_size,
         max_qp_init_rd_atom: u(a.max_qp_init_rd_atom),
         max_qp_rd_atom: u(a.max_qp_rd_atom),
+        atomics: a.atomic_cap != sys::IBV_ATOMIC_NONE,
     })
 }
 

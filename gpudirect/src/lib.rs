@@ -188,7 +188,7 @@ pub use mr::{AccessFlags, HostBuffer, LocalSlice, Location, MemoryRegion, Regist
 pub use pd::ProtectionDomain;
 pub use qp::{PreparedQueuePair, QpConfig, QpState, QueuePair};
 pub use wire::{Endpoint, RemoteBuffer};
-pub use wr::{RecvWr, SendList, SendWr};
+pub use wr::{RecvWr, SendList, SendWr, ATOMIC_WORD};
 
 #[cfg(test)]
 mod tests {

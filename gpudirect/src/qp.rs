@@ -264,8 +264,24 @@ impl QpInner {
             if wr.inline {
                 self.check_inline_len(wr.local.len)?;
             }
+            if wr.op.is_atomic() {
+                self.check_atomics()?;
+            }
         }
         Ok(staged)
+    }
+
+    #[cold]
+    fn check_atomics(&self) -> Result<()> {
+        let ctx = self.pd.context();
+        if ctx.attr().atomics {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(format!(
+            "{} does not do atomic operations (ibv_query_device: atomic_cap IBV_ATOMIC_NONE; mlx5 says so when its \
+             firmware does not use host byte order for them)",
+            ctx.name()
+        )))
     }
 
     #[inline]
@@ -698,6 +714,9 @@ impl QueuePair {
         }
         if list.longest_inline() > 0 {
             inner.check_inline_len(list.longest_inline())?;
+        }
+        if list.has_atomics() {
+            inner.check_atomics()?;
         }
         if list.stages() {
             return inner.post_send_staged(list.requests());

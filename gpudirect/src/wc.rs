@@ -178,6 +178,12 @@ pub enum WcOpcode {
     RdmaWrite,
     /// An RDMA read finished.
     RdmaRead,
+    /// An atomic compare-and-swap finished (the original word is in its
+    /// result slice).
+    CompareSwap,
+    /// An atomic fetch-and-add finished (the original word is in its
+    /// result slice).
+    FetchAdd,
     /// A receive took an incoming send.
     Recv,
     /// A receive was consumed by an incoming RDMA write with immediate.
@@ -192,6 +198,8 @@ impl WcOpcode {
             sys::IBV_WC_SEND => WcOpcode::Send,
             sys::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
             sys::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
+            sys::IBV_WC_COMP_SWAP => WcOpcode::CompareSwap,
+            sys::IBV_WC_FETCH_ADD => WcOpcode::FetchAdd,
             sys::IBV_WC_RECV => WcOpcode::Recv,
             sys::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
             other => WcOpcode::Other(other),

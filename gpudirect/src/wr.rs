@@ -19,6 +19,8 @@ pub(crate) enum SendOp {
     Write,
     WriteWithImm(u32),
     Read,
+    CompareSwap { compare: u64, swap: u64 },
+    FetchAdd(u64),
 }
 
 impl SendOp {
@@ -28,13 +30,21 @@ impl SendOp {
             SendOp::Send | SendOp::SendWithImm(_) => WcOpcode::Send,
             SendOp::Write | SendOp::WriteWithImm(_) => WcOpcode::RdmaWrite,
             SendOp::Read => WcOpcode::RdmaRead,
+            SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
+            SendOp::FetchAdd(_) => WcOpcode::FetchAdd,
         }
     }
 
-    /// Whether the NIC writes the local buffer (so local reads must wait).
+    /// Whether the NIC writes the local buffer (so local reads must wait):
+    /// reads land there, atomics return the original word there.
     #[inline]
     pub(crate) fn nic_writes_local(self) -> bool {
-        matches!(self, SendOp::Read)
+        matches!(self, SendOp::Read | SendOp::CompareSwap { .. } | SendOp::FetchAdd(_))
+    }
+
+    #[inline]
+    pub(crate) fn is_atomic(self) -> bool {
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd(_))
     }
 
     /// The verbs opcode and the immediate data (zero when none).
@@ -46,12 +56,18 @@ impl SendOp {
             SendOp::Write => (sys::IBV_WR_RDMA_WRITE, 0),
             SendOp::WriteWithImm(imm) => (sys::IBV_WR_RDMA_WRITE_WITH_IMM, imm),
             SendOp::Read => (sys::IBV_WR_RDMA_READ, 0),
+            SendOp::CompareSwap { .. } => (sys::IBV_WR_ATOMIC_CMP_AND_SWP, 0),
+            SendOp::FetchAdd(_) => (sys::IBV_WR_ATOMIC_FETCH_AND_ADD, 0),
         }
     }
 }
 
+/// Bytes an atomic operation works on: one 64-bit word, 8-byte aligned.
+pub const ATOMIC_WORD: usize = 8;
+
 /// A send-queue work request: send, RDMA write (with or without
-/// immediate data) or RDMA read, over one local slice.
+/// immediate data), RDMA read or atomic (fetch-and-add, compare-and-swap),
+/// over one local slice.
 ///
 /// Requests are signaled by default (a completion is generated). Mark
 /// most of a stream [`unsignaled`](Self::unsignaled) for speed: an
@@ -116,6 +132,55 @@ impl<'a> SendWr<'a> {
         Self::rdma(SendOp::Read, local, remote, offset)
     }
 
+    /// An atomic fetch-and-add: adds `add` to the 64-bit word of `remote`
+    /// at `offset`, as one indivisible step at the peer's NIC, and returns
+    /// the word as it was into `result` (8 bytes; read it with
+    /// `u64::from_ne_bytes` after the completion). The words are in host
+    /// byte order wherever the device says it does atomics
+    /// ([`DeviceAttr::atomics`](crate::DeviceAttr::atomics)).
+    ///
+    /// The peer's region must grant
+    /// [`REMOTE_ATOMIC`](crate::AccessFlags::REMOTE_ATOMIC) and its queue
+    /// pair accept it ([`QpConfig::access`](crate::QpConfig::access)): asked
+    /// for explicitly, like every remote access.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `result` is not 8 bytes or the
+    /// remote word is not 8-byte aligned, [`Error::OutOfBounds`] when it
+    /// lies outside `remote`: refused before anything is posted.
+    pub fn fetch_add(result: LocalSlice<'a>, remote: &RemoteBuffer, offset: u64, add: u64) -> Result<Self> {
+        Self::atomic(SendOp::FetchAdd(add), result, remote, offset)
+    }
+
+    /// An atomic compare-and-swap: when the 64-bit word of `remote` at
+    /// `offset` equals `compare`, replaces it with `swap`; either way
+    /// returns the word as it was into `result` (so the swap happened
+    /// exactly when the returned word equals `compare`). Byte order, access
+    /// and errors as for [`fetch_add`](Self::fetch_add).
+    ///
+    /// # Errors
+    /// As [`fetch_add`](Self::fetch_add).
+    pub fn compare_swap(result: LocalSlice<'a>, remote: &RemoteBuffer, offset: u64, compare: u64, swap: u64) -> Result<Self> {
+        Self::atomic(SendOp::CompareSwap { compare, swap }, result, remote, offset)
+    }
+
+    fn atomic(op: SendOp, result: LocalSlice<'a>, remote: &RemoteBuffer, offset: u64) -> Result<Self> {
+        if result.len() != ATOMIC_WORD {
+            return Err(Error::InvalidArgument(format!(
+                "an atomic returns one 8-byte word: its result slice has {} bytes",
+                result.len()
+            )));
+        }
+        let wr = Self::rdma(op, result, remote, offset)?;
+        if wr.remote_addr % ATOMIC_WORD as u64 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "an atomic needs an 8-byte aligned remote word: {:#x} (offset {offset} into {remote}) is not",
+                wr.remote_addr
+            )));
+        }
+        Ok(wr)
+    }
+
     /// Sets the id reported in this request's completion.
     pub fn wr_id(mut self, id: u64) -> Self {
         self.wr_id = id;
@@ -164,8 +229,10 @@ impl<'a> SendWr<'a> {
                 "inline sends copy the payload with the CPU, which cannot read GPU memory registered for GPUDirect RDMA".into(),
             ));
         }
-        if self.op == SendOp::Read {
-            return Err(Error::InvalidArgument("an RDMA read cannot be inline: the NIC writes its local buffer".into()));
+        if self.op.nic_writes_local() {
+            return Err(Error::InvalidArgument(
+                "an RDMA read or atomic cannot be inline: the NIC writes its local buffer".into(),
+            ));
         }
         Ok(())
     }
@@ -184,9 +251,19 @@ impl<'a> SendWr<'a> {
         let (opcode, imm) = self.op.raw();
         raw.opcode = opcode;
         raw.__bindgen_anon_1.imm_data = imm.to_be();
-        // Sends carry zeros here (SendWr::send sets none).
-        raw.wr.rdma.remote_addr = self.remote_addr;
-        raw.wr.rdma.rkey = self.rkey;
+        match self.op {
+            SendOp::CompareSwap { compare, swap } => {
+                raw.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 { remote_addr: self.remote_addr, compare_add: compare, swap, rkey: self.rkey };
+            }
+            SendOp::FetchAdd(add) => {
+                raw.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 { remote_addr: self.remote_addr, compare_add: add, swap: 0, rkey: self.rkey };
+            }
+            _ => {
+                // Sends carry zeros here (SendWr::send sets none).
+                raw.wr.rdma.remote_addr = self.remote_addr;
+                raw.wr.rdma.rkey = self.rkey;
+            }
+        }
         raw.send_flags = self.send_flags();
         if self.local.is_empty() {
             (raw.sg_list, raw.num_sge) = (std::ptr::null_mut(), 0);
@@ -260,6 +337,7 @@ pub struct SendList<'a> {
     pd: Option<ProtectionDomain>,
     longest_inline: usize,
     stages: bool,
+    atomics: bool,
 }
 
 // SAFETY: the raw pointers in `chain` point only into the list's own heap
@@ -304,6 +382,7 @@ impl<'a> SendList<'a> {
             pd,
             longest_inline: wrs.iter().filter(|w| w.inline).map(|w| w.local.len).max().unwrap_or(0),
             stages: wrs.iter().any(|w| w.stages_out()),
+            atomics: wrs.iter().any(|w| w.op.is_atomic()),
         })
     }
 
@@ -357,6 +436,11 @@ impl<'a> SendList<'a> {
     /// The longest inline payload, 0 when no request is inline.
     pub(crate) fn longest_inline(&self) -> usize {
         self.longest_inline
+    }
+
+    /// Whether a request is an atomic (the queue pair's device must do them).
+    pub(crate) fn has_atomics(&self) -> bool {
+        self.atomics
     }
 
     /// Whether a request's source is a host-staged GPU region (these are

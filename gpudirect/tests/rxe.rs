@@ -192,6 +192,66 @@ fn send_and_receive_with_and_without_immediate() {
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
 }
 
+/// Atomics on a remote word: fetch-and-add returns the word before each
+/// add (in order on one queue pair) and the sum is exact; compare-and-swap
+/// swaps only on a match; misaligned words, results that are not 8 bytes,
+/// out-of-bounds words and a region without REMOTE_ATOMIC are refused
+/// (the first three before posting, the last by the peer).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn atomics_fetch_add_and_compare_swap_are_exact() {
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    let lb = loopback(&QpConfig { access, ..QpConfig::default() });
+    assert!(lb.pd.context().attr().atomics, "{} does no atomics", lb.pd.context().name());
+    let target = MemoryRegion::alloc(&lb.pd, 64, AccessFlags::REMOTE_ATOMIC).unwrap();
+    let results = MemoryRegion::alloc(&lb.pd, 8 * 128, AccessFlags::default()).unwrap();
+    target.write_at(8, &1000u64.to_ne_bytes()).unwrap();
+    let remote = target.remote();
+    // 100 adds of 3, unsignaled but the last; each result in its own slot.
+    let wrs: Vec<SendWr> = (0..100)
+        .map(|i| {
+            let wr = SendWr::fetch_add(results.slice(8 * i..8 * i + 8).unwrap(), &remote, 8, 3).unwrap().wr_id(i as u64);
+            if i == 99 { wr } else { wr.unsignaled() }
+        })
+        .collect();
+    lb.a.qp.post_send(&wrs).unwrap();
+    let wc = wait_one(&lb.a.cq).ok().unwrap();
+    assert_eq!((wc.wr_id, wc.opcode), (99, WcOpcode::FetchAdd));
+    let mut word = [0u8; 8];
+    for i in 0..100 {
+        results.read_at(8 * i, &mut word).unwrap();
+        assert_eq!(u64::from_ne_bytes(word), 1000 + 3 * i as u64, "result {i}");
+    }
+    target.read_at(8, &mut word).unwrap();
+    assert_eq!(u64::from_ne_bytes(word), 1300);
+    // Compare-and-swap: a match swaps, a mismatch leaves the word.
+    let r = results.slice(800..808).unwrap();
+    for (compare, swap, before, after) in [(1300, 7, 1300, 7), (1300, 9, 7, 7), (7, u64::MAX, 7, u64::MAX)] {
+        lb.a.qp.post_send(&[SendWr::compare_swap(r, &remote, 8, compare, swap).unwrap()]).unwrap();
+        assert_eq!(wait_one(&lb.a.cq).ok().unwrap().opcode, WcOpcode::CompareSwap);
+        results.read_at(800, &mut word).unwrap();
+        assert_eq!(u64::from_ne_bytes(word), before);
+        target.read_at(8, &mut word).unwrap();
+        assert_eq!(u64::from_ne_bytes(word), after);
+    }
+    // Refused before posting.
+    let bad = [
+        SendWr::fetch_add(r, &remote, 4, 1).err(),
+        SendWr::fetch_add(results.slice(0..4).unwrap(), &remote, 8, 1).err(),
+        SendWr::compare_swap(r, &remote, 64, 0, 1).err(),
+    ];
+    assert!(matches!(bad[0], Some(Error::InvalidArgument(ref m)) if m.contains("aligned")), "{bad:?}");
+    assert!(matches!(bad[1], Some(Error::InvalidArgument(ref m)) if m.contains("8-byte word")), "{bad:?}");
+    assert!(matches!(bad[2], Some(Error::OutOfBounds { .. })), "{bad:?}");
+    let inline = lb.a.qp.post_send(&[SendWr::fetch_add(r, &remote, 8, 1).unwrap().inline()]);
+    assert!(matches!(inline, Err(Error::InvalidArgument(ref m)) if m.contains("cannot be inline")), "{inline:?}");
+    // A region without REMOTE_ATOMIC: the peer refuses.
+    let plain = MemoryRegion::alloc(&lb.pd, 64, AccessFlags::REMOTE_WRITE).unwrap();
+    lb.a.qp.post_send(&[SendWr::fetch_add(r, &plain.remote(), 0, 1).unwrap()]).unwrap();
+    let e = wait_one(&lb.a.cq).ok().unwrap_err();
+    assert!(matches!(e.status, WcStatus::RemoteAccessError | WcStatus::RemoteInvalidRequestError), "{e}");
+}
+
 /// A send to a peer that never posts a receive fails within a bound under
 /// the default `QpConfig` (rnr_retry 6, never "forever"), and the error
 /// names the missing receive: RNR_RETRY_EXC on hardware; Soft-RoCE sends
