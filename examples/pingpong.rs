@@ -35,6 +35,9 @@ enum Op {
     WriteImm,
     /// Send/receive.
     Send,
+    /// Atomic fetch-and-add: both hosts add 1 to one counter on the server,
+    /// `--iters` times each, at once; checked exact (sizes do not apply).
+    AtomicFadd,
 }
 
 #[derive(Parser, Debug)]
@@ -126,6 +129,10 @@ impl Params {
         if self.sizes.is_empty() || self.sizes.iter().any(|&s| s == 0 || s > (1 << 30)) {
             return Err(format!("sizes must be 1 byte to 1 GiB, got {:?}", self.sizes));
         }
+        if self.op == Op::AtomicFadd && self.iters > 8000 {
+            // The client's returned words travel back in one bootstrap message.
+            return Err(format!("atomic-fadd takes at most 8000 iterations, got {}", self.iters));
+        }
         if self.iters == 0 {
             return Err("iters must be at least 1".into());
         }
@@ -206,6 +213,7 @@ impl Conn {
             Op::Write => SendWr::write(local, &self.peer, 0)?,
             Op::WriteImm => SendWr::write_with_imm(local, &self.peer, 0, iter)?,
             Op::Send => SendWr::send(local),
+            Op::AtomicFadd => return Err("atomic-fadd does not ping-pong messages (atomic_counter runs it)".into()),
         };
         self.qp.post_send(&[wr])?;
         self.unreaped_sends += 1;
@@ -220,6 +228,7 @@ impl Conn {
         loop {
             let recv = self.reap(&mut wcs)?;
             let arrived = match op {
+                Op::AtomicFadd => return Err("atomic-fadd does not ping-pong messages (atomic_counter runs it)".into()),
                 Op::Write => self.mr.read_volatile(size - 1)? == marker(iter),
                 Op::WriteImm | Op::Send => match recv {
                     None => false,
@@ -297,9 +306,6 @@ fn run(args: Args) -> Res<()> {
     let ctx = Context::open(args.device.as_deref())?;
     let pd = ProtectionDomain::new(&ctx)?;
     let cq = CompletionQueue::new(&ctx, 64)?;
-    let config = QpConfig { port: args.ib_port, gid_index: args.gid_index, max_send_wr: 16, max_recv_wr: 16, ..QpConfig::default() };
-    let qp = QueuePair::create(&pd, &cq, &cq, &config)?;
-    println!("device {} port {}: {}", ctx.name(), args.ib_port, qp.gid());
 
     let mut oob = if is_server {
         let listen = with_port(&args.listen, args.port);
@@ -326,12 +332,30 @@ fn run(args: Args) -> Res<()> {
         oob.exchange(&Handshake { app: given.encode(), ..Default::default() })?;
         given
     };
+    // Remote atomics only when asked for: the queue pair's access and the
+    // server's region grant them for --op atomic-fadd alone.
+    let atomic = params.op == Op::AtomicFadd;
+    let qp_access = QpConfig::default().access | if atomic { AccessFlags::REMOTE_ATOMIC } else { AccessFlags::empty() };
+    let config = QpConfig {
+        port: args.ib_port,
+        gid_index: args.gid_index,
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        access: qp_access,
+        ..QpConfig::default()
+    };
+    let qp = QueuePair::create(&pd, &cq, &cq, &config)?;
+    println!("device {} port {}: {}", ctx.name(), args.ib_port, qp.gid());
+    if args.gpu.is_some() && atomic {
+        return Err("--op atomic-fadd counts in host memory: the CPU checks the counter".into());
+    }
     if args.gpu.is_some() && params.op == Op::Write {
         return Err("the CPU cannot poll GPU memory for a plain write's arrival: use --op write-imm or --op send with --gpu".into());
     }
-    let max = *params.sizes.iter().max().unwrap_or(&1);
+    let max = (*params.sizes.iter().max().unwrap_or(&1)).max(if atomic { 8 } else { 1 });
+    let region_access = AccessFlags::REMOTE_WRITE | if atomic { AccessFlags::REMOTE_ATOMIC } else { AccessFlags::empty() };
     let mr = match args.gpu {
-        None => MemoryRegion::alloc(&pd, 2 * max, AccessFlags::REMOTE_WRITE)?,
+        None => MemoryRegion::alloc(&pd, 2 * max, region_access)?,
         Some(n) => {
             let gpu = Gpu::open(n)?;
             MemoryRegion::register_gpu(&pd, GpuBuffer::alloc(&gpu, 2 * max)?, AccessFlags::REMOTE_WRITE, args.gpu_policy)?
@@ -361,6 +385,9 @@ fn run(args: Args) -> Res<()> {
         expect: vec![0; max],
     };
 
+    if atomic {
+        return atomic_counter(&conn, &mut oob, &pd, &config, is_server, params.iters);
+    }
     let (me, them) = if is_server { (1u8, 0u8) } else { (0u8, 1u8) };
     if is_server {
         println!("{:>10} {:>8} {:>10}", "#bytes", "#iters", "verified");
@@ -409,6 +436,81 @@ fn run(args: Args) -> Res<()> {
     }
     oob.barrier()?;
     println!("all data verified");
+    Ok(())
+}
+
+/// `--op atomic-fadd`: one counter, the word at offset 0 of the server's
+/// buffer, incremented by both hosts at once, `iters` times each: the
+/// client over the connection, the server through a queue pair its NIC
+/// connects to itself. Exact means the counter ends at 2 x iters and the
+/// words the adds returned, from both hosts, are 0 .. 2 x iters - 1, each
+/// once (every add saw every earlier one).
+fn atomic_counter(conn: &Conn, oob: &mut OobChannel, pd: &ProtectionDomain, config: &QpConfig, is_server: bool, iters: u32) -> Res<()> {
+    let ctx = pd.context();
+    let results = MemoryRegion::alloc(pd, 8, AccessFlags::default())?;
+    // The server's adds take a loopback pair of its own.
+    let (own_cq, loopback) = if is_server {
+        let cq = CompletionQueue::new(ctx, 64)?;
+        let (a, b) = (QueuePair::create(pd, &cq, &cq, config)?, QueuePair::create(pd, &cq, &cq, config)?);
+        let (ea, eb) = (a.endpoint(), b.endpoint());
+        (Some(cq), Some((a.connect(&eb)?, b.connect(&ea)?)))
+    } else {
+        (None, None)
+    };
+    let (qp, cq, target) = match (&loopback, &own_cq) {
+        (Some((a, _)), Some(cq)) => (a, cq, conn.mr.remote()),
+        _ => (&conn.qp, &conn.cq, conn.peer),
+    };
+    if is_server {
+        conn.mr.fill(0..8, 0)?;
+    }
+    oob.barrier()?;
+    let start = Instant::now();
+    let mut seen = Vec::with_capacity(iters as usize);
+    let mut wc = [WorkCompletion::default(); 1];
+    let mut word = [0u8; 8];
+    for i in 0..iters {
+        qp.post_send(&[SendWr::fetch_add(results.slice(..)?, &target, 0, 1)?.wr_id(u64::from(i))])?;
+        if cq.wait(&mut wc, Some(conn.timeout))? == 0 {
+            return Err(format!("fetch-and-add {i} did not complete within {:?}", conn.timeout).into());
+        }
+        wc[0].ok()?;
+        results.read_at(0, &mut word)?;
+        seen.push(u64::from_ne_bytes(word));
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if seen.windows(2).any(|w| w[0] >= w[1]) {
+        return Err("one host's fetch-and-adds returned words out of order".into());
+    }
+    oob.barrier()?;
+    let total = 2 * u64::from(iters);
+    let verdict = if is_server {
+        let peer = oob.exchange(&Handshake::default())?;
+        seen.extend(peer.app.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes"))));
+        seen.sort_unstable();
+        conn.mr.read_at(0, &mut word)?;
+        let counter = u64::from_ne_bytes(word);
+        let verdict = if counter != total {
+            format!("counter {counter}, expected {total}")
+        } else if !seen.iter().copied().eq(0..total) {
+            format!("the returned words are not 0..{total} each once ({} words)", seen.len())
+        } else {
+            "ok".to_string()
+        };
+        oob.exchange(&Handshake { app: verdict.clone().into_bytes(), ..Default::default() })?;
+        verdict
+    } else {
+        oob.exchange(&Handshake { app: seen.iter().flat_map(|v| v.to_ne_bytes()).collect(), ..Default::default() })?;
+        String::from_utf8_lossy(&oob.exchange(&Handshake::default())?.app).into_owned()
+    };
+    if verdict != "ok" {
+        return Err(format!("the counter is not exact: {verdict}").into());
+    }
+    println!(
+        "atomic fetch-and-add: {iters} from this host in {:.1} us each; counter exact: {total} = 2 x {iters}, every word 0..{} returned once",
+        secs * 1e6 / f64::from(iters),
+        total - 1
+    );
     Ok(())
 }
 
