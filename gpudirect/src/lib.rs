@@ -99,6 +99,13 @@
 //! The minimum supported Rust version is 1.88.
 //!
 //! # Example
+//! The client side of one RDMA write; the server runs the same setup,
+//! waits with [`OobChannel::accept`](bootstrap::OobChannel::accept) on a
+//! `TcpListener` instead of connecting, and learns the write has landed
+//! when the client says so ([`barrier`](bootstrap::OobChannel::barrier)).
+//! Both sides in one program: the crate's README ("Use it from your
+//! crate"), compiled as a doctest.
+//!
 //! ```no_run
 //! use gpudirect::{AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain,
 //!                 QpConfig, QueuePair, RecvWr, SendWr, WorkCompletion};
