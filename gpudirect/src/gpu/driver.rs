@@ -11,6 +11,8 @@ use cudarc::driver::DriverError;
 
 use crate::error::{Error, Result};
 
+use super::{Attr, PointerInfo};
+
 /// A device handle (`CUdevice`).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Device(cusys::CUdevice);
@@ -25,37 +27,9 @@ unsafe impl Send for Ctx {}
 // SAFETY: as above.
 unsafe impl Sync for Ctx {}
 
-/// The device attributes the library reads.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Attr {
-    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED` (116).
-    GpuDirectRdmaSupported,
-    /// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED` (124).
-    DmaBufSupported,
-    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING` (118).
-    RdmaWritesOrdering,
-}
-
 /// `CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER`: the least ordering value
 /// under which a GPU's own kernels see NIC writes in order.
 pub(super) const WRITES_ORDERING_OWNER: i32 = cusys::CUGPUDirectRDMAWritesOrdering::CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER as i32;
-
-/// What the driver says about a device address.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct PointerInfo {
-    /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` is DEVICE.
-    pub device_memory: bool,
-    /// The raw memory type, for messages.
-    pub memory_type: u32,
-    /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` (-1 when unknown).
-    pub ordinal: i32,
-    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`.
-    pub buffer_id: u64,
-    /// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`.
-    pub base: u64,
-    /// `CU_POINTER_ATTRIBUTE_RANGE_SIZE`.
-    pub size: u64,
-}
 
 pub(super) fn cuda_err(call: &'static str, e: DriverError) -> Error {
     let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| format!("{:?}", e.0));

@@ -15,7 +15,35 @@ mod driver;
 #[path = "no_driver.rs"]
 mod driver;
 
-use driver::Attr;
+// Plain data both driver variants speak.
+
+/// The device attributes the library reads.
+#[derive(Clone, Copy, Debug)]
+enum Attr {
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED` (116).
+    GpuDirectRdmaSupported,
+    /// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED` (124).
+    DmaBufSupported,
+    /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING` (118).
+    RdmaWritesOrdering,
+}
+
+/// What the driver says about a device address.
+#[derive(Clone, Copy, Debug, Default)]
+struct PointerInfo {
+    /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` is DEVICE.
+    pub device_memory: bool,
+    /// The raw memory type, for messages.
+    pub memory_type: u32,
+    /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL` (-1 when unknown).
+    pub ordinal: i32,
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`.
+    pub buffer_id: u64,
+    /// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`.
+    pub base: u64,
+    /// `CU_POINTER_ATTRIBUTE_RANGE_SIZE`.
+    pub size: u64,
+}
 
 /// GPU pages are 64 KiB: GPUDirect RDMA maps GPU memory to the NIC in these
 /// units, and peer-memory registration refuses other sizes.

@@ -7,6 +7,8 @@ use std::os::fd::OwnedFd;
 
 use crate::error::{Error, Result};
 
+use super::{Attr, PointerInfo};
+
 const NOT_BUILT: &str = "gpudirect was built without its `cuda` feature: GPU memory is not available \
                          (enable the feature, which is on by default)";
 
@@ -20,24 +22,7 @@ pub(super) struct Device;
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Ctx;
 
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Attr {
-    GpuDirectRdmaSupported,
-    DmaBufSupported,
-    RdmaWritesOrdering,
-}
-
 pub(super) const WRITES_ORDERING_OWNER: i32 = 100;
-
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct PointerInfo {
-    pub device_memory: bool,
-    pub memory_type: u32,
-    pub ordinal: i32,
-    pub buffer_id: u64,
-    pub base: u64,
-    pub size: u64,
-}
 
 pub(super) fn init() -> std::result::Result<(), String> {
     Err(NOT_BUILT.into())
