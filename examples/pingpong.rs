@@ -335,7 +335,8 @@ fn run(args: Args) -> Res<()> {
     // Remote atomics only when asked for: the queue pair's access and the
     // server's region grant them for --op atomic-fadd alone.
     let atomic = params.op == Op::AtomicFadd;
-    let qp_access = QpConfig::default().access | if atomic { AccessFlags::REMOTE_ATOMIC } else { AccessFlags::empty() };
+    let atomic_access = if atomic { AccessFlags::REMOTE_ATOMIC } else { AccessFlags::empty() };
+    let qp_access = QpConfig::default().access | atomic_access;
     let config = QpConfig {
         port: args.ib_port,
         gid_index: args.gid_index,
@@ -353,7 +354,7 @@ fn run(args: Args) -> Res<()> {
         return Err("the CPU cannot poll GPU memory for a plain write's arrival: use --op write-imm or --op send with --gpu".into());
     }
     let max = (*params.sizes.iter().max().unwrap_or(&1)).max(if atomic { 8 } else { 1 });
-    let region_access = AccessFlags::REMOTE_WRITE | if atomic { AccessFlags::REMOTE_ATOMIC } else { AccessFlags::empty() };
+    let region_access = AccessFlags::REMOTE_WRITE | atomic_access;
     let mr = match args.gpu {
         None => MemoryRegion::alloc(&pd, 2 * max, region_access)?,
         Some(n) => {

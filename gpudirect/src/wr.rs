@@ -251,14 +251,16 @@ impl<'a> SendWr<'a> {
         let (opcode, imm) = self.op.raw();
         raw.opcode = opcode;
         raw.__bindgen_anon_1.imm_data = imm.to_be();
-        match self.op {
-            SendOp::CompareSwap { compare, swap } => {
-                raw.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 { remote_addr: self.remote_addr, compare_add: compare, swap, rkey: self.rkey };
+        let atomic = match self.op {
+            SendOp::CompareSwap { compare, swap } => Some((compare, swap)),
+            SendOp::FetchAdd(add) => Some((add, 0)),
+            _ => None,
+        };
+        match atomic {
+            Some((compare_add, swap)) => {
+                raw.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 { remote_addr: self.remote_addr, compare_add, swap, rkey: self.rkey };
             }
-            SendOp::FetchAdd(add) => {
-                raw.wr.atomic = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 { remote_addr: self.remote_addr, compare_add: add, swap: 0, rkey: self.rkey };
-            }
-            _ => {
+            None => {
                 // Sends carry zeros here (SendWr::send sets none).
                 raw.wr.rdma.remote_addr = self.remote_addr;
                 raw.wr.rdma.rkey = self.rkey;

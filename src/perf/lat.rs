@@ -9,12 +9,10 @@
 
 use std::time::{Duration, Instant};
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use gpudirect::{RecvWr, SendWr, WcOpcode, WorkCompletion};
-
-use clap::ValueEnum;
 
 use super::{connect, progress, share_report, sizes, Common, Link, Op, Params, Res};
 

@@ -20,7 +20,6 @@ use gpudirect::{
     QueuePair, RemoteBuffer,
 };
 
-
 /// The operation measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
