@@ -236,6 +236,42 @@
 //! # let _ = wr; Ok(()) }
 //! ```
 //!
+//! An atomic works on one 8-byte word, so its result is one slice, never
+//! a scatter/gather list (E0308):
+//!
+//! ```compile_fail,E0308
+//! # fn f(mr: &gpudirect::MemoryRegion, dst: &gpudirect::RemoteBuffer) -> gpudirect::Result<()> {
+//! let parts = [mr.slice(0..4)?, mr.slice(8..12)?];
+//! let wr = gpudirect::SendWr::fetch_add(&parts, dst, 0, 1)?;
+//! # let _ = wr; Ok(()) }
+//! ```
+//!
+//! # Scatter/gather lists borrow their slices
+//!
+//! A request made from a list of slices cannot outlive the list (E0597):
+//!
+//! ```compile_fail,E0597
+//! # fn f(mr: &gpudirect::MemoryRegion) -> gpudirect::Result<()> {
+//! use gpudirect::RecvWr;
+//! let wr = {
+//!     let parts = [mr.slice(0..8)?, mr.slice(64..72)?];
+//!     RecvWr::new(&parts)
+//! };
+//! # let _ = wr; Ok(()) }
+//! ```
+//!
+//! nor can the list's regions be dropped while it exists (E0505, move out
+//! of a borrowed value):
+//!
+//! ```compile_fail,E0505
+//! # fn f(mr: gpudirect::MemoryRegion) -> gpudirect::Result<()> {
+//! use gpudirect::SendWr;
+//! let parts = [mr.slice(0..8)?, mr.slice(64..72)?];
+//! let wr = SendWr::send(&parts);
+//! drop(mr);
+//! # let _ = wr; Ok(()) }
+//! ```
+//!
 //! # Dropping in any order is allowed, by design
 //!
 //! Nothing stops dropping a context before its queue pairs, or a region

@@ -33,6 +33,8 @@ pub struct DeviceAttr {
     pub max_cqe: u32,
     /// Most scatter/gather entries per work request.
     pub max_sge: u32,
+    /// Most scatter/gather entries per RDMA read.
+    pub max_sge_rd: u32,
     /// Largest memory region, in bytes.
     pub max_mr_size: u64,
     /// Most outstanding RDMA reads/atomics a queue pair can initiate.
@@ -258,6 +260,7 @@ fn query_device(ctx: NonNull<sys::ibv_context>) -> Result<DeviceAttr> {
         max_qp_wr: u(a.max_qp_wr),
         max_cqe: u(a.max_cqe),
         max_sge: u(a.max_sge),
+        max_sge_rd: u(a.max_sge_rd),
         max_mr_size: a.max_mr_size,
         max_qp_init_rd_atom: u(a.max_qp_init_rd_atom),
         max_qp_rd_atom: u(a.max_qp_rd_atom),

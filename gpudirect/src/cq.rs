@@ -311,6 +311,16 @@ impl CompletionQueue {
         }
     }
 
+    /// Puts reaped completions back, ahead of everything not yet handed
+    /// out, for the next polls: what a reaper that stopped part-way did not
+    /// hand to anyone is not lost.
+    pub(crate) fn unread(&self, wcs: &[WorkCompletion]) {
+        let mut st = self.inner.state.lock();
+        for wc in wcs.iter().rev() {
+            st.backlog.push_front(*wc);
+        }
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut sys::ibv_cq {
         self.inner.cq.as_ptr()
     }

@@ -6,7 +6,7 @@
 //! 1. Register memory: [`MemoryRegion`] (`mr/`), described to a peer by
 //!    a [`RemoteBuffer`].
 //! 2. Post work requests ([`SendWr`], [`RecvWr`], a prepared [`SendList`])
-//!    that name that memory on a connected [`QueuePair`] (`qp.rs`).
+//!    that name that memory on a connected [`QueuePair`] (`qp/`; posting in `qp/post.rs`).
 //! 3. Reap [`WorkCompletion`]s from a [`CompletionQueue`] (`cq.rs`);
 //!    reaping is what releases the memory a request held.
 //!
@@ -18,7 +18,7 @@
 //!   [`LinkLayer`]), GIDs and the RoCE GID choice ([`Gid`], [`GidEntry`],
 //!   [`GidType`], [`GidChoice`], [`choose_gid`]).
 //! - Memory: [`ProtectionDomain`], [`MemoryRegion`] ([`AccessFlags`],
-//!   [`HostBuffer`], [`Registerable`], [`LocalSlice`], [`Location`]).
+//!   [`HostBuffer`], [`Registerable`], [`LocalSlice`], [`SgList`], [`Location`]).
 //! - Queues: [`QueuePair`] ([`PreparedQueuePair`], [`QpConfig`],
 //!   [`QpState`], [`Endpoint`]), work requests ([`SendWr`], [`RecvWr`],
 //!   [`SendList`]), [`CompletionQueue`] ([`WorkCompletion`], [`WcStatus`],
@@ -191,9 +191,9 @@ pub use error::{Errno, Error, Result};
 pub use gid::{choose_gid, Gid, GidChoice, GidEntry, GidType};
 pub use policy::{GpuPolicy, RegistrationPath};
 pub use gpu::{driver_version, gpu_count, Gpu, GpuAllocation, GpuBuffer, GPU_PAGE};
-pub use mr::{AccessFlags, HostBuffer, LocalSlice, Location, MemoryRegion, Registerable};
+pub use mr::{AccessFlags, HostBuffer, LocalSlice, Location, MemoryRegion, Registerable, SgList};
 pub use pd::ProtectionDomain;
-pub use qp::{PreparedQueuePair, QpConfig, QpState, QueuePair};
+pub use qp::{PartialPost, PreparedQueuePair, QpConfig, QpState, QueuePair};
 pub use wire::{Endpoint, RemoteBuffer};
 pub use wr::{RecvWr, SendList, SendWr, ATOMIC_WORD};
 

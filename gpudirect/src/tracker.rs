@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak};
 
 use crate::claims::{HoldsNic, Use};
 use crate::error::{Error, Result};
-use crate::mr::InFlight;
+use crate::mr::Hold;
 use crate::sync::Mutex;
 use crate::wc::WcOpcode;
 use crate::wr::Scratch;
@@ -30,7 +30,7 @@ pub(crate) struct Pending {
     /// Whether the request produces a completion of its own even when it
     /// succeeds (every receive does).
     pub(crate) signaled: bool,
-    pub(crate) hold: Option<InFlight>,
+    pub(crate) hold: Hold,
 }
 
 /// A completed work request, released by [`Tracker::complete`].
@@ -49,11 +49,16 @@ pub(crate) struct WorkQueue {
     pub(crate) next_seq: u64,
     pub(crate) pending: VecDeque<Pending>,
     pub(crate) scratch: Scratch,
+    /// Whether a request ever entered here holds memory whose bytes must
+    /// be staged in when it completes (a read or receive into a
+    /// host-staged GPU region). Never cleared: until one does, completing
+    /// skips the landing pass over released entries.
+    lands: bool,
 }
 
 impl WorkQueue {
     pub(crate) fn new(depth: u32) -> Self {
-        WorkQueue { depth, next_seq: 0, pending: VecDeque::with_capacity(depth as usize), scratch: Scratch::default() }
+        WorkQueue { depth, next_seq: 0, pending: VecDeque::with_capacity(depth as usize), scratch: Scratch::default(), lands: false }
     }
 
     /// Refuses a batch of `n` requests that would overfill the queue (named
@@ -70,9 +75,10 @@ impl WorkQueue {
     /// failed claim releases the holds of the whole batch (the entries
     /// after the first `kept`), so nothing of it stays held.
     #[inline(always)]
-    pub(crate) fn enter(&mut self, kept: usize, hold: Result<Option<InFlight>>, entry: impl FnOnce(Option<InFlight>) -> Pending) -> Result<()> {
+    pub(crate) fn enter(&mut self, kept: usize, hold: Result<Hold>, entry: impl FnOnce(Hold) -> Pending) -> Result<()> {
         match hold {
             Ok(hold) => {
+                self.lands |= hold.stages_in();
                 self.pending.push_back(entry(hold));
                 Ok(())
             }
@@ -121,10 +127,11 @@ impl Tracker {
         // A signaled request before it has its own completion still to
         // come (only when completions are matched out of order).
         let signaled_before = q.pending.range(..pos).any(|p| p.signaled);
+        let lands = q.lands;
         let mut landed = true;
         let mut land = |p: &Pending, written: usize| {
-            if let Some(h) = &p.hold {
-                landed &= h.landed(written);
+            if lands {
+                landed &= p.hold.landed(written);
             }
         };
         let done = &q.pending[pos];
@@ -135,7 +142,9 @@ impl Tracker {
         let (wr_id, opcode) = (done.wr_id, done.opcode);
         if !signaled_before {
             // Landed in place, then dropped in place: no entry is moved.
-            q.pending.range(..pos).for_each(|p| land(p, usize::MAX));
+            if lands {
+                q.pending.range(..pos).for_each(|p| land(p, usize::MAX));
+            }
             q.pending.drain(..=pos);
         } else {
             let mut released = 0;
@@ -169,7 +178,7 @@ impl HoldsNic for Tracker {
     fn holds_conflicting(&self, region: usize, start: usize, end: usize, use_: Use) -> bool {
         [&self.send, &self.recv]
             .iter()
-            .any(|q| q.lock().pending.iter().filter_map(|p| p.hold.as_ref()).any(|h| h.conflicts(region, start, end, use_)))
+            .any(|q| q.lock().pending.iter().any(|p| p.hold.conflicts(region, start, end, use_)))
     }
 }
 
@@ -213,7 +222,7 @@ mod tests {
 
     fn push(t: &Tracker, recv: bool, seq: u64, wr_id: u64, signaled: bool) {
         let q = if recv { &t.recv } else { &t.send };
-        q.lock().pending.push_back(Pending { seq, wr_id, opcode: WcOpcode::Send, signaled, hold: None });
+        q.lock().pending.push_back(Pending { seq, wr_id, opcode: WcOpcode::Send, signaled, hold: Hold::None });
     }
 
     fn ids(t: &Tracker) -> Vec<u64> {

@@ -7,7 +7,7 @@ use gpudirect_sys as sys;
 
 use crate::wc::WcOpcode;
 use crate::error::{Error, Result};
-use crate::mr::LocalSlice;
+use crate::mr::{LocalSlice, SgList};
 use crate::wire::RemoteBuffer;
 use crate::pd::ProtectionDomain;
 
@@ -66,8 +66,10 @@ impl SendOp {
 pub const ATOMIC_WORD: usize = 8;
 
 /// A send-queue work request: send, RDMA write (with or without
-/// immediate data), RDMA read or atomic (fetch-and-add, compare-and-swap),
-/// over one local slice.
+/// immediate data), RDMA read or atomic (fetch-and-add, compare-and-swap).
+/// Sends, writes and reads take their local memory as anything that
+/// converts into an [`SgList`]: one [`LocalSlice`], or several (the NIC
+/// gathers or scatters them as one message).
 ///
 /// Requests are signaled by default (a completion is generated). Mark
 /// most of a stream [`unsignaled`](Self::unsignaled) for speed: an
@@ -77,7 +79,7 @@ pub const ATOMIC_WORD: usize = 8;
 pub struct SendWr<'a> {
     pub(crate) wr_id: u64,
     pub(crate) op: SendOp,
-    pub(crate) local: LocalSlice<'a>,
+    pub(crate) local: SgList<'a>,
     pub(crate) remote_addr: u64,
     pub(crate) rkey: u32,
     pub(crate) signaled: bool,
@@ -85,24 +87,24 @@ pub struct SendWr<'a> {
 }
 
 impl<'a> SendWr<'a> {
-    fn new(op: SendOp, local: LocalSlice<'a>) -> Self {
+    fn new(op: SendOp, local: SgList<'a>) -> Self {
         SendWr { wr_id: 0, op, local, remote_addr: 0, rkey: 0, signaled: true, inline: false }
     }
 
-    fn rdma(op: SendOp, local: LocalSlice<'a>, remote: &RemoteBuffer, offset: u64) -> Result<Self> {
+    fn rdma(op: SendOp, local: SgList<'a>, remote: &RemoteBuffer, offset: u64) -> Result<Self> {
         let remote_addr = remote.addr_of(offset, local.len() as u64)?;
         Ok(SendWr { remote_addr, rkey: remote.rkey, ..Self::new(op, local) })
     }
 
     /// A send: the peer's next posted receive gets `local`'s bytes.
-    pub fn send(local: LocalSlice<'a>) -> Self {
-        Self::new(SendOp::Send, local)
+    pub fn send(local: impl Into<SgList<'a>>) -> Self {
+        Self::new(SendOp::Send, local.into())
     }
 
     /// A send carrying 32 bits of immediate data, delivered in the peer's
     /// receive completion.
-    pub fn send_with_imm(local: LocalSlice<'a>, imm: u32) -> Self {
-        Self::new(SendOp::SendWithImm(imm), local)
+    pub fn send_with_imm(local: impl Into<SgList<'a>>, imm: u32) -> Self {
+        Self::new(SendOp::SendWithImm(imm), local.into())
     }
 
     /// An RDMA write of `local` into `remote` at `offset`.
@@ -110,26 +112,38 @@ impl<'a> SendWr<'a> {
     /// # Errors
     /// [`Error::OutOfBounds`] when the range
     /// falls outside `remote`: it is refused before anything is posted.
-    pub fn write(local: LocalSlice<'a>, remote: &RemoteBuffer, offset: u64) -> Result<Self> {
-        Self::rdma(SendOp::Write, local, remote, offset)
+    pub fn write(local: impl Into<SgList<'a>>, remote: &RemoteBuffer, offset: u64) -> Result<Self> {
+        Self::rdma(SendOp::Write, local.into(), remote, offset)
     }
 
     /// An RDMA write that also consumes one of the peer's posted receives
     /// and hands it `imm`: the peer learns, by a completion, that the data
-    /// has landed. `local` may be empty for a pure notification.
+    /// has landed. For a notification that carries no data, see
+    /// [`immediate`](Self::immediate).
     ///
     /// # Errors
     /// As [`write`](Self::write).
-    pub fn write_with_imm(local: LocalSlice<'a>, remote: &RemoteBuffer, offset: u64, imm: u32) -> Result<Self> {
-        Self::rdma(SendOp::WriteWithImm(imm), local, remote, offset)
+    pub fn write_with_imm(local: impl Into<SgList<'a>>, remote: &RemoteBuffer, offset: u64, imm: u32) -> Result<Self> {
+        Self::rdma(SendOp::WriteWithImm(imm), local.into(), remote, offset)
     }
 
-    /// An RDMA read of `local.len()` bytes from `remote` at `offset` into `local`.
+    /// A zero-length RDMA write with immediate data: moves no bytes and
+    /// names no memory on either side (a zero-byte RDMA operation needs no
+    /// address or rkey, InfiniBand spec C9-88), and hands `imm` to the
+    /// peer in the completion of one of its posted receives, which may be
+    /// [`RecvWr::empty`]. The cheapest "your data is there" after
+    /// unsignaled writes, since RC delivers in order.
+    pub fn immediate(imm: u32) -> Self {
+        Self::new(SendOp::WriteWithImm(imm), SgList::empty())
+    }
+
+    /// An RDMA read of `local.len()` bytes from `remote` at `offset` into
+    /// `local` (scattered over its slices in order).
     ///
     /// # Errors
     /// As [`write`](Self::write).
-    pub fn read(local: LocalSlice<'a>, remote: &RemoteBuffer, offset: u64) -> Result<Self> {
-        Self::rdma(SendOp::Read, local, remote, offset)
+    pub fn read(local: impl Into<SgList<'a>>, remote: &RemoteBuffer, offset: u64) -> Result<Self> {
+        Self::rdma(SendOp::Read, local.into(), remote, offset)
     }
 
     /// An atomic fetch-and-add: adds `add` to the 64-bit word of `remote`
@@ -171,7 +185,7 @@ impl<'a> SendWr<'a> {
                 result.len()
             )));
         }
-        let wr = Self::rdma(op, result, remote, offset)?;
+        let wr = Self::rdma(op, result.into(), remote, offset)?;
         if wr.remote_addr % ATOMIC_WORD as u64 != 0 {
             return Err(Error::InvalidArgument(format!(
                 "an atomic needs an 8-byte aligned remote word: {:#x} (offset {offset} into {remote}) is not",
@@ -204,18 +218,18 @@ impl<'a> SendWr<'a> {
 
     /// Whether the NIC reads the request's source from a host-staged GPU
     /// region's mirror, which must be staged first.
+    /// (Only single slices are: lists of several may not name one.)
     #[inline]
     pub(crate) fn stages_out(&self) -> bool {
-        !self.op.nic_writes_local() && !self.local.is_empty() && self.local.mr.is_host_staged()
+        !self.op.nic_writes_local() && self.local.one().is_some_and(|s| !s.is_empty() && s.mr.is_host_staged())
     }
 
-    /// What can be checked of the request on its own, without the queue
-    /// pair: its length, and whether it may be inline at all.
+    /// What can be checked of the request for a queue pair of `pd` without
+    /// the queue pair: its memory ([`SgList::check`]), and whether it may
+    /// be inline at all.
     #[inline]
-    pub(crate) fn check(&self) -> Result<()> {
-        if self.local.len > u32::MAX as usize {
-            return Err(Error::TooLong(self.local.len as u64));
-        }
+    pub(crate) fn check(&self, pd: &ProtectionDomain) -> Result<()> {
+        self.local.check(pd)?;
         if self.inline {
             self.check_inline()?;
         }
@@ -224,7 +238,7 @@ impl<'a> SendWr<'a> {
 
     #[cold]
     fn check_inline(&self) -> Result<()> {
-        if !self.local.mr.cpu_addressable() {
+        if !self.local.cpu_addressable() {
             return Err(Error::InvalidArgument(
                 "inline sends copy the payload with the CPU, which cannot read GPU memory registered for GPUDirect RDMA".into(),
             ));
@@ -242,12 +256,13 @@ impl<'a> SendWr<'a> {
         (if self.signaled { sys::IBV_SEND_SIGNALED } else { 0 }) | if self.inline { sys::IBV_SEND_INLINE } else { 0 }
     }
 
-    /// Writes the request into a chain slot, with `sg` as its one SGE:
-    /// every field a provider reads for an RC send, write or read except
-    /// `wr_id` and `next`, which the poster sets. The slot's other fields
-    /// are left as they are (zero in a fresh slot).
+    /// Writes the request into a chain slot, with `sg` as its own SGE and
+    /// `gather` the space for a list of several ([`SgList::write_sges`]):
+    /// every field a provider reads for an RC send, write, read or atomic
+    /// except `wr_id` and `next`, which the poster sets. The slot's other
+    /// fields are left as they are (zero in a fresh slot).
     #[inline]
-    pub(crate) fn write_raw(&self, raw: &mut sys::ibv_send_wr, sg: &mut sys::ibv_sge) {
+    pub(crate) fn write_raw(&self, raw: &mut sys::ibv_send_wr, sg: &mut sys::ibv_sge, gather: &mut &mut [sys::ibv_sge]) {
         let (opcode, imm) = self.op.raw();
         raw.opcode = opcode;
         raw.__bindgen_anon_1.imm_data = imm.to_be();
@@ -267,19 +282,17 @@ impl<'a> SendWr<'a> {
             }
         }
         raw.send_flags = self.send_flags();
-        if self.local.is_empty() {
-            (raw.sg_list, raw.num_sge) = (std::ptr::null_mut(), 0);
-        } else {
-            *sg = self.local.sge();
-            (raw.sg_list, raw.num_sge) = (sg, 1);
-        }
+        (raw.sg_list, raw.num_sge) = self.local.write_sges(sg, gather);
     }
 }
 
 /// Reused between posts so posting allocates nothing.
 #[derive(Default)]
 pub(crate) struct Scratch {
+    /// One SGE per request, for a request of one slice.
     pub(crate) sges: Vec<sys::ibv_sge>,
+    /// The SGEs of requests with several slices, in request order.
+    pub(crate) gather: Vec<sys::ibv_sge>,
     pub(crate) send: Vec<sys::ibv_send_wr>,
     pub(crate) recv: Vec<sys::ibv_recv_wr>,
 }
@@ -289,11 +302,31 @@ pub(crate) struct Scratch {
 unsafe impl Send for Scratch {}
 
 impl Scratch {
-    /// Makes room for a chain of `n` send requests.
-    pub(crate) fn fit_send(&mut self, n: usize) {
+    /// Makes room for a chain of `n` send requests whose lists of several
+    /// slices have `gather` entries in all.
+    #[inline]
+    pub(crate) fn fit_send(&mut self, n: usize, gather: usize) {
         if self.send.len() < n {
             self.send.resize(n, sys::ibv_send_wr::default());
             self.sges.resize(n, sys::ibv_sge::default());
+        }
+        self.fit_gather(gather);
+    }
+
+    /// As [`fit_send`](Self::fit_send), for receive requests.
+    #[inline]
+    pub(crate) fn fit_recv(&mut self, n: usize, gather: usize) {
+        if self.recv.len() < n {
+            self.recv.resize(n, sys::ibv_recv_wr::default());
+            self.sges.resize(n, sys::ibv_sge::default());
+        }
+        self.fit_gather(gather);
+    }
+
+    #[inline]
+    fn fit_gather(&mut self, gather: usize) {
+        if self.gather.len() < gather {
+            self.gather.resize(gather, sys::ibv_sge::default());
         }
     }
 }
@@ -333,11 +366,14 @@ pub struct SendList<'a> {
     /// The requests as the provider reads them, chained (`next`) in order;
     /// each post writes only their `wr_id`s.
     chain: Vec<sys::ibv_send_wr>,
-    /// One SGE per request, which `chain` points into (only read through it).
-    _sges: Vec<sys::ibv_sge>,
-    /// The protection domain of every region named (none when empty).
+    /// One SGE per request of one slice, and the SGEs of those of several:
+    /// `chain` points into them (they are only read through it).
+    _sges: (Vec<sys::ibv_sge>, Vec<sys::ibv_sge>),
+    /// The protection domain of every region named (none when no request names memory).
     pd: Option<ProtectionDomain>,
     longest_inline: usize,
+    /// The most SGEs of one request, and of one RDMA read.
+    most_sges: (usize, usize),
     stages: bool,
     atomics: bool,
 }
@@ -352,37 +388,44 @@ impl<'a> SendList<'a> {
     /// # Errors
     /// [`Error::ForeignMemoryRegion`] when the regions are not all of one
     /// protection domain; [`Error::TooLong`] for a request over 4 GiB;
-    /// [`Error::InvalidArgument`] for an inline RDMA read or an inline
-    /// request from GPU memory. Whether the queue pair allows an inline
-    /// request's length is checked when the list is posted.
+    /// [`Error::InvalidArgument`] for an inline RDMA read, an inline
+    /// request from GPU memory, or a list of several slices naming a
+    /// host-staged GPU region. Whether the queue pair allows an inline
+    /// request's length and a request's number of slices is checked when
+    /// the list is posted.
     pub fn new(wrs: &[SendWr<'a>]) -> Result<Self> {
-        let pd = wrs.first().map(|w| w.local.mr.pd().clone());
+        let pd = wrs.iter().find_map(|w| w.local.first_region()).map(|mr| mr.pd().clone());
         for w in wrs {
-            if pd.as_ref().is_some_and(|pd| !w.local.mr.pd().same_as(pd)) {
-                return Err(Error::ForeignMemoryRegion);
+            match &pd {
+                Some(pd) => w.check(pd)?,
+                // No request names memory: only inline-ness is left to judge.
+                None if w.inline => w.check_inline()?,
+                None => {}
             }
-            w.check()?;
         }
         let n = wrs.len();
         let mut chain = vec![sys::ibv_send_wr::default(); n];
         let mut sges = vec![sys::ibv_sge::default(); n];
-        let (base, sg_base) = (chain.as_mut_ptr(), sges.as_mut_ptr());
-        for (i, w) in wrs.iter().enumerate() {
-            // SAFETY: both vectors have `n` elements and `i < n`; the link
-            // is to slot `i + 1` only when there is one. The vectors never
-            // grow, so the links stay valid for the list's life.
-            let raw = unsafe { &mut *base.add(i) };
-            // SAFETY: as above.
-            w.write_raw(raw, unsafe { &mut *sg_base.add(i) });
-            // SAFETY: as above.
-            raw.next = if i + 1 < n { unsafe { base.add(i + 1) } } else { std::ptr::null_mut() };
+        let mut gather = vec![sys::ibv_sge::default(); wrs.iter().map(|w| w.local.gather_sges()).sum()];
+        let mut free = &mut gather[..];
+        for (i, (w, sg)) in wrs.iter().zip(&mut sges).enumerate() {
+            w.write_raw(&mut chain[i], sg, &mut free);
         }
+        let base = chain.as_mut_ptr();
+        for i in 0..n.saturating_sub(1) {
+            // SAFETY: `i + 1 < n`: both slots are in the vector, which never
+            // grows, so the links stay valid for the list's life (as do the
+            // SGE pointers, into vectors that never grow either).
+            unsafe { (*base.add(i)).next = base.add(i + 1) };
+        }
+        let most = |reads: bool| wrs.iter().filter(|w| !reads || w.op == SendOp::Read).map(|w| w.local.num_sge()).max().unwrap_or(0);
         Ok(SendList {
             wrs: wrs.into(),
             chain,
-            _sges: sges,
+            _sges: (sges, gather),
             pd,
-            longest_inline: wrs.iter().filter(|w| w.inline).map(|w| w.local.len).max().unwrap_or(0),
+            longest_inline: wrs.iter().filter(|w| w.inline).map(|w| w.local.len()).max().unwrap_or(0),
+            most_sges: (most(false), most(true)),
             stages: wrs.iter().any(|w| w.stages_out()),
             atomics: wrs.iter().any(|w| w.op.is_atomic()),
         })
@@ -430,7 +473,7 @@ impl<'a> SendList<'a> {
         &self.wrs
     }
 
-    /// The protection domain of the regions named (`None` when empty).
+    /// The protection domain of the regions named (`None` when no request names memory).
     pub(crate) fn pd(&self) -> Option<&ProtectionDomain> {
         self.pd.as_ref()
     }
@@ -438,6 +481,12 @@ impl<'a> SendList<'a> {
     /// The longest inline payload, 0 when no request is inline.
     pub(crate) fn longest_inline(&self) -> usize {
         self.longest_inline
+    }
+
+    /// The most SGEs of one request, and of one RDMA read (the queue pair
+    /// and the device must allow them).
+    pub(crate) fn most_sges(&self) -> (usize, usize) {
+        self.most_sges
     }
 
     /// Whether a request is an atomic (the queue pair's device must do them).
@@ -468,14 +517,23 @@ impl std::fmt::Debug for SendList<'_> {
 #[derive(Clone, Copy, Debug)]
 pub struct RecvWr<'a> {
     pub(crate) wr_id: u64,
-    pub(crate) local: LocalSlice<'a>,
+    pub(crate) local: SgList<'a>,
 }
 
 impl<'a> RecvWr<'a> {
-    /// A receive into `local` (which may be empty when only writes with
-    /// immediate data are expected).
-    pub fn new(local: LocalSlice<'a>) -> Self {
-        RecvWr { wr_id: 0, local }
+    /// A receive into `local`: one [`LocalSlice`], or several that an
+    /// incoming message fills in order (see [`SgList`]).
+    pub fn new(local: impl Into<SgList<'a>>) -> Self {
+        RecvWr { wr_id: 0, local: local.into() }
+    }
+
+    /// A receive of no bytes, naming no memory: for the notification of a
+    /// write with immediate data ([`SendWr::immediate`],
+    /// [`SendWr::write_with_imm`], whose bytes land where the write says),
+    /// or a zero-length send. A send with data into it fails (at both
+    /// ends) with a length error.
+    pub fn empty() -> Self {
+        RecvWr { wr_id: 0, local: SgList::empty() }
     }
 
     /// Sets the id reported in this request's completion.

@@ -16,13 +16,17 @@ use crate::policy::RegistrationPath;
 use crate::sysroot::page_size;
 use crate::gpu::GpuBuffer;
 use crate::pd::ProtectionDomain;
-use crate::claims::{overlap, RegionClaims, Use};
+use crate::claims::{RegionClaims, Use};
 use crate::wire::RemoteBuffer;
 
 mod gpu;
 mod host;
+mod inflight;
+mod slice;
 
 pub use host::{HostBuffer, Registerable};
+pub(crate) use inflight::{Hold, InFlight};
+pub use slice::{LocalSlice, SgList};
 
 bitflags! {
     /// Who may access a memory region, and how (`enum ibv_access_flags`).
@@ -333,7 +337,7 @@ impl MemoryRegion {
         debug_assert!(nic_writes || !self.is_host_staged(), "a host-staged source must be staged (claim_for_staging)");
         let use_ = if nic_writes { Use::NicWrites } else { Use::NicReads };
         self.inner.claims.hold_for_nic(offset, offset + len, use_)?;
-        Ok(InFlight { mr: self.clone(), offset, len, nic_writes })
+        Ok(InFlight { mr: self.clone(), offset, len, nic_writes, stages_in: nic_writes && self.is_host_staged() })
     }
 
     /// This region's identity in the claims record.
@@ -600,7 +604,7 @@ impl StagingClaim<'_> {
             self.claim.token = 0; // fully handed over: nothing left to release
         }
         self.next = upto;
-        Ok(InFlight { mr: mr.clone(), offset, len: upto - offset, nic_writes: false })
+        Ok(InFlight { mr: mr.clone(), offset, len: upto - offset, nic_writes: false, stages_in: false })
     }
 }
 
@@ -706,101 +710,6 @@ fn checked_access(len: usize, mut access: AccessFlags) -> Result<AccessFlags> {
         access |= AccessFlags::LOCAL_WRITE;
     }
     Ok(access)
-}
-
-/// Holds a region (alive and claimed) on behalf of a posted work request,
-/// until its completion is reaped or its queue pair destroyed.
-pub(crate) struct InFlight {
-    mr: MemoryRegion,
-    offset: usize,
-    len: usize,
-    nic_writes: bool,
-}
-
-impl InFlight {
-    /// After the NIC wrote `written` bytes of the range (a receive or an
-    /// RDMA read completed): brings them to the GPU if the region is
-    /// host-staged, before anyone is told the data is there. The caller
-    /// still holds the queue's lock with this hold in its list, so every
-    /// CPU copy stays off the range. Returns whether the bytes are where
-    /// the program reads them (a failure is logged).
-    #[inline]
-    pub(crate) fn landed(&self, written: usize) -> bool {
-        !self.nic_writes || self.stage_in_landed(written)
-    }
-
-    fn stage_in_landed(&self, written: usize) -> bool {
-        let Some(buf) = self.mr.staged() else { return true };
-        let len = written.min(self.len);
-        // SAFETY: the range is inside the region's mirror (it was posted),
-        // no Rust reference to it exists, and this request's hold keeps
-        // CPU copies off it.
-        match unsafe { buf.copy_from_raw(self.offset, self.mr.inner.addr.add(self.offset), len) } {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::error!(offset = self.offset, len, "staging received bytes into GPU memory failed: {e}");
-                false
-            }
-        }
-    }
-
-    /// Whether this hold names bytes `start..end` of region `region` in a
-    /// way that conflicts with a CPU copy's `use_`.
-    #[inline]
-    pub(crate) fn conflicts(&self, region: usize, start: usize, end: usize, use_: Use) -> bool {
-        let held = if self.nic_writes { Use::NicWrites } else { Use::NicReads };
-        self.mr.id() == region && overlap(self.offset, self.offset + self.len, start, end) && use_.conflicts(held)
-    }
-}
-
-impl Drop for InFlight {
-    #[inline]
-    fn drop(&mut self) {
-        self.mr.inner.claims.release_nic();
-    }
-}
-
-/// A byte range of a local [`MemoryRegion`], named in a work request.
-///
-/// It borrows the region handle, so it cannot outlive it:
-///
-/// ```compile_fail,E0597
-/// # fn f(pd: &gpudirect::ProtectionDomain) -> gpudirect::Result<()> {
-/// use gpudirect::{AccessFlags, MemoryRegion};
-/// let slice = {
-///     let mr = MemoryRegion::alloc(pd, 4096, AccessFlags::default())?;
-///     mr.slice(0..64)?
-/// }; // `mr` dropped here while still borrowed
-/// # let _ = slice; Ok(()) }
-/// ```
-#[derive(Clone, Copy, Debug)]
-pub struct LocalSlice<'a> {
-    pub(crate) mr: &'a MemoryRegion,
-    pub(crate) offset: usize,
-    pub(crate) len: usize,
-}
-
-impl LocalSlice<'_> {
-    /// The slice as verbs' scatter/gather entry. The length fits: requests
-    /// over `u32::MAX` bytes are refused before they are written out.
-    #[inline]
-    pub(crate) fn sge(&self) -> sys::ibv_sge {
-        sys::ibv_sge { addr: self.mr.addr() + self.offset as u64, length: self.len as u32, lkey: self.mr.lkey() }
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Whether the slice is empty.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// Offset within the region.
-    pub fn offset(&self) -> usize {
-        self.offset
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,516 @@
+//! Reliable-connected queue pairs (`ibv_create_qp`, `ibv_modify_qp`):
+//! creation and connection here, posting (`ibv_post_send`,
+//! `ibv_post_recv`) in `post`, settings in `config`.
+
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use gpudirect_sys as sys;
+
+use crate::port::{LinkLayer, Mtu, PortAttr};
+use crate::cq::{CompletionQueue, Reservation};
+use crate::error::{check, Error, Result};
+use crate::gid::GidChoice;
+use crate::pd::ProtectionDomain;
+use crate::tracker::{holder, Tracker};
+use crate::wire::Endpoint;
+use crate::wc::WorkCompletion;
+use crate::wr::{RecvWr, SendList, SendWr};
+
+mod config;
+mod post;
+
+pub use config::{QpConfig, QpState};
+pub use post::PartialPost;
+
+struct QpInner {
+    qp: NonNull<sys::ibv_qp>,
+    qp_num: u32,
+    psn: u32,
+    pd: ProtectionDomain,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    tracker: Arc<Tracker>,
+    gid: GidChoice,
+    port: PortAttr,
+    config: QpConfig,
+    max_inline: u32,
+    /// Most SGEs per send and per receive request, as configured.
+    max_sge: [u32; 2],
+    /// Room in the send and receive CQs; see the Drop body.
+    room: [Option<Reservation>; 2],
+}
+
+// SAFETY: posting and modifying are thread-safe verbs; Rust-side state
+// lives behind the tracker's mutexes.
+unsafe impl Send for QpInner {}
+// SAFETY: as above.
+unsafe impl Sync for QpInner {}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        // SAFETY: the QP came from ibv_create_qp and is destroyed once.
+        // After this returns the NIC no longer touches memory on its behalf,
+        // so the holds of its outstanding work requests may be released.
+        let ret = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+        self.send_cq.unregister(self.qp_num, &self.tracker);
+        self.recv_cq.unregister(self.qp_num, &self.tracker);
+        if ret != 0 {
+            tracing::warn!("{}", Error::returned("ibv_destroy_qp", ret));
+            // Leak the held memory rather than free what the NIC may still
+            // use, and keep the CQ room: the QP may still complete into it.
+            std::mem::forget(self.tracker.clone());
+            std::mem::forget(self.room.each_mut().map(Option::take));
+            return;
+        }
+        // Work left unreaped may have left completions in the CQ (rxe keeps
+        // a destroyed QP's; mlx5 removes them): that room stays owed until
+        // the CQ has been seen empty.
+        for (left, room) in self.tracker.clear().into_iter().zip(&mut self.room) {
+            if let (true, Some(r)) = (left, room.take()) {
+                r.into_debt();
+            }
+        }
+        self.pd.inner.holders.remove(&holder(&self.tracker));
+    }
+}
+
+impl fmt::Debug for QpInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("device", &self.pd.context().name())
+            .field("qp_num", &format_args!("{:#x}", self.qp_num))
+            .field("port", &self.config.port)
+            .field("gid", &format_args!("{}", self.gid))
+            .field("active_mtu", &self.port.active_mtu)
+            .finish()
+    }
+}
+
+impl QpInner {
+    fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            qp_num: self.qp_num,
+            psn: self.psn,
+            lid: self.port.lid,
+            gid: self.gid.entry.gid,
+            mtu: self.port.active_mtu.unwrap_or(Mtu::Mtu1024),
+        }
+    }
+
+    fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32) -> Result<()> {
+        // SAFETY: valid QP and attribute struct; the mask names fields set.
+        check("ibv_modify_qp", unsafe { sys::ibv_modify_qp(self.qp.as_ptr(), attr, mask as i32) })
+    }
+}
+
+/// A queue pair in the `INIT` state: give its [`endpoint`](Self::endpoint)
+/// to the peer, post receives, then [`connect`](Self::connect).
+///
+/// A queue pair is created by [`QueuePair::create`] in the `INIT` state as a
+/// [`PreparedQueuePair`]: it has an [`Endpoint`] to give the peer and can
+/// already take receives. [`PreparedQueuePair::connect`] drives it through
+/// `RTR` and `RTS` with the peer's endpoint and yields a [`QueuePair`], the
+/// only type that can post sends:
+///
+/// ```compile_fail
+/// # fn f(qp: gpudirect::PreparedQueuePair, wr: gpudirect::SendWr<'_>) {
+/// qp.post_send(&[wr]); // not connected yet: no such method
+/// # }
+/// ```
+///
+/// Connecting consumes the prepared queue pair, so it cannot be connected twice:
+///
+/// ```compile_fail
+/// # fn f(qp: gpudirect::PreparedQueuePair, peer: gpudirect::Endpoint) -> gpudirect::Result<()> {
+/// let a = qp.connect(&peer)?;
+/// let b = qp.connect(&peer)?; // use of moved value
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct PreparedQueuePair {
+    inner: QpInner,
+}
+
+/// A connected reliable-connected queue pair (`RTS`).
+///
+/// # Thread safety
+/// `Send + Sync`: several threads may post on one queue pair. Each call's
+/// batch is checked, claimed, staged and posted under the queue's lock,
+/// so the room it was checked against is the room it uses, and batches
+/// from different threads never interleave.
+#[derive(Debug)]
+pub struct QueuePair {
+    inner: QpInner,
+    remote: Endpoint,
+}
+
+impl QueuePair {
+    /// Creates an RC queue pair in `pd`, completing sends on `send_cq` and
+    /// receives on `recv_cq` (which may be the same queue), and moves it to
+    /// `INIT`. The GID it will use is chosen (and logged) here.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the completion queues belong to
+    /// another device; [`Error::CqTooSmall`] when they could not hold a
+    /// completion for every work request of their queue pairs together
+    /// (`max_send_wr` on the send CQ, `max_recv_wr` on the receive CQ);
+    /// [`Error::Gid`] / [`Error::InvalidPort`] for the
+    /// port and GID; [`Error::Verb`] from `ibv_create_qp` (`EINVAL`: a
+    /// depth or `max_inline_data` the device does not support) or
+    /// `ibv_modify_qp`.
+    pub fn create(
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        config: &QpConfig,
+    ) -> Result<PreparedQueuePair> {
+        let ctx = pd.context();
+        for cq in [send_cq, recv_cq] {
+            if !Arc::ptr_eq(&cq.context().inner, &ctx.inner) {
+                return Err(Error::InvalidArgument(format!(
+                    "completion queue of device {} used with a protection domain of {}",
+                    cq.context().name(),
+                    ctx.name()
+                )));
+            }
+        }
+        let max_sge = ctx.attr().max_sge;
+        for (field, n) in [("max_send_sge", config.max_send_sge), ("max_recv_sge", config.max_recv_sge)] {
+            if n == 0 || n > max_sge {
+                return Err(Error::InvalidArgument(format!(
+                    "QpConfig::{field} {n}: {} allows 1 to {max_sge} scatter/gather entries per work request (ibv_query_device max_sge)",
+                    ctx.name()
+                )));
+            }
+        }
+        let port = ctx.query_port(config.port)?;
+        let gid = ctx.choose_gid_on(&port, config.gid_index)?;
+        // Every send may be signaled and every receive completes: the CQs
+        // must hold them all, or they overrun.
+        let room = [Some(send_cq.reserve(config.max_send_wr)?), Some(recv_cq.reserve(config.max_recv_wr)?)];
+        let mut init = sys::ibv_qp_init_attr {
+            send_cq: send_cq.as_ptr(),
+            recv_cq: recv_cq.as_ptr(),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: config.max_send_wr,
+                max_recv_wr: config.max_recv_wr,
+                max_send_sge: config.max_send_sge,
+                max_recv_sge: config.max_recv_sge,
+                max_inline_data: config.max_inline_data,
+            },
+            qp_type: sys::IBV_QPT_RC,
+            sq_sig_all: 0,
+            ..Default::default()
+        };
+        // SAFETY: valid PD and CQs of the same device; `init` is fully set.
+        let qp = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) };
+        let qp = NonNull::new(qp).ok_or_else(|| Error::last("ibv_create_qp"))?;
+        // SAFETY: a created QP is readable.
+        let qp_num = unsafe { (*qp.as_ptr()).qp_num };
+        // The provider may round the depths up; ours stay as requested so
+        // QueueFull fires before the provider's ENOMEM would.
+        let tracker = Arc::new(Tracker::new(config.max_send_wr, config.max_recv_wr));
+        // Registered before any post, so no completion can go unmatched.
+        send_cq.register(qp_num, tracker.clone());
+        recv_cq.register(qp_num, tracker.clone());
+        pd.inner.holders.add(holder(&tracker));
+        let inner = QpInner {
+            qp,
+            qp_num,
+            psn: random_psn(),
+            pd: pd.clone(),
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            tracker,
+            gid,
+            port,
+            config: config.clone(),
+            max_inline: init.cap.max_inline_data,
+            max_sge: [config.max_send_sge, config.max_recv_sge],
+            room,
+        };
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_INIT,
+            pkey_index: 0,
+            port_num: config.port,
+            qp_access_flags: config.access.bits(),
+            ..Default::default()
+        };
+        inner.modify(&mut attr, sys::IBV_QP_STATE | sys::IBV_QP_PKEY_INDEX | sys::IBV_QP_PORT | sys::IBV_QP_ACCESS_FLAGS)?;
+        tracing::debug!(qp = ?inner, "created queue pair");
+        Ok(PreparedQueuePair { inner })
+    }
+
+    /// This side's endpoint.
+    pub fn endpoint(&self) -> Endpoint {
+        self.inner.endpoint()
+    }
+
+    /// The peer's endpoint this queue pair is connected to.
+    pub fn remote(&self) -> &Endpoint {
+        &self.remote
+    }
+
+    /// The GID this queue pair sends from, and why it was chosen.
+    pub fn gid(&self) -> &GidChoice {
+        &self.inner.gid
+    }
+
+    /// The largest payload [`SendWr::inline`] accepts here.
+    pub fn max_inline_data(&self) -> u32 {
+        self.inner.max_inline
+    }
+
+    /// Posts a batch of send-queue work requests with one call (one
+    /// doorbell). The memory they name stays held, and refused to local
+    /// writes (and, for RDMA reads, reads), until each request's completion
+    /// is reaped from the send completion queue.
+    ///
+    /// A source in a host-staged GPU region is copied to the NIC's host
+    /// mirror first (under the same lock); writes over 1 MiB from one are
+    /// posted as 1 MiB chunks so the copy of one overlaps the transfer of
+    /// the one before. Such a range can be the source of one outstanding
+    /// request at a time (staging rewrites the mirror).
+    ///
+    /// # Errors
+    /// Nothing is posted when the batch would overfill the queue
+    /// ([`Error::QueueFull`]), names a region of another protection domain
+    /// ([`Error::ForeignMemoryRegion`]) or an inline payload that is too
+    /// long, or when a local range is in use in a conflicting way
+    /// ([`Error::Busy`]: a CPU copy running on another thread, or, for a
+    /// host-staged source, any outstanding request on it). Two posted
+    /// requests over the same bytes are not refused: what the NIC does to
+    /// memory is the protocol's business, and no Rust access.
+    /// [`Error::Verb`] from `ibv_post_send`, or [`Error::Cuda`] staging a
+    /// chunk: the requests (chunks) before the failing one were posted and
+    /// will complete. When the provider fails without naming the first
+    /// refused request, every request of the batch is treated as posted:
+    /// its memory stays held until a completion or the queue pair's drop.
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.inner.post_send(wrs)
+    }
+
+    /// Posts `wrs` in order, as many at a time as the send queue has room
+    /// for, where [`post_send`](Self::post_send) would refuse the whole
+    /// list with [`Error::QueueFull`]: while the queue is full it reaps the
+    /// send completion queue, handing every completion it reaps to
+    /// `on_completion` (failed ones too, and those of other queue pairs
+    /// that share the CQ), until a completion frees room. Each request's
+    /// memory is held until its completion is reaped, as with `post_send`.
+    ///
+    /// Room frees only when a signaled request completes (an unsignaled
+    /// one is released with the next signaled one), so signal at least one
+    /// request in every [`max_send_wr`](QpConfig::max_send_wr); a queue
+    /// full of unsignaled requests is an error, not a wait forever. The
+    /// completions of the requests posted last are still to come when this
+    /// returns: reap them as usual.
+    ///
+    /// ```
+    /// # fn f(qp: &gpudirect::QueuePair, src: &gpudirect::MemoryRegion, dst: &gpudirect::RemoteBuffer) -> gpudirect::Result<()> {
+    /// use gpudirect::SendWr;
+    /// // 10,000 writes of 64 bytes, every 32nd signaled, on a queue of any depth.
+    /// let wrs = (0..10_000u64)
+    ///     .map(|i| {
+    ///         let wr = SendWr::write(src.slice(0..64)?, dst, 64 * (i % 64))?.wr_id(i);
+    ///         Ok(if i % 32 == 31 { wr } else { wr.unsignaled() })
+    ///     })
+    ///     .collect::<gpudirect::Result<Vec<_>>>()?;
+    /// let mut done = 0;
+    /// qp.post_send_all(&wrs, Some(std::time::Duration::from_secs(5)), |wc| {
+    ///     wc.ok()?;
+    ///     done += 1;
+    ///     Ok(())
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`PartialPost`] saying how many requests were posted and why it
+    /// stopped: what [`post_send`](Self::post_send) returns for a batch,
+    /// what `on_completion` returns, [`Error::Timeout`] when no room freed
+    /// for `timeout` (`None`: no limit), [`Error::InvalidArgument`] for a
+    /// queue full of unsignaled requests, or an error waiting on the CQ.
+    pub fn post_send_all(
+        &self,
+        wrs: &[SendWr<'_>],
+        timeout: Option<std::time::Duration>,
+        on_completion: impl FnMut(WorkCompletion) -> Result<()>,
+    ) -> std::result::Result<(), PartialPost> {
+        self.inner.post_send_all(wrs, timeout, on_completion)
+    }
+
+    /// Posts a [`SendList`]: its requests, checked and written out when the
+    /// list was made, are held, tracked and posted as
+    /// [`post_send`](Self::post_send) would post them, with one call. The
+    /// list may be posted again as soon as this returns (each post's
+    /// requests complete on their own), and on any queue pair of the
+    /// protection domain it names.
+    ///
+    /// # Errors
+    /// As [`post_send`](Self::post_send): nothing is posted on
+    /// [`Error::QueueFull`], [`Error::Busy`], [`Error::ForeignMemoryRegion`]
+    /// (the list's regions are of another protection domain) or
+    /// [`Error::InvalidArgument`] (an inline request longer than this queue
+    /// pair's [`max_inline_data`](Self::max_inline_data)).
+    pub fn post_list(&self, list: &mut SendList<'_>) -> Result<()> {
+        self.inner.post_list(list)
+    }
+
+    /// Posts a batch of receives with one call. See
+    /// [`PreparedQueuePair::post_recv`].
+    ///
+    /// # Errors
+    /// As [`PreparedQueuePair::post_recv`].
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.inner.post_recv(wrs)
+    }
+
+    /// The current state (`ibv_query_qp`); [`QpState::Error`] after a
+    /// failed work request.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] from `ibv_query_qp`.
+    pub fn state(&self) -> Result<QpState> {
+        let mut attr = MaybeUninit::<sys::ibv_qp_attr>::zeroed();
+        let mut init = MaybeUninit::<sys::ibv_qp_init_attr>::zeroed();
+        // SAFETY: valid QP and out-pointers.
+        check("ibv_query_qp", unsafe {
+            sys::ibv_query_qp(self.inner.qp.as_ptr(), attr.as_mut_ptr(), sys::IBV_QP_STATE as i32, init.as_mut_ptr())
+        })?;
+        // SAFETY: qp_state was written (and everything was zeroed).
+        Ok(match unsafe { attr.assume_init() }.qp_state {
+            sys::IBV_QPS_RESET => QpState::Reset,
+            sys::IBV_QPS_INIT => QpState::Init,
+            sys::IBV_QPS_RTR => QpState::Rtr,
+            sys::IBV_QPS_RTS => QpState::Rts,
+            sys::IBV_QPS_SQD => QpState::Sqd,
+            sys::IBV_QPS_SQE => QpState::Sqe,
+            sys::IBV_QPS_ERR => QpState::Error,
+            s => QpState::Other(s),
+        })
+    }
+}
+
+impl PreparedQueuePair {
+    /// This side's endpoint, for the peer.
+    pub fn endpoint(&self) -> Endpoint {
+        self.inner.endpoint()
+    }
+
+    /// The GID this queue pair sends from, and why it was chosen.
+    pub fn gid(&self) -> &GidChoice {
+        &self.inner.gid
+    }
+
+    /// Posts a batch of receives with one call. Post them before the peer
+    /// can send, or its sends wait for receiver-not-ready retries. The
+    /// memory stays held, and refused to local access, until each receive's
+    /// completion is reaped from the receive completion queue.
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`], [`Error::ForeignMemoryRegion`], or
+    /// [`Error::Busy`] while a copy on another thread uses a destination
+    /// range (nothing posted); [`Error::Verb`] from `ibv_post_recv`.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.inner.post_recv(wrs)
+    }
+
+    /// Connects to the peer: `INIT` → `RTR` → `RTS`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an endpoint that cannot be valid (a
+    /// QP number or PSN over 24 bits, no LID on an InfiniBand port), and
+    /// [`Error::Verb`] from `ibv_modify_qp`.
+    pub fn connect(self, remote: &Endpoint) -> Result<QueuePair> {
+        let inner = self.inner;
+        if remote.qp_num > 0xff_ffff || remote.psn > 0xff_ffff {
+            return Err(Error::InvalidArgument(format!("peer endpoint out of range: {remote}")));
+        }
+        let ethernet = inner.port.link_layer == LinkLayer::Ethernet;
+        if !ethernet && remote.lid == 0 {
+            return Err(Error::InvalidArgument(format!("peer endpoint has no LID on an InfiniBand port: {remote}")));
+        }
+        let c = &inner.config;
+        let dev = inner.pd.context().attr();
+        let local_mtu = inner.port.active_mtu.unwrap_or(Mtu::Mtu1024);
+        let mtu = [Some(local_mtu), Some(remote.mtu), c.mtu].into_iter().flatten().min().unwrap_or(local_mtu);
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_RTR,
+            path_mtu: mtu.to_raw(),
+            dest_qp_num: remote.qp_num,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: c.max_rd_atomic.min(dev.max_qp_rd_atom.min(255) as u8).max(1),
+            min_rnr_timer: c.min_rnr_timer,
+            ..Default::default()
+        };
+        attr.ah_attr.dlid = remote.lid;
+        attr.ah_attr.sl = c.service_level;
+        attr.ah_attr.port_num = c.port;
+        if ethernet {
+            attr.ah_attr.is_global = 1;
+            attr.ah_attr.grh.dgid.raw = remote.gid.0;
+            attr.ah_attr.grh.sgid_index = inner.gid.entry.index as u8;
+            attr.ah_attr.grh.hop_limit = c.hop_limit;
+            attr.ah_attr.grh.traffic_class = c.traffic_class;
+        }
+        inner.modify(
+            &mut attr,
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_AV
+                | sys::IBV_QP_PATH_MTU
+                | sys::IBV_QP_DEST_QPN
+                | sys::IBV_QP_RQ_PSN
+                | sys::IBV_QP_MAX_DEST_RD_ATOMIC
+                | sys::IBV_QP_MIN_RNR_TIMER,
+        )?;
+        if c.retry_cnt >= 7 && dev.vendor_id == RXE_VENDOR_ID {
+            tracing::warn!(
+                retry_cnt = c.retry_cnt,
+                "Soft-RoCE retries forever with retry_cnt 7: requests to a peer that died will never fail; use 6 or less"
+            );
+        }
+        let mut attr = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_RTS,
+            timeout: c.timeout,
+            retry_cnt: c.retry_cnt.min(7),
+            rnr_retry: c.rnr_retry.min(7),
+            sq_psn: inner.psn,
+            max_rd_atomic: c.max_rd_atomic.min(dev.max_qp_init_rd_atom.min(255) as u8).max(1),
+            ..Default::default()
+        };
+        inner.modify(
+            &mut attr,
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_TIMEOUT
+                | sys::IBV_QP_RETRY_CNT
+                | sys::IBV_QP_RNR_RETRY
+                | sys::IBV_QP_SQ_PSN
+                | sys::IBV_QP_MAX_QP_RD_ATOMIC,
+        )?;
+        tracing::info!(local = %inner.endpoint(), remote = %remote, %mtu, gid = %inner.gid, "queue pair connected");
+        Ok(QueuePair { inner, remote: *remote })
+    }
+}
+
+/// The vendor id Soft-RoCE (rxe) reports.
+const RXE_VENDOR_ID: u32 = 0xff_ffff;
+
+fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    (h.finish() & 0xff_ffff) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psn_fits_24_bits() {
+        assert!(random_psn() <= 0xff_ffff);
+    }
+}

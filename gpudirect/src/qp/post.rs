@@ -1,0 +1,515 @@
+//! Posting work requests on a queue pair (`ibv_post_send`,
+//! `ibv_post_recv`): the checks, the holds on local memory, host staging,
+//! and the doorbell, under one lock per queue.
+
+use std::time::Duration;
+
+use gpudirect_sys as sys;
+
+use crate::deadline::Deadline;
+use crate::error::{Error, Result};
+use crate::wc::WorkCompletion;
+use crate::mr::{Hold, LocalSlice, SgList};
+use crate::tracker::{finish_post, Pending, WorkQueue, RECV_BIT, SEQ_MASK};
+use crate::wc::WcOpcode;
+use crate::wr::{RecvWr, SendList, SendOp, SendWr};
+
+use super::QpInner;
+
+// ---------------------------------------------------------------------------
+// In-flight tracking.
+//
+// The wr_id handed to the NIC is the library's own: bit 63 says which queue
+// (send or receive, since failed completions leave the opcode undefined),
+// bits 40..63 a per-queue-pair generation (so a stale completion of a
+// destroyed queue pair never releases work of a new one with the same
+// number), bits 0..40 a sequence number. Completions arrive in posting order
+// on each queue of an RC queue pair, so releasing is popping from the front.
+
+/// Writes from host-staged GPU regions longer than this are posted in
+/// chunks of this size, so GPU-to-host copies overlap the NIC's transfer.
+const STAGE_CHUNK: usize = 1 << 20;
+
+fn splits_for_staging(w: &SendWr<'_>) -> bool {
+    matches!(w.op, SendOp::Write | SendOp::WriteWithImm(_))
+        && w.local.one().is_some_and(|s| s.len > STAGE_CHUNK && s.mr.is_host_staged())
+}
+
+/// What posting a checked batch of send requests needs to know.
+struct Checked {
+    /// Whether a request's source must be staged first.
+    staged: bool,
+    /// The SGEs of the requests with several slices, together.
+    gather: usize,
+}
+
+impl QpInner {
+    /// [`QueuePair::post_send`](super::QueuePair::post_send).
+    #[inline]
+    pub(super) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let inner = self;
+        let checked = inner.check_send(wrs)?;
+        if checked.staged {
+            return inner.post_send_staged(wrs);
+        }
+        let mut q = inner.tracker.send.lock();
+        inner.post_send_locked(&mut q, wrs, checked.gather, |wr| wr.local.claim(wr.op.nic_writes_local()))
+    }
+
+    /// [`QueuePair::post_list`](super::QueuePair::post_list).
+    pub(super) fn post_list(&self, list: &mut SendList<'_>) -> Result<()> {
+        let inner = self;
+        if list.is_empty() {
+            return Ok(());
+        }
+        // A list that names no memory (notifications only) has no domain.
+        if list.pd().is_some_and(|pd| !pd.same_as(&inner.pd)) {
+            return Err(Error::ForeignMemoryRegion);
+        }
+        if list.longest_inline() > 0 {
+            inner.check_inline_len(list.longest_inline())?;
+        }
+        if list.has_atomics() {
+            inner.check_atomics()?;
+        }
+        let (most, most_read) = list.most_sges();
+        if most > 1 {
+            inner.check_sges(most, 0, false)?;
+            inner.check_sges(most_read, 0, true)?;
+        }
+        if list.stages() {
+            return inner.post_send_staged(list.requests());
+        }
+        let mut q = inner.tracker.send.lock();
+        inner.post_list_locked(&mut q, list)
+    }
+
+    pub(super) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let n = wrs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut gather = 0;
+        for wr in wrs {
+            wr.local.check(&self.pd)?;
+            let g = wr.local.gather_sges();
+            if g > 0 {
+                self.check_sges(g, 1, false)?;
+                gather += g;
+            }
+        }
+        let mut q = self.tracker.recv.lock();
+        let q = &mut *q;
+        q.room_for(n, "receive")?;
+        let first_seq = q.next_seq;
+        let kept = q.pending.len();
+        // Slots are rewritten in place: every field a provider reads of a
+        // receive is set below.
+        q.scratch.fit_recv(n, gather);
+        let s = &mut q.scratch;
+        let (chain, sges) = (s.recv.as_mut_ptr(), s.sges.as_mut_ptr());
+        // SAFETY: fit_recv made the vector at least `gather` long, and
+        // nothing else touches it until the post below.
+        let mut free = unsafe { std::slice::from_raw_parts_mut(s.gather.as_mut_ptr(), gather) };
+        for (i, wr) in wrs.iter().enumerate() {
+            let seq = (first_seq + i as u64) & SEQ_MASK;
+            q.enter(kept, wr.local.claim(true), |hold| Pending { seq, wr_id: wr.wr_id, opcode: WcOpcode::Recv, signaled: true, hold })?;
+            // SAFETY: fit_recv made room for `n` slots of each; `i < n`,
+            // and `i + 1` is at most one past the end, never dereferenced
+            // (the last request's link is set to NULL after the loop).
+            let (raw, sg) = unsafe { (&mut *chain.add(i), &mut *sges.add(i)) };
+            // SAFETY: as above.
+            raw.next = unsafe { chain.add(i + 1) };
+            raw.wr_id = RECV_BIT | self.tracker.tag | seq;
+            (raw.sg_list, raw.num_sge) = wr.local.write_sges(sg, &mut free);
+        }
+        let chain = &mut q.scratch.recv[..n];
+        chain[n - 1].next = std::ptr::null_mut();
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: `chain` is a valid, NULL-terminated chain whose SGEs name
+        // registered memory held alive (and claimed) by the pending entries.
+        let ret = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), chain.as_mut_ptr(), &mut bad) };
+        let posted = posted_count(ret, bad, chain);
+        finish_post(q, n, posted, "ibv_post_recv", ret)
+    }
+
+    /// Checks what can be checked of a batch before the queue is locked.
+    fn check_send(&self, wrs: &[SendWr<'_>]) -> Result<Checked> {
+        let mut c = Checked { staged: false, gather: 0 };
+        for wr in wrs {
+            wr.check(&self.pd)?;
+            c.staged |= wr.stages_out();
+            if wr.inline {
+                self.check_inline_len(wr.local.len())?;
+            }
+            if wr.op.is_atomic() {
+                self.check_atomics()?;
+            }
+            let g = wr.local.gather_sges();
+            if g > 0 {
+                self.check_sges(g, 0, wr.op == SendOp::Read)?;
+                c.gather += g;
+            }
+        }
+        Ok(c)
+    }
+
+    /// Refuses a request of `n` SGEs that queue `queue` (0 send, 1
+    /// receive) or, for an RDMA read, the device does not allow, before the
+    /// provider would (with a bare `EINVAL`, or not at all).
+    #[cold]
+    fn check_sges(&self, n: usize, queue: usize, read: bool) -> Result<()> {
+        let max = self.max_sge[queue] as usize;
+        if n > max {
+            let field = ["max_send_sge", "max_recv_sge"][queue];
+            return Err(Error::InvalidArgument(format!(
+                "a work request of {n} scatter/gather entries: the queue pair allows {max} (QpConfig::{field})"
+            )));
+        }
+        let ctx = self.pd.context();
+        let rd = ctx.attr().max_sge_rd as usize;
+        if read && n > rd {
+            return Err(Error::InvalidArgument(format!(
+                "an RDMA read of {n} scatter/gather entries: {} allows {rd} (ibv_query_device max_sge_rd)",
+                ctx.name()
+            )));
+        }
+        Ok(())
+    }
+
+    #[cold]
+    fn check_atomics(&self) -> Result<()> {
+        let ctx = self.pd.context();
+        if ctx.attr().atomics {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(format!(
+            "{} does not do atomic operations (ibv_query_device: atomic_cap IBV_ATOMIC_NONE; mlx5 says so when its \
+             firmware does not use host byte order for them)",
+            ctx.name()
+        )))
+    }
+
+    #[inline]
+    fn check_inline_len(&self, len: usize) -> Result<()> {
+        if len > self.max_inline as usize {
+            return Err(Error::InvalidArgument(format!(
+                "an inline payload of {len} bytes: the queue pair allows inline writes and sends of at most {} bytes (QpConfig::max_inline_data)",
+                self.max_inline
+            )));
+        }
+        Ok(())
+    }
+
+    /// Posts a checked batch with the send queue locked: the room check,
+    /// the holds on local memory (and the staging of host-staged sources
+    /// they do) and the post happen as one step. One pass per request:
+    /// each is held, entered and written into its (reused) chain slot.
+    fn post_send_locked(
+        &self,
+        q: &mut WorkQueue,
+        wrs: &[SendWr<'_>],
+        gather: usize,
+        mut claim: impl FnMut(&SendWr<'_>) -> Result<Hold>,
+    ) -> Result<()> {
+        let n = wrs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        q.room_for(n, "send")?;
+        let first_seq = q.next_seq;
+        let kept = q.pending.len();
+        let s = &mut q.scratch;
+        // Slots are rewritten in place, field by field: every field a
+        // provider reads for an RC send, write or read is set below, and
+        // the rest stay zero from the resize.
+        s.fit_send(n, gather);
+        let (chain, sges) = (s.send.as_mut_ptr(), s.sges.as_mut_ptr());
+        // SAFETY: fit_send made the vector at least `gather` long, and
+        // nothing else touches it until the post.
+        let mut free = unsafe { std::slice::from_raw_parts_mut(s.gather.as_mut_ptr(), gather) };
+        let mut any_inline = false;
+        for (i, wr) in wrs.iter().enumerate() {
+            let seq = (first_seq + i as u64) & SEQ_MASK;
+            // Inline payloads are copied during the post, by the CPU: that
+            // copy is a read like any send's, so it is held the same way.
+            q.enter(kept, claim(wr), |hold| Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold })?;
+            // SAFETY: fit_send made room for `n` slots of each; `i < n`,
+            // and `i + 1` is at most one past the end, never dereferenced
+            // (the last request's link is set to NULL after the loop).
+            let (raw, sg) = unsafe { (&mut *chain.add(i), &mut *sges.add(i)) };
+            // SAFETY: as above.
+            raw.next = unsafe { chain.add(i + 1) };
+            raw.wr_id = self.tracker.tag | seq;
+            wr.write_raw(raw, sg, &mut free);
+            any_inline |= wr.inline;
+        }
+        let s = &mut q.scratch;
+        s.send[n - 1].next = std::ptr::null_mut();
+        let chain = s.send.as_mut_ptr();
+        // SAFETY: `chain` is a valid, NULL-terminated chain of `n` requests
+        // whose SGEs name registered memory held alive (and claimed) by the
+        // pending entries; remote addresses were bounds-checked against the
+        // peer's buffer.
+        unsafe { self.post_chain(q, chain, wrs, kept, any_inline) }
+    }
+
+    /// Posts a prepared list with the send queue locked: as
+    /// [`post_send_locked`](Self::post_send_locked), but the requests were
+    /// checked and written when the list was made, so each is only held,
+    /// entered and numbered.
+    fn post_list_locked(&self, q: &mut WorkQueue, list: &mut SendList<'_>) -> Result<()> {
+        let (wrs, chain) = list.parts();
+        let n = wrs.len();
+        q.room_for(n, "send")?;
+        let first_seq = q.next_seq;
+        let kept = q.pending.len();
+        let mut any_inline = false;
+        for (i, (wr, raw)) in wrs.iter().zip(chain.iter_mut()).enumerate() {
+            let seq = (first_seq + i as u64) & SEQ_MASK;
+            let hold = wr.local.claim(wr.op.nic_writes_local());
+            q.enter(kept, hold, |hold| Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold })?;
+            raw.wr_id = self.tracker.tag | seq;
+            any_inline |= wr.inline;
+        }
+        // SAFETY: the list's chain is NULL-terminated, of `n` requests
+        // written from `wrs` (SendList::new) whose SGEs name registered
+        // memory the list borrows and the pending entries now hold.
+        unsafe { self.post_chain(q, chain.as_mut_ptr(), wrs, kept, any_inline) }
+    }
+
+    /// Posts a chain written from `wrs`, whose pending entries follow the
+    /// first `kept`, and keeps the entries of the requests the provider
+    /// accepted.
+    ///
+    /// # Safety
+    /// `chain` is a valid, NULL-terminated chain of `wrs.len()` requests
+    /// (contiguous, as `posted_count` reads it) that name only registered
+    /// memory the entries after `kept` hold.
+    #[inline]
+    unsafe fn post_chain(
+        &self,
+        q: &mut WorkQueue,
+        chain: *mut sys::ibv_send_wr,
+        wrs: &[SendWr<'_>],
+        kept: usize,
+        any_inline: bool,
+    ) -> Result<()> {
+        let n = wrs.len();
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the caller's contract.
+        let ret = unsafe { sys::ibv_post_send(self.qp.as_ptr(), chain, &mut bad) };
+        // SAFETY: the chain is `n` contiguous requests (the caller's contract),
+        // and nothing writes them while this slice is read.
+        let posted = posted_count(ret, bad, unsafe { std::slice::from_raw_parts(chain, n) });
+        let r = finish_post(q, n, posted, "ibv_post_send", ret);
+        // Inline requests need nothing once posted: the provider copied them.
+        if ret == 0 && any_inline {
+            for (p, wr) in q.pending.iter_mut().skip(kept).zip(wrs) {
+                if wr.inline {
+                    p.hold = Hold::None;
+                }
+            }
+        }
+        r
+    }
+
+    /// Posts a batch with host-staged GPU sources, one request at a time.
+    /// Staging writes the mirror, a CPU copy, so each such source is
+    /// claimed before the queue is locked (a copy looks up what the queue
+    /// holds, under its lock); each is then staged and handed to the NIC
+    /// under the lock. Large writes go as chunks, copying chunk k+1 from
+    /// the GPU while the NIC sends chunk k, instead of copying the whole
+    /// message before the NIC may start. The queue stays locked
+    /// throughout, so the room checked is the room used.
+    fn post_send_staged(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let mut staging = Vec::with_capacity(wrs.len());
+        for w in wrs {
+            staging.push(match w.local.one() {
+                Some(s) if w.stages_out() => Some(s.mr.claim_for_staging(s.offset, s.len)?),
+                _ => None,
+            });
+        }
+        let mut q = self.tracker.send.lock();
+        let chunks: usize = wrs.iter().map(|w| if splits_for_staging(w) { w.local.len().div_ceil(STAGE_CHUNK) } else { 1 }).sum();
+        q.room_for(chunks, "send")?;
+        for (wr, staging) in wrs.iter().zip(&mut staging) {
+            let one = std::slice::from_ref(wr);
+            let (Some(staging), Some(src)) = (staging, wr.local.one()) else {
+                self.post_send_locked(&mut q, one, wr.local.gather_sges(), |w| w.local.claim(w.op.nic_writes_local()))?;
+                continue;
+            };
+            if !splits_for_staging(wr) {
+                self.post_send_locked(&mut q, one, 0, |_| staging.stage_next(src.len).map(Hold::One))?;
+                continue;
+            }
+            let n = src.len.div_ceil(STAGE_CHUNK);
+            for k in 0..n {
+                let off = k * STAGE_CHUNK;
+                let len = STAGE_CHUNK.min(src.len - off);
+                let last = k + 1 == n;
+                let chunk = SendWr {
+                    local: SgList::from(LocalSlice { mr: src.mr, offset: src.offset + off, len }),
+                    // Cannot overflow: `remote_addr + len` was checked when
+                    // the request was built (RemoteBuffer::addr_of).
+                    remote_addr: wr.remote_addr.wrapping_add(off as u64),
+                    // Only the last chunk carries the immediate, the id and
+                    // the caller's signaling; RC ordering completes the rest first.
+                    op: if last { wr.op } else { SendOp::Write },
+                    signaled: last && wr.signaled,
+                    wr_id: wr.wr_id,
+                    ..*wr
+                };
+                self.post_send_locked(&mut q, &[chunk], 0, |_| staging.stage_next(len).map(Hold::One))?;
+            }
+        }
+        Ok(())
+    }
+
+}
+
+/// How far [`QueuePair::post_send_all`](super::QueuePair::post_send_all)
+/// got before it stopped: the requests before `wrs[posted]` were posted
+/// (and complete as usual); the rest were not, except that after an
+/// [`Error::Verb`] from the provider the first requests of the batch it
+/// refused may have been (see [`post_send`](super::QueuePair::post_send)).
+#[derive(Debug, thiserror::Error)]
+#[error("posted the first {posted} work requests, then: {error}")]
+pub struct PartialPost {
+    /// How many requests, from the front, were posted.
+    pub posted: usize,
+    /// Why posting stopped.
+    pub error: Error,
+}
+
+impl From<PartialPost> for Error {
+    fn from(p: PartialPost) -> Error {
+        p.error
+    }
+}
+
+/// Longest sleep on the CQ between looks at the send queue's room, which
+/// another thread reaping the same CQ may free without this one seeing a
+/// completion.
+const ROOM_RECHECK: Duration = Duration::from_millis(10);
+
+impl QpInner {
+    /// [`QueuePair::post_send_all`](super::QueuePair::post_send_all).
+    pub(super) fn post_send_all(
+        &self,
+        wrs: &[SendWr<'_>],
+        timeout: Option<Duration>,
+        mut on_completion: impl FnMut(WorkCompletion) -> Result<()>,
+    ) -> std::result::Result<(), PartialPost> {
+        let mut posted = 0;
+        let mut one_by_one = false;
+        let mut deadline = timeout.map_or(Deadline::never(), Deadline::after);
+        let mut wcs = [WorkCompletion::default(); 16];
+        while posted < wrs.len() {
+            let fail = |error| PartialPost { posted, error };
+            let (room, signaled_pending) = {
+                let q = self.tracker.send.lock();
+                (q.depth as usize - q.pending.len(), q.pending.iter().any(|p| p.signaled))
+            };
+            if room > 0 {
+                let k = if one_by_one { 1 } else { room.min(wrs.len() - posted) };
+                match self.post_send(&wrs[posted..posted + k]) {
+                    Ok(()) => {
+                        posted += k;
+                        deadline = timeout.map_or(Deadline::never(), Deadline::after);
+                        continue;
+                    }
+                    // A host-staged write posts as several chunks, or another
+                    // thread took the room: go one by one, waiting for room.
+                    Err(Error::QueueFull { .. }) if k > 1 => {
+                        one_by_one = true;
+                        continue;
+                    }
+                    // One request that does not fit an empty queue never will.
+                    Err(Error::QueueFull { .. }) if room < self.config.max_send_wr as usize => {}
+                    Err(e) => return Err(fail(e)),
+                }
+            }
+            if !signaled_pending {
+                return Err(fail(Error::InvalidArgument(format!(
+                    "the send queue ({} deep) is full of unsignaled requests, and only a signaled request's                      completion frees their room: signal at least one request in every {}",
+                    self.config.max_send_wr, self.config.max_send_wr
+                ))));
+            }
+            let wait = match deadline.left() {
+                Some(left) if left.is_zero() => return Err(fail(Error::Timeout(timeout.unwrap_or_default()))),
+                left => left.unwrap_or(ROOM_RECHECK).min(ROOM_RECHECK),
+            };
+            let n = match self.send_cq.wait(&mut wcs, Some(wait)) {
+                Ok(n) => n,
+                Err(Error::Timeout(_)) => 0,
+                Err(e) => return Err(fail(e)),
+            };
+            for (i, wc) in wcs[..n].iter().enumerate() {
+                if let Err(e) = on_completion(*wc) {
+                    self.send_cq.unread(&wcs[i + 1..n]);
+                    return Err(fail(e));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How many requests of a chain the provider accepted: all on success,
+/// those before `bad` on failure (ibv_post_send(3)). A failure whose `bad`
+/// is NULL or outside the chain says nothing of what was posted, so every
+/// request counts as posted: its memory then stays held until a completion
+/// or the queue pair's destruction releases it, where counting it as
+/// refused could free memory the NIC is still using.
+#[inline]
+fn posted_count<W>(ret: i32, bad: *mut W, chain: &[W]) -> usize {
+    if ret == 0 {
+        return chain.len();
+    }
+    let base = chain.as_ptr() as usize;
+    let b = bad as usize;
+    let end = base + std::mem::size_of_val(chain);
+    if bad.is_null() || b < base || b >= end {
+        tracing::warn!(ret, "a post failed without naming the first refused work request; holding the memory of all {} as posted", chain.len());
+        return chain.len();
+    }
+    (b - base) / std::mem::size_of::<W>()
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_post_keeps_only_accepted_requests() {
+        let mut q = WorkQueue::new(8);
+        for s in 0..3 {
+            q.pending.push_back(Pending { seq: s, wr_id: s, opcode: WcOpcode::Send, signaled: true, hold: Hold::None });
+        }
+        let chain = [0u64; 3];
+        let bad = &chain[1] as *const u64 as *mut u64;
+        assert_eq!(posted_count(libc::ENOMEM, bad, &chain), 1);
+        let r = finish_post(&mut q, 3, 1, "ibv_post_send", libc::ENOMEM);
+        assert!(matches!(r, Err(Error::Verb { verb: "ibv_post_send", .. })));
+        assert_eq!(q.pending.len(), 1);
+        assert_eq!(q.next_seq, 1);
+    }
+
+    /// A failed post that names no refused request (bad_wr NULL, or
+    /// outside the chain) may have posted any of them: all stay held.
+    #[test]
+    fn a_failed_post_without_bad_wr_holds_every_request() {
+        let chain = [0u64; 3];
+        assert_eq!(posted_count(libc::EINVAL, std::ptr::null_mut::<u64>(), &chain), 3);
+        let outside = chain.as_ptr().wrapping_add(3) as *mut u64;
+        assert_eq!(posted_count(libc::EINVAL, outside, &chain), 3);
+        let first = chain.as_ptr() as *mut u64;
+        assert_eq!(posted_count(libc::EINVAL, first, &chain), 0);
+        assert_eq!(posted_count(0, std::ptr::null_mut::<u64>(), &chain), 3);
+    }
+}
