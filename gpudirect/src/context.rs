@@ -10,7 +10,7 @@ use std::sync::Arc;
 use gpudirect_sys as sys;
 
 use crate::device::{DeviceList, Guid};
-use crate::error::{check, Error, Result};
+use crate::error::{check, Errno, Error, Result};
 use crate::gid::{choose_gid, Gid, GidChoice, GidEntry, GidType};
 use crate::port::{LinkLayer, Mtu, PortAttr, PortState};
 
@@ -35,6 +35,12 @@ pub struct DeviceAttr {
     pub max_sge: u32,
     /// Most scatter/gather entries per RDMA read.
     pub max_sge_rd: u32,
+    /// Most shared receive queues (0: the device has none).
+    pub max_srq: u32,
+    /// Most receives in one shared receive queue.
+    pub max_srq_wr: u32,
+    /// Most scatter/gather entries per shared receive.
+    pub max_srq_sge: u32,
     /// Largest memory region, in bytes.
     pub max_mr_size: u64,
     /// Most outstanding RDMA reads/atomics a queue pair can initiate.
@@ -116,6 +122,16 @@ impl Context {
         let ctx = unsafe { sys::ibv_open_device(dev) };
         let ctx = NonNull::new(ctx).ok_or_else(|| Error::last("ibv_open_device"))?;
         drop(list);
+        // Async events are read with a timeout (Context::async_event):
+        // ibv_get_async_event(3) says to make the fd non-blocking for that.
+        // SAFETY: the context is open; its async fd is a valid descriptor.
+        unsafe {
+            let fd = (*ctx.as_ptr()).async_fd;
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+                tracing::warn!("making the async event fd non-blocking failed: {}", Errno::last());
+            }
+        }
         let attr = match query_device(ctx) {
             Ok(a) => a,
             Err(e) => {
@@ -261,6 +277,9 @@ fn query_device(ctx: NonNull<sys::ibv_context>) -> Result<DeviceAttr> {
         max_cqe: u(a.max_cqe),
         max_sge: u(a.max_sge),
         max_sge_rd: u(a.max_sge_rd),
+        max_srq: u(a.max_srq),
+        max_srq_wr: u(a.max_srq_wr),
+        max_srq_sge: u(a.max_srq_sge),
         max_mr_size: a.max_mr_size,
         max_qp_init_rd_atom: u(a.max_qp_init_rd_atom),
         max_qp_rd_atom: u(a.max_qp_rd_atom),

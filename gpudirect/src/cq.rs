@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use gpudirect_sys as sys;
 use crate::context::Context;
 use crate::deadline::Deadline;
 use crate::error::{check, Error, Errno, Result};
-use crate::tracker::Tracker;
+use crate::tracker::{tag_of, Tracker};
 use crate::sync::Mutex;
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 
@@ -29,6 +30,10 @@ struct PollState {
     /// Queue pairs using this CQ, by number: how a completion finds the
     /// work request (and memory) it releases.
     trackers: HashMap<u32, Arc<Tracker>>,
+    /// Shared receive queues whose receives complete here, by their
+    /// trackers' tags (a receive's completion names the queue pair it
+    /// arrived on, but its wr_id names the shared queue's tracker).
+    shared: HashMap<u64, Arc<Tracker>>,
     /// Completions reaped from the CQ but not yet handed to a caller
     /// (taken while paying a debt, or left over when polling failed).
     backlog: VecDeque<WorkCompletion>,
@@ -104,6 +109,16 @@ impl Drop for CqInner {
 #[derive(Clone)]
 pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,
+}
+
+/// The completion channel's file descriptor, non-blocking: readable when
+/// an event waits (see [`CompletionQueue::req_notify`]), for epoll, mio or
+/// tokio's `AsyncFd`. It stays open as long as the queue.
+impl AsFd for CompletionQueue {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the channel, and so its fd, lives as long as `self`.
+        unsafe { BorrowedFd::borrow_raw((*self.inner.channel.0.as_ptr()).fd) }
+    }
 }
 
 impl fmt::Debug for CompletionQueue {
@@ -221,7 +236,7 @@ impl CompletionQueue {
             for wc in &wcs[..n] {
                 // SAFETY: ibv_poll_cq initialised the first `n` entries.
                 let wc = unsafe { wc.assume_init_ref() };
-                if let Some(c) = translate(wc, &st.trackers) {
+                if let Some(c) = translate(wc, &st.trackers, &st.shared) {
                     out[written] = c;
                     written += 1;
                 }
@@ -271,9 +286,9 @@ impl CompletionQueue {
             if n > 0 || out.is_empty() {
                 return Ok(n);
             }
-            // SAFETY: valid CQ. Arm, then poll again: a completion that
-            // arrived before arming raises no event.
-            check("ibv_req_notify_cq", unsafe { sys::ibv_req_notify_cq(self.inner.cq.as_ptr(), 0) })?;
+            // Arm, then poll again: a completion that arrived before
+            // arming raises no event.
+            self.req_notify()?;
             let n = self.poll(out)?;
             if n > 0 {
                 return Ok(n);
@@ -283,9 +298,7 @@ impl CompletionQueue {
                 Some(left) if left.is_zero() => return Err(Error::Timeout(timeout.unwrap_or_default())),
                 Some(left) => left.as_millis().clamp(1, i32::MAX as u128) as i32,
             };
-            // SAFETY: the channel's fd is open for the CQ's lifetime.
-            let fd = unsafe { (*self.inner.channel.0.as_ptr()).fd };
-            let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            let mut pfd = libc::pollfd { fd: self.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
             // SAFETY: one valid pollfd.
             let r = unsafe { libc::poll(&mut pfd, 1, ms) };
             if r < 0 {
@@ -298,16 +311,48 @@ impl CompletionQueue {
             if r == 0 {
                 continue; // the deadline check above reports the timeout
             }
+            self.ack_events()?;
+        }
+    }
+
+    /// Asks the completion channel for an event at the next completion
+    /// (`ibv_req_notify_cq`, any completion). Waiting from an event loop
+    /// goes: arm, [`poll`](Self::poll) until empty (a completion that came
+    /// before the arm raises no event), wait until [`as_fd`](AsFd::as_fd)
+    /// is readable, [`ack_events`](Self::ack_events), and again. An armed
+    /// CQ raises one event, then must be armed again.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] from `ibv_req_notify_cq`.
+    pub fn req_notify(&self) -> Result<()> {
+        // SAFETY: valid CQ.
+        check("ibv_req_notify_cq", unsafe { sys::ibv_req_notify_cq(self.inner.cq.as_ptr(), 0) })
+    }
+
+    /// Takes every event waiting on the completion channel without
+    /// blocking (`ibv_get_cq_event`) and acknowledges them
+    /// (`ibv_ack_cq_events`); returns how many there were. The events only
+    /// say "poll now": the completions themselves are in the CQ.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] from `ibv_get_cq_event` (other than "none left").
+    pub fn ack_events(&self) -> Result<usize> {
+        let mut n = 0;
+        loop {
             let mut cq = std::ptr::null_mut();
             let mut ctx = std::ptr::null_mut();
             // SAFETY: valid channel and out-pointers; non-blocking fd.
             let got = unsafe { sys::ibv_get_cq_event(self.inner.channel.0.as_ptr(), &mut cq, &mut ctx) };
-            if got == 0 {
-                // SAFETY: one event was taken for `cq` (ours: one CQ per channel).
-                unsafe { sys::ibv_ack_cq_events(cq, 1) };
-            } else if Errno::last().0 != libc::EAGAIN {
-                return Err(Error::last("ibv_get_cq_event"));
+            if got != 0 {
+                let errno = Errno::last();
+                if errno.0 == libc::EAGAIN {
+                    return Ok(n);
+                }
+                return Err(Error::Verb { verb: "ibv_get_cq_event", errno });
             }
+            // SAFETY: one event was taken for `cq` (ours: one CQ per channel).
+            unsafe { sys::ibv_ack_cq_events(cq, 1) };
+            n += 1;
         }
     }
 
@@ -356,6 +401,20 @@ impl CompletionQueue {
     pub(crate) fn unregister(&self, qpn: u32, t: &Arc<Tracker>) {
         self.inner.state.lock().unregister(qpn, t);
     }
+
+    /// Lets completions here find a shared receive queue's receives.
+    pub(crate) fn register_shared(&self, t: Arc<Tracker>) {
+        self.inner.state.lock().shared.insert(t.tag, t);
+    }
+
+    pub(crate) fn unregister_shared(&self, t: &Arc<Tracker>) {
+        self.inner.state.lock().shared.remove(&t.tag);
+    }
+
+    /// Whether both handles name one completion queue.
+    pub(crate) fn same_as(&self, other: &CompletionQueue) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
 }
 
 /// Room a queue pair holds in a completion queue.
@@ -384,8 +443,12 @@ impl Drop for Reservation {
 /// request held. `None` for completions of queue pairs already destroyed.
 /// A failed stage-in becomes the completion's status instead of an error,
 /// so the rest of the batch is still matched and reported.
-fn translate(wc: &sys::ibv_wc, trackers: &HashMap<u32, Arc<Tracker>>) -> Option<WorkCompletion> {
-    let tracker = trackers.get(&wc.qp_num)?;
+fn translate(wc: &sys::ibv_wc, trackers: &HashMap<u32, Arc<Tracker>>, shared: &HashMap<u64, Arc<Tracker>>) -> Option<WorkCompletion> {
+    let tag = tag_of(wc.wr_id);
+    let tracker = match trackers.get(&wc.qp_num) {
+        Some(t) if t.tag == tag => t,
+        _ => shared.get(&tag)?,
+    };
     let mut status = WcStatus::from_raw(wc.status);
     let ok = status == WcStatus::Success;
     let done = tracker.complete(wc.wr_id, ok, wc.byte_len)?;

@@ -20,9 +20,11 @@
 //! - Memory: [`ProtectionDomain`], [`MemoryRegion`] ([`AccessFlags`],
 //!   [`HostBuffer`], [`Registerable`], [`LocalSlice`], [`SgList`], [`Location`]).
 //! - Queues: [`QueuePair`] ([`PreparedQueuePair`], [`QpConfig`],
-//!   [`QpState`], [`Endpoint`]), work requests ([`SendWr`], [`RecvWr`],
-//!   [`SendList`]), [`CompletionQueue`] ([`WorkCompletion`], [`WcStatus`],
-//!   [`WcOpcode`], [`WcError`]).
+//!   [`QpState`], [`Endpoint`], [`PartialPost`]), work requests
+//!   ([`SendWr`], [`RecvWr`], [`SendList`]), [`SharedReceiveQueue`]
+//!   ([`SrqConfig`], [`SrqId`]), [`CompletionQueue`] ([`WorkCompletion`],
+//!   [`WcStatus`], [`WcOpcode`], [`WcError`]), the device's
+//!   [`AsyncEvent`]s ([`Context::async_event`]).
 //! - GPUs: [`Gpu`], [`GpuBuffer`], [`GpuAllocation`], [`gpu_count`],
 //!   [`driver_version`]; how GPU memory is registered: [`GpuPolicy`],
 //!   [`RegistrationPath`].
@@ -67,7 +69,10 @@
 //!   to their requests, so pollers cannot reorder one queue pair's
 //!   completions. Which thread gets which completion is not defined.
 //! - [`RegistrationCache`](rcache::RegistrationCache): lookups from several threads share the cache.
-//! - [`Context`], [`ProtectionDomain`], [`Gpu`]: immutable after creation.
+//! - [`SharedReceiveQueue`]: as a queue pair's receive queue; its
+//!   receives complete on the receive CQs of the queue pairs attached.
+//! - [`Context`], [`ProtectionDomain`], [`Gpu`]: immutable after creation;
+//!   [`Context::async_event`] hands each event to one caller.
 //!
 //! A queue pair may be dropped while other threads poll its CQ: its
 //! outstanding requests complete no more, and their memory is released
@@ -141,11 +146,14 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
+#[cfg(feature = "tokio")]
+mod asynch;
 pub mod bootstrap;
 mod context;
 mod cq;
 mod device;
 mod error;
+mod event;
 pub mod gdr;
 mod gid;
 mod gpu;
@@ -154,6 +162,7 @@ pub mod nccl;
 mod pd;
 mod qp;
 pub mod rcache;
+mod srq;
 pub mod sysroot;
 pub mod topology;
 mod wr;
@@ -182,7 +191,11 @@ mod compile_fail;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+#[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+pub use asynch::{AsyncCompletionQueue, AsyncEvents};
 pub use context::{Context, DeviceAttr};
+pub use event::AsyncEvent;
 pub use port::{LinkLayer, Mtu, PortAttr, PortState};
 pub use cq::CompletionQueue;
 pub use wc::{WcError, WcOpcode, WcStatus, WorkCompletion};
@@ -194,6 +207,7 @@ pub use gpu::{driver_version, gpu_count, Gpu, GpuAllocation, GpuBuffer, GPU_PAGE
 pub use mr::{AccessFlags, HostBuffer, LocalSlice, Location, MemoryRegion, Registerable, SgList};
 pub use pd::ProtectionDomain;
 pub use qp::{PartialPost, PreparedQueuePair, QpConfig, QpState, QueuePair};
+pub use srq::{SharedReceiveQueue, SrqConfig, SrqId};
 pub use wire::{Endpoint, RemoteBuffer};
 pub use wr::{RecvWr, SendList, SendWr, ATOMIC_WORD};
 

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use gpudirect_sys as sys;
@@ -17,6 +18,9 @@ pub(crate) struct PdInner {
     /// The queue pairs of this domain, where CPU copies of its regions
     /// look up what posted requests hold.
     pub(crate) holders: Holders,
+    /// Set once a host-staged GPU region is registered here: until then no
+    /// completion of the domain's queue pairs has bytes to stage in.
+    pub(crate) stages_in: Arc<AtomicBool>,
 }
 
 // SAFETY: a PD is an opaque kernel handle; verbs using it are thread-safe.
@@ -57,7 +61,7 @@ impl ProtectionDomain {
         // SAFETY: valid context.
         let pd = unsafe { sys::ibv_alloc_pd(ctx.as_ptr()) };
         let pd = NonNull::new(pd).ok_or_else(|| Error::last("ibv_alloc_pd"))?;
-        Ok(ProtectionDomain { inner: Arc::new(PdInner { pd, ctx: ctx.clone(), holders: Holders::default() }) })
+        Ok(ProtectionDomain { inner: Arc::new(PdInner { pd, ctx: ctx.clone(), holders: Holders::default(), stages_in: Arc::default() }) })
     }
 
     /// The device context this domain belongs to.

@@ -6,7 +6,7 @@
 //! conflicting holds.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::claims::{HoldsNic, Use};
@@ -14,13 +14,21 @@ use crate::error::{Error, Result};
 use crate::mr::Hold;
 use crate::sync::Mutex;
 use crate::wc::WcOpcode;
-use crate::wr::Scratch;
+use gpudirect_sys as sys;
+
+use crate::wr::{RecvWr, Scratch};
 
 /// Marks a receive-queue request's raw `wr_id`.
 pub(crate) const RECV_BIT: u64 = 1 << 63;
 const GEN_SHIFT: u32 = 40;
 /// The request-number bits of a raw `wr_id`.
 pub(crate) const SEQ_MASK: u64 = (1 << GEN_SHIFT) - 1;
+
+/// The tag of the tracker a raw `wr_id` was posted through.
+#[inline]
+pub(crate) fn tag_of(raw: u64) -> u64 {
+    raw & !RECV_BIT & !SEQ_MASK
+}
 static GENERATION: AtomicU32 = AtomicU32::new(1);
 
 pub(crate) struct Pending {
@@ -49,16 +57,11 @@ pub(crate) struct WorkQueue {
     pub(crate) next_seq: u64,
     pub(crate) pending: VecDeque<Pending>,
     pub(crate) scratch: Scratch,
-    /// Whether a request ever entered here holds memory whose bytes must
-    /// be staged in when it completes (a read or receive into a
-    /// host-staged GPU region). Never cleared: until one does, completing
-    /// skips the landing pass over released entries.
-    lands: bool,
 }
 
 impl WorkQueue {
     pub(crate) fn new(depth: u32) -> Self {
-        WorkQueue { depth, next_seq: 0, pending: VecDeque::with_capacity(depth as usize), scratch: Scratch::default(), lands: false }
+        WorkQueue { depth, next_seq: 0, pending: VecDeque::with_capacity(depth as usize), scratch: Scratch::default() }
     }
 
     /// Refuses a batch of `n` requests that would overfill the queue (named
@@ -78,7 +81,6 @@ impl WorkQueue {
     pub(crate) fn enter(&mut self, kept: usize, hold: Result<Hold>, entry: impl FnOnce(Hold) -> Pending) -> Result<()> {
         match hold {
             Ok(hold) => {
-                self.lands |= hold.stages_in();
                 self.pending.push_back(entry(hold));
                 Ok(())
             }
@@ -92,6 +94,10 @@ impl WorkQueue {
 
 pub(crate) struct Tracker {
     pub(crate) tag: u64,
+    /// The protection domain's: whether any of its regions is host-staged,
+    /// so that a completion may have bytes to stage in. Until one is,
+    /// completing skips the landing pass over the entries it releases.
+    stages_in: Arc<AtomicBool>,
     pub(crate) send: Mutex<WorkQueue>,
     pub(crate) recv: Mutex<WorkQueue>,
 }
@@ -110,7 +116,7 @@ impl Tracker {
     /// succeeded), while the holds are still listed under the queue's
     /// lock, so no CPU copy can touch them half-staged.
     pub(crate) fn complete(&self, raw: u64, ok: bool, byte_len: u32) -> Option<Done> {
-        if raw & !RECV_BIT & !SEQ_MASK != self.tag {
+        if tag_of(raw) != self.tag {
             return None;
         }
         let q = if raw & RECV_BIT != 0 { &self.recv } else { &self.send };
@@ -127,7 +133,9 @@ impl Tracker {
         // A signaled request before it has its own completion still to
         // come (only when completions are matched out of order).
         let signaled_before = q.pending.range(..pos).any(|p| p.signaled);
-        let lands = q.lands;
+        // Relaxed suffices: the flag was set before the region existed, so
+        // before the post, which this queue's lock orders before us.
+        let lands = self.stages_in.load(Ordering::Relaxed);
         let mut landed = true;
         let mut land = |p: &Pending, written: usize| {
             if lands {
@@ -159,7 +167,8 @@ impl Tracker {
 
     #[cfg(test)]
     pub(crate) fn for_test(generation: u64) -> Tracker {
-        Tracker { tag: generation << GEN_SHIFT, send: Mutex::new(WorkQueue::new(8)), recv: Mutex::new(WorkQueue::new(8)) }
+        let stages_in = Arc::default();
+        Tracker { tag: generation << GEN_SHIFT, stages_in, send: Mutex::new(WorkQueue::new(8)), recv: Mutex::new(WorkQueue::new(8)) }
     }
 
     /// Forgets every pending request (after the queue pair is destroyed);
@@ -186,10 +195,86 @@ impl Tracker {
     /// A tracker for a new queue pair, numbered apart from every earlier
     /// one (a stale completion of a destroyed queue pair whose number the
     /// provider reused names another generation).
-    pub(crate) fn new(send_depth: u32, recv_depth: u32) -> Tracker {
+    pub(crate) fn new(send_depth: u32, recv_depth: u32, stages_in: Arc<AtomicBool>) -> Tracker {
         let tag = u64::from(GENERATION.fetch_add(1, Ordering::Relaxed) & 0x7f_ffff) << GEN_SHIFT;
-        Tracker { tag, send: Mutex::new(WorkQueue::new(send_depth)), recv: Mutex::new(WorkQueue::new(recv_depth)) }
+        Tracker { tag, stages_in, send: Mutex::new(WorkQueue::new(send_depth)), recv: Mutex::new(WorkQueue::new(recv_depth)) }
     }
+}
+
+impl Tracker {
+    /// Posts a checked batch of receives on this tracker's receive queue
+    /// (a queue pair's or a shared receive queue's) through `post`, which
+    /// rings `verb`: the room check, the holds on their memory and the post
+    /// happen under the queue's lock. `gather` is the batch's SGEs in lists
+    /// of several slices.
+    ///
+    /// `post` is handed a valid, NULL-terminated chain whose SGEs name
+    /// registered memory held alive (and claimed) by the pending entries,
+    /// and where to say which request it refused.
+    pub(crate) fn post_recvs(
+        &self,
+        wrs: &[RecvWr<'_>],
+        gather: usize,
+        verb: &'static str,
+        post: impl FnOnce(*mut sys::ibv_recv_wr, &mut *mut sys::ibv_recv_wr) -> i32,
+    ) -> Result<()> {
+        let n = wrs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let mut q = self.recv.lock();
+        let q = &mut *q;
+        q.room_for(n, "receive")?;
+        let first_seq = q.next_seq;
+        let kept = q.pending.len();
+        // Slots are rewritten in place: every field a provider reads of a
+        // receive is set below.
+        q.scratch.fit_recv(n, gather);
+        let s = &mut q.scratch;
+        let (chain, sges) = (s.recv.as_mut_ptr(), s.sges.as_mut_ptr());
+        // SAFETY: fit_recv made the vector at least `gather` long, and
+        // nothing else touches it until the post below.
+        let mut free = unsafe { std::slice::from_raw_parts_mut(s.gather.as_mut_ptr(), gather) };
+        for (i, wr) in wrs.iter().enumerate() {
+            let seq = (first_seq + i as u64) & SEQ_MASK;
+            q.enter(kept, wr.local.claim(true), |hold| Pending { seq, wr_id: wr.wr_id, opcode: WcOpcode::Recv, signaled: true, hold })?;
+            // SAFETY: fit_recv made room for `n` slots of each; `i < n`,
+            // and `i + 1` is at most one past the end, never dereferenced
+            // (the last request's link is set to NULL after the loop).
+            let (raw, sg) = unsafe { (&mut *chain.add(i), &mut *sges.add(i)) };
+            // SAFETY: as above.
+            raw.next = unsafe { chain.add(i + 1) };
+            raw.wr_id = RECV_BIT | self.tag | seq;
+            (raw.sg_list, raw.num_sge) = wr.local.write_sges(sg, &mut free);
+        }
+        let chain = &mut q.scratch.recv[..n];
+        chain[n - 1].next = std::ptr::null_mut();
+        let mut bad = std::ptr::null_mut();
+        let ret = post(chain.as_mut_ptr(), &mut bad);
+        let posted = posted_count(ret, bad, chain);
+        finish_post(q, n, posted, verb, ret)
+    }
+}
+
+/// How many requests of a chain the provider accepted: all on success,
+/// those before `bad` on failure (ibv_post_send(3)). A failure whose `bad`
+/// is NULL or outside the chain says nothing of what was posted, so every
+/// request counts as posted: its memory then stays held until a completion
+/// or the queue pair's destruction releases it, where counting it as
+/// refused could free memory the NIC is still using.
+#[inline]
+pub(crate) fn posted_count<W>(ret: i32, bad: *mut W, chain: &[W]) -> usize {
+    if ret == 0 {
+        return chain.len();
+    }
+    let base = chain.as_ptr() as usize;
+    let b = bad as usize;
+    let end = base + std::mem::size_of_val(chain);
+    if bad.is_null() || b < base || b >= end {
+        tracing::warn!(ret, "a post failed without naming the first refused work request; holding the memory of all {} as posted", chain.len());
+        return chain.len();
+    }
+    (b - base) / std::mem::size_of::<W>()
 }
 
 /// Keeps the pending entries of posted requests and drops the holds of the

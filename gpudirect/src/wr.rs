@@ -541,4 +541,22 @@ impl<'a> RecvWr<'a> {
         self.wr_id = id;
         self
     }
+
+    /// Checks a batch for a receive queue of `pd` taking at most `max_sge`
+    /// entries per receive (the limit is `field` in errors); returns the
+    /// SGEs of its lists of several slices, together.
+    pub(crate) fn check_batch(wrs: &[RecvWr<'_>], pd: &ProtectionDomain, max_sge: u32, field: &str) -> Result<usize> {
+        let mut gather = 0;
+        for wr in wrs {
+            wr.local.check(pd)?;
+            let g = wr.local.gather_sges();
+            if g > max_sge as usize {
+                return Err(Error::InvalidArgument(format!(
+                    "a receive of {g} scatter/gather entries: the queue allows {max_sge} ({field})"
+                )));
+            }
+            gather += g;
+        }
+        Ok(gather)
+    }
 }

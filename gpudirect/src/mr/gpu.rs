@@ -104,6 +104,8 @@ impl MemoryRegion {
         // SAFETY: the mirror is owned by the region and outlives the registration.
         let (mr, access) = unsafe { reg_mr(pd, ptr, len, access)? };
         let gpu = GpuMemory { buf, path: RegistrationPath::HostStaged };
+        // Before the region exists, so before anything can be posted on it.
+        pd.inner.stages_in.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(Self::finish(pd, mr, ptr, len, access, Box::new(mirror), Some(gpu)))
     }
 

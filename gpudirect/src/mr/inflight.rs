@@ -14,9 +14,6 @@ pub(crate) struct InFlight {
     pub(super) offset: usize,
     pub(super) len: usize,
     pub(super) nic_writes: bool,
-    /// Whether its bytes are staged in to the GPU when it completes (the
-    /// NIC writes a host-staged region's mirror).
-    pub(super) stages_in: bool,
 }
 
 impl InFlight {
@@ -109,18 +106,6 @@ impl Hold {
             Hold::One(h) => h.landed(written),
             Hold::None => true,
             Hold::Many(g) => g.landed(written),
-        }
-    }
-
-    /// Whether the NIC writes memory that must be staged in to the GPU
-    /// when the request completes ([`landed`](Self::landed) has work).
-    #[inline(always)]
-    pub(crate) fn stages_in(&self) -> bool {
-        match self {
-            Hold::One(h) => h.stages_in,
-            Hold::None => false,
-            // Lists of several never name a host-staged region (SgList::check).
-            Hold::Many(_) => false,
         }
     }
 

@@ -337,7 +337,7 @@ impl MemoryRegion {
         debug_assert!(nic_writes || !self.is_host_staged(), "a host-staged source must be staged (claim_for_staging)");
         let use_ = if nic_writes { Use::NicWrites } else { Use::NicReads };
         self.inner.claims.hold_for_nic(offset, offset + len, use_)?;
-        Ok(InFlight { mr: self.clone(), offset, len, nic_writes, stages_in: nic_writes && self.is_host_staged() })
+        Ok(InFlight { mr: self.clone(), offset, len, nic_writes })
     }
 
     /// This region's identity in the claims record.
@@ -604,7 +604,7 @@ impl StagingClaim<'_> {
             self.claim.token = 0; // fully handed over: nothing left to release
         }
         self.next = upto;
-        Ok(InFlight { mr: mr.clone(), offset, len: upto - offset, nic_writes: false, stages_in: false })
+        Ok(InFlight { mr: mr.clone(), offset, len: upto - offset, nic_writes: false })
     }
 }
 

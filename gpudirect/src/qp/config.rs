@@ -19,9 +19,9 @@ pub struct QpConfig {
     pub max_send_wr: u32,
     /// Receive queue depth.
     pub max_recv_wr: u32,
-    /// Largest inline payload ([`SendWr::inline`]); 0 disables inline.
+    /// Largest inline payload ([`SendWr::inline`](crate::SendWr::inline)); 0 disables inline.
     pub max_inline_data: u32,
-    /// Most scatter/gather entries (non-empty slices of an [`SgList`]) in
+    /// Most scatter/gather entries (non-empty slices of an [`SgList`](crate::SgList)) in
     /// one send-queue request; 1 to the device's
     /// [`max_sge`](crate::DeviceAttr::max_sge). RDMA reads are further
     /// bounded by [`max_sge_rd`](crate::DeviceAttr::max_sge_rd).

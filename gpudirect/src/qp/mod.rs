@@ -14,6 +14,7 @@ use crate::cq::{CompletionQueue, Reservation};
 use crate::error::{check, Error, Result};
 use crate::gid::GidChoice;
 use crate::pd::ProtectionDomain;
+use crate::srq::SharedReceiveQueue;
 use crate::tracker::{holder, Tracker};
 use crate::wire::Endpoint;
 use crate::wc::WorkCompletion;
@@ -39,6 +40,8 @@ struct QpInner {
     max_inline: u32,
     /// Most SGEs per send and per receive request, as configured.
     max_sge: [u32; 2],
+    /// Where its receives come from instead of its own receive queue.
+    srq: Option<SharedReceiveQueue>,
     /// Room in the send and receive CQs; see the Drop body.
     room: [Option<Reservation>; 2],
 }
@@ -167,6 +170,41 @@ impl QueuePair {
         recv_cq: &CompletionQueue,
         config: &QpConfig,
     ) -> Result<PreparedQueuePair> {
+        Self::create_on(pd, send_cq, recv_cq, None, config)
+    }
+
+    /// As [`create`](Self::create), for a queue pair that takes its
+    /// receives from `srq` instead of a receive queue of its own (its
+    /// [`post_recv`](Self::post_recv) is refused; `max_recv_wr` and
+    /// `max_recv_sge` are ignored). Receive completions arrive on
+    /// `recv_cq`, naming this queue pair in
+    /// [`WorkCompletion::qp_num`](crate::WorkCompletion::qp_num); `recv_cq`
+    /// holds room for all of `srq`'s receives once, however many of its
+    /// queue pairs share both.
+    ///
+    /// # Errors
+    /// As [`create`](Self::create); [`Error::ForeignMemoryRegion`] when
+    /// `srq` is of another protection domain.
+    pub fn create_with_srq(
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        srq: &SharedReceiveQueue,
+        config: &QpConfig,
+    ) -> Result<PreparedQueuePair> {
+        if !srq.pd().same_as(pd) {
+            return Err(Error::ForeignMemoryRegion);
+        }
+        Self::create_on(pd, send_cq, recv_cq, Some(srq), config)
+    }
+
+    fn create_on(
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        srq: Option<&SharedReceiveQueue>,
+        config: &QpConfig,
+    ) -> Result<PreparedQueuePair> {
         let ctx = pd.context();
         for cq in [send_cq, recv_cq] {
             if !Arc::ptr_eq(&cq.context().inner, &ctx.inner) {
@@ -178,8 +216,10 @@ impl QueuePair {
             }
         }
         let max_sge = ctx.attr().max_sge;
-        for (field, n) in [("max_send_sge", config.max_send_sge), ("max_recv_sge", config.max_recv_sge)] {
-            if n == 0 || n > max_sge {
+        // A queue pair on a shared receive queue has no receive queue of its own.
+        let (recv_wr, recv_sge) = if srq.is_some() { (0, 0) } else { (config.max_recv_wr, config.max_recv_sge) };
+        for (field, n) in [("max_send_sge", config.max_send_sge), ("max_recv_sge", recv_sge)] {
+            if (n == 0 && (field == "max_send_sge" || srq.is_none())) || n > max_sge {
                 return Err(Error::InvalidArgument(format!(
                     "QpConfig::{field} {n}: {} allows 1 to {max_sge} scatter/gather entries per work request (ibv_query_device max_sge)",
                     ctx.name()
@@ -190,19 +230,23 @@ impl QueuePair {
         let gid = ctx.choose_gid_on(&port, config.gid_index)?;
         // Every send may be signaled and every receive completes: the CQs
         // must hold them all, or they overrun.
-        let room = [Some(send_cq.reserve(config.max_send_wr)?), Some(recv_cq.reserve(config.max_recv_wr)?)];
+        let room = [Some(send_cq.reserve(config.max_send_wr)?), if srq.is_some() { None } else { Some(recv_cq.reserve(recv_wr)?) }];
+        if let Some(srq) = srq {
+            srq.attach_cq(recv_cq)?;
+        }
         let mut init = sys::ibv_qp_init_attr {
             send_cq: send_cq.as_ptr(),
             recv_cq: recv_cq.as_ptr(),
             cap: sys::ibv_qp_cap {
                 max_send_wr: config.max_send_wr,
-                max_recv_wr: config.max_recv_wr,
+                max_recv_wr: recv_wr,
                 max_send_sge: config.max_send_sge,
-                max_recv_sge: config.max_recv_sge,
+                max_recv_sge: recv_sge,
                 max_inline_data: config.max_inline_data,
             },
             qp_type: sys::IBV_QPT_RC,
             sq_sig_all: 0,
+            srq: srq.map_or(std::ptr::null_mut(), SharedReceiveQueue::as_ptr),
             ..Default::default()
         };
         // SAFETY: valid PD and CQs of the same device; `init` is fully set.
@@ -212,7 +256,7 @@ impl QueuePair {
         let qp_num = unsafe { (*qp.as_ptr()).qp_num };
         // The provider may round the depths up; ours stay as requested so
         // QueueFull fires before the provider's ENOMEM would.
-        let tracker = Arc::new(Tracker::new(config.max_send_wr, config.max_recv_wr));
+        let tracker = Arc::new(Tracker::new(config.max_send_wr, recv_wr, pd.inner.stages_in.clone()));
         // Registered before any post, so no completion can go unmatched.
         send_cq.register(qp_num, tracker.clone());
         recv_cq.register(qp_num, tracker.clone());
@@ -229,7 +273,8 @@ impl QueuePair {
             port,
             config: config.clone(),
             max_inline: init.cap.max_inline_data,
-            max_sge: [config.max_send_sge, config.max_recv_sge],
+            max_sge: [config.max_send_sge, recv_sge],
+            srq: srq.cloned(),
             room,
         };
         let mut attr = sys::ibv_qp_attr {

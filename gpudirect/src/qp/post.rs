@@ -10,8 +10,7 @@ use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::wc::WorkCompletion;
 use crate::mr::{Hold, LocalSlice, SgList};
-use crate::tracker::{finish_post, Pending, WorkQueue, RECV_BIT, SEQ_MASK};
-use crate::wc::WcOpcode;
+use crate::tracker::{finish_post, posted_count, Pending, WorkQueue, SEQ_MASK};
 use crate::wr::{RecvWr, SendList, SendOp, SendWr};
 
 use super::QpInner;
@@ -77,8 +76,8 @@ impl QpInner {
         }
         let (most, most_read) = list.most_sges();
         if most > 1 {
-            inner.check_sges(most, 0, false)?;
-            inner.check_sges(most_read, 0, true)?;
+            inner.check_sges(most, false)?;
+            inner.check_sges(most_read, true)?;
         }
         if list.stages() {
             return inner.post_send_staged(list.requests());
@@ -88,52 +87,18 @@ impl QpInner {
     }
 
     pub(super) fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let n = wrs.len();
-        if n == 0 {
+        if wrs.is_empty() {
             return Ok(());
         }
-        let mut gather = 0;
-        for wr in wrs {
-            wr.local.check(&self.pd)?;
-            let g = wr.local.gather_sges();
-            if g > 0 {
-                self.check_sges(g, 1, false)?;
-                gather += g;
-            }
+        if self.srq.is_some() {
+            return Err(Error::InvalidArgument(
+                "this queue pair takes its receives from a shared receive queue: post them there (SharedReceiveQueue::post_recv)".into(),
+            ));
         }
-        let mut q = self.tracker.recv.lock();
-        let q = &mut *q;
-        q.room_for(n, "receive")?;
-        let first_seq = q.next_seq;
-        let kept = q.pending.len();
-        // Slots are rewritten in place: every field a provider reads of a
-        // receive is set below.
-        q.scratch.fit_recv(n, gather);
-        let s = &mut q.scratch;
-        let (chain, sges) = (s.recv.as_mut_ptr(), s.sges.as_mut_ptr());
-        // SAFETY: fit_recv made the vector at least `gather` long, and
-        // nothing else touches it until the post below.
-        let mut free = unsafe { std::slice::from_raw_parts_mut(s.gather.as_mut_ptr(), gather) };
-        for (i, wr) in wrs.iter().enumerate() {
-            let seq = (first_seq + i as u64) & SEQ_MASK;
-            q.enter(kept, wr.local.claim(true), |hold| Pending { seq, wr_id: wr.wr_id, opcode: WcOpcode::Recv, signaled: true, hold })?;
-            // SAFETY: fit_recv made room for `n` slots of each; `i < n`,
-            // and `i + 1` is at most one past the end, never dereferenced
-            // (the last request's link is set to NULL after the loop).
-            let (raw, sg) = unsafe { (&mut *chain.add(i), &mut *sges.add(i)) };
-            // SAFETY: as above.
-            raw.next = unsafe { chain.add(i + 1) };
-            raw.wr_id = RECV_BIT | self.tracker.tag | seq;
-            (raw.sg_list, raw.num_sge) = wr.local.write_sges(sg, &mut free);
-        }
-        let chain = &mut q.scratch.recv[..n];
-        chain[n - 1].next = std::ptr::null_mut();
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: `chain` is a valid, NULL-terminated chain whose SGEs name
-        // registered memory held alive (and claimed) by the pending entries.
-        let ret = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), chain.as_mut_ptr(), &mut bad) };
-        let posted = posted_count(ret, bad, chain);
-        finish_post(q, n, posted, "ibv_post_recv", ret)
+        let gather = RecvWr::check_batch(wrs, &self.pd, self.max_sge[1], "QpConfig::max_recv_sge")?;
+        let qp = self.qp.as_ptr();
+        // SAFETY: `qp` is this queue pair's, valid while `self` is.
+        self.tracker.post_recvs(wrs, gather, "ibv_post_recv", |chain, bad| unsafe { sys::ibv_post_recv(qp, chain, bad) })
     }
 
     /// Checks what can be checked of a batch before the queue is locked.
@@ -150,23 +115,22 @@ impl QpInner {
             }
             let g = wr.local.gather_sges();
             if g > 0 {
-                self.check_sges(g, 0, wr.op == SendOp::Read)?;
+                self.check_sges(g, wr.op == SendOp::Read)?;
                 c.gather += g;
             }
         }
         Ok(c)
     }
 
-    /// Refuses a request of `n` SGEs that queue `queue` (0 send, 1
-    /// receive) or, for an RDMA read, the device does not allow, before the
-    /// provider would (with a bare `EINVAL`, or not at all).
+    /// Refuses a send-queue request of `n` SGEs that the queue pair or,
+    /// for an RDMA read, the device does not allow, before the provider
+    /// would (with a bare `EINVAL`, or not at all).
     #[cold]
-    fn check_sges(&self, n: usize, queue: usize, read: bool) -> Result<()> {
-        let max = self.max_sge[queue] as usize;
+    fn check_sges(&self, n: usize, read: bool) -> Result<()> {
+        let max = self.max_sge[0] as usize;
         if n > max {
-            let field = ["max_send_sge", "max_recv_sge"][queue];
             return Err(Error::InvalidArgument(format!(
-                "a work request of {n} scatter/gather entries: the queue pair allows {max} (QpConfig::{field})"
+                "a work request of {n} scatter/gather entries: the queue pair allows {max} (QpConfig::max_send_sge)"
             )));
         }
         let ctx = self.pd.context();
@@ -459,31 +423,12 @@ impl QpInner {
     }
 }
 
-/// How many requests of a chain the provider accepted: all on success,
-/// those before `bad` on failure (ibv_post_send(3)). A failure whose `bad`
-/// is NULL or outside the chain says nothing of what was posted, so every
-/// request counts as posted: its memory then stays held until a completion
-/// or the queue pair's destruction releases it, where counting it as
-/// refused could free memory the NIC is still using.
-#[inline]
-fn posted_count<W>(ret: i32, bad: *mut W, chain: &[W]) -> usize {
-    if ret == 0 {
-        return chain.len();
-    }
-    let base = chain.as_ptr() as usize;
-    let b = bad as usize;
-    let end = base + std::mem::size_of_val(chain);
-    if bad.is_null() || b < base || b >= end {
-        tracing::warn!(ret, "a post failed without naming the first refused work request; holding the memory of all {} as posted", chain.len());
-        return chain.len();
-    }
-    (b - base) / std::mem::size_of::<W>()
-}
 
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wc::WcOpcode;
 
     #[test]
     fn partial_post_keeps_only_accepted_requests() {

@@ -1,0 +1,246 @@
+//! Completions and async events that async Rust can await, on tokio's
+//! reactor (feature `tokio`): [`AsyncCompletionQueue`] and
+//! [`AsyncEvents`].
+//!
+//! Waiting on a completion channel from an event loop has one trap: an
+//! armed CQ raises one event, for the first completion after the arm, so
+//! a waiter that arms after polling (or polls once after an event and
+//! sleeps again) can sleep past completions that are already there. Here
+//! every wait goes: poll; arm; poll again (what came before the arm raises
+//! no event); only then sleep until the channel's fd is readable, take
+//! the events, and start over.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::Notify;
+
+use crate::context::Context;
+use crate::cq::CompletionQueue;
+use crate::error::{Errno, Error, Result};
+use crate::event::AsyncEvent;
+use crate::sync::Mutex;
+use crate::wc::WorkCompletion;
+
+/// A descriptor tokio watches but does not own (its owner closes it).
+struct Watched(RawFd);
+
+impl AsRawFd for Watched {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// Registers `fd` with the current runtime's reactor. The caller keeps
+/// the descriptor's owner (the CQ or context) alive, in the same struct,
+/// for as long as the returned `AsyncFd`.
+fn watch(fd: RawFd) -> Result<AsyncFd<Watched>> {
+    let refused = |why: String| {
+        Error::InvalidArgument(format!("watching a completion or event channel with tokio failed ({why}): it needs a tokio runtime with I/O enabled"))
+    };
+    // Registering outside a runtime would panic: refuse instead.
+    tokio::runtime::Handle::try_current().map_err(|e| refused(e.to_string()))?;
+    // SAFETY: `fd` is open, and stays open and the same file for the
+    // `AsyncFd`'s life: the caller stores it next to the handle that owns
+    // the descriptor (a CQ's channel, a context), which is dropped after it.
+    unsafe { AsyncFd::register_with_interest(Watched(fd), Interest::READABLE) }.map_err(|e| refused(e.to_string()))
+}
+
+/// Waits until `fd` is readable, or `notified` fires first.
+async fn readable_or(fd: &AsyncFd<Watched>, notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>, take: impl FnOnce() -> Result<()>) -> Result<()> {
+    tokio::select! {
+        guard = fd.readable() => {
+            let mut guard = guard.map_err(|e| Error::Verb { verb: "epoll", errno: Errno(e.raw_os_error().unwrap_or(libc::EIO)) })?;
+            take()?;
+            // Every event has been taken (the fd said EAGAIN): tokio may
+            // forget this readiness; a later event makes it readable anew.
+            guard.clear_ready();
+        }
+        () = notified => {}
+    }
+    Ok(())
+}
+
+/// A [`CompletionQueue`] whose completions can be awaited, from any number
+/// of tasks at once, under a multi-threaded runtime.
+///
+/// Completions are reaped into a shared queue, from which
+/// [`poll`](Self::poll) hands them out in order, and
+/// [`completion`](Self::completion) takes the one of a given work request
+/// (`wr_id`) wherever it is in it; tasks waiting for either are woken
+/// when another task reaps what they wait for. Reaping is what releases
+/// a request's memory, as with the blocking CQ: a future dropped while it
+/// waits (cancelled, timed out) changes nothing about that, and the
+/// completion it waited for stays queued for a later call.
+///
+/// Use one `AsyncCompletionQueue` per CQ: completions reaped through the
+/// CQ directly ([`CompletionQueue::poll`]) bypass its queue.
+///
+/// ```no_run
+/// # async fn f(cq: gpudirect::CompletionQueue, qp: gpudirect::QueuePair, wr: gpudirect::SendWr<'_>) -> gpudirect::Result<()> {
+/// let acq = gpudirect::AsyncCompletionQueue::new(&cq)?;
+/// qp.post_send(&[wr.wr_id(7)])?;
+/// acq.completion(7).await.ok()?;
+/// # Ok(()) }
+/// ```
+pub struct AsyncCompletionQueue {
+    cq: CompletionQueue,
+    fd: AsyncFd<Watched>,
+    reaped: Mutex<VecDeque<WorkCompletion>>,
+    /// Told whenever completions are reaped into `reaped`.
+    reaped_more: Notify,
+}
+
+impl std::fmt::Debug for AsyncCompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncCompletionQueue").field("cq", &self.cq).finish()
+    }
+}
+
+impl AsyncCompletionQueue {
+    /// Watches `cq`'s completion channel with the current tokio runtime.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] outside a tokio runtime with I/O enabled.
+    pub fn new(cq: &CompletionQueue) -> Result<AsyncCompletionQueue> {
+        Ok(AsyncCompletionQueue {
+            cq: cq.clone(),
+            fd: watch(cq.as_fd().as_raw_fd())?,
+            reaped: Mutex::new(VecDeque::new()),
+            reaped_more: Notify::new(),
+        })
+    }
+
+    /// The completion queue.
+    pub fn cq(&self) -> &CompletionQueue {
+        &self.cq
+    }
+
+    /// Waits for at least one completion and moves up to `out.len()` of
+    /// them into `out`, in the order they were reaped; returns how many.
+    ///
+    /// # Errors
+    /// As [`CompletionQueue::poll`], and [`Error::Verb`] from the channel.
+    pub async fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        self.wait_for(|q| {
+            let n = out.len().min(q.len());
+            for (o, wc) in out.iter_mut().zip(q.drain(..n)) {
+                *o = wc;
+            }
+            (n > 0).then_some(n)
+        })
+        .await
+    }
+
+    /// Waits for the completion of the work request whose id is `wr_id`
+    /// (the first such, should several share it) and returns it, failed
+    /// or not ([`WorkCompletion::ok`] turns a failure into an error). An
+    /// unsignaled request has no completion of its own: wait for the
+    /// signaled one after it.
+    ///
+    /// # Errors
+    /// As [`poll`](Self::poll).
+    pub async fn completion(&self, wr_id: u64) -> Result<WorkCompletion> {
+        self.wait_for(|q| {
+            let i = q.iter().position(|wc| wc.wr_id == wr_id)?;
+            q.remove(i)
+        })
+        .await
+    }
+
+    /// Runs `take` on the reaped queue until it finds what it wants,
+    /// reaping and sleeping in between without ever sleeping past a
+    /// completion (the module's notes).
+    async fn wait_for<T>(&self, mut take: impl FnMut(&mut VecDeque<WorkCompletion>) -> Option<T>) -> Result<T> {
+        loop {
+            // Registered before looking, so a reap by another task after
+            // the look still wakes this one.
+            let notified = self.reaped_more.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(t) = take(&mut self.reaped.lock()) {
+                return Ok(t);
+            }
+            if self.reap()? {
+                continue;
+            }
+            self.cq.req_notify()?;
+            if self.reap()? {
+                continue;
+            }
+            readable_or(&self.fd, notified, || self.cq.ack_events().map(drop)).await?;
+        }
+    }
+
+    /// Moves what the CQ holds into the reaped queue; says whether there
+    /// was anything (and if so, wakes every waiting task to look).
+    fn reap(&self) -> Result<bool> {
+        let mut batch = [WorkCompletion::default(); 32];
+        let mut any = false;
+        loop {
+            // The queue's lock is held across the poll, so completions
+            // enter it in the order the CQ gave them out.
+            let mut q = self.reaped.lock();
+            let n = self.cq.poll(&mut batch)?;
+            q.extend(&batch[..n]);
+            drop(q);
+            any |= n > 0;
+            if n < batch.len() {
+                break;
+            }
+        }
+        if any {
+            self.reaped_more.notify_waiters();
+        }
+        Ok(any)
+    }
+}
+
+/// The device's asynchronous events ([`AsyncEvent`]) as something async
+/// Rust awaits: [`recv`](Self::recv) is [`Context::async_event`] without
+/// blocking a thread. Each event goes to one receiver.
+pub struct AsyncEvents {
+    ctx: Context,
+    fd: AsyncFd<Watched>,
+}
+
+impl std::fmt::Debug for AsyncEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncEvents").field("device", &self.ctx.name()).finish()
+    }
+}
+
+impl AsyncEvents {
+    /// Watches `ctx`'s async event channel with the current tokio runtime.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] outside a tokio runtime with I/O enabled.
+    pub fn new(ctx: &Context) -> Result<AsyncEvents> {
+        // SAFETY: the context is open while `ctx` lives.
+        let fd = unsafe { (*ctx.as_ptr()).async_fd };
+        Ok(AsyncEvents { ctx: ctx.clone(), fd: watch(fd)? })
+    }
+
+    /// Waits for the next event, acknowledges it and returns it.
+    ///
+    /// # Errors
+    /// [`Error::Verb`] from `ibv_get_async_event` or the reactor.
+    pub async fn recv(&self) -> Result<AsyncEvent> {
+        loop {
+            let mut guard = self
+                .fd
+                .readable()
+                .await
+                .map_err(|e| Error::Verb { verb: "epoll", errno: Errno(e.raw_os_error().unwrap_or(libc::EIO)) })?;
+            match self.ctx.try_async_event()? {
+                Some(event) => return Ok(event),
+                None => guard.clear_ready(),
+            }
+        }
+    }
+}
