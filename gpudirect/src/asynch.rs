@@ -82,7 +82,7 @@ async fn readable_or(fd: &AsyncFd<Watched>, notified: std::pin::Pin<&mut tokio::
 /// # async fn f(cq: gpudirect::CompletionQueue, qp: gpudirect::QueuePair, wr: gpudirect::SendWr<'_>) -> gpudirect::Result<()> {
 /// let acq = gpudirect::AsyncCompletionQueue::new(&cq)?;
 /// qp.post_send(&[wr.wr_id(7)])?;
-/// acq.completion(7).await.ok()?;
+/// acq.completion(7).await?.ok()?; // the wait, then the work request
 /// # Ok(()) }
 /// ```
 pub struct AsyncCompletionQueue {

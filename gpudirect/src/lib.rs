@@ -97,6 +97,11 @@
 //!   time: nothing CUDA is needed to build). Without it the GPU types
 //!   remain and every CUDA call returns [`Error::CudaUnavailable`] saying
 //!   so; cudarc is not in the dependency tree.
+//! - `tokio`: [`AsyncCompletionQueue`] (awaitable completions, and the
+//!   completion of one work request by id) and [`AsyncEvents`], on tokio's
+//!   reactor. Without it, [`CompletionQueue`] still gives any event loop
+//!   its channel's fd (`AsFd`), [`req_notify`](CompletionQueue::req_notify)
+//!   and [`ack_events`](CompletionQueue::ack_events).
 //! - `serde` (default): `Serialize` on the plain data types, and
 //!   `Deserialize` on the wire types ([`Endpoint`], [`RemoteBuffer`],
 //!   [`Gid`], [`Mtu`], [`bootstrap::Handshake`]).
