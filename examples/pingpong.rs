@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use gpudirect::bootstrap::{with_port, Handshake, OobChannel, DEFAULT_PORT};
 use gpudirect::{
-    AccessFlags, CompletionQueue, Context, Gpu, GpuBuffer, GpuPolicy, MemoryRegion, ProtectionDomain, QpConfig,
-    QueuePair, RecvWr, RemoteBuffer, SendWr, WcOpcode, WorkCompletion,
+    AccessFlags, AddressHandle, CompletionQueue, Context, Gpu, GpuBuffer, GpuPolicy, MemoryRegion, ProtectionDomain,
+    QpConfig, QueuePair, RecvWr, RemoteBuffer, SendWr, UdConfig, UdQueuePair, UdSendWr, WcOpcode, WorkCompletion,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -38,6 +38,9 @@ enum Op {
     /// Atomic fetch-and-add: both hosts add 1 to one counter on the server,
     /// `--iters` times each, at once; checked exact (sizes do not apply).
     AtomicFadd,
+    /// Datagrams over unreliable-datagram queue pairs (an address handle
+    /// to the peer, the GRH stripped); sizes up to the path MTU.
+    UdSend,
 }
 
 #[derive(Parser, Debug)]
@@ -213,7 +216,7 @@ impl Conn {
             Op::Write => SendWr::write(local, &self.peer, 0)?,
             Op::WriteImm => SendWr::write_with_imm(local, &self.peer, 0, iter)?,
             Op::Send => SendWr::send(local),
-            Op::AtomicFadd => return Err("atomic-fadd does not ping-pong messages (atomic_counter runs it)".into()),
+            Op::AtomicFadd | Op::UdSend => return Err(format!("{op:?} does not run on the RC connection").into()),
         };
         self.qp.post_send(&[wr])?;
         self.unreaped_sends += 1;
@@ -228,7 +231,7 @@ impl Conn {
         loop {
             let recv = self.reap(&mut wcs)?;
             let arrived = match op {
-                Op::AtomicFadd => return Err("atomic-fadd does not ping-pong messages (atomic_counter runs it)".into()),
+                Op::AtomicFadd | Op::UdSend => return Err(format!("{op:?} does not run on the RC connection").into()),
                 Op::Write => self.mr.read_volatile(size - 1)? == marker(iter),
                 Op::WriteImm | Op::Send => match recv {
                     None => false,
@@ -332,6 +335,12 @@ fn run(args: Args) -> Res<()> {
         oob.exchange(&Handshake { app: given.encode(), ..Default::default() })?;
         given
     };
+    if params.op == Op::UdSend {
+        if args.gpu.is_some() {
+            return Err("--op ud-send runs in host memory".into());
+        }
+        return ud_pingpong(&pd, &mut oob, &args, is_server, &params, timeout);
+    }
     // Remote atomics only when asked for: the queue pair's access and the
     // server's region grant them for --op atomic-fadd alone.
     let atomic = params.op == Op::AtomicFadd;
@@ -433,6 +442,101 @@ fn run(args: Args) -> Res<()> {
             );
         }
         // Nothing of this size is in flight any more on either side.
+        oob.barrier()?;
+    }
+    oob.barrier()?;
+    println!("all data verified");
+    Ok(())
+}
+
+/// `--op ud-send`: each side has one unreliable-datagram queue pair and an
+/// address handle to the other's; a round trip is a datagram each way,
+/// every byte checked. The receive for the next datagram is posted before
+/// replying: UD drops a datagram that finds no receive.
+fn ud_pingpong(pd: &ProtectionDomain, oob: &mut OobChannel, args: &Args, is_server: bool, params: &Params, timeout: Duration) -> Res<()> {
+    let cq = CompletionQueue::new(pd.context(), 64)?;
+    let config = UdConfig { port: args.ib_port, gid_index: args.gid_index, max_send_wr: 16, max_recv_wr: 16, ..UdConfig::default() };
+    let qp = UdQueuePair::create(pd, &cq, &cq, &config)?;
+    println!("device {} port {}: {}", pd.context().name(), args.ib_port, qp.gid());
+    let local = qp.endpoint();
+    let peer = oob.exchange(&Handshake { endpoint: Some(local), ..Default::default() })?;
+    let peer_ep = peer.endpoint.ok_or("the peer sent no endpoint")?;
+    let to = AddressHandle::new(&qp, &peer_ep, config.qkey)?;
+    let max = *params.sizes.iter().max().unwrap_or(&1);
+    if max > to.max_message() {
+        return Err(format!("--op ud-send: a datagram carries at most the path MTU, {} bytes; got size {max}", to.max_message()).into());
+    }
+    println!("local  {local}\nremote {peer_ep}\nop UdSend, {} iterations per size, path MTU {} bytes", params.iters, to.max_message());
+    let mr = MemoryRegion::alloc(pd, 2 * max, AccessFlags::default())?;
+    let (me, them) = if is_server { (1u8, 0u8) } else { (0u8, 1u8) };
+    let (mut out, mut expect, mut got) = (vec![0; max], vec![0; max], vec![0; max]);
+    let mut wcs = [WorkCompletion::default(); 4];
+    let mut sends_left = 0u32;
+    for &size in &params.sizes {
+        qp.post_recv(&[RecvWr::new(mr.slice(max..max + size)?)])?;
+        oob.barrier()?;
+        let mut rtts = Vec::with_capacity(params.iters as usize);
+        let start = Instant::now();
+        for iter in 0..params.iters {
+            let mut send = || -> Res<()> {
+                payload(&mut out, size, iter, me);
+                mr.write_at(0, &out[..size])?;
+                qp.post_send(&[UdSendWr::send(&to, mr.slice(0..size)?)])?;
+                Ok(())
+            };
+            let t0 = Instant::now();
+            if !is_server {
+                send()?;
+                sends_left += 1;
+            }
+            // Wait for the datagram (send completions come on the same CQ).
+            let wc = loop {
+                let n = cq.wait(&mut wcs, Some(timeout)).map_err(|e| format!("no datagram {iter} of {size} bytes ({e}): UD does not retransmit"))?;
+                let mut recv = None;
+                for wc in &wcs[..n] {
+                    let wc = wc.ok()?;
+                    match wc.opcode {
+                        WcOpcode::Recv => recv = Some(wc),
+                        _ => sends_left -= 1,
+                    }
+                }
+                if let Some(r) = recv {
+                    break r;
+                }
+            };
+            if wc.byte_len as usize != size || wc.src_qp != peer_ep.qp_num {
+                return Err(format!("datagram {iter}: {} bytes from QP {:#x}, expected {size} from {:#x}", wc.byte_len, wc.src_qp, peer_ep.qp_num).into());
+            }
+            mr.read_at(max, &mut got[..size])?;
+            payload(&mut expect, size, iter, them);
+            if got[..size] != expect[..size] {
+                return Err(format!("datagram {iter} of {size} bytes arrived wrong").into());
+            }
+            if iter + 1 < params.iters {
+                qp.post_recv(&[RecvWr::new(mr.slice(max..max + size)?)])?;
+            }
+            if is_server {
+                send()?;
+                sends_left += 1;
+            } else {
+                rtts.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        let total = start.elapsed().as_secs_f64();
+        while sends_left > 0 {
+            let n = cq.wait(&mut wcs, Some(timeout))?;
+            for wc in &wcs[..n] {
+                wc.ok()?;
+                sends_left -= 1;
+            }
+        }
+        if is_server {
+            println!("{size:>10} {:>8} {:>10}", params.iters, "ok");
+        } else {
+            rtts.sort_by(|a, b| a.total_cmp(b));
+            let mbps = 2.0 * size as f64 * f64::from(params.iters) / total / 1e6;
+            println!("{size:>10} {:>8} {:>12.2} {:>12.2} {:>12.2} {:>12.4}", params.iters, rtts[0], percentile(&rtts, 0.5), percentile(&rtts, 0.99), mbps);
+        }
         oob.barrier()?;
     }
     oob.barrier()?;

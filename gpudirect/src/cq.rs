@@ -462,10 +462,11 @@ fn translate(wc: &sys::ibv_wc, trackers: &HashMap<u32, Arc<Tracker>>, shared: &H
         wr_id,
         status,
         opcode: if ok { WcOpcode::from_raw(wc.opcode) } else { posted },
-        byte_len: wc.byte_len,
+        byte_len: if posted == WcOpcode::Recv { wc.byte_len.saturating_sub(tracker.recv_prefix) } else { wc.byte_len },
         // SAFETY: imm_data is the active member when IBV_WC_WITH_IMM is set.
         imm: has_imm.then(|| u32::from_be(unsafe { wc.__bindgen_anon_1.imm_data })),
         qp_num: wc.qp_num,
+        src_qp: wc.src_qp,
         vendor_err: wc.vendor_err,
     })
 }

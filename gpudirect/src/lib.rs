@@ -22,7 +22,8 @@
 //! - Queues: [`QueuePair`] ([`PreparedQueuePair`], [`QpConfig`],
 //!   [`QpState`], [`Endpoint`], [`PartialPost`]), work requests
 //!   ([`SendWr`], [`RecvWr`], [`SendList`]), [`SharedReceiveQueue`]
-//!   ([`SrqConfig`], [`SrqId`]), [`CompletionQueue`] ([`WorkCompletion`],
+//!   ([`SrqConfig`], [`SrqId`]), unreliable datagrams ([`UdQueuePair`],
+//!   [`UdConfig`], [`AddressHandle`], [`UdSendWr`]), [`CompletionQueue`] ([`WorkCompletion`],
 //!   [`WcStatus`], [`WcOpcode`], [`WcError`]), the device's
 //!   [`AsyncEvent`]s ([`Context::async_event`]).
 //! - GPUs: [`Gpu`], [`GpuBuffer`], [`GpuAllocation`], [`gpu_count`],
@@ -168,6 +169,7 @@ mod pd;
 mod qp;
 pub mod rcache;
 mod srq;
+mod ud;
 pub mod sysroot;
 pub mod topology;
 mod wr;
@@ -213,6 +215,7 @@ pub use mr::{AccessFlags, HostBuffer, LocalSlice, Location, MemoryRegion, Regist
 pub use pd::ProtectionDomain;
 pub use qp::{PartialPost, PreparedQueuePair, QpConfig, QpState, QueuePair};
 pub use srq::{SharedReceiveQueue, SrqConfig, SrqId};
+pub use ud::{AddressHandle, UdConfig, UdQueuePair, UdSendWr, GRH_LEN};
 pub use wire::{Endpoint, RemoteBuffer};
 pub use wr::{RecvWr, SendList, SendWr, ATOMIC_WORD};
 

@@ -98,6 +98,9 @@ pub(crate) struct Tracker {
     /// so that a completion may have bytes to stage in. Until one is,
     /// completing skips the landing pass over the entries it releases.
     stages_in: Arc<AtomicBool>,
+    /// Bytes the library receives in front of each message on the receive
+    /// queue (a UD queue pair's GRH), left out of the completion's length.
+    pub(crate) recv_prefix: u32,
     pub(crate) send: Mutex<WorkQueue>,
     pub(crate) recv: Mutex<WorkQueue>,
 }
@@ -168,7 +171,7 @@ impl Tracker {
     #[cfg(test)]
     pub(crate) fn for_test(generation: u64) -> Tracker {
         let stages_in = Arc::default();
-        Tracker { tag: generation << GEN_SHIFT, stages_in, send: Mutex::new(WorkQueue::new(8)), recv: Mutex::new(WorkQueue::new(8)) }
+        Tracker { tag: generation << GEN_SHIFT, stages_in, recv_prefix: 0, send: Mutex::new(WorkQueue::new(8)), recv: Mutex::new(WorkQueue::new(8)) }
     }
 
     /// Forgets every pending request (after the queue pair is destroyed);
@@ -197,7 +200,13 @@ impl Tracker {
     /// provider reused names another generation).
     pub(crate) fn new(send_depth: u32, recv_depth: u32, stages_in: Arc<AtomicBool>) -> Tracker {
         let tag = u64::from(GENERATION.fetch_add(1, Ordering::Relaxed) & 0x7f_ffff) << GEN_SHIFT;
-        Tracker { tag, stages_in, send: Mutex::new(WorkQueue::new(send_depth)), recv: Mutex::new(WorkQueue::new(recv_depth)) }
+        Tracker { tag, stages_in, recv_prefix: 0, send: Mutex::new(WorkQueue::new(send_depth)), recv: Mutex::new(WorkQueue::new(recv_depth)) }
+    }
+
+    /// As made for a queue whose receives get `prefix` bytes first.
+    pub(crate) fn with_recv_prefix(mut self, prefix: u32) -> Tracker {
+        self.recv_prefix = prefix;
+        self
     }
 }
 

@@ -220,8 +220,11 @@ pub struct WorkCompletion {
     pub byte_len: u32,
     /// Immediate data of a send or write with immediate, in host order.
     pub imm: Option<u32>,
-    /// The local queue pair.
+    /// The local queue pair (for a shared receive queue's receive, the
+    /// one the message arrived on).
     pub qp_num: u32,
+    /// The sending queue pair, for a UD receive (0 otherwise).
+    pub src_qp: u32,
     /// Provider-specific error detail.
     pub vendor_err: u32,
 }
@@ -235,6 +238,7 @@ impl Default for WorkCompletion {
             byte_len: 0,
             imm: None,
             qp_num: 0,
+            src_qp: 0,
             vendor_err: 0,
         }
     }

@@ -1,0 +1,515 @@
+//! Unreliable-datagram queue pairs (`IBV_QPT_UD`) and the address handles
+//! (`ibv_create_ah`) their sends name: one queue pair talks to any number
+//! of peers, one message of at most the path MTU at a time, with no
+//! connection and no delivery guarantee.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use gpudirect_sys as sys;
+
+use crate::cq::{CompletionQueue, Reservation};
+use crate::error::{check, Error, Result};
+use crate::gid::GidChoice;
+use crate::mr::{AccessFlags, MemoryRegion, SgList};
+use crate::pd::ProtectionDomain;
+use crate::sync::Mutex;
+use crate::port::{LinkLayer, Mtu, PortAttr};
+use crate::tracker::{finish_post, holder, posted_count, Pending, Tracker, RECV_BIT, SEQ_MASK};
+use crate::wc::WcOpcode;
+use crate::wire::Endpoint;
+use crate::wr::RecvWr;
+
+/// Bytes of the Global Routing Header that a UD receive gets in front of
+/// the message (always on RoCE). The library receives it into memory of its
+/// own and reports only the message: `byte_len` excludes it.
+pub const GRH_LEN: usize = 40;
+
+/// UD queue pair settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UdConfig {
+    /// Port number (from 1).
+    pub port: u8,
+    /// GID index override; `None` chooses by [`crate::choose_gid`].
+    pub gid_index: Option<u32>,
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Largest inline payload ([`UdSendWr::inline`]); 0 disables inline.
+    pub max_inline_data: u32,
+    /// The Q_Key: a receiver takes only datagrams that carry its own, and
+    /// this queue pair's sends carry the peer's (given to
+    /// [`AddressHandle::new`]). The high bit marks privileged keys, which
+    /// only the kernel may send.
+    pub qkey: u32,
+}
+
+impl Default for UdConfig {
+    fn default() -> Self {
+        UdConfig { port: 1, gid_index: None, max_send_wr: 128, max_recv_wr: 128, max_inline_data: 0, qkey: 0x1111_1111 }
+    }
+}
+
+struct AhInner {
+    ah: NonNull<sys::ibv_ah>,
+    pd: ProtectionDomain,
+    qp_num: u32,
+    qkey: u32,
+    /// Largest message the path carries.
+    max_message: usize,
+}
+
+// SAFETY: an address handle is immutable once created; verbs using it are thread-safe.
+unsafe impl Send for AhInner {}
+// SAFETY: as above.
+unsafe impl Sync for AhInner {}
+
+impl Drop for AhInner {
+    fn drop(&mut self) {
+        // SAFETY: created by ibv_create_ah, destroyed once; no posted send
+        // still names it (each holds a handle until its completion).
+        let ret = unsafe { sys::ibv_destroy_ah(self.ah.as_ptr()) };
+        if ret != 0 {
+            tracing::warn!("{}", Error::returned("ibv_destroy_ah", ret));
+        }
+    }
+}
+
+/// Where a UD send goes: the path to a peer's port (GID, or LID on
+/// InfiniBand) and its queue pair number and Q_Key. Cheap to clone.
+#[derive(Clone)]
+pub struct AddressHandle {
+    inner: Arc<AhInner>,
+}
+
+impl fmt::Debug for AddressHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AddressHandle")
+            .field("qp_num", &format_args!("{:#x}", self.inner.qp_num))
+            .field("max_message", &self.inner.max_message)
+            .finish()
+    }
+}
+
+impl AddressHandle {
+    /// An address handle from `qp`'s port to the peer `remote` (its UD
+    /// queue pair's [`endpoint`](UdQueuePair::endpoint)), whose Q_Key is
+    /// `qkey`. On RoCE the route is global (GID, hop limit 64, RoCE v2 when
+    /// `qp`'s GID is); messages are bounded by the smaller of both ends'
+    /// MTU.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a QP number over 24 bits or no LID on
+    /// InfiniBand; [`Error::Verb`] from `ibv_create_ah`.
+    pub fn new(qp: &UdQueuePair, remote: &Endpoint, qkey: u32) -> Result<AddressHandle> {
+        let q = &qp.inner;
+        if remote.qp_num > 0xff_ffff {
+            return Err(Error::InvalidArgument(format!("peer endpoint out of range: {remote}")));
+        }
+        let ethernet = q.port.link_layer == LinkLayer::Ethernet;
+        if !ethernet && remote.lid == 0 {
+            return Err(Error::InvalidArgument(format!("peer endpoint has no LID on an InfiniBand port: {remote}")));
+        }
+        let mut attr = sys::ibv_ah_attr { dlid: remote.lid, port_num: q.config.port, ..Default::default() };
+        if ethernet {
+            attr.is_global = 1;
+            attr.grh.dgid.raw = remote.gid.0;
+            attr.grh.sgid_index = q.gid.entry.index as u8;
+            attr.grh.hop_limit = 64;
+        }
+        // SAFETY: valid PD; `attr` is fully set.
+        let ah = unsafe { sys::ibv_create_ah(q.pd.as_ptr(), &mut attr) };
+        let ah = NonNull::new(ah).ok_or_else(|| Error::last("ibv_create_ah"))?;
+        let mtu = q.mtu().min(remote.mtu);
+        Ok(AddressHandle {
+            inner: Arc::new(AhInner { ah, pd: q.pd.clone(), qp_num: remote.qp_num, qkey, max_message: mtu.bytes() as usize }),
+        })
+    }
+
+    /// The largest message a send to this peer may carry (the path MTU).
+    pub fn max_message(&self) -> usize {
+        self.inner.max_message
+    }
+}
+
+/// A UD send (with or without immediate data) to the peer an
+/// [`AddressHandle`] names. There is no other way to make one, so a UD
+/// send without an address cannot be written:
+///
+/// ```compile_fail,E0061
+/// # fn f(qp: &gpudirect::UdQueuePair, mr: &gpudirect::MemoryRegion) -> gpudirect::Result<()> {
+/// qp.post_send(&[gpudirect::UdSendWr::send(mr.slice(0..64)?)])?; // no address handle
+/// # Ok(()) }
+/// ```
+///
+/// nor can an RC request go to a UD queue pair (E0308, mismatched types):
+///
+/// ```compile_fail,E0308
+/// # fn f(qp: &gpudirect::UdQueuePair, mr: &gpudirect::MemoryRegion) -> gpudirect::Result<()> {
+/// qp.post_send(&[gpudirect::SendWr::send(mr.slice(0..64)?)])?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct UdSendWr<'a> {
+    wr_id: u64,
+    to: &'a AddressHandle,
+    local: SgList<'a>,
+    imm: Option<u32>,
+    signaled: bool,
+    inline: bool,
+}
+
+impl<'a> UdSendWr<'a> {
+    /// A datagram of `local`'s bytes to `to`.
+    pub fn send(to: &'a AddressHandle, local: impl Into<SgList<'a>>) -> Self {
+        UdSendWr { wr_id: 0, to, local: local.into(), imm: None, signaled: true, inline: false }
+    }
+
+    /// A datagram carrying 32 bits of immediate data too.
+    pub fn send_with_imm(to: &'a AddressHandle, local: impl Into<SgList<'a>>, imm: u32) -> Self {
+        UdSendWr { imm: Some(imm), ..Self::send(to, local) }
+    }
+
+    /// Sets the id reported in this request's completion.
+    pub fn wr_id(mut self, id: u64) -> Self {
+        self.wr_id = id;
+        self
+    }
+
+    /// Requests no completion (as [`SendWr::unsignaled`](crate::SendWr::unsignaled)).
+    pub fn unsignaled(mut self) -> Self {
+        self.signaled = false;
+        self
+    }
+
+    /// Copies the payload at post time (as [`SendWr::inline`](crate::SendWr::inline)).
+    pub fn inline(mut self) -> Self {
+        self.inline = true;
+        self
+    }
+}
+
+struct UdInner {
+    qp: NonNull<sys::ibv_qp>,
+    qp_num: u32,
+    pd: ProtectionDomain,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    tracker: Arc<Tracker>,
+    gid: GidChoice,
+    port: PortAttr,
+    config: UdConfig,
+    max_inline: u32,
+    /// One GRH slot per receive-queue entry; receive `seq` uses slot
+    /// `seq % max_recv_wr` (at most that many are outstanding, with
+    /// consecutive numbers, so no two share one).
+    grh: MemoryRegion,
+    /// Every address handle a send named, by identity, destroyed only
+    /// after the queue pair (so never under a send in flight).
+    ahs: Mutex<HashMap<usize, AddressHandle>>,
+    room: [Option<Reservation>; 2],
+}
+
+// SAFETY: posting and modifying are thread-safe verbs; Rust-side state
+// lives behind the tracker's mutexes.
+unsafe impl Send for UdInner {}
+// SAFETY: as above.
+unsafe impl Sync for UdInner {}
+
+impl Drop for UdInner {
+    fn drop(&mut self) {
+        // SAFETY: created by ibv_create_qp, destroyed once; afterwards the
+        // NIC no longer touches memory on its behalf.
+        let ret = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+        self.send_cq.unregister(self.qp_num, &self.tracker);
+        self.recv_cq.unregister(self.qp_num, &self.tracker);
+        if ret != 0 {
+            tracing::warn!("{}", Error::returned("ibv_destroy_qp", ret));
+            std::mem::forget(self.tracker.clone());
+            std::mem::forget(self.grh.clone());
+            std::mem::forget(std::mem::take(&mut *self.ahs.lock()));
+            std::mem::forget(self.room.each_mut().map(Option::take));
+            return;
+        }
+        for (left, room) in self.tracker.clear().into_iter().zip(&mut self.room) {
+            if let (true, Some(r)) = (left, room.take()) {
+                r.into_debt();
+            }
+        }
+        self.pd.inner.holders.remove(&holder(&self.tracker));
+    }
+}
+
+impl UdInner {
+    fn mtu(&self) -> Mtu {
+        self.port.active_mtu.unwrap_or(Mtu::Mtu1024)
+    }
+
+    fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32) -> Result<()> {
+        // SAFETY: valid QP and attribute struct; the mask names fields set.
+        check("ibv_modify_qp", unsafe { sys::ibv_modify_qp(self.qp.as_ptr(), attr, mask as i32) })
+    }
+}
+
+/// An unreliable-datagram queue pair, ready to send and receive once
+/// created (`RTS`): no connection, one queue pair for any number of peers.
+///
+/// Each receive takes one datagram; the library receives the 40-byte GRH
+/// in front of it into memory of its own, so a receive names only room
+/// for the message and its completion's `byte_len` is the message's. A
+/// receive completion's [`src_qp`](crate::WorkCompletion::src_qp) is the
+/// sender's queue pair. Datagrams are not acknowledged: one to a peer
+/// without a receive posted, or with another Q_Key, is dropped silently.
+///
+/// # Thread safety
+/// As [`QueuePair`](crate::QueuePair): several threads may post; each
+/// batch is posted whole.
+pub struct UdQueuePair {
+    inner: UdInner,
+}
+
+impl fmt::Debug for UdQueuePair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UdQueuePair")
+            .field("device", &self.inner.pd.context().name())
+            .field("qp_num", &format_args!("{:#x}", self.inner.qp_num))
+            .field("gid", &format_args!("{}", self.inner.gid))
+            .finish()
+    }
+}
+
+impl UdQueuePair {
+    /// Creates a UD queue pair in `pd` and brings it to `RTS`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for CQs of another device;
+    /// [`Error::CqTooSmall`]; [`Error::Gid`] / [`Error::InvalidPort`];
+    /// [`Error::Verb`] from `ibv_create_qp` or `ibv_modify_qp`.
+    pub fn create(pd: &ProtectionDomain, send_cq: &CompletionQueue, recv_cq: &CompletionQueue, config: &UdConfig) -> Result<UdQueuePair> {
+        let ctx = pd.context();
+        for cq in [send_cq, recv_cq] {
+            if !Arc::ptr_eq(&cq.context().inner, &ctx.inner) {
+                return Err(Error::InvalidArgument(format!(
+                    "completion queue of device {} used with a protection domain of {}",
+                    cq.context().name(),
+                    ctx.name()
+                )));
+            }
+        }
+        if config.max_recv_wr == 0 {
+            return Err(Error::InvalidArgument("UdConfig::max_recv_wr must be at least 1".into()));
+        }
+        let port = ctx.query_port(config.port)?;
+        let gid = ctx.choose_gid_on(&port, config.gid_index)?;
+        let grh = MemoryRegion::alloc(pd, config.max_recv_wr as usize * GRH_LEN, AccessFlags::LOCAL_WRITE)?;
+        let room = [Some(send_cq.reserve(config.max_send_wr)?), Some(recv_cq.reserve(config.max_recv_wr)?)];
+        let mut init = sys::ibv_qp_init_attr {
+            send_cq: send_cq.as_ptr(),
+            recv_cq: recv_cq.as_ptr(),
+            cap: sys::ibv_qp_cap {
+                max_send_wr: config.max_send_wr,
+                max_recv_wr: config.max_recv_wr,
+                max_send_sge: 1,
+                // The GRH slot, then the message's slice.
+                max_recv_sge: 2,
+                max_inline_data: config.max_inline_data,
+            },
+            qp_type: sys::IBV_QPT_UD,
+            ..Default::default()
+        };
+        // SAFETY: valid PD and CQs of the same device; `init` is fully set.
+        let qp = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) };
+        let qp = NonNull::new(qp).ok_or_else(|| Error::last("ibv_create_qp"))?;
+        // SAFETY: a created QP is readable.
+        let qp_num = unsafe { (*qp.as_ptr()).qp_num };
+        let tracker = Arc::new(Tracker::new(config.max_send_wr, config.max_recv_wr, pd.inner.stages_in.clone()).with_recv_prefix(GRH_LEN as u32));
+        send_cq.register(qp_num, tracker.clone());
+        recv_cq.register(qp_num, tracker.clone());
+        pd.inner.holders.add(holder(&tracker));
+        let inner = UdInner {
+            qp,
+            qp_num,
+            pd: pd.clone(),
+            send_cq: send_cq.clone(),
+            recv_cq: recv_cq.clone(),
+            tracker,
+            gid,
+            port,
+            config: config.clone(),
+            max_inline: init.cap.max_inline_data,
+            grh,
+            ahs: Mutex::new(HashMap::new()),
+            room,
+        };
+        let mut attr = sys::ibv_qp_attr { qp_state: sys::IBV_QPS_INIT, port_num: config.port, qkey: config.qkey, ..Default::default() };
+        inner.modify(&mut attr, sys::IBV_QP_STATE | sys::IBV_QP_PKEY_INDEX | sys::IBV_QP_PORT | sys::IBV_QP_QKEY)?;
+        inner.modify(&mut sys::ibv_qp_attr { qp_state: sys::IBV_QPS_RTR, ..Default::default() }, sys::IBV_QP_STATE)?;
+        let mut attr = sys::ibv_qp_attr { qp_state: sys::IBV_QPS_RTS, sq_psn: 0, ..Default::default() };
+        inner.modify(&mut attr, sys::IBV_QP_STATE | sys::IBV_QP_SQ_PSN)?;
+        tracing::debug!(qp = ?inner.qp_num, gid = %inner.gid, "created UD queue pair");
+        Ok(UdQueuePair { inner })
+    }
+
+    /// This queue pair's endpoint, for peers' [`AddressHandle`]s.
+    pub fn endpoint(&self) -> Endpoint {
+        let q = &self.inner;
+        Endpoint { qp_num: q.qp_num, psn: 0, lid: q.port.lid, gid: q.gid.entry.gid, mtu: q.mtu() }
+    }
+
+    /// The GID this queue pair sends from, and why it was chosen.
+    pub fn gid(&self) -> &GidChoice {
+        &self.inner.gid
+    }
+
+    /// Posts a batch of datagrams with one call. Each one's memory is held
+    /// until its completion is reaped (an inline one's only during the post).
+    ///
+    /// # Errors
+    /// Nothing is posted when a message is longer than its path's MTU
+    /// ([`Error::TooLong`]), an address handle or region is of another
+    /// protection domain ([`Error::ForeignMemoryRegion`]), a request has
+    /// several slices or is inline beyond `max_inline_data` or from GPU
+    /// memory ([`Error::InvalidArgument`]), the queue is full
+    /// ([`Error::QueueFull`]) or a range is busy ([`Error::Busy`]);
+    /// [`Error::Verb`] from `ibv_post_send` (the requests before the
+    /// refused one were posted).
+    pub fn post_send(&self, wrs: &[UdSendWr<'_>]) -> Result<()> {
+        let q = &self.inner;
+        let n = wrs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        for wr in wrs {
+            if !wr.to.inner.pd.same_as(&q.pd) {
+                return Err(Error::ForeignMemoryRegion);
+            }
+            wr.local.check(&q.pd)?;
+            if wr.local.len() > wr.to.inner.max_message {
+                return Err(Error::TooLong(wr.local.len() as u64));
+            }
+            if wr.local.gather_sges() > 0 {
+                return Err(Error::InvalidArgument("a UD send carries one slice".into()));
+            }
+            if wr.inline && (wr.local.len() > q.max_inline as usize || !wr.local.cpu_addressable()) {
+                return Err(Error::InvalidArgument(format!(
+                    "an inline datagram is copied by the CPU, at most {} bytes (UdConfig::max_inline_data) of host memory",
+                    q.max_inline
+                )));
+            }
+        }
+        let mut guard = q.tracker.send.lock();
+        let wq = &mut *guard;
+        wq.room_for(n, "send")?;
+        let (first_seq, kept) = (wq.next_seq, wq.pending.len());
+        wq.scratch.fit_send(n, 0);
+        let (chain, sges) = (wq.scratch.send.as_mut_ptr(), wq.scratch.sges.as_mut_ptr());
+        let mut none: &mut [sys::ibv_sge] = &mut [];
+        for (i, wr) in wrs.iter().enumerate() {
+            let seq = (first_seq + i as u64) & SEQ_MASK;
+            let opcode = WcOpcode::Send;
+            wq.enter(kept, wr.local.claim(false), |hold| Pending { seq, wr_id: wr.wr_id, opcode, signaled: wr.signaled, hold })?;
+            // SAFETY: fit_send made room for `n` slots of each; `i < n`;
+            // `i + 1` is at most one past the end and never dereferenced
+            // (the last link is set to NULL after the loop).
+            let (raw, sg) = unsafe { (&mut *chain.add(i), &mut *sges.add(i)) };
+            // SAFETY: as above.
+            raw.next = unsafe { chain.add(i + 1) };
+            raw.wr_id = q.tracker.tag | seq;
+            (raw.opcode, raw.__bindgen_anon_1.imm_data) = match wr.imm {
+                Some(imm) => (sys::IBV_WR_SEND_WITH_IMM, imm.to_be()),
+                None => (sys::IBV_WR_SEND, 0),
+            };
+            raw.send_flags = (if wr.signaled { sys::IBV_SEND_SIGNALED } else { 0 }) | if wr.inline { sys::IBV_SEND_INLINE } else { 0 };
+            raw.wr.ud = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
+                ah: wr.to.inner.ah.as_ptr(),
+                remote_qpn: wr.to.inner.qp_num,
+                remote_qkey: wr.to.inner.qkey,
+            };
+            (raw.sg_list, raw.num_sge) = wr.local.write_sges(sg, &mut none);
+        }
+        let chain = &mut wq.scratch.send[..n];
+        chain[n - 1].next = std::ptr::null_mut();
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a valid, NULL-terminated chain whose SGEs name registered
+        // memory the pending entries hold, and address handles the requests
+        // borrow (kept alive below until their completions).
+        let ret = unsafe { sys::ibv_post_send(q.qp.as_ptr(), chain.as_mut_ptr(), &mut bad) };
+        let posted = posted_count(ret, bad, chain);
+        // Inline payloads were copied: nothing of theirs stays held.
+        for (p, wr) in wq.pending.iter_mut().skip(kept).zip(wrs).take(posted) {
+            if wr.inline {
+                p.hold = crate::mr::Hold::None;
+            }
+        }
+        // The handles must outlive the sends that name them: each one used
+        // here is kept for the queue pair's life (one per peer).
+        let mut ahs = q.ahs.lock();
+        for wr in &wrs[..posted] {
+            ahs.entry(Arc::as_ptr(&wr.to.inner) as usize).or_insert_with(|| wr.to.clone());
+        }
+        drop(ahs);
+        finish_post(wq, n, posted, "ibv_post_send", ret)
+    }
+
+    /// Posts a batch of receives, each for one datagram of at most its
+    /// slice's length (the GRH goes into the library's own memory).
+    ///
+    /// # Errors
+    /// [`Error::QueueFull`], [`Error::ForeignMemoryRegion`],
+    /// [`Error::InvalidArgument`] for a receive of several slices,
+    /// [`Error::Busy`]; [`Error::Verb`] from `ibv_post_recv`.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let q = &self.inner;
+        let n = wrs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        for wr in wrs {
+            wr.local.check(&q.pd)?;
+            if wr.local.gather_sges() > 0 {
+                return Err(Error::InvalidArgument("a UD receive takes one slice (after the GRH the library receives)".into()));
+            }
+        }
+        let depth = u64::from(q.config.max_recv_wr);
+        let mut guard = q.tracker.recv.lock();
+        let wq = &mut *guard;
+        wq.room_for(n, "receive")?;
+        let (first_seq, kept) = (wq.next_seq, wq.pending.len());
+        // Two SGEs per receive, in the gather space: the GRH slot, then the message's.
+        wq.scratch.fit_recv(n, 2 * n);
+        let s = &mut wq.scratch;
+        let (chain, sges) = (s.recv.as_mut_ptr(), s.gather.as_mut_ptr());
+        for (i, wr) in wrs.iter().enumerate() {
+            let seq = (first_seq + i as u64) & SEQ_MASK;
+            wq.enter(kept, wr.local.claim(true), |hold| Pending { seq, wr_id: wr.wr_id, opcode: WcOpcode::Recv, signaled: true, hold })?;
+            let slot = (seq % depth) as usize * GRH_LEN;
+            // SAFETY: fit_recv made `n` chain slots and `2n` gather entries;
+            // `i < n`, and `i + 1` is never dereferenced (see post_send).
+            let (raw, pair) = unsafe { (&mut *chain.add(i), std::slice::from_raw_parts_mut(sges.add(2 * i), 2)) };
+            // SAFETY: as above.
+            raw.next = unsafe { chain.add(i + 1) };
+            raw.wr_id = RECV_BIT | q.tracker.tag | seq;
+            pair[0] = sys::ibv_sge { addr: q.grh.addr() + slot as u64, length: GRH_LEN as u32, lkey: q.grh.lkey() };
+            let k = match wr.local.one().filter(|s| !s.is_empty()) {
+                Some(s) => {
+                    pair[1] = s.sge();
+                    2
+                }
+                None => 1,
+            };
+            (raw.sg_list, raw.num_sge) = (pair.as_mut_ptr(), k);
+        }
+        let chain = &mut wq.scratch.recv[..n];
+        chain[n - 1].next = std::ptr::null_mut();
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a valid, NULL-terminated chain whose SGEs name the GRH
+        // slots (registered, owned by the queue pair) and memory the
+        // pending entries hold.
+        let ret = unsafe { sys::ibv_post_recv(q.qp.as_ptr(), chain.as_mut_ptr(), &mut bad) };
+        let posted = posted_count(ret, bad, chain);
+        finish_post(wq, n, posted, "ibv_post_recv", ret)
+    }
+}
