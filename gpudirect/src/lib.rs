@@ -98,8 +98,8 @@
 //!   time: nothing CUDA is needed to build). Without it the GPU types
 //!   remain and every CUDA call returns [`Error::CudaUnavailable`] saying
 //!   so; cudarc is not in the dependency tree.
-//! - `tokio`: [`AsyncCompletionQueue`] (awaitable completions, and the
-//!   completion of one work request by id) and [`AsyncEvents`], on tokio's
+//! - `tokio`: `AsyncCompletionQueue` (awaitable completions, and the
+//!   completion of one work request by id) and `AsyncEvents`, on tokio's
 //!   reactor. Without it, [`CompletionQueue`] still gives any event loop
 //!   its channel's fd (`AsFd`), [`req_notify`](CompletionQueue::req_notify)
 //!   and [`ack_events`](CompletionQueue::ack_events).
