@@ -11,10 +11,11 @@ use std::sync::Arc;
 use gpudirect_sys as sys;
 
 use crate::cq::{CompletionQueue, Reservation};
-use crate::error::{check, Error, Result};
+use crate::error::{Error, Result};
 use crate::gid::GidChoice;
 use crate::mr::{AccessFlags, MemoryRegion, SgList};
 use crate::pd::ProtectionDomain;
+use crate::qp::{check_cqs, destroy_qp, modify_qp};
 use crate::sync::Mutex;
 use crate::port::{LinkLayer, Mtu, PortAttr};
 use crate::tracker::{finish_post, holder, posted_count, Pending, Tracker, RECV_BIT, SEQ_MASK};
@@ -221,25 +222,11 @@ unsafe impl Sync for UdInner {}
 
 impl Drop for UdInner {
     fn drop(&mut self) {
-        // SAFETY: created by ibv_create_qp, destroyed once; afterwards the
-        // NIC no longer touches memory on its behalf.
-        let ret = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
-        self.send_cq.unregister(self.qp_num, &self.tracker);
-        self.recv_cq.unregister(self.qp_num, &self.tracker);
-        if ret != 0 {
-            tracing::warn!("{}", Error::returned("ibv_destroy_qp", ret));
-            std::mem::forget(self.tracker.clone());
+        if !destroy_qp(self.qp, self.qp_num, &self.pd, [&self.send_cq, &self.recv_cq], &self.tracker, &mut self.room) {
+            // The NIC may still write the GRH slots and read the handles.
             std::mem::forget(self.grh.clone());
             std::mem::forget(std::mem::take(&mut *self.ahs.lock()));
-            std::mem::forget(self.room.each_mut().map(Option::take));
-            return;
         }
-        for (left, room) in self.tracker.clear().into_iter().zip(&mut self.room) {
-            if let (true, Some(r)) = (left, room.take()) {
-                r.into_debt();
-            }
-        }
-        self.pd.inner.holders.remove(&holder(&self.tracker));
     }
 }
 
@@ -249,8 +236,7 @@ impl UdInner {
     }
 
     fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32) -> Result<()> {
-        // SAFETY: valid QP and attribute struct; the mask names fields set.
-        check("ibv_modify_qp", unsafe { sys::ibv_modify_qp(self.qp.as_ptr(), attr, mask as i32) })
+        modify_qp(self.qp, attr, mask)
     }
 }
 
@@ -290,15 +276,7 @@ impl UdQueuePair {
     /// [`Error::Verb`] from `ibv_create_qp` or `ibv_modify_qp`.
     pub fn create(pd: &ProtectionDomain, send_cq: &CompletionQueue, recv_cq: &CompletionQueue, config: &UdConfig) -> Result<UdQueuePair> {
         let ctx = pd.context();
-        for cq in [send_cq, recv_cq] {
-            if !Arc::ptr_eq(&cq.context().inner, &ctx.inner) {
-                return Err(Error::InvalidArgument(format!(
-                    "completion queue of device {} used with a protection domain of {}",
-                    cq.context().name(),
-                    ctx.name()
-                )));
-            }
-        }
+        check_cqs(pd, [send_cq, recv_cq])?;
         if config.max_recv_wr == 0 {
             return Err(Error::InvalidArgument("UdConfig::max_recv_wr must be at least 1".into()));
         }

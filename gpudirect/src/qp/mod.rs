@@ -54,30 +54,67 @@ unsafe impl Sync for QpInner {}
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        // SAFETY: the QP came from ibv_create_qp and is destroyed once.
-        // After this returns the NIC no longer touches memory on its behalf,
-        // so the holds of its outstanding work requests may be released.
-        let ret = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
-        self.send_cq.unregister(self.qp_num, &self.tracker);
-        self.recv_cq.unregister(self.qp_num, &self.tracker);
-        if ret != 0 {
-            tracing::warn!("{}", Error::returned("ibv_destroy_qp", ret));
-            // Leak the held memory rather than free what the NIC may still
-            // use, and keep the CQ room: the QP may still complete into it.
-            std::mem::forget(self.tracker.clone());
-            std::mem::forget(self.room.each_mut().map(Option::take));
-            return;
-        }
-        // Work left unreaped may have left completions in the CQ (rxe keeps
-        // a destroyed QP's; mlx5 removes them): that room stays owed until
-        // the CQ has been seen empty.
-        for (left, room) in self.tracker.clear().into_iter().zip(&mut self.room) {
-            if let (true, Some(r)) = (left, room.take()) {
-                r.into_debt();
-            }
-        }
-        self.pd.inner.holders.remove(&holder(&self.tracker));
+        destroy_qp(self.qp, self.qp_num, &self.pd, [&self.send_cq, &self.recv_cq], &self.tracker, &mut self.room);
     }
+}
+
+/// Destroys a queue pair (RC or UD) that completes on `cqs` (send, then
+/// receive) and lets go of what it held: its tracker's outstanding work
+/// (released: the NIC no longer touches memory on its behalf) and its room
+/// in the CQs. Returns false when `ibv_destroy_qp` failed: then the held
+/// memory and the room are leaked instead (the NIC may still use the one
+/// and complete into the other), and so must be whatever else the caller
+/// owns that the NIC can reach through the queue pair.
+pub(crate) fn destroy_qp(
+    qp: NonNull<sys::ibv_qp>,
+    qp_num: u32,
+    pd: &ProtectionDomain,
+    cqs: [&CompletionQueue; 2],
+    tracker: &Arc<Tracker>,
+    room: &mut [Option<Reservation>; 2],
+) -> bool {
+    // SAFETY: the QP came from ibv_create_qp and is destroyed once, here.
+    let ret = unsafe { sys::ibv_destroy_qp(qp.as_ptr()) };
+    for cq in cqs {
+        cq.unregister(qp_num, tracker);
+    }
+    if ret != 0 {
+        tracing::warn!("{}", Error::returned("ibv_destroy_qp", ret));
+        std::mem::forget(tracker.clone());
+        std::mem::forget(room.each_mut().map(Option::take));
+        return false;
+    }
+    // Work left unreaped may have left completions in the CQ (rxe keeps
+    // a destroyed QP's; mlx5 removes them): that room stays owed until
+    // the CQ has been seen empty.
+    for (left, room) in tracker.clear().into_iter().zip(room) {
+        if let (true, Some(r)) = (left, room.take()) {
+            r.into_debt();
+        }
+    }
+    pd.inner.holders.remove(&holder(tracker));
+    true
+}
+
+/// Refuses completion queues of another device than `pd`'s.
+pub(crate) fn check_cqs(pd: &ProtectionDomain, cqs: [&CompletionQueue; 2]) -> Result<()> {
+    let ctx = pd.context();
+    for cq in cqs {
+        if !Arc::ptr_eq(&cq.context().inner, &ctx.inner) {
+            return Err(Error::InvalidArgument(format!(
+                "completion queue of device {} used with a protection domain of {}",
+                cq.context().name(),
+                ctx.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `ibv_modify_qp` with the fields `mask` names.
+pub(crate) fn modify_qp(qp: NonNull<sys::ibv_qp>, attr: &mut sys::ibv_qp_attr, mask: u32) -> Result<()> {
+    // SAFETY: a valid QP and attribute struct; the mask names fields set.
+    check("ibv_modify_qp", unsafe { sys::ibv_modify_qp(qp.as_ptr(), attr, mask as i32) })
 }
 
 impl fmt::Debug for QpInner {
@@ -104,8 +141,7 @@ impl QpInner {
     }
 
     fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32) -> Result<()> {
-        // SAFETY: valid QP and attribute struct; the mask names fields set.
-        check("ibv_modify_qp", unsafe { sys::ibv_modify_qp(self.qp.as_ptr(), attr, mask as i32) })
+        modify_qp(self.qp, attr, mask)
     }
 }
 
@@ -206,15 +242,7 @@ impl QueuePair {
         config: &QpConfig,
     ) -> Result<PreparedQueuePair> {
         let ctx = pd.context();
-        for cq in [send_cq, recv_cq] {
-            if !Arc::ptr_eq(&cq.context().inner, &ctx.inner) {
-                return Err(Error::InvalidArgument(format!(
-                    "completion queue of device {} used with a protection domain of {}",
-                    cq.context().name(),
-                    ctx.name()
-                )));
-            }
-        }
+        check_cqs(pd, [send_cq, recv_cq])?;
         let max_sge = ctx.attr().max_sge;
         // A queue pair on a shared receive queue has no receive queue of its own.
         let (recv_wr, recv_sge) = if srq.is_some() { (0, 0) } else { (config.max_recv_wr, config.max_recv_sge) };
