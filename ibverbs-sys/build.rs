@@ -11,12 +11,15 @@ use std::env;
 use std::path::{Path, PathBuf};
 
 const PACKAGES: &str = "libibverbs-dev libclang-dev pkg-config";
+/// With the `rdmacm` feature.
+const RDMACM_PACKAGE: &str = "librdmacm-dev";
 
 fn fail(what: &str) -> ! {
     eprintln!();
     eprintln!("error: gpudirect-sys cannot be built: {what}");
     eprintln!("  On Debian or Ubuntu install the rdma-core headers and libclang:");
-    eprintln!("      sudo apt-get install {PACKAGES}");
+    let cm = if env::var_os("CARGO_FEATURE_RDMACM").is_some() { format!(" {RDMACM_PACKAGE}") } else { String::new() };
+    eprintln!("      sudo apt-get install {PACKAGES}{cm}");
     eprintln!("  On Fedora/RHEL: sudo dnf install rdma-core-devel clang-devel pkgconf");
     eprintln!("  Or point IBVERBS_INCLUDE_DIR (the folder holding infiniband/verbs.h)");
     eprintln!("  and IBVERBS_LIB_DIR (the folder holding libibverbs.so) at an rdma-core build.");
@@ -56,6 +59,65 @@ fn locate() -> (Vec<PathBuf>, String) {
 /// Where `GPUDIRECT_SYS_WRITE_PREGENERATED=1` writes the bindings that
 /// docs.rs builds use.
 const PREGENERATED: &str = "src/pregenerated.rs";
+/// The same for librdmacm's (feature `rdmacm`).
+const PREGENERATED_RDMACM: &str = "src/pregenerated_rdmacm.rs";
+
+/// Writes `text` to a checked-in pregenerated file, with its header.
+fn write_pregenerated(here: &Path, file: &str, from: &str, text: &str) {
+    let text = format!(
+        "// The bindings docs.rs builds use (DOCS_RS set: no headers, no libclang there).\n\
+         // Written by build.rs with GPUDIRECT_SYS_WRITE_PREGENERATED=1 from {from}\n\
+         // (rdma-core's headers); tests/pregenerated.rs checks that a fresh generation\n\
+         // has the same public items. Do not edit.\n{text}"
+    );
+    std::fs::write(here.join(file), text).unwrap_or_else(|e| fail(&format!("cannot write {file}: {e}")));
+}
+
+/// librdmacm's bindings (`<rdma/rdma_cma.h>`), for the `rdmacm` feature:
+/// a second generation whose verbs types are the first one's (the
+/// generated module starts with `use super::*`), so an `ibv_qp` from either
+/// is the same type.
+fn rdmacm(here: &Path, out: &Path, includes: &[PathBuf]) {
+    println!("cargo:rerun-if-changed=rdmacm.h");
+    let version = match pkg_config::Config::new().atleast_version("1.0").probe("librdmacm") {
+        Ok(lib) => lib.version,
+        Err(_) => fail(&format!(
+            "the rdmacm feature needs librdmacm's headers (`pkg-config librdmacm` failed; \
+             Debian/Ubuntu: {RDMACM_PACKAGE})"
+        )),
+    };
+    println!("cargo:rustc-env=GPUDIRECT_SYS_LIBRDMACM_VERSION={version}");
+    let bindings = bindgen::Builder::default()
+        .header(here.join("rdmacm.h").to_string_lossy())
+        .clang_args(includes.iter().map(|p| format!("-I{}", p.display())))
+        .allowlist_function("rdma_.*")
+        .allowlist_type("rdma_.*")
+        .allowlist_var("RDMA_.*")
+        .allowlist_var("RAI_.*")
+        // Everything of verbs.h comes from the main bindings.
+        .blocklist_file(".*/infiniband/verbs\\.h")
+        // Two static inline accessors of `id->route.addr`: read the field.
+        .blocklist_function("rdma_get_(local|peer)_addr")
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .derive_default(true)
+        .derive_debug(true)
+        .prepend_enum_name(false)
+        .layout_tests(true)
+        .impl_debug(true)
+        .use_core()
+        .raw_line("#[allow(unused_imports)]")
+        .raw_line("use super::*;")
+        .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+        .generate()
+        .unwrap_or_else(|e| fail(&format!("bindgen could not parse rdma/rdma_cma.h ({})", e.to_string().trim())));
+    bindings
+        .write_to_file(out.join("rdmacm.rs"))
+        .unwrap_or_else(|e| fail(&format!("cannot write bindings: {e}")));
+    if env::var_os("GPUDIRECT_SYS_WRITE_PREGENERATED").is_some() {
+        write_pregenerated(here, PREGENERATED_RDMACM, &format!("librdmacm {version}"), &bindings.to_string());
+    }
+    println!("cargo:rustc-link-lib=dylib=rdmacm");
+}
 
 fn main() {
     println!("cargo:rerun-if-changed=wrapper.h");
@@ -122,13 +184,10 @@ fn main() {
         .write_to_file(out.join("bindings.rs"))
         .unwrap_or_else(|e| fail(&format!("cannot write bindings: {e}")));
     if env::var_os("GPUDIRECT_SYS_WRITE_PREGENERATED").is_some() {
-        let text = format!(
-            "// The bindings docs.rs builds use (DOCS_RS set: no headers, no libclang there).\n\
-             // Written by build.rs with GPUDIRECT_SYS_WRITE_PREGENERATED=1 from libibverbs {version}\n\
-             // (rdma-core's headers); tests/pregenerated.rs checks that a fresh generation\n\
-             // has the same public items. Do not edit.\n{bindings}"
-        );
-        std::fs::write(here.join(PREGENERATED), text).unwrap_or_else(|e| fail(&format!("cannot write {PREGENERATED}: {e}")));
+        write_pregenerated(&here, PREGENERATED, &format!("libibverbs {version}"), &bindings.to_string());
+    }
+    if env::var_os("CARGO_FEATURE_RDMACM").is_some() {
+        rdmacm(&here, &out, &includes);
     }
 
     let mut cc = cc::Build::new();

@@ -293,23 +293,10 @@ impl CompletionQueue {
             if n > 0 {
                 return Ok(n);
             }
-            let ms = match deadline.left() {
-                None => -1,
-                Some(left) if left.is_zero() => return Err(Error::Timeout(timeout.unwrap_or_default())),
-                Some(left) => left.as_millis().clamp(1, i32::MAX as u128) as i32,
-            };
-            let mut pfd = libc::pollfd { fd: self.as_fd().as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd.
-            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if r < 0 {
-                let errno = Errno::last();
-                if errno.0 == libc::EINTR {
-                    continue;
-                }
-                return Err(Error::Verb { verb: "poll", errno });
-            }
-            if r == 0 {
-                continue; // the deadline check above reports the timeout
+            match deadline.wait_readable(self.as_fd().as_raw_fd()) {
+                Ok(true) => {}
+                Ok(false) => return Err(Error::Timeout(timeout.unwrap_or_default())),
+                Err(errno) => return Err(Error::Verb { verb: "poll", errno }),
             }
             self.ack_events()?;
         }

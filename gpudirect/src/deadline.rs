@@ -3,8 +3,14 @@
 //! `Instant::now() + timeout` panics when the sum overflows, which
 //! `Duration::MAX` ("wait forever") always does. A deadline past what an
 //! `Instant` can represent is no deadline at all.
+//!
+//! Also the one poll(2) wait on a non-blocking descriptor (completion
+//! channel, async-event fd, rdma_cm event channel) bounded by a deadline.
 
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
+
+use crate::errno::Errno;
 
 /// When a timeout runs out, or never.
 #[derive(Clone, Copy, Debug)]
@@ -30,6 +36,27 @@ impl Deadline {
     pub(crate) fn passed(&self) -> bool {
         self.left().is_some_and(|l| l.is_zero())
     }
+
+    /// Waits until `fd` is readable, a signal interrupts, or the deadline
+    /// passes. `Ok(false)`: it had passed before waiting. `Ok(true)`: try
+    /// the non-blocking read again (it may still find nothing: callers
+    /// loop, and the next call reports the deadline).
+    pub(crate) fn wait_readable(&self, fd: RawFd) -> Result<bool, Errno> {
+        let ms = match self.left() {
+            None => -1,
+            Some(left) if left.is_zero() => return Ok(false),
+            Some(left) => left.as_millis().clamp(1, i32::MAX as u128) as i32,
+        };
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
+            let errno = Errno::last();
+            if errno.0 != libc::EINTR {
+                return Err(errno);
+            }
+        }
+        Ok(true)
+    }
 }
 
 #[cfg(test)]
@@ -44,5 +71,25 @@ mod tests {
         assert!(Deadline::after(Duration::ZERO).passed());
         assert!(!Deadline::never().passed());
         assert!(Deadline::after(Duration::from_secs(60)).left().unwrap() <= Duration::from_secs(60));
+    }
+
+    #[test]
+    fn wait_readable_reports_readiness_and_the_deadline() {
+        let mut fds = [0; 2];
+        // SAFETY: a two-int array for pipe(2).
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let d = Deadline::after(Duration::from_millis(20));
+        let start = Instant::now();
+        assert_eq!(d.wait_readable(fds[0]), Ok(true)); // slept to the deadline
+        assert!(start.elapsed() >= Duration::from_millis(19));
+        assert_eq!(d.wait_readable(fds[0]), Ok(false));
+        // SAFETY: writes one byte from a valid buffer to the pipe.
+        assert_eq!(unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) }, 1);
+        assert_eq!(Deadline::never().wait_readable(fds[0]), Ok(true));
+        assert_eq!(Deadline::after(Duration::ZERO).wait_readable(fds[0]), Ok(false));
+        // SAFETY: closing the two descriptors made above, once.
+        unsafe { libc::close(fds[0]) };
+        // SAFETY: as above.
+        unsafe { libc::close(fds[1]) };
     }
 }

@@ -129,15 +129,10 @@ impl Context {
             if let Some(event) = self.try_async_event()? {
                 return Ok(event);
             }
-            let ms = match deadline.left() {
-                None => -1,
-                Some(left) if left.is_zero() => return Err(Error::Timeout(timeout.unwrap_or_default())),
-                Some(left) => left.as_millis().clamp(1, i32::MAX as u128) as i32,
-            };
-            let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd.
-            if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 && Errno::last().0 != libc::EINTR {
-                return Err(Error::Verb { verb: "poll", errno: Errno::last() });
+            match deadline.wait_readable(fd) {
+                Ok(true) => {}
+                Ok(false) => return Err(Error::Timeout(timeout.unwrap_or_default())),
+                Err(errno) => return Err(Error::Verb { verb: "poll", errno }),
             }
         }
     }

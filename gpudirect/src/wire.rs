@@ -48,6 +48,38 @@ pub struct RemoteBuffer {
 }
 
 impl RemoteBuffer {
+    /// Bytes in [`to_bytes`](Self::to_bytes)' form.
+    pub const WIRE_LEN: usize = 20;
+
+    /// A fixed 20-byte form: address, length (u64) and rkey (u32),
+    /// big-endian; the bootstrap handshake's, and small enough for
+    /// rdma_cm's private data.
+    pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
+        let mut out = [0; Self::WIRE_LEN];
+        out[..8].copy_from_slice(&self.addr.to_be_bytes());
+        out[8..16].copy_from_slice(&self.len.to_be_bytes());
+        out[16..].copy_from_slice(&self.rkey.to_be_bytes());
+        out
+    }
+
+    /// Reads [`to_bytes`](Self::to_bytes)' form from the start of `bytes`
+    /// (from a peer: untrusted).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for fewer than 20 bytes or a range that
+    /// would wrap past the end of the address space.
+    pub fn from_bytes(bytes: &[u8]) -> Result<RemoteBuffer> {
+        let Some(b) = bytes.get(..Self::WIRE_LEN) else {
+            return Err(Error::InvalidArgument(format!("a remote buffer takes 20 bytes, got {}", bytes.len())));
+        };
+        let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let rb = RemoteBuffer { addr: u64_at(0), len: u64_at(8), rkey: u32::from_be_bytes(b[16..].try_into().expect("4 bytes")) };
+        if rb.addr.checked_add(rb.len).is_none() {
+            return Err(Error::InvalidArgument(format!("remote buffer {:#x}+{} wraps past the end of the address space", rb.addr, rb.len)));
+        }
+        Ok(rb)
+    }
+
     /// The remote address of `offset`, after checking that `len` bytes from
     /// there lie within the buffer.
     ///

@@ -27,3 +27,14 @@ include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 // docs.rs: the same build script's output, checked in (see build.rs).
 #[cfg(gpudirect_sys_pregenerated)]
 include!("pregenerated.rs");
+
+/// librdmacm (`<rdma/rdma_cma.h>`): `rdma_create_id`, `rdma_resolve_addr`,
+/// `rdma_connect`, `rdma_get_cm_event`, ... (feature `rdmacm`, which links
+/// `librdmacm`). Its verbs types are this crate's own.
+#[cfg(feature = "rdmacm")]
+pub mod rdmacm {
+    #[cfg(not(gpudirect_sys_pregenerated))]
+    include!(concat!(env!("OUT_DIR"), "/rdmacm.rs"));
+    #[cfg(gpudirect_sys_pregenerated)]
+    include!("pregenerated_rdmacm.rs");
+}

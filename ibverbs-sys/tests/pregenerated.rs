@@ -29,3 +29,18 @@ fn pregenerated_bindings_match_a_fresh_generation() {
         "src/pregenerated.rs differs from a fresh generation: missing {missing:?}, extra {extra:?}; regenerate it"
     );
 }
+
+#[cfg(feature = "rdmacm")]
+#[test]
+fn pregenerated_rdmacm_bindings_match_a_fresh_generation() {
+    let generated = include_str!(concat!(env!("OUT_DIR"), "/rdmacm.rs"));
+    let pregenerated = include_str!("../src/pregenerated_rdmacm.rs");
+    let version = env!("GPUDIRECT_SYS_LIBRDMACM_VERSION");
+    assert!(
+        pregenerated.lines().take(4).any(|l| l.contains(&format!("librdmacm {version}"))),
+        "src/pregenerated_rdmacm.rs was generated from other headers than this machine's librdmacm {version}"
+    );
+    let (fresh, checked_in) = (public_lines(generated), public_lines(pregenerated));
+    assert!(fresh.len() > 100, "only {} pub lines generated", fresh.len());
+    assert_eq!(fresh, checked_in, "src/pregenerated_rdmacm.rs differs from a fresh generation; regenerate it");
+}

@@ -75,9 +75,7 @@ impl Handshake {
         }
         out.extend_from_slice(&(self.buffers.len() as u16).to_be_bytes());
         for b in &self.buffers {
-            out.extend_from_slice(&b.addr.to_be_bytes());
-            out.extend_from_slice(&b.len.to_be_bytes());
-            out.extend_from_slice(&b.rkey.to_be_bytes());
+            out.extend_from_slice(&b.to_bytes());
         }
         out.extend_from_slice(&(self.app.len() as u32).to_be_bytes());
         out.extend_from_slice(&self.app);
@@ -122,16 +120,15 @@ impl Handshake {
             return Err(BootstrapError::TooLarge { len: n as u64, max: MAX_BUFFERS as u64 });
         }
         // Each buffer needs 20 bytes: check before allocating for them.
-        r.need("buffers", n * 20)?;
+        r.need("buffers", n * RemoteBuffer::WIRE_LEN)?;
         let mut buffers = Vec::with_capacity(n);
         for _ in 0..n {
-            let addr = r.u64("buffer addr")?;
-            let len = r.u64("buffer len")?;
-            let rkey = r.u32("buffer rkey")?;
-            if addr.checked_add(len).is_none() {
-                return Err(BootstrapError::InvalidField { field: "buffer len", value: len });
-            }
-            buffers.push(RemoteBuffer { addr, len, rkey });
+            let bytes = r.take("buffer", RemoteBuffer::WIRE_LEN)?;
+            let b = RemoteBuffer::from_bytes(bytes).map_err(|_| BootstrapError::InvalidField {
+                field: "buffer len",
+                value: u64::from_be_bytes(bytes[8..16].try_into().expect("8 bytes")),
+            })?;
+            buffers.push(b);
         }
         let app_len = r.u32("app length")? as usize;
         let app = r.take("app", app_len)?.to_vec();
@@ -170,9 +167,6 @@ impl<'a> Reader<'a> {
     }
     fn u32(&mut self, f: &'static str) -> Result<u32, BootstrapError> {
         Ok(u32::from_be_bytes(self.array(f)?))
-    }
-    fn u64(&mut self, f: &'static str) -> Result<u64, BootstrapError> {
-        Ok(u64::from_be_bytes(self.array(f)?))
     }
 }
 
