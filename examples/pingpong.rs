@@ -10,6 +10,11 @@
 //! staged through host memory; each side prints the path it got
 //! (`memory: GPU0 memory, path: dma-buf`) and the peer's.
 //!
+//! With `--cm` the queue pairs are connected by rdma_cm (the server listens
+//! on the bootstrap port + 1, the client connects to the server's address
+//! there) and the buffers cross in its private data; the TCP bootstrap
+//! still carries the parameters and barriers, in the same process.
+//!
 //! The client's operation, sizes and iteration count are sent to the
 //! server in the bootstrap handshake; a server given its own values refuses
 //! a client whose values differ. Each side prints per-size round-trip
@@ -22,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use gpudirect::bootstrap::{with_port, Handshake, OobChannel, DEFAULT_PORT};
+use gpudirect::cm::{CmConnection, CmListener};
 use gpudirect::{
     AccessFlags, AddressHandle, CompletionQueue, Context, Gpu, GpuBuffer, GpuPolicy, MemoryRegion, ProtectionDomain,
     QpConfig, QueuePair, RecvWr, RemoteBuffer, SendWr, UdConfig, UdQueuePair, UdSendWr, WcOpcode, WorkCompletion,
@@ -76,6 +82,10 @@ struct Args {
     /// Operation [default: write].
     #[arg(long, value_enum)]
     op: Option<Op>,
+    /// Connect the queue pairs with rdma_cm (on the bootstrap port + 1)
+    /// instead of the endpoints in the bootstrap exchange.
+    #[arg(long)]
+    cm: bool,
     /// Seconds to wait for the peer (bootstrap and each message).
     #[arg(long, default_value_t = 60)]
     timeout: u64,
@@ -164,8 +174,24 @@ fn marker(iter: u32) -> u8 {
     (iter % 255) as u8 + 1
 }
 
+/// The connected queue pair; with `--cm`, inside the rdma_cm connection
+/// that owns it.
+enum Link {
+    Bootstrap(QueuePair),
+    Cm(CmConnection),
+}
+
+impl Link {
+    fn qp(&self) -> &QueuePair {
+        match self {
+            Link::Bootstrap(qp) => qp,
+            Link::Cm(conn) => conn.qp(),
+        }
+    }
+}
+
 struct Conn {
-    qp: QueuePair,
+    link: Link,
     cq: CompletionQueue,
     mr: MemoryRegion,
     peer: RemoteBuffer,
@@ -181,7 +207,7 @@ impl Conn {
     /// Receive area: [0, max); send area: [max, 2 max).
     fn post_recv(&self, op: Op, size: usize) -> Res<()> {
         let range = if op == Op::Send { 0..size } else { 0..0 };
-        self.qp.post_recv(&[RecvWr::new(self.mr.slice(range)?).wr_id(1)])?;
+        self.link.qp().post_recv(&[RecvWr::new(self.mr.slice(range)?).wr_id(1)])?;
         Ok(())
     }
 
@@ -218,7 +244,7 @@ impl Conn {
             Op::Send => SendWr::send(local),
             Op::AtomicFadd | Op::UdSend => return Err(format!("{op:?} does not run on the RC connection").into()),
         };
-        self.qp.post_send(&[wr])?;
+        self.link.qp().post_send(&[wr])?;
         self.unreaped_sends += 1;
         Ok(())
     }
@@ -373,18 +399,22 @@ fn run(args: Args) -> Res<()> {
     };
     let location = mr.location().to_string();
     println!("memory: {location}");
-    let local_ep = qp.endpoint();
-    let peer = oob.exchange(&Handshake { endpoint: Some(local_ep), buffers: vec![mr.remote()], app: location.into_bytes() })?;
-    println!("peer memory: {}", String::from_utf8_lossy(&peer.app));
-    let peer_ep = peer.endpoint.ok_or("the peer sent no endpoint")?;
-    let peer_buf = *peer.buffers.first().ok_or("the peer sent no buffer")?;
+    let (link, peer_buf) = if args.cm {
+        cm_connect(&args, &mut oob, is_server, qp, &mr, timeout)?
+    } else {
+        let local_ep = qp.endpoint();
+        let peer = oob.exchange(&Handshake { endpoint: Some(local_ep), buffers: vec![mr.remote()], app: location.into_bytes() })?;
+        println!("peer memory: {}", String::from_utf8_lossy(&peer.app));
+        let peer_ep = peer.endpoint.ok_or("the peer sent no endpoint")?;
+        println!("local  {local_ep}\nremote {peer_ep}");
+        (Link::Bootstrap(qp.connect(&peer_ep)?), *peer.buffers.first().ok_or("the peer sent no buffer")?)
+    };
     if peer_buf.len < max as u64 {
         return Err(format!("the peer's buffer ({peer_buf}) is smaller than the largest message ({max} bytes)").into());
     }
-    println!("local  {local_ep}\nremote {peer_ep}");
     println!("op {:?}, {} iterations per size", params.op, params.iters);
     let mut conn = Conn {
-        qp: qp.connect(&peer_ep)?,
+        link,
         cq,
         mr,
         peer: peer_buf,
@@ -447,6 +477,37 @@ fn run(args: Args) -> Res<()> {
     oob.barrier()?;
     println!("all data verified");
     Ok(())
+}
+
+/// `--cm`: the server listens with rdma_cm before the bootstrap exchange
+/// that tells the client it may connect; the buffers travel as private data.
+fn cm_connect(
+    args: &Args,
+    oob: &mut OobChannel,
+    is_server: bool,
+    qp: gpudirect::PreparedQueuePair,
+    mr: &MemoryRegion,
+    timeout: Duration,
+) -> Res<(Link, RemoteBuffer)> {
+    let location = mr.location().to_string().into_bytes();
+    let conn = if is_server {
+        let listen: std::net::SocketAddr = with_port(&args.listen, args.port).parse()?;
+        let listener = CmListener::bind(std::net::SocketAddr::new(listen.ip(), args.port + 1))?;
+        println!("rdma_cm listening on {}", listener.local_addr());
+        let peer = oob.exchange(&Handshake { app: location, ..Default::default() })?;
+        println!("peer memory: {}", String::from_utf8_lossy(&peer.app));
+        let mut req = listener.get_request(Some(timeout))?;
+        println!("rdma_cm request from {} on {} port {}", req.peer_addr(), req.device(), req.port());
+        req.accept(qp, &mr.remote().to_bytes(), timeout)?
+    } else {
+        let peer = oob.exchange(&Handshake { app: location, ..Default::default() })?;
+        println!("peer memory: {}", String::from_utf8_lossy(&peer.app));
+        let server = oob.peer_addr()?;
+        CmConnection::connect(qp, std::net::SocketAddr::new(server.ip(), args.port + 1), &mr.remote().to_bytes(), timeout)?
+    };
+    println!("rdma_cm connected to {}\nlocal  {}\nremote {}", conn.peer_addr(), conn.qp().endpoint(), conn.qp().remote());
+    let peer_buf = RemoteBuffer::from_bytes(conn.peer_private_data())?;
+    Ok((Link::Cm(conn), peer_buf))
 }
 
 /// `--op ud-send`: each side has one unreliable-datagram queue pair and an
@@ -564,7 +625,7 @@ fn atomic_counter(conn: &Conn, oob: &mut OobChannel, pd: &ProtectionDomain, conf
     };
     let (qp, cq, target) = match (&loopback, &own_cq) {
         (Some((a, _)), Some(cq)) => (a, cq, conn.mr.remote()),
-        _ => (&conn.qp, &conn.cq, conn.peer),
+        _ => (conn.link.qp(), &conn.cq, conn.peer),
     };
     if is_server {
         conn.mr.fill(0..8, 0)?;

@@ -38,6 +38,11 @@ impl Errno {
             libc::EOPNOTSUPP => "EOPNOTSUPP",
             libc::ETIMEDOUT => "ETIMEDOUT",
             libc::ECONNREFUSED => "ECONNREFUSED",
+            libc::ECONNRESET => "ECONNRESET",
+            libc::EADDRINUSE => "EADDRINUSE",
+            libc::EADDRNOTAVAIL => "EADDRNOTAVAIL",
+            libc::ENETUNREACH => "ENETUNREACH",
+            libc::EHOSTUNREACH => "EHOSTUNREACH",
             _ => return None,
         })
     }

@@ -155,6 +155,9 @@
 #[cfg(feature = "tokio")]
 mod asynch;
 pub mod bootstrap;
+#[cfg(feature = "rdmacm")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rdmacm")))]
+pub mod cm;
 mod context;
 mod cq;
 mod device;

@@ -314,6 +314,15 @@ impl OobChannel {
         Ok(OobChannel { stream, timeout })
     }
 
+    /// The peer's address: where to reach it by other means too (rdma_cm
+    /// on RoCE, say, when the bootstrap runs over the RDMA NIC's network).
+    ///
+    /// # Errors
+    /// [`BootstrapError::Io`] when the socket is no longer connected.
+    pub fn peer_addr(&self) -> Result<std::net::SocketAddr, BootstrapError> {
+        self.stream.peer_addr().map_err(|e| io_err("getpeername", e, self.timeout))
+    }
+
     fn send(&mut self, kind: u8, payload: &[u8]) -> Result<(), BootstrapError> {
         let mut msg = Vec::with_capacity(HEADER_LEN + payload.len());
         msg.extend_from_slice(&header(kind, payload.len()));

@@ -491,6 +491,74 @@ impl PreparedQueuePair {
         self.inner.post_recv(wrs)
     }
 
+    /// The device, port and QP number rdma_cm must connect.
+    #[cfg(feature = "rdmacm")]
+    pub(crate) fn cm_target(&self) -> (&str, u8, u32) {
+        (self.inner.pd.context().name(), self.inner.config.port, self.inner.qp_num)
+    }
+
+    /// The transport and RNR retry counts rdma_cm passes on.
+    #[cfg(feature = "rdmacm")]
+    pub(crate) fn retries(&self) -> (u8, u8) {
+        (self.inner.config.retry_cnt, self.inner.config.rnr_retry)
+    }
+
+    /// The initiator depth (`max_rd_atomic`) and responder resources
+    /// (`max_dest_rd_atomic`) this side offers: the configured value
+    /// within the device's limits.
+    pub(crate) fn rd_atomic(&self) -> (u8, u8) {
+        let (c, dev) = (&self.inner.config, self.inner.pd.context().attr());
+        (
+            c.max_rd_atomic.min(dev.max_qp_init_rd_atom.min(255) as u8).max(1),
+            c.max_rd_atomic.min(dev.max_qp_rd_atom.min(255) as u8).max(1),
+        )
+    }
+
+    /// Connects with the attributes rdma_cm negotiated (`rdma_init_qp_attr`
+    /// for `RTR` and `RTS`: the path, the peer's QP number, both PSNs),
+    /// keeping this side's own settings (MTU cap, RNR timer, retries,
+    /// timeout) and the read/atomic depths agreed in the exchange.
+    #[cfg(feature = "rdmacm")]
+    pub(crate) fn connect_negotiated(
+        self,
+        (mut rtr, rtr_mask): (sys::ibv_qp_attr, u32),
+        (mut rts, rts_mask): (sys::ibv_qp_attr, u32),
+        (max_rd_atomic, max_dest_rd_atomic): (u8, u8),
+    ) -> Result<QueuePair> {
+        let mut inner = self.inner;
+        let c = inner.config.clone();
+        let cm_mtu = Mtu::from_raw(rtr.path_mtu).unwrap_or(Mtu::Mtu1024);
+        let mtu = c.mtu.map_or(cm_mtu, |m| m.min(cm_mtu));
+        rtr.path_mtu = mtu.to_raw();
+        rtr.min_rnr_timer = c.min_rnr_timer;
+        rtr.max_dest_rd_atomic = max_dest_rd_atomic.max(1);
+        inner.modify(
+            &mut rtr,
+            rtr_mask | sys::IBV_QP_PATH_MTU | sys::IBV_QP_MIN_RNR_TIMER | sys::IBV_QP_MAX_DEST_RD_ATOMIC,
+        )?;
+        rts.timeout = c.timeout;
+        rts.retry_cnt = c.retry_cnt.min(7);
+        rts.rnr_retry = c.rnr_retry.min(7);
+        rts.max_rd_atomic = max_rd_atomic.max(1);
+        inner.modify(
+            &mut rts,
+            rts_mask | sys::IBV_QP_TIMEOUT | sys::IBV_QP_RETRY_CNT | sys::IBV_QP_RNR_RETRY | sys::IBV_QP_MAX_QP_RD_ATOMIC,
+        )?;
+        inner.psn = rts.sq_psn;
+        let ah = &rtr.ah_attr;
+        if ah.is_global != 0 && u32::from(ah.grh.sgid_index) != inner.gid.entry.index {
+            let index = u32::from(ah.grh.sgid_index);
+            if let Some(entry) = inner.pd.context().gid_table(c.port)?.into_iter().find(|e| e.index == index) {
+                inner.gid = GidChoice { entry, reason: "chosen by rdma_cm for the route's source address" };
+            }
+        }
+        // SAFETY: reading the GID union's byte view, valid for any value.
+        let dgid = unsafe { ah.grh.dgid.raw };
+        let remote = Endpoint { qp_num: rtr.dest_qp_num, psn: rtr.rq_psn, lid: ah.dlid, gid: crate::gid::Gid(dgid), mtu };
+        tracing::info!(local = %inner.endpoint(), remote = %remote, %mtu, gid = %inner.gid, "queue pair connected by rdma_cm");
+        Ok(QueuePair { inner, remote })
+    }
+
     /// Connects to the peer: `INIT` → `RTR` → `RTS`.
     ///
     /// # Errors
@@ -498,6 +566,7 @@ impl PreparedQueuePair {
     /// QP number or PSN over 24 bits, no LID on an InfiniBand port), and
     /// [`Error::Verb`] from `ibv_modify_qp`.
     pub fn connect(self, remote: &Endpoint) -> Result<QueuePair> {
+        let (initiator, responder) = self.rd_atomic();
         let inner = self.inner;
         if remote.qp_num > 0xff_ffff || remote.psn > 0xff_ffff {
             return Err(Error::InvalidArgument(format!("peer endpoint out of range: {remote}")));
@@ -515,7 +584,7 @@ impl PreparedQueuePair {
             path_mtu: mtu.to_raw(),
             dest_qp_num: remote.qp_num,
             rq_psn: remote.psn,
-            max_dest_rd_atomic: c.max_rd_atomic.min(dev.max_qp_rd_atom.min(255) as u8).max(1),
+            max_dest_rd_atomic: responder,
             min_rnr_timer: c.min_rnr_timer,
             ..Default::default()
         };
@@ -551,7 +620,7 @@ impl PreparedQueuePair {
             retry_cnt: c.retry_cnt.min(7),
             rnr_retry: c.rnr_retry.min(7),
             sq_psn: inner.psn,
-            max_rd_atomic: c.max_rd_atomic.min(dev.max_qp_init_rd_atom.min(255) as u8).max(1),
+            max_rd_atomic: initiator,
             ..Default::default()
         };
         inner.modify(
