@@ -293,3 +293,38 @@
 //! drop(qp); // the last handle: everything is destroyed here, in order
 //! # Ok(()) }
 //! ```
+
+/// # rdma_cm requests are answered once (feature `rdmacm`)
+///
+/// Rejecting consumes a connect request: it cannot be accepted after
+/// (E0382, use of moved value):
+///
+/// ```compile_fail,E0382
+/// # fn f(req: gpudirect::cm::ConnectRequest, qp: gpudirect::PreparedQueuePair) -> Result<(), gpudirect::cm::CmError> {
+/// let mut req = req;
+/// req.reject(b"busy")?;
+/// req.accept(qp, b"", std::time::Duration::from_secs(5))?;
+/// # Ok(()) }
+/// ```
+///
+/// A resolved route connects one queue pair (E0382):
+///
+/// ```compile_fail,E0382
+/// # fn f(route: gpudirect::cm::Route, a: gpudirect::PreparedQueuePair, b: gpudirect::PreparedQueuePair) -> Result<(), gpudirect::cm::CmError> {
+/// let t = std::time::Duration::from_secs(5);
+/// let first = route.connect(a, b"", t)?;
+/// let second = route.connect(b, b"", t)?;
+/// # Ok(()) }
+/// ```
+///
+/// And a queue pair given to rdma_cm is its connection's: it cannot also
+/// be connected by endpoint (E0382):
+///
+/// ```compile_fail,E0382
+/// # fn f(route: gpudirect::cm::Route, qp: gpudirect::PreparedQueuePair, peer: gpudirect::Endpoint) -> Result<(), Box<dyn std::error::Error>> {
+/// let conn = route.connect(qp, b"", std::time::Duration::from_secs(5))?;
+/// let again = qp.connect(&peer)?;
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "rdmacm")]
+mod cm {}

@@ -45,7 +45,9 @@ impl Deadline {
         let ms = match self.left() {
             None => -1,
             Some(left) if left.is_zero() => return Ok(false),
-            Some(left) => left.as_millis().clamp(1, i32::MAX as u128) as i32,
+            // Rounded up: a wait that ends short of the deadline would
+            // only wake the caller to wait again.
+            Some(left) => left.as_micros().div_ceil(1000).clamp(1, i32::MAX as u128) as i32,
         };
         let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd.

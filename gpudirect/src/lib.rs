@@ -35,6 +35,7 @@
 //!   GPUs and NICs, the NIC nearest a GPU), [`nccl`] (how NCCL reads its
 //!   GPUDirect variables), [`rcache`] (a registration cache for memory the
 //!   program does not own), [`bootstrap`] (the out-of-band TCP exchange),
+//!   `cm` (connection setup by rdma_cm, feature `rdmacm`),
 //!   [`sysroot`] (the machine's files, read through one root).
 //!
 //! # Thread safety
@@ -103,6 +104,10 @@
 //!   reactor. Without it, [`CompletionQueue`] still gives any event loop
 //!   its channel's fd (`AsFd`), [`req_notify`](CompletionQueue::req_notify)
 //!   and [`ack_events`](CompletionQueue::ack_events).
+//! - `rdmacm`: the `cm` module, connection setup by the RDMA connection
+//!   manager (listen, connect and accept by IP address, private data,
+//!   timeouts) for the library's own queue pairs. Links librdmacm (the
+//!   build needs `librdmacm-dev`); at run time the `rdma_ucm` module.
 //! - `serde` (default): `Serialize` on the plain data types, and
 //!   `Deserialize` on the wire types ([`Endpoint`], [`RemoteBuffer`],
 //!   [`Gid`], [`Mtu`], [`bootstrap::Handshake`]).

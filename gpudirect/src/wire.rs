@@ -69,15 +69,20 @@ impl RemoteBuffer {
     /// [`Error::InvalidArgument`] for fewer than 20 bytes or a range that
     /// would wrap past the end of the address space.
     pub fn from_bytes(bytes: &[u8]) -> Result<RemoteBuffer> {
-        let Some(b) = bytes.get(..Self::WIRE_LEN) else {
-            return Err(Error::InvalidArgument(format!("a remote buffer takes 20 bytes, got {}", bytes.len())));
-        };
-        let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let rb = RemoteBuffer { addr: u64_at(0), len: u64_at(8), rkey: u32::from_be_bytes(b[16..].try_into().expect("4 bytes")) };
-        if rb.addr.checked_add(rb.len).is_none() {
-            return Err(Error::InvalidArgument(format!("remote buffer {:#x}+{} wraps past the end of the address space", rb.addr, rb.len)));
-        }
-        Ok(rb)
+        Self::parse(bytes).ok_or_else(|| match bytes.len() {
+            n if n < Self::WIRE_LEN => Error::InvalidArgument(format!("a remote buffer takes 20 bytes, got {n}")),
+            _ => Error::InvalidArgument("remote buffer: its range wraps past the end of the address space".into()),
+        })
+    }
+
+    /// [`from_bytes`](Self::from_bytes) without the error's text (nothing
+    /// allocated: the bootstrap decoder's bound on what a peer makes it
+    /// allocate counts every byte).
+    pub(crate) fn parse(bytes: &[u8]) -> Option<RemoteBuffer> {
+        let b = bytes.get(..Self::WIRE_LEN)?;
+        let u64_at = |i: usize| u64::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7]]);
+        let rb = RemoteBuffer { addr: u64_at(0), len: u64_at(8), rkey: u32::from_be_bytes([b[16], b[17], b[18], b[19]]) };
+        rb.addr.checked_add(rb.len).map(|_| rb)
     }
 
     /// The remote address of `offset`, after checking that `len` bytes from

@@ -124,9 +124,9 @@ impl Handshake {
         let mut buffers = Vec::with_capacity(n);
         for _ in 0..n {
             let bytes = r.take("buffer", RemoteBuffer::WIRE_LEN)?;
-            let b = RemoteBuffer::from_bytes(bytes).map_err(|_| BootstrapError::InvalidField {
+            let b = RemoteBuffer::parse(bytes).ok_or_else(|| BootstrapError::InvalidField {
                 field: "buffer len",
-                value: u64::from_be_bytes(bytes[8..16].try_into().expect("8 bytes")),
+                value: u64::from_be_bytes(bytes[8..16].try_into().unwrap_or_default()),
             })?;
             buffers.push(b);
         }
