@@ -24,7 +24,7 @@ use gpudirect::{
     AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RecvWr, RemoteBuffer,
     SendWr, WcOpcode, WorkCompletion,
 };
-use testkit::{device, pattern};
+use testkit::{device, pattern, Role};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -45,54 +45,17 @@ const T: Duration = Duration::from_secs(60);
 const LEN: usize = 64 * 1024;
 const THREADS: usize = 4;
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Role {
-    A,
-    B,
-}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let names: Vec<&str> = args.iter().map(String::as_str).filter(|a| !a.starts_with('-')).collect();
-    let role = match std::env::var("GPUDIRECT_ROLE").as_deref() {
-        Ok("a") => Role::A,
-        Ok("b") => Role::B,
-        _ => {
-            if !args.iter().any(|a| a == "--list") {
-                println!("cm: {} scenarios not run: they need two RDMA hosts (testbed/run --two)", SCENARIOS.len());
-            }
-            return ExitCode::SUCCESS;
+    testkit::run_two_host("cm", &SCENARIOS, &args, |role, i, name| {
+        let mut ctl = control(role, CTL_PORT + 10 * i as u16)?;
+        match name {
+            "connect" => connect(role, &mut ctl),
+            "refusals" => refusals(role, &mut ctl),
+            _ => concurrent(role, &mut ctl),
         }
-    };
-    let chosen: Vec<&str> = if names.is_empty() { SCENARIOS.to_vec() } else { names };
-    let mut failed = 0;
-    for (i, name) in chosen.iter().enumerate() {
-        let port = CTL_PORT + 10 * i as u16;
-        let started = Instant::now();
-        println!("--- {name} ({role:?})");
-        let r = (|| -> R<()> {
-            let mut ctl = control(role, port)?;
-            match *name {
-                "connect" => connect(role, &mut ctl),
-                "refusals" => refusals(role, &mut ctl),
-                "concurrent" => concurrent(role, &mut ctl),
-                other => Err(format!("unknown scenario {other:?}; known: {}", SCENARIOS.join(", ")).into()),
-            }
-        })();
-        match r {
-            Ok(()) => println!("ok   {name} ({:.1} s)", started.elapsed().as_secs_f64()),
-            Err(e) => {
-                println!("FAIL {name}: {e}");
-                failed += 1;
-            }
-        }
-    }
-    println!("cm ({role:?}): {} passed, {failed} failed", chosen.len() - failed);
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    })
 }
 
 fn peer_ip() -> R<String> {

@@ -23,7 +23,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use gpudirect::bootstrap::{Handshake, OobChannel};
-use testkit::{device, open_fds, pattern};
+use testkit::{device, open_fds, pattern, Role};
 use gpudirect::{
     AccessFlags, CompletionQueue, Context, Error, MemoryRegion, ProtectionDomain, QpConfig, QpState, QueuePair,
     RemoteBuffer, SendWr, WcStatus, WorkCompletion,
@@ -52,11 +52,6 @@ const CTL_TIMEOUT: Duration = Duration::from_secs(600);
 const HANG: Duration = Duration::from_secs(60);
 const CHUNK: usize = 64 * 1024;
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Role {
-    A,
-    B,
-}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -68,50 +63,15 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
-    // libtest-style flags (`--list`, `--ignored`, ...) come from tools that
-    // treat every test binary alike; there is nothing to list or run here.
-    let names: Vec<&str> = args.iter().map(String::as_str).filter(|a| !a.starts_with('-')).collect();
-    let role = match std::env::var("GPUDIRECT_ROLE").as_deref() {
-        Ok("a") => Role::A,
-        Ok("b") => Role::B,
-        _ => {
-            if !args.iter().any(|a| a == "--list") {
-                println!(
-                    "faults: {} scenarios not run: they need two RDMA hosts (run testbed/faults, \
-                     which boots two Soft-RoCE guests)",
-                    SCENARIOS.len()
-                );
-            }
-            return ExitCode::SUCCESS;
-        }
-    };
-    let chosen: Vec<&str> = if names.is_empty() { SCENARIOS.to_vec() } else { names };
-    let mut failed = 0;
-    for (i, name) in chosen.iter().enumerate() {
+    testkit::run_two_host("faults", &SCENARIOS, &args, |role, i, name| {
         let port = PORT_BASE + 20 * i as u16;
-        let started = Instant::now();
-        println!("--- {name} ({role:?})");
-        let r = match *name {
+        match name {
             "peer-death" => peer_death(role, port),
             "lossy-link" => lossy_link(role, port),
             "remote-misuse" => remote_misuse(role, port),
-            "memlock" => memlock(role, port),
-            other => Err(format!("unknown scenario {other:?}; known: {}", SCENARIOS.join(", ")).into()),
-        };
-        match r {
-            Ok(()) => println!("ok   {name} ({:.1} s)", started.elapsed().as_secs_f64()),
-            Err(e) => {
-                println!("FAIL {name}: {e}");
-                failed += 1;
-            }
+            _ => memlock(role, port),
         }
-    }
-    println!("faults ({role:?}): {} passed, {failed} failed", chosen.len() - failed);
-    if failed == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    })
 }
 
 fn report(what: &str, r: R<()>) -> ExitCode {

@@ -161,3 +161,70 @@ mod tests {
         assert!(machine("dgx-pix").join("sys").is_dir());
     }
 }
+
+/// Which guest of the two-host test bed this process is (`GPUDIRECT_ROLE`,
+/// set by `testbed/run --two`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Role {
+    /// Guest A.
+    A,
+    /// Guest B.
+    B,
+}
+
+/// What a two-host scenario returns.
+pub type ScenarioResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// The main of a two-host scenario binary (no libtest harness): runs the
+/// scenarios named on the command line (all of `scenarios` when none is)
+/// as this guest's [`Role`], each through `run(role, index, name)`, printing
+/// `ok`/`FAIL` per scenario and a summary line headed `binary`. Outside the
+/// bed (no `GPUDIRECT_ROLE`) it says the scenarios were not run and
+/// succeeds; libtest-style flags (`--list`, `--ignored`, from tools that
+/// treat every test binary alike) are ignored.
+pub fn run_two_host(
+    binary: &str,
+    scenarios: &[&str],
+    args: &[String],
+    mut run: impl FnMut(Role, usize, &str) -> ScenarioResult,
+) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let names: Vec<&str> = args.iter().map(String::as_str).filter(|a| !a.starts_with('-')).collect();
+    let role = match std::env::var("GPUDIRECT_ROLE").as_deref() {
+        Ok("a") => Role::A,
+        Ok("b") => Role::B,
+        _ => {
+            if !args.iter().any(|a| a == "--list") {
+                println!(
+                    "{binary}: {} scenarios not run: they need two RDMA hosts (testbed/run --two boots two Soft-RoCE guests)",
+                    scenarios.len()
+                );
+            }
+            return ExitCode::SUCCESS;
+        }
+    };
+    let chosen: Vec<&str> = if names.is_empty() { scenarios.to_vec() } else { names };
+    let mut failed = 0;
+    for (i, name) in chosen.iter().enumerate() {
+        let started = std::time::Instant::now();
+        println!("--- {name} ({role:?})");
+        let r = if scenarios.contains(name) {
+            run(role, i, name)
+        } else {
+            Err(format!("unknown scenario {name:?}; known: {}", scenarios.join(", ")).into())
+        };
+        match r {
+            Ok(()) => println!("ok   {name} ({:.1} s)", started.elapsed().as_secs_f64()),
+            Err(e) => {
+                println!("FAIL {name}: {e}");
+                failed += 1;
+            }
+        }
+    }
+    println!("{binary} ({role:?}): {} passed, {failed} failed", chosen.len() - failed);
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
