@@ -286,6 +286,63 @@ impl<'a> SendWr<'a> {
     }
 }
 
+impl SendWr<'_> {
+    /// Whether [`write_ex`](Self::write_ex) builds this request: those of
+    /// at most one slice. A batch with a list of several goes by
+    /// `ibv_post_send`: Soft-RoCE's `ibv_wr_set_sge_list` (rdma-core 44)
+    /// miscounts a list's length (a 1600-byte send gathered from three
+    /// slices arrived as 300 bytes; tests/posting.rs).
+    #[inline]
+    pub(crate) fn fits_ex(&self) -> bool {
+        self.local.gather_sges() == 0
+    }
+
+    /// Builds the request on an extended queue pair with the `ibv_wr_*`
+    /// builders: what [`write_raw`](Self::write_raw) writes into a chain
+    /// slot, `wr_id` included.
+    ///
+    /// # Safety
+    /// `qpx` is a live extended queue pair inside `ibv_wr_start` on this
+    /// thread, created with this request's opcode among its
+    /// `send_ops_flags`; [`fits_ex`](Self::fits_ex) holds; the memory named
+    /// is registered and held until the request's completion.
+    #[inline]
+    pub(crate) unsafe fn write_ex(&self, qpx: *mut sys::ibv_qp_ex, wr_id: u64) {
+        let (rkey, addr) = (self.rkey, self.remote_addr);
+        // SAFETY: the caller's contract; the builders only record the
+        // request until ibv_wr_complete.
+        unsafe {
+            (*qpx).wr_id = wr_id;
+            // IBV_SEND_INLINE too, though ibv_wr_post(3) lists no such
+            // flag: Soft-RoCE's kernel side goes by it (without it an
+            // inline write fails with a local QP operation error), others
+            // ignore it.
+            (*qpx).wr_flags = self.send_flags();
+            match self.op {
+                SendOp::Send => sys::ibv_wr_send(qpx),
+                SendOp::SendWithImm(imm) => sys::ibv_wr_send_imm(qpx, imm.to_be()),
+                SendOp::Write => sys::ibv_wr_rdma_write(qpx, rkey, addr),
+                SendOp::WriteWithImm(imm) => sys::ibv_wr_rdma_write_imm(qpx, rkey, addr, imm.to_be()),
+                SendOp::Read => sys::ibv_wr_rdma_read(qpx, rkey, addr),
+                SendOp::CompareSwap { compare, swap } => sys::ibv_wr_atomic_cmp_swp(qpx, rkey, addr, compare, swap),
+                SendOp::FetchAdd(add) => sys::ibv_wr_atomic_fetch_add(qpx, rkey, addr, add),
+            }
+            match self.local.one() {
+                Some(s) if self.inline => {
+                    let e = s.sge();
+                    sys::ibv_wr_set_inline_data(qpx, e.addr as *mut std::ffi::c_void, s.len());
+                }
+                Some(s) if !s.is_empty() => {
+                    let e = s.sge();
+                    sys::ibv_wr_set_sge(qpx, e.lkey, e.addr, e.length);
+                }
+                // No bytes (an immediate alone, an empty slice).
+                _ => sys::ibv_wr_set_sge_list(qpx, 0, std::ptr::null()),
+            }
+        }
+    }
+}
+
 /// Reused between posts so posting allocates nothing.
 #[derive(Default)]
 pub(crate) struct Scratch {

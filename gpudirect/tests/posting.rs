@@ -223,3 +223,87 @@ fn a_list_longer_than_the_queue_is_posted_as_room_frees() {
     assert_eq!(fail.posted, 16);
     assert!(matches!(fail.error, Error::InvalidArgument(ref m) if m.contains("unsignaled")), "{fail}");
 }
+
+/// Every opcode the library posts, through both posting APIs: the
+/// extended one (`ibv_wr_*`, the default where the provider has it) and
+/// `ibv_post_send`; one slice, inline, a prepared list, the atomics, and
+/// lists of several slices (which go by `ibv_post_send` either way). The
+/// same bytes and values land either way.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn both_posting_apis_move_the_same_bytes() {
+    for extended in [true, false] {
+        let config = QpConfig {
+            extended_posting: extended,
+            max_inline_data: 64,
+            access: QpConfig::default().access | AccessFlags::REMOTE_ATOMIC,
+            ..sg_config(2)
+        };
+        let lb = loopback(&config);
+        assert_eq!(lb.a.qp.extended_posting(), extended, "Soft-RoCE has the extended API");
+        let all = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+        let src = MemoryRegion::alloc(&lb.pd, 4096, AccessFlags::default()).unwrap();
+        let dst = MemoryRegion::alloc(&lb.pd, 4096, all).unwrap();
+        let back = MemoryRegion::alloc(&lb.pd, 4096, AccessFlags::default()).unwrap();
+        let data = pattern(4096, 40 + u64::from(extended));
+        src.write_at(0, &data).unwrap();
+        let r = dst.remote();
+        let done = |cq: &CompletionQueue, op: WcOpcode| {
+            let wc = wait_one(cq).ok().unwrap();
+            assert_eq!(wc.opcode, op, "extended_posting {extended}");
+            wc
+        };
+        // Write, one slice; write with immediate from two slices.
+        lb.a.qp.post_send(&[SendWr::write(src.slice(0..1000).unwrap(), &r, 0).unwrap()]).unwrap();
+        done(&lb.a.cq, WcOpcode::RdmaWrite);
+        lb.b.qp.post_recv(&[RecvWr::empty()]).unwrap();
+        let two = [src.slice(1000..1100).unwrap(), src.slice(2000..2100).unwrap()];
+        lb.a.qp.post_send(&[SendWr::write_with_imm(&two, &r, 1000, 77).unwrap()]).unwrap();
+        done(&lb.a.cq, WcOpcode::RdmaWrite);
+        assert_eq!(done(&lb.b.cq, WcOpcode::RecvRdmaWithImm).imm, Some(77));
+        let mut expect = data[..1100].to_vec();
+        expect.extend_from_slice(&data[2000..2100]);
+        assert_eq!(gathered(&[(&dst, 0..1200)]), expect, "extended_posting {extended}");
+        // Sends: inline one slice, inline two slices, with immediate.
+        let inline_two = [src.slice(3000..3010).unwrap(), src.slice(3500..3520).unwrap()];
+        lb.b.qp.post_recv(&[RecvWr::new(back.slice(0..64).unwrap()).wr_id(1)]).unwrap();
+        lb.b.qp.post_recv(&[RecvWr::new(back.slice(64..128).unwrap()).wr_id(2)]).unwrap();
+        lb.b.qp.post_recv(&[RecvWr::new(back.slice(128..1128).unwrap()).wr_id(3)]).unwrap();
+        // Separate batches: one with a list of several goes by ibv_post_send.
+        lb.a.qp.post_send(&[SendWr::send(src.slice(2500..2564).unwrap()).inline()]).unwrap();
+        lb.a.qp.post_send(&[SendWr::send(&inline_two).inline()]).unwrap();
+        lb.a.qp.post_send(&[SendWr::send_with_imm(src.slice(0..1000).unwrap(), 5)]).unwrap();
+        for _ in 0..3 {
+            done(&lb.a.cq, WcOpcode::Send);
+        }
+        assert_eq!(done(&lb.b.cq, WcOpcode::Recv).byte_len, 64);
+        assert_eq!(done(&lb.b.cq, WcOpcode::Recv).byte_len, 30);
+        assert_eq!(done(&lb.b.cq, WcOpcode::Recv).imm, Some(5));
+        let mut expect = data[2500..2564].to_vec();
+        expect.extend_from_slice(&data[3000..3010]);
+        expect.extend_from_slice(&data[3500..3520]);
+        assert_eq!(gathered(&[(&back, 0..94)]), expect, "inline sends, extended_posting {extended}");
+        assert_eq!(gathered(&[(&back, 128..1128)]), data[..1000].to_vec());
+        // Read back, scattered over two slices; then a prepared list.
+        let into = [back.slice(2000..2600).unwrap(), back.slice(3000..3400).unwrap()];
+        lb.a.qp.post_send(&[SendWr::read(&into, &r, 0).unwrap()]).unwrap();
+        done(&lb.a.cq, WcOpcode::RdmaRead);
+        assert_eq!(gathered(&[(&back, 2000..2600), (&back, 3000..3400)]), data[..1000].to_vec());
+        let mut list = SendList::new(&[SendWr::write(src.slice(0..4096).unwrap(), &r, 0).unwrap()]).unwrap();
+        lb.a.qp.post_list(&mut list).unwrap();
+        done(&lb.a.cq, WcOpcode::RdmaWrite);
+        assert_eq!(dst.to_vec().unwrap(), data, "a prepared list, extended_posting {extended}");
+        // Atomics on an 8-byte word.
+        dst.write_at(0, &5u64.to_ne_bytes()).unwrap();
+        lb.a.qp.post_send(&[SendWr::fetch_add(back.slice(0..8).unwrap(), &r, 0, 3).unwrap()]).unwrap();
+        done(&lb.a.cq, WcOpcode::FetchAdd);
+        lb.a.qp.post_send(&[SendWr::compare_swap(back.slice(8..16).unwrap(), &r, 0, 8, 100).unwrap()]).unwrap();
+        done(&lb.a.cq, WcOpcode::CompareSwap);
+        let mut words = [0u8; 16];
+        back.read_at(0, &mut words).unwrap();
+        assert_eq!((u64::from_ne_bytes(words[..8].try_into().unwrap()), u64::from_ne_bytes(words[8..].try_into().unwrap())), (5, 8));
+        let mut word = [0u8; 8];
+        dst.read_at(0, &mut word).unwrap();
+        assert_eq!(u64::from_ne_bytes(word), 100, "fetch-add then compare-swap, extended_posting {extended}");
+    }
+}

@@ -89,6 +89,10 @@ pub struct Common {
     /// staging), or stage through host memory.
     #[arg(long, default_value = "require", value_name = "require|prefer|host-staged", requires = "gpu")]
     pub gpu_policy: GpuPolicy,
+    /// Post with ibv_post_send instead of the extended API (ibv_wr_*),
+    /// which the library uses where the provider has it: to measure both.
+    #[arg(long)]
+    pub post_send: bool,
 }
 
 /// Which side this process is, and the address it listens on or connects to.
@@ -222,6 +226,7 @@ pub fn connect(c: &Common, client_params: Params, max_inline: u32, areas: usize)
         // like with like; its own receives are posted deep ahead (RX_DEPTH).
         rnr_retry: 7,
         min_rnr_timer: 12,
+        extended_posting: !c.post_send,
         ..QpConfig::default()
     };
     let qp = QueuePair::create(&pd, &cq, &cq, &config)?;

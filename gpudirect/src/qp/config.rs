@@ -72,6 +72,13 @@ pub struct QpConfig {
     pub traffic_class: u8,
     /// Hop limit (RoCE TTL).
     pub hop_limit: u8,
+    /// Post sends through the extended API (`ibv_create_qp_ex`, then
+    /// `ibv_wr_start` / `ibv_wr_*` / `ibv_wr_complete`) where the provider
+    /// has it, instead of `ibv_post_send`. On by default: it costs fewer
+    /// user-space instructions per message (on Soft-RoCE, see
+    /// docs/performance.md). A provider without it gets `ibv_post_send`
+    /// either way; so does a batch with a request of several slices.
+    pub extended_posting: bool,
 }
 
 impl Default for QpConfig {
@@ -94,6 +101,7 @@ impl Default for QpConfig {
             service_level: 0,
             traffic_class: 0,
             hop_limit: 64,
+            extended_posting: true,
         }
     }
 }

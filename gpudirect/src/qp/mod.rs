@@ -28,6 +28,8 @@ pub use post::PartialPost;
 
 struct QpInner {
     qp: NonNull<sys::ibv_qp>,
+    /// The extended view, when sends are posted with `ibv_wr_*`.
+    qpx: Option<NonNull<sys::ibv_qp_ex>>,
     qp_num: u32,
     psn: u32,
     pd: ProtectionDomain,
@@ -94,6 +96,67 @@ pub(crate) fn destroy_qp(
     }
     pd.inner.holders.remove(&holder(tracker));
     true
+}
+
+/// Creates an RC queue pair: with `extended`, by `ibv_create_qp_ex` asking
+/// for every send opcode the library posts, so sends can go through
+/// `ibv_wr_*`; where the provider refuses that (no extended API, or not
+/// these opcodes), or without `extended`, by `ibv_create_qp`. Returns the
+/// QP, its extended view when there is one, and the inline size granted.
+fn create_rc(
+    pd: &ProtectionDomain,
+    send_cq: &CompletionQueue,
+    recv_cq: &CompletionQueue,
+    srq: *mut sys::ibv_srq,
+    cap: sys::ibv_qp_cap,
+    extended: bool,
+) -> Result<(NonNull<sys::ibv_qp>, Option<NonNull<sys::ibv_qp_ex>>, u32)> {
+    if extended {
+        let atomics = if pd.context().attr().atomics { sys::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | sys::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD } else { 0 };
+        let mut init = sys::ibv_qp_init_attr_ex {
+            send_cq: send_cq.as_ptr(),
+            recv_cq: recv_cq.as_ptr(),
+            srq,
+            cap,
+            qp_type: sys::IBV_QPT_RC,
+            comp_mask: sys::IBV_QP_INIT_ATTR_PD | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+            pd: pd.as_ptr(),
+            send_ops_flags: u64::from(
+                sys::IBV_QP_EX_WITH_RDMA_WRITE
+                    | sys::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+                    | sys::IBV_QP_EX_WITH_SEND
+                    | sys::IBV_QP_EX_WITH_SEND_WITH_IMM
+                    | sys::IBV_QP_EX_WITH_RDMA_READ
+                    | atomics,
+            ),
+            ..Default::default()
+        };
+        // SAFETY: a valid context, PD and CQs of one device; `init` is
+        // fully set for the fields comp_mask names.
+        let qp = unsafe { sys::ibv_create_qp_ex(pd.context().as_ptr(), &mut init) };
+        if let Some(qp) = NonNull::new(qp) {
+            // SAFETY: a QP made by ibv_create_qp_ex with send_ops_flags.
+            if let Some(qpx) = NonNull::new(unsafe { sys::ibv_qp_to_qp_ex(qp.as_ptr()) }) {
+                return Ok((qp, Some(qpx), init.cap.max_inline_data));
+            }
+            // SAFETY: just created, not shared.
+            unsafe { sys::ibv_destroy_qp(qp.as_ptr()) };
+        }
+        tracing::debug!("{}: no extended posting ({}); using ibv_post_send", pd.context().name(), Error::last("ibv_create_qp_ex"));
+    }
+    let mut init = sys::ibv_qp_init_attr {
+        send_cq: send_cq.as_ptr(),
+        recv_cq: recv_cq.as_ptr(),
+        cap,
+        qp_type: sys::IBV_QPT_RC,
+        sq_sig_all: 0,
+        srq,
+        ..Default::default()
+    };
+    // SAFETY: valid PD and CQs of the same device; `init` is fully set.
+    let qp = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) };
+    let qp = NonNull::new(qp).ok_or_else(|| Error::last("ibv_create_qp"))?;
+    Ok((qp, None, init.cap.max_inline_data))
 }
 
 /// Refuses completion queues of another device than `pd`'s.
@@ -262,24 +325,15 @@ impl QueuePair {
         if let Some(srq) = srq {
             srq.attach_cq(recv_cq)?;
         }
-        let mut init = sys::ibv_qp_init_attr {
-            send_cq: send_cq.as_ptr(),
-            recv_cq: recv_cq.as_ptr(),
-            cap: sys::ibv_qp_cap {
-                max_send_wr: config.max_send_wr,
-                max_recv_wr: recv_wr,
-                max_send_sge: config.max_send_sge,
-                max_recv_sge: recv_sge,
-                max_inline_data: config.max_inline_data,
-            },
-            qp_type: sys::IBV_QPT_RC,
-            sq_sig_all: 0,
-            srq: srq.map_or(std::ptr::null_mut(), SharedReceiveQueue::as_ptr),
-            ..Default::default()
+        let cap = sys::ibv_qp_cap {
+            max_send_wr: config.max_send_wr,
+            max_recv_wr: recv_wr,
+            max_send_sge: config.max_send_sge,
+            max_recv_sge: recv_sge,
+            max_inline_data: config.max_inline_data,
         };
-        // SAFETY: valid PD and CQs of the same device; `init` is fully set.
-        let qp = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) };
-        let qp = NonNull::new(qp).ok_or_else(|| Error::last("ibv_create_qp"))?;
+        let srq_ptr = srq.map_or(std::ptr::null_mut(), SharedReceiveQueue::as_ptr);
+        let (qp, qpx, max_inline) = create_rc(pd, send_cq, recv_cq, srq_ptr, cap, config.extended_posting)?;
         // SAFETY: a created QP is readable.
         let qp_num = unsafe { (*qp.as_ptr()).qp_num };
         // The provider may round the depths up; ours stay as requested so
@@ -291,6 +345,7 @@ impl QueuePair {
         pd.inner.holders.add(holder(&tracker));
         let inner = QpInner {
             qp,
+            qpx,
             qp_num,
             psn: random_psn(),
             pd: pd.clone(),
@@ -300,7 +355,7 @@ impl QueuePair {
             gid,
             port,
             config: config.clone(),
-            max_inline: init.cap.max_inline_data,
+            max_inline,
             max_sge: [config.max_send_sge, recv_sge],
             srq: srq.cloned(),
             room,
@@ -335,6 +390,14 @@ impl QueuePair {
     /// The largest payload [`SendWr::inline`] accepts here.
     pub fn max_inline_data(&self) -> u32 {
         self.inner.max_inline
+    }
+
+    /// Whether sends are posted through the extended API (`ibv_wr_*`):
+    /// asked for by [`QpConfig::extended_posting`] and granted by the
+    /// provider. Batches with a request of several slices go by
+    /// `ibv_post_send` regardless.
+    pub fn extended_posting(&self) -> bool {
+        self.inner.qpx.is_some()
     }
 
     /// Posts a batch of send-queue work requests with one call (one

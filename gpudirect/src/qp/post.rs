@@ -184,6 +184,11 @@ impl QpInner {
             return Ok(());
         }
         q.room_for(n, "send")?;
+        if let Some(qpx) = self.qpx.filter(|_| wrs.iter().all(SendWr::fits_ex)) {
+            // SAFETY: the extended view of this queue pair, whose send
+            // queue `q` is locked.
+            return unsafe { self.post_ex(q, qpx.as_ptr(), wrs, claim) };
+        }
         let first_seq = q.next_seq;
         let kept = q.pending.len();
         let s = &mut q.scratch;
@@ -229,6 +234,11 @@ impl QpInner {
         let (wrs, chain) = list.parts();
         let n = wrs.len();
         q.room_for(n, "send")?;
+        if let Some(qpx) = self.qpx.filter(|_| wrs.iter().all(SendWr::fits_ex)) {
+            // SAFETY: as in post_send_locked; the list's requests were
+            // checked when it was made.
+            return unsafe { self.post_ex(q, qpx.as_ptr(), wrs, |wr| wr.local.claim(wr.op.nic_writes_local())) };
+        }
         let first_seq = q.next_seq;
         let kept = q.pending.len();
         let mut any_inline = false;
@@ -243,6 +253,52 @@ impl QpInner {
         // written from `wrs` (SendList::new) whose SGEs name registered
         // memory the list borrows and the pending entries now hold.
         unsafe { self.post_chain(q, chain.as_mut_ptr(), wrs, kept, any_inline) }
+    }
+
+    /// Posts a checked batch through the extended API: each request is
+    /// held, entered and built (`ibv_wr_*`) in one pass between
+    /// `ibv_wr_start` and `ibv_wr_complete`, which posts all of them or,
+    /// failing, none (ibv_wr_post(3): nothing is executed until it
+    /// succeeds), so a failure releases every request of the batch.
+    ///
+    /// # Safety
+    /// `qpx` is this queue pair's extended view, `q` its locked send queue
+    /// with room for `wrs`; every request passed [`SendWr::fits_ex`] and
+    /// the checks of `post_send`.
+    unsafe fn post_ex(
+        &self,
+        q: &mut WorkQueue,
+        qpx: *mut sys::ibv_qp_ex,
+        wrs: &[SendWr<'_>],
+        mut claim: impl FnMut(&SendWr<'_>) -> Result<Hold>,
+    ) -> Result<()> {
+        let n = wrs.len();
+        let first_seq = q.next_seq;
+        let kept = q.pending.len();
+        // SAFETY: the caller's contract: a live extended QP, its queue locked.
+        unsafe { sys::ibv_wr_start(qpx) };
+        let mut any_inline = false;
+        for (i, wr) in wrs.iter().enumerate() {
+            let seq = (first_seq + i as u64) & SEQ_MASK;
+            let entered =
+                q.enter(kept, claim(wr), |hold| Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold });
+            if let Err(e) = entered {
+                // SAFETY: inside this thread's ibv_wr_start.
+                unsafe { sys::ibv_wr_abort(qpx) };
+                return Err(e);
+            }
+            // SAFETY: the caller's contract; the entry just made holds the
+            // request's memory.
+            unsafe { wr.write_ex(qpx, self.tracker.tag | seq) };
+            any_inline |= wr.inline;
+        }
+        // SAFETY: ends this thread's ibv_wr_start section.
+        let ret = unsafe { sys::ibv_wr_complete(qpx) };
+        let r = finish_post(q, n, if ret == 0 { n } else { 0 }, "ibv_wr_complete", ret);
+        if ret == 0 && any_inline {
+            release_inline(q, wrs, kept);
+        }
+        r
     }
 
     /// Posts a chain written from `wrs`, whose pending entries follow the
@@ -270,13 +326,8 @@ impl QpInner {
         // and nothing writes them while this slice is read.
         let posted = posted_count(ret, bad, unsafe { std::slice::from_raw_parts(chain, n) });
         let r = finish_post(q, n, posted, "ibv_post_send", ret);
-        // Inline requests need nothing once posted: the provider copied them.
         if ret == 0 && any_inline {
-            for (p, wr) in q.pending.iter_mut().skip(kept).zip(wrs) {
-                if wr.inline {
-                    p.hold = Hold::None;
-                }
-            }
+            release_inline(q, wrs, kept);
         }
         r
     }
@@ -333,6 +384,16 @@ impl QpInner {
         Ok(())
     }
 
+}
+
+/// Inline requests need nothing once posted: the provider copied them.
+/// `wrs` were all posted, their entries the ones after the first `kept`.
+fn release_inline(q: &mut WorkQueue, wrs: &[SendWr<'_>], kept: usize) {
+    for (p, wr) in q.pending.iter_mut().skip(kept).zip(wrs) {
+        if wr.inline {
+            p.hold = Hold::None;
+        }
+    }
 }
 
 /// How far [`QueuePair::post_send_all`](super::QueuePair::post_send_all)
