@@ -77,7 +77,9 @@ pub struct QpConfig {
     /// has it, instead of `ibv_post_send`. On by default: it costs fewer
     /// user-space instructions per message (on Soft-RoCE, see
     /// docs/performance.md). A provider without it gets `ibv_post_send`
-    /// either way; so does a batch with a request of several slices.
+    /// either way; so do a batch with a request of several slices and a
+    /// prepared [`SendList`](crate::SendList) of more than four requests
+    /// (reposting its written chain is cheaper there).
     pub extended_posting: bool,
 }
 
