@@ -10,7 +10,7 @@ use std::sync::Arc;
 use gpudirect_sys as sys;
 
 use crate::device::{DeviceList, Guid};
-use crate::error::{check, Errno, Error, Result};
+use crate::error::{check, Error, Result};
 use crate::gid::{choose_gid, Gid, GidChoice, GidEntry, GidType};
 use crate::port::{LinkLayer, Mtu, PortAttr, PortState};
 
@@ -125,12 +125,8 @@ impl Context {
         // Async events are read with a timeout (Context::async_event):
         // ibv_get_async_event(3) says to make the fd non-blocking for that.
         // SAFETY: the context is open; its async fd is a valid descriptor.
-        unsafe {
-            let fd = (*ctx.as_ptr()).async_fd;
-            let flags = libc::fcntl(fd, libc::F_GETFL);
-            if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
-                tracing::warn!("making the async event fd non-blocking failed: {}", Errno::last());
-            }
+        if let Err(errno) = crate::deadline::set_nonblocking(unsafe { (*ctx.as_ptr()).async_fd }) {
+            tracing::warn!("making the async event fd non-blocking failed: {errno}");
         }
         let attr = match query_device(ctx) {
             Ok(a) => a,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use gpudirect_sys as sys;
 
 use crate::context::Context;
-use crate::deadline::Deadline;
+use crate::deadline::{set_nonblocking, Deadline};
 use crate::error::{check, Error, Errno, Result};
 use crate::tracker::{tag_of, Tracker};
 use crate::sync::Mutex;
@@ -146,11 +146,9 @@ impl CompletionQueue {
         let ch = unsafe { sys::ibv_create_comp_channel(ctx.as_ptr()) };
         let ch = Channel(NonNull::new(ch).ok_or_else(|| Error::last("ibv_create_comp_channel"))?);
         // Non-blocking, so `wait` can bound its wait with poll(2).
-        // SAFETY: `fd` is the channel's open descriptor.
-        unsafe {
-            let fd = (*ch.0.as_ptr()).fd;
-            let flags = libc::fcntl(fd, libc::F_GETFL);
-            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        // SAFETY: the channel is open; `fd` is its descriptor.
+        if let Err(errno) = set_nonblocking(unsafe { (*ch.0.as_ptr()).fd }) {
+            tracing::warn!("making the completion channel's fd non-blocking failed: {errno}");
         }
         // SAFETY: valid context and channel; no cq_context is used.
         let cq = unsafe { sys::ibv_create_cq(ctx.as_ptr(), depth as i32, std::ptr::null_mut(), ch.0.as_ptr(), 0) };

@@ -12,6 +12,22 @@ use std::time::{Duration, Instant};
 
 use crate::errno::Errno;
 
+/// Makes `fd` non-blocking, so a read after [`Deadline::wait_readable`]
+/// (or one with nothing queued) returns at once instead of waiting.
+pub(crate) fn set_nonblocking(fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: fcntl on a descriptor the caller owns; F_GETFL/F_SETFL touch
+    // only its status flags.
+    let ok = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) >= 0
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Errno::last())
+    }
+}
+
 /// When a timeout runs out, or never.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Deadline(Option<Instant>);

@@ -287,16 +287,6 @@ impl<'a> SendWr<'a> {
 }
 
 impl SendWr<'_> {
-    /// Whether [`write_ex`](Self::write_ex) builds this request: those of
-    /// at most one slice. A batch with a list of several goes by
-    /// `ibv_post_send`: Soft-RoCE's `ibv_wr_set_sge_list` (rdma-core 44)
-    /// miscounts a list's length (a 1600-byte send gathered from three
-    /// slices arrived as 300 bytes; tests/posting.rs).
-    #[inline]
-    pub(crate) fn fits_ex(&self) -> bool {
-        self.local.gather_sges() == 0
-    }
-
     /// Builds the request on an extended queue pair with the `ibv_wr_*`
     /// builders: what [`write_raw`](Self::write_raw) writes into a chain
     /// slot, `wr_id` included.
@@ -304,8 +294,9 @@ impl SendWr<'_> {
     /// # Safety
     /// `qpx` is a live extended queue pair inside `ibv_wr_start` on this
     /// thread, created with this request's opcode among its
-    /// `send_ops_flags`; [`fits_ex`](Self::fits_ex) holds; the memory named
-    /// is registered and held until the request's completion.
+    /// `send_ops_flags`; the request is not a list of several slices
+    /// (`SgList::gather_sges` is 0); the memory named is registered and
+    /// held until the request's completion.
     #[inline]
     pub(crate) unsafe fn write_ex(&self, qpx: *mut sys::ibv_qp_ex, wr_id: u64) {
         let (rkey, addr) = (self.rkey, self.remote_addr);
@@ -424,8 +415,9 @@ pub struct SendList<'a> {
     /// each post writes only their `wr_id`s.
     chain: Vec<sys::ibv_send_wr>,
     /// One SGE per request of one slice, and the SGEs of those of several:
-    /// `chain` points into them (they are only read through it).
-    _sges: (Vec<sys::ibv_sge>, Vec<sys::ibv_sge>),
+    /// `chain` points into them (they are only read through it, except
+    /// that an empty second one says no request is a list of several).
+    sges: (Vec<sys::ibv_sge>, Vec<sys::ibv_sge>),
     /// The protection domain of every region named (none when no request names memory).
     pd: Option<ProtectionDomain>,
     longest_inline: usize,
@@ -479,7 +471,7 @@ impl<'a> SendList<'a> {
         Ok(SendList {
             wrs: wrs.into(),
             chain,
-            _sges: (sges, gather),
+            sges: (sges, gather),
             pd,
             longest_inline: wrs.iter().filter(|w| w.inline).map(|w| w.local.len()).max().unwrap_or(0),
             most_sges: (most(false), most(true)),
@@ -544,6 +536,12 @@ impl<'a> SendList<'a> {
     /// and the device must allow them).
     pub(crate) fn most_sges(&self) -> (usize, usize) {
         self.most_sges
+    }
+
+    /// Whether no request is a list of several slices (they have SGEs in
+    /// the shared gather space).
+    pub(crate) fn gathers_none(&self) -> bool {
+        self.sges.1.is_empty()
     }
 
     /// Whether a request is an atomic (the queue pair's device must do them).

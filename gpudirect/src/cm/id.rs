@@ -9,7 +9,7 @@ use gpudirect_sys as sys;
 use sys::rdmacm as cm;
 
 use super::error::CmError;
-use crate::deadline::Deadline;
+use crate::deadline::{set_nonblocking, Deadline};
 use crate::errno::Errno;
 
 /// The `errno` a failed librdmacm call left.
@@ -53,11 +53,9 @@ pub(super) struct Event {
 fn new_channel() -> Result<NonNull<cm::rdma_event_channel>, CmError> {
     // SAFETY: no arguments; NULL on failure.
     let ch = NonNull::new(unsafe { cm::rdma_create_event_channel() }).ok_or_else(|| failed("rdma_create_event_channel"))?;
-    // SAFETY: `fd` is the channel's open descriptor.
-    unsafe {
-        let fd = (*ch.as_ptr()).fd;
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+    // SAFETY: the channel is open; `fd` is its descriptor.
+    if let Err(errno) = set_nonblocking(unsafe { (*ch.as_ptr()).fd }) {
+        tracing::warn!("making the rdma_cm event channel's fd non-blocking failed: {errno}");
     }
     Ok(ch)
 }

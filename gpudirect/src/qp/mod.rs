@@ -134,15 +134,20 @@ fn create_rc(
         // SAFETY: a valid context, PD and CQs of one device; `init` is
         // fully set for the fields comp_mask names.
         let qp = unsafe { sys::ibv_create_qp_ex(pd.context().as_ptr(), &mut init) };
-        if let Some(qp) = NonNull::new(qp) {
-            // SAFETY: a QP made by ibv_create_qp_ex with send_ops_flags.
-            if let Some(qpx) = NonNull::new(unsafe { sys::ibv_qp_to_qp_ex(qp.as_ptr()) }) {
-                return Ok((qp, Some(qpx), init.cap.max_inline_data));
+        let why = match NonNull::new(qp) {
+            // Read before anything else can overwrite errno.
+            None => Error::last("ibv_create_qp_ex").to_string(),
+            Some(qp) => {
+                // SAFETY: a QP made by ibv_create_qp_ex with send_ops_flags.
+                if let Some(qpx) = NonNull::new(unsafe { sys::ibv_qp_to_qp_ex(qp.as_ptr()) }) {
+                    return Ok((qp, Some(qpx), init.cap.max_inline_data));
+                }
+                // SAFETY: just created, not shared.
+                unsafe { sys::ibv_destroy_qp(qp.as_ptr()) };
+                "the provider gives no ibv_qp_ex view".to_string()
             }
-            // SAFETY: just created, not shared.
-            unsafe { sys::ibv_destroy_qp(qp.as_ptr()) };
-        }
-        tracing::debug!("{}: no extended posting ({}); using ibv_post_send", pd.context().name(), Error::last("ibv_create_qp_ex"));
+        };
+        tracing::debug!("{}: no extended posting ({why}); using ibv_post_send", pd.context().name());
     }
     let mut init = sys::ibv_qp_init_attr {
         send_cq: send_cq.as_ptr(),
@@ -205,6 +210,36 @@ impl QpInner {
 
     fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32) -> Result<()> {
         modify_qp(self.qp, attr, mask)
+    }
+
+    /// `INIT` → `RTR` with `attr` (the path, the peer's QP number and PSN,
+    /// the fields `mask` names) and this side's own receive settings: the
+    /// RNR timer and the reads it answers, `max_dest_rd_atomic` (at least 1).
+    fn to_rtr(&self, mut attr: sys::ibv_qp_attr, mask: u32, max_dest_rd_atomic: u8) -> Result<()> {
+        attr.qp_state = sys::IBV_QPS_RTR;
+        attr.min_rnr_timer = self.config.min_rnr_timer;
+        attr.max_dest_rd_atomic = max_dest_rd_atomic.max(1);
+        self.modify(&mut attr, mask | sys::IBV_QP_STATE | sys::IBV_QP_MIN_RNR_TIMER | sys::IBV_QP_MAX_DEST_RD_ATOMIC)
+    }
+
+    /// `RTR` → `RTS` with `attr` (the send PSN, the fields `mask` names)
+    /// and this side's own send settings: timeout, retry counts and the
+    /// reads it may have outstanding, `max_rd_atomic` (at least 1).
+    fn to_rts(&self, mut attr: sys::ibv_qp_attr, mask: u32, max_rd_atomic: u8) -> Result<()> {
+        let c = &self.config;
+        if c.retry_cnt >= 7 && self.pd.context().attr().vendor_id == RXE_VENDOR_ID {
+            tracing::warn!(
+                retry_cnt = c.retry_cnt,
+                "Soft-RoCE retries forever with retry_cnt 7: requests to a peer that died will never fail; use 6 or less"
+            );
+        }
+        attr.qp_state = sys::IBV_QPS_RTS;
+        attr.timeout = c.timeout;
+        attr.retry_cnt = c.retry_cnt.min(7);
+        attr.rnr_retry = c.rnr_retry.min(7);
+        attr.max_rd_atomic = max_rd_atomic.max(1);
+        let own = sys::IBV_QP_TIMEOUT | sys::IBV_QP_RETRY_CNT | sys::IBV_QP_RNR_RETRY | sys::IBV_QP_MAX_QP_RD_ATOMIC;
+        self.modify(&mut attr, mask | sys::IBV_QP_STATE | own)
     }
 }
 
@@ -585,33 +620,20 @@ impl PreparedQueuePair {
     pub(crate) fn connect_negotiated(
         self,
         (mut rtr, rtr_mask): (sys::ibv_qp_attr, u32),
-        (mut rts, rts_mask): (sys::ibv_qp_attr, u32),
+        (rts, rts_mask): (sys::ibv_qp_attr, u32),
         (max_rd_atomic, max_dest_rd_atomic): (u8, u8),
     ) -> Result<QueuePair> {
         let mut inner = self.inner;
-        let c = inner.config.clone();
         let cm_mtu = Mtu::from_raw(rtr.path_mtu).unwrap_or(Mtu::Mtu1024);
-        let mtu = c.mtu.map_or(cm_mtu, |m| m.min(cm_mtu));
+        let mtu = inner.config.mtu.map_or(cm_mtu, |m| m.min(cm_mtu));
         rtr.path_mtu = mtu.to_raw();
-        rtr.min_rnr_timer = c.min_rnr_timer;
-        rtr.max_dest_rd_atomic = max_dest_rd_atomic.max(1);
-        inner.modify(
-            &mut rtr,
-            rtr_mask | sys::IBV_QP_PATH_MTU | sys::IBV_QP_MIN_RNR_TIMER | sys::IBV_QP_MAX_DEST_RD_ATOMIC,
-        )?;
-        rts.timeout = c.timeout;
-        rts.retry_cnt = c.retry_cnt.min(7);
-        rts.rnr_retry = c.rnr_retry.min(7);
-        rts.max_rd_atomic = max_rd_atomic.max(1);
-        inner.modify(
-            &mut rts,
-            rts_mask | sys::IBV_QP_TIMEOUT | sys::IBV_QP_RETRY_CNT | sys::IBV_QP_RNR_RETRY | sys::IBV_QP_MAX_QP_RD_ATOMIC,
-        )?;
+        inner.to_rtr(rtr, rtr_mask | sys::IBV_QP_PATH_MTU, max_dest_rd_atomic)?;
+        inner.to_rts(rts, rts_mask, max_rd_atomic)?;
         inner.psn = rts.sq_psn;
         let ah = &rtr.ah_attr;
         if ah.is_global != 0 && u32::from(ah.grh.sgid_index) != inner.gid.entry.index {
             let index = u32::from(ah.grh.sgid_index);
-            if let Some(entry) = inner.pd.context().gid_table(c.port)?.into_iter().find(|e| e.index == index) {
+            if let Some(entry) = inner.pd.context().gid_table(inner.config.port)?.into_iter().find(|e| e.index == index) {
                 inner.gid = GidChoice { entry, reason: "chosen by rdma_cm for the route's source address" };
             }
         }
@@ -639,16 +661,12 @@ impl PreparedQueuePair {
             return Err(Error::InvalidArgument(format!("peer endpoint has no LID on an InfiniBand port: {remote}")));
         }
         let c = &inner.config;
-        let dev = inner.pd.context().attr();
         let local_mtu = inner.port.active_mtu.unwrap_or(Mtu::Mtu1024);
         let mtu = [Some(local_mtu), Some(remote.mtu), c.mtu].into_iter().flatten().min().unwrap_or(local_mtu);
         let mut attr = sys::ibv_qp_attr {
-            qp_state: sys::IBV_QPS_RTR,
             path_mtu: mtu.to_raw(),
             dest_qp_num: remote.qp_num,
             rq_psn: remote.psn,
-            max_dest_rd_atomic: responder,
-            min_rnr_timer: c.min_rnr_timer,
             ..Default::default()
         };
         attr.ah_attr.dlid = remote.lid;
@@ -661,40 +679,10 @@ impl PreparedQueuePair {
             attr.ah_attr.grh.hop_limit = c.hop_limit;
             attr.ah_attr.grh.traffic_class = c.traffic_class;
         }
-        inner.modify(
-            &mut attr,
-            sys::IBV_QP_STATE
-                | sys::IBV_QP_AV
-                | sys::IBV_QP_PATH_MTU
-                | sys::IBV_QP_DEST_QPN
-                | sys::IBV_QP_RQ_PSN
-                | sys::IBV_QP_MAX_DEST_RD_ATOMIC
-                | sys::IBV_QP_MIN_RNR_TIMER,
-        )?;
-        if c.retry_cnt >= 7 && dev.vendor_id == RXE_VENDOR_ID {
-            tracing::warn!(
-                retry_cnt = c.retry_cnt,
-                "Soft-RoCE retries forever with retry_cnt 7: requests to a peer that died will never fail; use 6 or less"
-            );
-        }
-        let mut attr = sys::ibv_qp_attr {
-            qp_state: sys::IBV_QPS_RTS,
-            timeout: c.timeout,
-            retry_cnt: c.retry_cnt.min(7),
-            rnr_retry: c.rnr_retry.min(7),
-            sq_psn: inner.psn,
-            max_rd_atomic: initiator,
-            ..Default::default()
-        };
-        inner.modify(
-            &mut attr,
-            sys::IBV_QP_STATE
-                | sys::IBV_QP_TIMEOUT
-                | sys::IBV_QP_RETRY_CNT
-                | sys::IBV_QP_RNR_RETRY
-                | sys::IBV_QP_SQ_PSN
-                | sys::IBV_QP_MAX_QP_RD_ATOMIC,
-        )?;
+        let path = sys::IBV_QP_AV | sys::IBV_QP_PATH_MTU | sys::IBV_QP_DEST_QPN | sys::IBV_QP_RQ_PSN;
+        inner.to_rtr(attr, path, responder)?;
+        let attr = sys::ibv_qp_attr { sq_psn: inner.psn, ..Default::default() };
+        inner.to_rts(attr, sys::IBV_QP_SQ_PSN, initiator)?;
         tracing::info!(local = %inner.endpoint(), remote = %remote, %mtu, gid = %inner.gid, "queue pair connected");
         Ok(QueuePair { inner, remote: *remote })
     }
