@@ -166,6 +166,7 @@ pub mod cm;
 mod context;
 mod cq;
 mod device;
+pub mod engine;
 mod error;
 mod event;
 pub mod gdr;

@@ -19,7 +19,7 @@ use crate::deadline::Deadline;
 
 use crate::gid::Gid;
 use crate::port::Mtu;
-use crate::wire::{Endpoint, RemoteBuffer};
+use crate::wire::{Endpoint, Reader, RemoteBuffer, Truncated};
 
 /// Magic bytes opening every message.
 pub const MAGIC: [u8; 4] = *b"GDRX";
@@ -33,6 +33,12 @@ pub const MAX_BUFFERS: usize = 1024;
 
 pub(crate) mod error;
 pub use error::BootstrapError;
+
+impl From<Truncated> for BootstrapError {
+    fn from(t: Truncated) -> Self {
+        BootstrapError::Truncated { field: t.field, need: t.need, have: t.have }
+    }
+}
 
 const HEADER_LEN: usize = 12;
 const KIND_HANDSHAKE: u8 = 1;
@@ -136,37 +142,6 @@ impl Handshake {
             return Err(BootstrapError::TrailingBytes(r.0.len()));
         }
         Ok(Handshake { endpoint, buffers, app })
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn need(&self, field: &'static str, n: usize) -> Result<(), BootstrapError> {
-        if self.0.len() < n {
-            return Err(BootstrapError::Truncated { field, need: n, have: self.0.len() });
-        }
-        Ok(())
-    }
-    fn take(&mut self, field: &'static str, n: usize) -> Result<&'a [u8], BootstrapError> {
-        self.need(field, n)?;
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Ok(a)
-    }
-    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], BootstrapError> {
-        let mut a = [0; N];
-        a.copy_from_slice(self.take(field, N)?);
-        Ok(a)
-    }
-    fn u8(&mut self, f: &'static str) -> Result<u8, BootstrapError> {
-        Ok(self.array::<1>(f)?[0])
-    }
-    fn u16(&mut self, f: &'static str) -> Result<u16, BootstrapError> {
-        Ok(u16::from_be_bytes(self.array(f)?))
-    }
-    fn u32(&mut self, f: &'static str) -> Result<u32, BootstrapError> {
-        Ok(u32::from_be_bytes(self.array(f)?))
     }
 }
 

@@ -1,0 +1,268 @@
+//! The engine's progress: reaping each NIC's completion queues and
+//! handing what they say to the transfers in flight (done, or failed with
+//! the peer named) and to the notification queue. Every poll and wait of
+//! the agent goes through here, from whichever thread calls.
+//!
+//! A post's work requests carry `id << 1` in their `wr_id`, the last one
+//! of each queue pair `id << 1 | 1`: that one is signaled, and its
+//! completion finishes the post (RC completes a queue pair's requests in
+//! order). A completion in error fails every post outstanding on its
+//! queue pair and retires the connection; each post has its own id, so a
+//! stale completion of an earlier post never touches a later one.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cq::CompletionQueue;
+use crate::deadline::Deadline;
+use crate::error::Error;
+use crate::sync::Mutex;
+use crate::wc::{WcError, WcStatus, WorkCompletion};
+
+use super::conn::ConnPool;
+use super::error::EngineError;
+use super::memory::Registry;
+use super::notify::{self, Notification, SLOT};
+
+/// How long one wait on a completion channel sleeps before looking again
+/// (another thread may have reaped what this one waits for).
+const WAIT_SLICE: Duration = Duration::from_millis(5);
+
+/// Where a posted request stands.
+#[derive(Clone, Debug)]
+pub(crate) enum Phase {
+    Idle,
+    Posted,
+    Done,
+    Failed(Failure),
+}
+
+/// Why a post failed, kept to be reported by every later status call.
+#[derive(Clone, Debug)]
+pub(crate) enum Failure {
+    Lost { peer: String, completion: WcError },
+    Partial { peer: String, posted: usize, total: usize, reason: String },
+}
+
+impl Failure {
+    pub(crate) fn to_error(&self) -> EngineError {
+        match self {
+            Failure::Lost { peer, completion } => EngineError::PeerLost { peer: peer.clone(), completion: *completion },
+            Failure::Partial { peer, posted, total, reason } => {
+                EngineError::PartlyPosted { peer: peer.clone(), posted: *posted, total: *total, reason: reason.clone() }
+            }
+        }
+    }
+}
+
+/// A request's state, shared with the progress that finishes it.
+pub(crate) struct ReqState(pub(crate) Mutex<Phase>);
+
+struct Outstanding {
+    state: Arc<ReqState>,
+    nic: usize,
+    qpn: u32,
+    /// Final completions still to come (one per queue pair it used).
+    finals: u32,
+}
+
+pub(crate) struct Core {
+    pub(crate) pool: Arc<ConnPool>,
+    pub(crate) registry: Registry,
+    outstanding: Mutex<HashMap<u64, Outstanding>>,
+    notes: Mutex<VecDeque<Notification>>,
+    next_id: AtomicU64,
+}
+
+impl Core {
+    pub(crate) fn new(pool: Arc<ConnPool>) -> Core {
+        Core { pool, registry: Registry::default(), outstanding: Mutex::default(), notes: Mutex::default(), next_id: AtomicU64::new(1) }
+    }
+
+    /// Lists a post of `state` on (`nic`, `qpn`) before its requests go
+    /// out, so no thread can reap a completion of it unmatched; returns
+    /// its id.
+    pub(crate) fn begin(&self, state: &Arc<ReqState>, nic: usize, qpn: u32) -> Result<u64, EngineError> {
+        let mut phase = state.0.lock();
+        if matches!(*phase, Phase::Posted) {
+            return Err(EngineError::InFlight);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) & (u64::MAX >> 1);
+        *phase = Phase::Posted;
+        drop(phase);
+        self.outstanding.lock().insert(id, Outstanding { state: state.clone(), nic, qpn, finals: 1 });
+        Ok(id)
+    }
+
+    /// Unlists a post none of whose requests went out.
+    pub(crate) fn abandon(&self, id: u64) {
+        if let Some(o) = self.outstanding.lock().remove(&id) {
+            *o.state.0.lock() = Phase::Idle;
+        }
+    }
+
+    /// Marks a post of which only part went out as failed, leaving its
+    /// posted requests' completions to be ignored.
+    pub(crate) fn fail(&self, id: u64, failure: Failure) {
+        if let Some(o) = self.outstanding.lock().remove(&id) {
+            *o.state.0.lock() = Phase::Failed(failure);
+        }
+    }
+
+    /// Handles one send-queue completion of NIC `nic`.
+    pub(crate) fn on_send(&self, nic: usize, wc: &WorkCompletion) {
+        if wc.status != WcStatus::Success {
+            let completion = match wc.ok() {
+                Err(e) => e,
+                Ok(_) => unreachable!("status is not success"),
+            };
+            self.lose(nic, wc.qp_num, completion);
+            return;
+        }
+        if wc.wr_id & 1 == 0 {
+            return;
+        }
+        let id = wc.wr_id >> 1;
+        let finished = {
+            let mut out = self.outstanding.lock();
+            match out.get_mut(&id) {
+                Some(o) if o.finals > 1 => {
+                    o.finals -= 1;
+                    None
+                }
+                Some(_) => out.remove(&id),
+                None => None,
+            }
+        };
+        if let Some(o) = finished {
+            *o.state.0.lock() = Phase::Done;
+        }
+    }
+
+    /// A queue pair failed: fails every post outstanding on it, naming
+    /// the peer and the completion, and retires the connection.
+    fn lose(&self, nic: usize, qpn: u32, completion: WcError) {
+        let peer = self.pool.peer_of(nic, qpn).map(|p| p.to_string()).unwrap_or_else(|| "(unknown)".into());
+        let failed: Vec<Outstanding> = {
+            let mut out = self.outstanding.lock();
+            let ids: Vec<u64> = out.iter().filter(|(_, o)| o.nic == nic && o.qpn == qpn).map(|(id, _)| *id).collect();
+            ids.iter().filter_map(|id| out.remove(id)).collect()
+        };
+        if !failed.is_empty() || completion.status != WcStatus::WrFlushError {
+            tracing::warn!(peer = %peer, nic, qp = qpn, "engine transfer failed: {completion}");
+        }
+        for o in failed {
+            *o.state.0.lock() = Phase::Failed(Failure::Lost { peer: peer.clone(), completion });
+        }
+        self.pool.retire(nic, qpn);
+    }
+
+    /// Reaps NIC `nic`'s send completions: what is there (`wait` `None`),
+    /// or waiting up to `wait` for one.
+    pub(crate) fn progress_send(&self, nic: usize, wait: Option<Duration>) -> Result<usize, EngineError> {
+        let n = &self.pool.nics[nic];
+        let mut wcs = [WorkCompletion::default(); 32];
+        let got = reap(&n.send_cq, &mut wcs, wait)?;
+        for wc in &wcs[..got] {
+            self.on_send(nic, wc);
+        }
+        Ok(got)
+    }
+
+    /// Reaps NIC `nic`'s notification receives into the queue, reposting
+    /// each slot; GPU memory is flushed before any is handed out.
+    fn progress_recv(&self, nic: usize, wait: Option<Duration>) -> Result<usize, EngineError> {
+        let n = &self.pool.nics[nic];
+        let mut wcs = [WorkCompletion::default(); 32];
+        let got = reap(&n.recv_cq, &mut wcs, wait)?;
+        let mut fresh = Vec::new();
+        for wc in &wcs[..got] {
+            let slot = wc.wr_id as usize;
+            if wc.status == WcStatus::Success {
+                let mut buf = vec![0; (wc.byte_len as usize).min(SLOT)];
+                // The slot goes back to the queue whatever happens here.
+                let read = n.slots.read_at(slot * SLOT, &mut buf).map_err(|e| e.to_string());
+                let peer = self.pool.peer_of(nic, wc.qp_num);
+                match (read.and_then(|()| notify::decode(&buf)), peer) {
+                    (Ok(msg), Some(peer)) => fresh.push(Notification { peer: peer.to_string(), msg: msg.to_vec() }),
+                    (Err(why), peer) => tracing::warn!(peer = ?peer, nic, qp = wc.qp_num, "dropped a message that is not a notification: {why}"),
+                    (Ok(_), None) => tracing::warn!(nic, qp = wc.qp_num, "dropped a notification from a connection no longer known"),
+                }
+            } else if let Err(e) = wc.ok() {
+                // A receive fails when its message does not fit a slot:
+                // that queue pair is in error now.
+                self.lose(nic, wc.qp_num, e);
+            }
+            n.repost(slot)?;
+        }
+        if !fresh.is_empty() {
+            self.registry.flush_gpu_writes()?;
+            self.notes.lock().extend(fresh);
+        }
+        Ok(got)
+    }
+
+    /// Every notification received so far.
+    pub(crate) fn notifications(&self) -> Result<Vec<Notification>, EngineError> {
+        for nic in 0..self.pool.nics.len() {
+            while self.progress_recv(nic, None)? > 0 {}
+        }
+        Ok(self.notes.lock().drain(..).collect())
+    }
+
+    /// The next notification, waiting up to `timeout` (`None`: no limit).
+    pub(crate) fn wait_notification(&self, timeout: Option<Duration>) -> Result<Notification, EngineError> {
+        let deadline = timeout.map_or(Deadline::never(), Deadline::after);
+        let mut turn = 0;
+        loop {
+            if let Some(n) = self.notes.lock().pop_front() {
+                return Ok(n);
+            }
+            for nic in 0..self.pool.nics.len() {
+                self.progress_recv(nic, None)?;
+            }
+            if !self.notes.lock().is_empty() {
+                continue;
+            }
+            let slice = match deadline.left() {
+                Some(l) if l.is_zero() => return Err(EngineError::Timeout(timeout.unwrap_or_default())),
+                Some(l) => l.min(WAIT_SLICE),
+                None => WAIT_SLICE,
+            };
+            turn = (turn + 1) % self.pool.nics.len();
+            self.progress_recv(turn, Some(slice))?;
+        }
+    }
+
+    /// Waits for the post `state` is in, up to `timeout`.
+    pub(crate) fn wait(&self, state: &ReqState, nic: usize, timeout: Option<Duration>) -> Result<(), EngineError> {
+        let deadline = timeout.map_or(Deadline::never(), Deadline::after);
+        loop {
+            match &*state.0.lock() {
+                Phase::Idle | Phase::Done => return Ok(()),
+                Phase::Failed(f) => return Err(f.to_error()),
+                Phase::Posted => {}
+            }
+            let slice = match deadline.left() {
+                Some(l) if l.is_zero() => return Err(EngineError::Timeout(timeout.unwrap_or_default())),
+                Some(l) => l.min(WAIT_SLICE),
+                None => WAIT_SLICE,
+            };
+            self.progress_send(nic, Some(slice))?;
+        }
+    }
+}
+
+/// Polls `cq` (or waits up to `wait` for it) into `wcs`; a wait that
+/// times out reaps nothing.
+fn reap(cq: &CompletionQueue, wcs: &mut [WorkCompletion], wait: Option<Duration>) -> Result<usize, EngineError> {
+    match wait {
+        None => Ok(cq.poll(wcs)?),
+        Some(t) => match cq.wait(wcs, Some(t)) {
+            Err(Error::Timeout(_)) => Ok(0),
+            r => Ok(r?),
+        },
+    }
+}

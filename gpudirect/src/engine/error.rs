@@ -1,0 +1,138 @@
+//! The transfer engine's errors: a leaf, wrapping the verbs, bootstrap and
+//! metadata errors it meets and naming the peer, memory or request each
+//! failure is about.
+
+use std::time::Duration;
+
+use crate::bootstrap::BootstrapError;
+use crate::error::Error;
+use crate::wc::WcError;
+
+use super::desc::MetadataError;
+
+/// Why an engine call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// A verbs call failed (registration, queue pair, posting).
+    #[error(transparent)]
+    Verbs(#[from] Error),
+    /// The control connection to a peer failed (connect, handshake).
+    #[error("control connection to agent {peer:?}: {source}")]
+    Control {
+        /// The peer agent.
+        peer: String,
+        /// What the bootstrap layer reported.
+        #[source]
+        source: BootstrapError,
+    },
+    /// Metadata from a peer (or handed over by the application) is not a
+    /// valid agent description.
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+    /// No agent of that name has been loaded ([`Agent::load_remote`](super::Agent::load_remote)).
+    #[error("no agent named {0:?} is known here: load its metadata first (Agent::load_remote)")]
+    UnknownPeer(String),
+    /// The agent (a peer, as its metadata loaded here says, or this one) has no memory of that name.
+    #[error("agent {peer:?} has no memory registered as {name:?} (for a peer: as of the metadata loaded here; reload it after the peer registers more)")]
+    UnknownMemory {
+        /// The peer agent.
+        peer: String,
+        /// The memory name asked for.
+        name: String,
+    },
+    /// A name is taken: this agent already has memory registered under it.
+    #[error("memory named {0:?} is already registered with this agent")]
+    DuplicateName(String),
+    /// A work request of a transfer to `peer` failed: the peer died, its
+    /// memory went away, or the link did. Only transfers to that peer
+    /// fail; its connections are dropped and the next transfer reconnects.
+    #[error("transfer to agent {peer:?} failed: {completion}")]
+    PeerLost {
+        /// The peer agent.
+        peer: String,
+        /// The failed completion: status, opcode, queue pair.
+        completion: WcError,
+    },
+    /// Posting stopped part way (the queue pair failed under it): the
+    /// requests posted complete or fail on their own; the transfer is
+    /// failed and may be posted again.
+    #[error("transfer to agent {peer:?}: {posted} of {total} work requests posted, then: {reason}")]
+    PartlyPosted {
+        /// The peer agent.
+        peer: String,
+        /// Work requests posted.
+        posted: usize,
+        /// Work requests in the post.
+        total: usize,
+        /// Why posting stopped.
+        reason: String,
+    },
+    /// The peer's agent refused the connection request.
+    #[error("agent {peer:?} refused the connection: {reason}")]
+    Refused {
+        /// The peer agent.
+        peer: String,
+        /// Its reason.
+        reason: String,
+    },
+    /// The control address answered as another agent (a restarted process
+    /// reusing the port, or stale metadata).
+    #[error("the control address of agent {expected:?} answered as agent {got:?}: its metadata is stale; reload it")]
+    WrongPeer {
+        /// The agent the metadata named.
+        expected: String,
+        /// The agent that answered.
+        got: String,
+    },
+    /// A local and a remote range of one transfer entry differ in length.
+    #[error("transfer entry {index}: local range of {local} bytes, remote range of {remote} bytes; they must match")]
+    LengthMismatch {
+        /// Entry index in the request.
+        index: usize,
+        /// Local length.
+        local: u64,
+        /// Remote length.
+        remote: u64,
+    },
+    /// A request mixes remote memory of several agents; a request targets one.
+    #[error("transfer entry {index} targets agent {got:?}, entry 0 agent {first:?}: a request targets one agent")]
+    MixedPeers {
+        /// Entry index in the request.
+        index: usize,
+        /// The first entry's agent.
+        first: String,
+        /// This entry's.
+        got: String,
+    },
+    /// The request has no entries.
+    #[error("a transfer request needs at least one entry")]
+    EmptyRequest,
+    /// The request is already posted and has not finished.
+    #[error("transfer request is still in flight: wait for it before posting it again")]
+    InFlight,
+    /// Waiting for a transfer or a notification took longer than allowed.
+    #[error("no completion within {0:?}")]
+    Timeout(Duration),
+    /// A notification longer than the engine carries.
+    #[error("notification of {len} bytes exceeds the {max}-byte limit")]
+    NotificationTooLong {
+        /// Its length.
+        len: usize,
+        /// [`MAX_NOTIFICATION`](super::MAX_NOTIFICATION).
+        max: usize,
+    },
+    /// The agent cannot connect more peers: its completion queues are
+    /// sized for [`AgentConfig::max_connections`](super::AgentConfig::max_connections).
+    #[error("this agent already has its maximum of {max} connections (AgentConfig::max_connections)")]
+    TooManyConnections {
+        /// The limit.
+        max: usize,
+    },
+    /// The configuration cannot work; the text says what to change.
+    #[error("agent configuration: {0}")]
+    Config(String),
+    /// Something this engine does not do yet; the text says what instead.
+    #[error("not supported: {0}")]
+    Unsupported(&'static str),
+}

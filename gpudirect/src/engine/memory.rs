@@ -1,0 +1,234 @@
+//! Memory an agent registered: one [`MemoryRegion`] per NIC the agent
+//! uses, under a name peers target ([`Registration`]), and the ranges of
+//! it a transfer names ([`LocalRange`]). The agent's registry keeps each
+//! registration, and lists it in the agent's metadata, until the agent
+//! deregisters it; the memory itself is deregistered once no handle,
+//! range or transfer request names it either (a peer's later access fails
+//! on its side with a remote access error, never touches freed memory).
+
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::mr::{Location, MemoryRegion};
+use crate::sync::Mutex;
+use crate::wire::RemoteBuffer;
+
+use super::desc::MemoryDesc;
+use super::error::EngineError;
+
+pub(crate) struct RegInner {
+    pub(crate) name: String,
+    /// Index `i` is the region on the agent's NIC `i`.
+    pub(crate) regions: Vec<MemoryRegion>,
+    /// The device name of each NIC, for [`Registration::paths`].
+    devices: Vec<String>,
+}
+
+/// Memory registered with an agent under a name: on each of its NICs, a
+/// memory region that peers may write and read. Cheap to clone. It stays
+/// registered, and in the agent's metadata, until
+/// [`Agent::deregister`](super::Agent::deregister); then for as long as a
+/// clone, a [`LocalRange`] of it or a transfer request naming it lives.
+///
+/// CPU copies go through [`write_at`](Self::write_at) and
+/// [`read_at`](Self::read_at), guarded as [`MemoryRegion`]'s are: a copy
+/// that would race with a posted transfer on the same bytes fails with
+/// [`Error::Busy`].
+#[derive(Clone)]
+pub struct Registration {
+    pub(crate) inner: Arc<RegInner>,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration").field("name", &self.inner.name).field("len", &self.len()).field("paths", &self.paths()).finish()
+    }
+}
+
+impl Registration {
+    pub(crate) fn new(name: String, regions: Vec<MemoryRegion>, devices: Vec<String>) -> Registration {
+        Registration { inner: Arc::new(RegInner { name, regions, devices }) }
+    }
+
+    /// The name peers target it by.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.regions[0].len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the memory lives and, for GPU memory, the path each NIC's
+    /// registration took, per NIC (device name first).
+    pub fn paths(&self) -> Vec<(String, Location)> {
+        self.inner.devices.iter().cloned().zip(self.inner.regions.iter().map(MemoryRegion::location)).collect()
+    }
+
+    /// The range `range` of it, for a transfer entry.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] for a range past the end.
+    pub fn range(&self, range: impl RangeBounds<usize>) -> Result<LocalRange> {
+        let (offset, len) = bounds(range, self.len()).ok_or(Error::OutOfBounds {
+            what: "registration",
+            offset: 0,
+            requested: u64::MAX,
+            len: self.len() as u64,
+        })?;
+        if offset.checked_add(len).is_none_or(|e| e > self.len()) {
+            return Err(Error::OutOfBounds { what: "registration", offset: offset as u64, requested: len as u64, len: self.len() as u64 });
+        }
+        Ok(LocalRange { reg: self.clone(), offset, len })
+    }
+
+    /// Copies `src` into the memory at `offset` (see
+    /// [`MemoryRegion::write_at`]).
+    ///
+    /// # Errors
+    /// As [`MemoryRegion::write_at`].
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.inner.regions[0].write_at(offset, src)
+    }
+
+    /// Copies the memory at `offset` into `dst` (see
+    /// [`MemoryRegion::read_at`]).
+    ///
+    /// # Errors
+    /// As [`MemoryRegion::read_at`].
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.inner.regions[0].read_at(offset, dst)
+    }
+
+    /// Sets `range` to `byte`.
+    ///
+    /// # Errors
+    /// As [`MemoryRegion::fill`].
+    pub fn fill(&self, range: impl RangeBounds<usize>, byte: u8) -> Result<()> {
+        self.inner.regions[0].fill(range, byte)
+    }
+
+    fn desc(&self) -> MemoryDesc {
+        let keys = self
+            .inner
+            .regions
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i as u8, RemoteBuffer { addr: r.addr(), len: r.len() as u64, rkey: r.rkey() }))
+            .collect();
+        MemoryDesc { name: self.inner.name.clone(), len: self.len() as u64, keys }
+    }
+}
+
+/// `(offset, len)` of `range` within `len` bytes; `None` when it
+/// overflows.
+fn bounds(range: impl RangeBounds<usize>, len: usize) -> Option<(usize, usize)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.checked_add(1)?,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1)?,
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    Some((start, end.checked_sub(start)?))
+}
+
+/// A range of a [`Registration`]: the local side of a transfer entry.
+#[derive(Clone, Debug)]
+pub struct LocalRange {
+    pub(crate) reg: Registration,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
+}
+
+impl LocalRange {
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Its offset in the registration.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+}
+
+/// The registrations of an agent, in registration order.
+#[derive(Default)]
+pub(crate) struct Registry(Mutex<Vec<Arc<RegInner>>>);
+
+impl Registry {
+    /// Lists `reg`, unless its name is taken.
+    pub(crate) fn add(&self, reg: &Registration) -> Result<(), EngineError> {
+        let mut v = self.0.lock();
+        if v.iter().any(|r| r.name == reg.inner.name) {
+            return Err(EngineError::DuplicateName(reg.inner.name.clone()));
+        }
+        v.push(reg.inner.clone());
+        Ok(())
+    }
+
+    /// Unlists the registration named `name`; whether there was one.
+    pub(crate) fn remove(&self, name: &str) -> bool {
+        let mut v = self.0.lock();
+        let before = v.len();
+        v.retain(|r| r.name != name);
+        v.len() != before
+    }
+
+    /// Whether `name` is taken.
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.0.lock().iter().any(|r| r.name == name)
+    }
+
+    /// The descriptors of the registrations, for the metadata.
+    pub(crate) fn descs(&self) -> Vec<MemoryDesc> {
+        self.0.lock().iter().map(|inner| Registration { inner: inner.clone() }.desc()).collect()
+    }
+
+    /// Makes what the NICs wrote into GPU registrations visible to GPU
+    /// kernels ([`MemoryRegion::flush_gpu_writes`]), before notifications
+    /// are handed out; host memory needs nothing.
+    pub(crate) fn flush_gpu_writes(&self) -> Result<()> {
+        let live: Vec<_> = self.0.lock().clone();
+        for r in live {
+            for region in &r.regions {
+                if matches!(region.location(), Location::Gpu { .. }) {
+                    region.flush_gpu_writes()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bounds;
+
+    #[test]
+    fn bounds_of_every_range_form() {
+        assert_eq!(bounds(.., 10), Some((0, 10)));
+        assert_eq!(bounds(2..5, 10), Some((2, 3)));
+        assert_eq!(bounds(2..=5, 10), Some((2, 4)));
+        assert_eq!(bounds(4.., 10), Some((4, 6)));
+        let (start, end) = (5, 2);
+        assert_eq!(bounds(start..end, 10), None);
+        assert_eq!(bounds(0..=usize::MAX, 10), None);
+    }
+}

@@ -1,0 +1,436 @@
+//! A transfer engine for GPU and host memory: agents that find each
+//! other by metadata, register memory once, connect on first use, and move
+//! lists of ranges with a notification the target sees only after every
+//! byte of its transfer is in place. What NIXL and Mooncake's transfer
+//! engine give C++ users, over this crate's verbs, failing closed where
+//! GPUDirect RDMA is not possible. Design and order of work:
+//! `docs/design/transfer-engine.md`.
+//!
+//! # One step of a KV-cache mover
+//! ```no_run
+//! use std::time::Duration;
+//! use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, Op};
+//!
+//! # fn main() -> Result<(), gpudirect::engine::EngineError> {
+//! // Prefill side.
+//! let agent = Agent::new(AgentConfig::named("prefill-0"))?;
+//! let kv = agent.alloc("kv", 64 << 20)?;
+//! # let blob_from_decode_side: Vec<u8> = Vec::new();
+//! // The decode side's metadata, from any channel (a file, etcd, TCP).
+//! let decode = agent.load_remote(&AgentMetadata::decode(&blob_from_decode_side)?)?;
+//! let table = decode.memory("kv-table")?;
+//! let req = agent.prepare(
+//!     Op::Write,
+//!     &[(kv.range(0..1 << 20)?, table.range(0..1 << 20)?)],
+//!     Some(b"layer 0"),
+//! )?;
+//! req.post()?; // connects on first use
+//! req.wait(Some(Duration::from_secs(5)))?;
+//! // The decode side: `agent.wait_notification(..)` returns "layer 0"
+//! // from "prefill-0" once every byte is in place.
+//! # Ok(()) }
+//! ```
+//!
+//! # What is where
+//! - [`Agent`] ([`AgentConfig`]): NICs, memory, peers, progress.
+//! - Memory: [`Registration`], [`LocalRange`]; peers' memory: [`Peer`],
+//!   [`RemoteMemory`], [`RemoteRange`].
+//! - Metadata: [`AgentMetadata`] ([`NicDesc`], [`MemoryDesc`],
+//!   [`MetadataError`]), one bounded binary form.
+//! - Transfers: [`TransferRequest`] ([`Op`], [`TransferStatus`]);
+//!   [`Notification`]s.
+//! - Errors: [`EngineError`].
+//!
+//! # Guarantees
+//! - **A notification arrives after its data.** The transfer's writes and
+//!   its notification go out on one RC queue pair in one batch; RC
+//!   delivers in order, so the target's receive completes after every
+//!   write before it was placed. For GPU memory the target flushes
+//!   ([`MemoryRegion::flush_gpu_writes`](crate::MemoryRegion::flush_gpu_writes))
+//!   before handing notifications out.
+//! - **Receive memory does not grow with peers.** Notifications land in
+//!   one shared receive queue per NIC ([`AgentConfig::srq_depth`] slots of
+//!   1 KiB).
+//! - **A dead peer fails only its own transfers**, with
+//!   [`EngineError::PeerLost`], within the queue pair's retry bound; its
+//!   connection is dropped and the next transfer reconnects.
+//! - **Peer bytes are untrusted**: metadata, connection requests and
+//!   notifications are bounded and checked; bad ones are typed errors (or,
+//!   for a notification, dropped with a warning), never a panic.
+//!
+//! # Progress and threads
+//! The engine has one thread of its own, the control listener that sets up
+//! connections peers ask for. Completions are reaped by whoever calls
+//! [`TransferRequest::status`], [`TransferRequest::wait`],
+//! [`Agent::notifications`] or [`Agent::wait_notification`]; any thread
+//! may, at once. A target that never polls stops taking notifications once
+//! its receive queue is empty: the initiator's transfers then fail
+//! (receiver not ready) instead of waiting forever.
+//!
+//! # Not yet
+//! One NIC per agent (several, with slicing across them, is next), no
+//! connection eviction, no etcd. Reads carry no notification.
+
+mod conn;
+mod core;
+mod desc;
+mod error;
+mod memory;
+mod nic;
+mod notify;
+mod peer;
+mod transfer;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::gpu::GpuBuffer;
+use crate::mr::{AccessFlags, HostBuffer, MemoryRegion, Registerable};
+use crate::policy::GpuPolicy;
+use crate::qp::QpConfig;
+use crate::sync::Mutex;
+
+pub use desc::{AgentMetadata, MemoryDesc, MetadataError, NicDesc, MAX_MEMORIES, MAX_METADATA, MAX_NAME, MAX_NICS, METADATA_MAGIC, METADATA_VERSION};
+pub use error::EngineError;
+pub use memory::{LocalRange, Registration};
+pub use notify::{Notification, MAX_NOTIFICATION};
+pub use peer::{Peer, RemoteMemory, RemoteRange};
+pub use transfer::{Op, TransferRequest, TransferStatus};
+
+use self::core::{Core, Phase, ReqState};
+use conn::ConnPool;
+use nic::{Nic, NicSetup};
+
+/// An agent's settings. [`named`](Self::named) gives the defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// The agent's name, unique among the agents that talk to each other.
+    pub name: String,
+    /// The RDMA device to use; `None`: the first one.
+    pub device: Option<String>,
+    /// Port number on it (from 1).
+    pub port: u8,
+    /// GID index override; `None` chooses as [`choose_gid`](crate::choose_gid) does.
+    pub gid_index: Option<u32>,
+    /// Where the control listener binds. Port 0 picks a free one.
+    pub listen: SocketAddr,
+    /// The address peers reach the control listener at. `None`: the
+    /// listen address, or, when that is unspecified (`0.0.0.0`), the IPv4
+    /// address of the NIC's RoCE GID (on InfiniBand, set it).
+    pub advertise: Option<IpAddr>,
+    /// Send queue depth of each connection.
+    pub send_depth: u32,
+    /// Notification receives kept posted per NIC, shared by every peer.
+    pub srq_depth: u32,
+    /// Connections the agent may hold per NIC; sizes its completion queue.
+    pub max_connections: usize,
+    /// Bound on a connection setup and on waiting for send-queue room.
+    pub timeout: Duration,
+}
+
+impl AgentConfig {
+    /// The defaults for an agent named `name`: the first RDMA device,
+    /// port 1, a control listener on any address and a free port, 128-deep
+    /// send queues, 256 notification slots, 64 connections, 30 s setup
+    /// bound.
+    pub fn named(name: impl Into<String>) -> AgentConfig {
+        AgentConfig {
+            name: name.into(),
+            device: None,
+            port: 1,
+            gid_index: None,
+            listen: SocketAddr::from(([0, 0, 0, 0], 0)),
+            advertise: None,
+            send_depth: 128,
+            srq_depth: 256,
+            max_connections: 64,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A transfer engine agent: one per process, owning its NICs' verbs
+/// objects, its registered memory, its connections and a control listener.
+/// `Send + Sync`; share it by reference or `Arc`.
+pub struct Agent {
+    core: Arc<Core>,
+    control: SocketAddr,
+    peers: Mutex<HashMap<String, Arc<AgentMetadata>>>,
+    stop: Arc<AtomicBool>,
+    listener: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent").field("name", &&*self.core.pool.name).field("control", &self.control).finish()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.listener.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Agent {
+    /// Opens the NIC, posts its notification receives and starts the
+    /// control listener.
+    ///
+    /// # Errors
+    /// [`EngineError::Config`] for a bad name, zero depths, or no address
+    /// to advertise; [`EngineError::Verbs`] opening the device or creating
+    /// its queues; [`EngineError::Control`] binding the listener.
+    pub fn new(config: AgentConfig) -> Result<Agent, EngineError> {
+        if config.name.is_empty() || config.name.len() > MAX_NAME {
+            return Err(EngineError::Config(format!("agent name {:?}: 1 to {MAX_NAME} bytes", config.name)));
+        }
+        if config.send_depth < 2 || config.srq_depth == 0 || config.max_connections == 0 {
+            return Err(EngineError::Config("send_depth must be at least 2, srq_depth and max_connections at least 1".into()));
+        }
+        let setup = NicSetup {
+            port: config.port,
+            gid_index: config.gid_index,
+            send_depth: config.send_depth,
+            max_connections: config.max_connections,
+            srq_depth: config.srq_depth,
+        };
+        let nic = Nic::open(config.device.as_deref(), &setup)?;
+        let ip = match (config.advertise, config.listen.ip()) {
+            (Some(ip), _) => ip,
+            (None, ip) if !ip.is_unspecified() => ip,
+            (None, _) => match nic.desc.gid.to_ipv6().to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => {
+                    return Err(EngineError::Config(format!(
+                        "{}'s GID {} is not an IPv4 address: set AgentConfig::advertise to the address peers reach this host at",
+                        nic.desc.device, nic.desc.gid
+                    )))
+                }
+            },
+        };
+        let listener = TcpListener::bind(config.listen).map_err(|e| EngineError::Control {
+            peer: config.name.clone(),
+            source: crate::bootstrap::BootstrapError::Io { op: format!("bind {}", config.listen), source: e },
+        })?;
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or(config.listen.port());
+        let qp = QpConfig {
+            port: config.port,
+            gid_index: config.gid_index,
+            max_send_wr: config.send_depth,
+            max_send_sge: 1,
+            ..QpConfig::default()
+        };
+        let pool = Arc::new(ConnPool::new(config.name.as_str().into(), vec![nic], qp, config.timeout));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (pool, stop) = (pool.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("gpudirect-engine-{}", config.name))
+                .spawn(move || conn::serve(pool, listener, stop))
+                .map_err(|e| EngineError::Config(format!("cannot start the control listener thread: {e}")))?
+        };
+        let control = SocketAddr::new(ip, port);
+        tracing::info!(agent = %config.name, %control, "engine agent started");
+        Ok(Agent { core: Arc::new(Core::new(pool)), control, peers: Mutex::default(), stop, listener: Some(thread) })
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.core.pool.name
+    }
+
+    /// Where peers reach its control listener.
+    pub fn control_addr(&self) -> SocketAddr {
+        self.control
+    }
+
+    fn add(&self, name: &str, regions: Vec<MemoryRegion>) -> Result<Registration, EngineError> {
+        if name.is_empty() || name.len() > MAX_NAME {
+            return Err(EngineError::Config(format!("memory name {name:?}: 1 to {MAX_NAME} bytes")));
+        }
+        let devices = self.core.pool.nics.iter().map(|n| n.desc.device.clone()).collect();
+        let reg = Registration::new(name.to_owned(), regions, devices);
+        self.core.registry.add(&reg)?;
+        Ok(reg)
+    }
+
+    fn check_name(&self, name: &str) -> Result<(), EngineError> {
+        if self.core.registry.contains(name) {
+            return Err(EngineError::DuplicateName(name.to_owned()));
+        }
+        Ok(())
+    }
+
+    /// Allocates `len` zeroed bytes of host memory and registers them
+    /// under `name`, for peers to write and read.
+    ///
+    /// # Errors
+    /// [`EngineError::DuplicateName`]; [`EngineError::Verbs`] from the
+    /// allocation or registration (e.g. the locked-memory limit).
+    pub fn alloc(&self, name: &str, len: usize) -> Result<Registration, EngineError> {
+        self.register(name, HostBuffer::new(len)?)
+    }
+
+    /// Registers host memory the caller allocated under `name`.
+    ///
+    /// # Errors
+    /// As [`alloc`](Self::alloc).
+    pub fn register<B: Registerable>(&self, name: &str, buf: B) -> Result<Registration, EngineError> {
+        self.check_name(name)?;
+        let region = MemoryRegion::register(&self.core.pool.nics[0].pd, buf, access())?;
+        self.add(name, vec![region])
+    }
+
+    /// Registers GPU memory under `name`, by the path `policy` allows
+    /// ([`GpuPolicy::Require`]: zero-copy or an error naming why not).
+    /// [`Registration::paths`] says which path each NIC got.
+    ///
+    /// # Errors
+    /// As [`MemoryRegion::register_gpu`], and
+    /// [`EngineError::DuplicateName`].
+    pub fn register_gpu(&self, name: &str, buf: GpuBuffer, policy: GpuPolicy) -> Result<Registration, EngineError> {
+        self.check_name(name)?;
+        let region = MemoryRegion::register_gpu(&self.core.pool.nics[0].pd, buf, access(), policy)?;
+        self.add(name, vec![region])
+    }
+
+    /// Takes the registration named `name` out of this agent's metadata.
+    /// Its memory is deregistered once nothing names it any more (its
+    /// [`Registration`] handles, ranges and transfer requests); peers that
+    /// still target it get a remote access error on their side.
+    ///
+    /// # Errors
+    /// [`EngineError::UnknownMemory`] when nothing is registered under it.
+    pub fn deregister(&self, name: &str) -> Result<(), EngineError> {
+        if !self.core.registry.remove(name) {
+            return Err(EngineError::UnknownMemory { peer: self.name().to_owned(), name: name.to_owned() });
+        }
+        Ok(())
+    }
+
+    /// This agent's metadata now: its name, control address, NICs and
+    /// live registrations. Give it ([`AgentMetadata::encode`]) to every
+    /// peer that targets this agent; again after registering more.
+    pub fn metadata(&self) -> AgentMetadata {
+        AgentMetadata {
+            name: self.name().to_owned(),
+            control: self.control,
+            nics: self.core.pool.nics.iter().map(|n| n.desc.clone()).collect(),
+            memories: self.core.registry.descs(),
+        }
+    }
+
+    /// Learns a peer from its metadata (replacing what was known of it:
+    /// new transfers use the new metadata, connections stay).
+    ///
+    /// # Errors
+    /// [`EngineError::Config`] for this agent's own metadata.
+    pub fn load_remote(&self, md: &AgentMetadata) -> Result<Peer, EngineError> {
+        if md.name == self.name() {
+            return Err(EngineError::Config(format!("the metadata loaded is this agent's own ({:?})", md.name)));
+        }
+        let md = Arc::new(md.clone());
+        self.peers.lock().insert(md.name.clone(), md.clone());
+        Ok(Peer { md })
+    }
+
+    /// A peer loaded before.
+    ///
+    /// # Errors
+    /// [`EngineError::UnknownPeer`].
+    pub fn peer(&self, name: &str) -> Result<Peer, EngineError> {
+        let md = self.peers.lock().get(name).cloned().ok_or_else(|| EngineError::UnknownPeer(name.to_owned()))?;
+        Ok(Peer { md })
+    }
+
+    /// Prepares a transfer of `entries`, each a local range and a range of
+    /// one peer's memory of the same length, and after them, if given, the
+    /// notification `notify` for the peer. Nothing is sent until
+    /// [`TransferRequest::post`].
+    ///
+    /// # Errors
+    /// [`EngineError::EmptyRequest`], [`EngineError::LengthMismatch`],
+    /// [`EngineError::MixedPeers`], [`EngineError::NotificationTooLong`];
+    /// [`EngineError::Unsupported`] for a notification on a read or memory
+    /// not registered on this NIC; [`EngineError::Verbs`] registering the
+    /// notification.
+    pub fn prepare(&self, op: Op, entries: &[(LocalRange, RemoteRange)], notify: Option<&[u8]>) -> Result<TransferRequest, EngineError> {
+        let first = entries.first().ok_or(EngineError::EmptyRequest)?;
+        let peer = first.1.mem.md.clone();
+        let (nic, remote_nic) = (0, 0);
+        let mut bytes = 0u64;
+        for (index, (l, r)) in entries.iter().enumerate() {
+            if r.mem.md.name != peer.name {
+                return Err(EngineError::MixedPeers { index, first: peer.name.clone(), got: r.mem.md.name.clone() });
+            }
+            if l.len as u64 != r.len {
+                return Err(EngineError::LengthMismatch { index, local: l.len as u64, remote: r.len });
+            }
+            if r.mem.desc().on_nic(remote_nic).is_none() {
+                return Err(EngineError::Unsupported("remote memory not registered on the peer's first NIC"));
+            }
+            if l.reg.inner.regions.len() <= nic {
+                return Err(EngineError::Unsupported("local memory not registered on this agent's NIC"));
+            }
+            bytes += r.len;
+        }
+        let notify = match notify {
+            None => None,
+            Some(_) if op == Op::Read => {
+                return Err(EngineError::Unsupported("a notification after a read (post the read, wait, then a zero-length write with one)"))
+            }
+            Some(msg) if msg.len() > MAX_NOTIFICATION => return Err(EngineError::NotificationTooLong { len: msg.len(), max: MAX_NOTIFICATION }),
+            Some(msg) => {
+                let wire = notify::encode(msg);
+                let region = MemoryRegion::alloc(&self.core.pool.nics[nic].pd, wire.len(), AccessFlags::LOCAL_WRITE)?;
+                region.write_at(0, &wire)?;
+                Some(region)
+            }
+        };
+        Ok(TransferRequest {
+            core: self.core.clone(),
+            op,
+            peer,
+            entries: entries.to_vec(),
+            notify,
+            state: Arc::new(ReqState(Mutex::new(Phase::Idle))),
+            bytes,
+            nic,
+            remote_nic,
+        })
+    }
+
+    /// Every notification received so far (none waits).
+    ///
+    /// # Errors
+    /// [`EngineError::Verbs`] from polling or reposting receives, or from
+    /// the GPU flush.
+    pub fn notifications(&self) -> Result<Vec<Notification>, EngineError> {
+        self.core.notifications()
+    }
+
+    /// The next notification, waiting up to `timeout` (`None`: no limit).
+    ///
+    /// # Errors
+    /// [`EngineError::Timeout`]; as [`notifications`](Self::notifications).
+    pub fn wait_notification(&self, timeout: Option<Duration>) -> Result<Notification, EngineError> {
+        self.core.wait_notification(timeout)
+    }
+
+    /// Connections alive now (set up by either side).
+    pub fn connections(&self) -> usize {
+        self.core.pool.connections()
+    }
+}
+
+/// What engine memory grants peers: writes and reads.
+fn access() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ
+}

@@ -1,0 +1,88 @@
+//! One NIC of an agent: its device context, protection domain, the send
+//! completion queue its connections share, and the shared receive queue
+//! (with its receive CQ and slot memory) that takes every peer's
+//! notifications, so receive memory does not grow with the peer count.
+
+use crate::context::Context;
+use crate::cq::CompletionQueue;
+use crate::error::Result;
+use crate::gid::GidChoice;
+use crate::mr::{AccessFlags, MemoryRegion};
+use crate::pd::ProtectionDomain;
+use crate::port::{Mtu, PortAttr};
+use crate::srq::{SharedReceiveQueue, SrqConfig};
+use crate::wr::RecvWr;
+
+use super::desc::NicDesc;
+use super::notify::SLOT;
+
+/// What [`Nic::open`] needs from the agent's configuration.
+pub(crate) struct NicSetup {
+    pub(crate) port: u8,
+    pub(crate) gid_index: Option<u32>,
+    /// Send queue depth of each connection.
+    pub(crate) send_depth: u32,
+    pub(crate) max_connections: usize,
+    /// Notification receives kept posted.
+    pub(crate) srq_depth: u32,
+}
+
+pub(crate) struct Nic {
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) send_cq: CompletionQueue,
+    pub(crate) recv_cq: CompletionQueue,
+    pub(crate) srq: SharedReceiveQueue,
+    /// `srq_depth` receive slots of [`SLOT`] bytes.
+    pub(crate) slots: MemoryRegion,
+    pub(crate) desc: NicDesc,
+    pub(crate) gid: GidChoice,
+    pub(crate) max_connections: usize,
+}
+
+impl Nic {
+    pub(crate) fn open(device: Option<&str>, s: &NicSetup) -> Result<Nic> {
+        let ctx = Context::open(device)?;
+        let port: PortAttr = ctx.query_port(s.port)?;
+        let gid = ctx.choose_gid(s.port, s.gid_index)?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        // Every connection's whole send queue may be signaled: the shared
+        // CQ holds them all (the queue pairs reserve it), or it overruns.
+        let max_cqe = ctx.attr().max_cqe;
+        let fit = (max_cqe / s.send_depth) as usize;
+        let max_connections = fit.min(s.max_connections);
+        if max_connections < s.max_connections {
+            tracing::warn!(
+                device = ctx.name(),
+                max_cqe,
+                "the send CQ holds {max_cqe} entries: at most {max_connections} connections of depth {} instead of {}",
+                s.send_depth,
+                s.max_connections
+            );
+        }
+        let send_cq = CompletionQueue::new(&ctx, (max_connections as u32).max(1) * s.send_depth)?;
+        let recv_cq = CompletionQueue::new(&ctx, s.srq_depth)?;
+        let srq = SharedReceiveQueue::new(&pd, &SrqConfig { max_wr: s.srq_depth, max_sge: 1 })?;
+        let slots = MemoryRegion::alloc(&pd, SLOT * s.srq_depth as usize, AccessFlags::LOCAL_WRITE)?;
+        let desc = NicDesc {
+            device: ctx.name().to_owned(),
+            port: s.port,
+            lid: port.lid,
+            gid: gid.entry.gid,
+            mtu: port.active_mtu.unwrap_or(Mtu::Mtu1024),
+        };
+        let nic = Nic { pd, send_cq, recv_cq, srq, slots, desc, gid, max_connections };
+        // The receives go in only once the receive CQ is attached, which
+        // the first queue pair does; posting into an SRQ before is fine.
+        let wrs = (0..s.srq_depth as usize)
+            .map(|i| Ok(RecvWr::new(nic.slots.slice(i * SLOT..(i + 1) * SLOT)?).wr_id(i as u64)))
+            .collect::<Result<Vec<_>>>()?;
+        nic.srq.post_recv(&wrs)?;
+        tracing::info!(device = %nic.desc.device, gid = %nic.gid, srq_depth = s.srq_depth, "engine NIC ready");
+        Ok(nic)
+    }
+
+    /// Gives receive slot `slot` back to the shared receive queue.
+    pub(crate) fn repost(&self, slot: usize) -> Result<()> {
+        self.srq.post_recv(&[RecvWr::new(self.slots.slice(slot * SLOT..(slot + 1) * SLOT)?).wr_id(slot as u64)])
+    }
+}

@@ -1,0 +1,259 @@
+//! The transfer engine on a real RDMA device (Soft-RoCE in the test bed),
+//! two or more agents in one process. Ignored by default; run with
+//!
+//! ```text
+//! GPUDIRECT_TEST_DEVICE=rxe0 cargo test -p gpudirect --test engine -- --ignored
+//! ```
+//! Between two hosts: `examples/kv_transfer.rs` (testbed/test-all runs it).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, EngineError, Op, TransferStatus, MAX_NOTIFICATION};
+use testkit::{device, pattern};
+
+const T: Option<Duration> = Some(Duration::from_secs(20));
+
+fn agent(name: &str) -> Agent {
+    let mut c = AgentConfig::named(name);
+    c.device = Some(device());
+    c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    Agent::new(c).unwrap()
+}
+
+/// Metadata as a peer gets it: through its binary form.
+fn md(a: &Agent) -> AgentMetadata {
+    AgentMetadata::decode(&a.metadata().encode().unwrap()).unwrap()
+}
+
+/// A prefill agent writes 8 layers of 16 blocks into a decode agent's
+/// table with one notification per layer, reposting the same prepared
+/// requests for 10 steps. The decode side checks every byte of a layer
+/// the moment that layer's notification arrives: the notification never
+/// comes before its data.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn layer_writes_with_notifications_arrive_after_their_data() {
+    const LAYERS: usize = 8;
+    const BLOCKS: usize = 16;
+    const BLOCK: usize = 64 * 1024;
+    const LAYER: usize = BLOCKS * BLOCK;
+    let prefill = agent("prefill-0");
+    let decode = agent("decode-0");
+    let kv = prefill.alloc("kv", LAYERS * LAYER).unwrap();
+    let table = decode.alloc("kv-table", LAYERS * LAYER).unwrap();
+    assert_eq!(kv.paths(), vec![(device(), gpudirect::Location::Host)]);
+    let peer = prefill.load_remote(&md(&decode)).unwrap();
+    let remote = peer.memory("kv-table").unwrap();
+    // Blocks land in reverse order in the table, as a block table maps them.
+    let reqs: Vec<_> = (0..LAYERS)
+        .map(|l| {
+            let entries: Vec<_> = (0..BLOCKS)
+                .map(|b| {
+                    let src = l * LAYER + b * BLOCK;
+                    let dst = (l * LAYER + (BLOCKS - 1 - b) * BLOCK) as u64;
+                    (kv.range(src..src + BLOCK).unwrap(), remote.range(dst..dst + BLOCK as u64).unwrap())
+                })
+                .collect();
+            prefill.prepare(Op::Write, &entries, Some(format!("layer {l}").as_bytes())).unwrap()
+        })
+        .collect();
+    assert_eq!(prefill.connections(), 0, "connections are made on first use");
+    let started = Instant::now();
+    for step in 0..10u64 {
+        let data = pattern(LAYERS * LAYER, step);
+        kv.write_at(0, &data).unwrap();
+        for r in &reqs {
+            r.post().unwrap();
+        }
+        let mut seen = [false; LAYERS];
+        for _ in 0..LAYERS {
+            let n = decode.wait_notification(T).unwrap();
+            assert_eq!(n.peer, "prefill-0");
+            let l: usize = std::str::from_utf8(&n.msg).unwrap().strip_prefix("layer ").unwrap().parse().unwrap();
+            assert!(!seen[l], "layer {l} notified twice");
+            seen[l] = true;
+            let mut got = vec![0; LAYER];
+            table.read_at(l * LAYER, &mut got).unwrap();
+            for b in 0..BLOCKS {
+                let want = &data[l * LAYER + b * BLOCK..][..BLOCK];
+                let at = (BLOCKS - 1 - b) * BLOCK;
+                assert!(got[at..at + BLOCK] == *want, "step {step} layer {l} block {b}: notification before its data");
+            }
+        }
+        for r in &reqs {
+            r.wait(T).unwrap();
+            assert_eq!(r.status().unwrap(), TransferStatus::Done);
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!("10 steps of {} MiB: {:.1} MB/s", (LAYERS * LAYER) >> 20, 10.0 * (LAYERS * LAYER) as f64 / secs / 1e6);
+    assert!(decode.notifications().unwrap().is_empty(), "no notification beyond one per layer per step");
+    assert_eq!((prefill.connections(), decode.connections()), (1, 1));
+}
+
+/// Reads pull a peer's memory; a transfer longer than the send queue
+/// (300 entries on 128-deep queues) goes out whole.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn reads_and_long_lists() {
+    let a = agent("a");
+    let b = agent("b");
+    let theirs = b.alloc("src", 300 * 4096).unwrap();
+    let data = pattern(300 * 4096, 7);
+    theirs.write_at(0, &data).unwrap();
+    let mine = a.alloc("dst", 300 * 4096).unwrap();
+    let remote = a.load_remote(&md(&b)).unwrap().memory("src").unwrap();
+    let entries: Vec<_> = (0..300)
+        .map(|i| (mine.range(i * 4096..(i + 1) * 4096).unwrap(), remote.range(i as u64 * 4096..(i as u64 + 1) * 4096).unwrap()))
+        .collect();
+    let read = a.prepare(Op::Read, &entries, None).unwrap();
+    assert_eq!(read.status().unwrap(), TransferStatus::Idle);
+    read.post().unwrap();
+    read.wait(T).unwrap();
+    let mut got = vec![0; data.len()];
+    mine.read_at(0, &mut got).unwrap();
+    assert!(got == data, "read data differs");
+    // The same entries as writes, the other way round, with a notification.
+    mine.fill(.., 0x5a).unwrap();
+    let write = a.prepare(Op::Write, &entries, Some(b"all 300")).unwrap();
+    write.post().unwrap();
+    assert_eq!(b.wait_notification(T).unwrap().msg, b"all 300");
+    theirs.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&x| x == 0x5a));
+    write.wait(T).unwrap();
+}
+
+/// Bad requests are typed errors before anything is sent.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn bad_requests_are_typed_errors() {
+    let a = agent("a");
+    let b = agent("b");
+    let c = agent("c");
+    let mine = a.alloc("m", 8192).unwrap();
+    assert!(matches!(a.alloc("m", 10), Err(EngineError::DuplicateName(n)) if n == "m"));
+    b.alloc("t", 4096).unwrap();
+    c.alloc("t", 4096).unwrap();
+    let pb = a.load_remote(&md(&b)).unwrap();
+    let pc = a.load_remote(&md(&c)).unwrap();
+    assert!(matches!(pb.memory("nope"), Err(EngineError::UnknownMemory { .. })));
+    assert!(matches!(a.peer("zz"), Err(EngineError::UnknownPeer(_))));
+    assert!(matches!(a.load_remote(&a.metadata()), Err(EngineError::Config(_))));
+    let tb = pb.memory("t").unwrap();
+    let tc = pc.memory("t").unwrap();
+    assert!(matches!(mine.range(0..8193), Err(gpudirect::Error::OutOfBounds { .. })));
+    assert!(matches!(tb.range(4000..4097), Err(gpudirect::Error::OutOfBounds { .. })));
+    assert!(matches!(a.prepare(Op::Write, &[], None), Err(EngineError::EmptyRequest)));
+    let (l, r) = (mine.range(0..100).unwrap(), tb.range(0..99).unwrap());
+    assert!(matches!(a.prepare(Op::Write, &[(l.clone(), r)], None), Err(EngineError::LengthMismatch { index: 0, local: 100, remote: 99 })));
+    let both = [(l.clone(), tb.range(0..100).unwrap()), (l.clone(), tc.range(0..100).unwrap())];
+    assert!(matches!(a.prepare(Op::Write, &both, None), Err(EngineError::MixedPeers { index: 1, .. })));
+    let one = [(l, tb.range(0..100).unwrap())];
+    let long = vec![0; MAX_NOTIFICATION + 1];
+    assert!(matches!(a.prepare(Op::Write, &one, Some(&long)), Err(EngineError::NotificationTooLong { .. })));
+    assert!(matches!(a.prepare(Op::Read, &one, Some(b"x")), Err(EngineError::Unsupported(_))));
+    // A request posted twice before it finished.
+    let req = a.prepare(Op::Write, &one, Some(&long[..MAX_NOTIFICATION])).unwrap();
+    req.post().unwrap();
+    match req.post() {
+        Err(EngineError::InFlight) => req.wait(T).unwrap(),
+        Ok(()) => panic!("a second post while the first is in flight was accepted"),
+        Err(e) => panic!("{e}"),
+    }
+    req.wait(T).unwrap();
+    assert_eq!(b.wait_notification(T).unwrap().msg.len(), MAX_NOTIFICATION);
+}
+
+/// A peer that goes away fails the transfers to it with PeerLost within
+/// the queue pair's retry bound, and only those; a peer of the same name
+/// started again is reached by the next transfer (a new connection).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_dead_peer_fails_only_its_transfers_and_a_restarted_one_is_reconnected() {
+    let a = agent("a");
+    let mine = a.alloc("m", 1 << 20).unwrap();
+    let alive = agent("alive");
+    alive.alloc("t", 1 << 20).unwrap();
+    let to_alive = a.load_remote(&md(&alive)).unwrap().memory("t").unwrap();
+    let ok = a.prepare(Op::Write, &[(mine.range(..).unwrap(), to_alive.range(..).unwrap())], Some(b"ok")).unwrap();
+    let doomed = agent("doomed");
+    doomed.alloc("t", 1 << 20).unwrap();
+    let to_doomed = a.load_remote(&md(&doomed)).unwrap().memory("t").unwrap();
+    let lost = a.prepare(Op::Write, &[(mine.range(..).unwrap(), to_doomed.range(..).unwrap())], None).unwrap();
+    lost.post().unwrap();
+    lost.wait(T).unwrap();
+    ok.post().unwrap();
+    ok.wait(T).unwrap();
+    drop(doomed);
+    let started = Instant::now();
+    lost.post().unwrap();
+    ok.post().unwrap();
+    match lost.wait(T) {
+        Err(EngineError::PeerLost { peer, completion }) => {
+            assert_eq!(peer, "doomed");
+            println!("dead peer reported after {:?}: {completion}", started.elapsed());
+        }
+        r => panic!("a write to a dead peer gave {r:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert!(matches!(lost.status(), Err(EngineError::PeerLost { .. })), "the failure is reported until the next post");
+    ok.wait(T).unwrap();
+    assert_eq!(alive.wait_notification(T).unwrap().msg, b"ok");
+    assert_eq!(alive.wait_notification(T).unwrap().msg, b"ok");
+    // Started again under the same name, at a new address: reloading its
+    // metadata is all it takes.
+    let again = agent("doomed");
+    let t = again.alloc("t", 1 << 20).unwrap();
+    let to_again = a.load_remote(&md(&again)).unwrap().memory("t").unwrap();
+    mine.fill(.., 0xc3).unwrap();
+    let req = a.prepare(Op::Write, &[(mine.range(..).unwrap(), to_again.range(..).unwrap())], Some(b"back")).unwrap();
+    req.post().unwrap();
+    assert_eq!(again.wait_notification(T).unwrap().msg, b"back");
+    req.wait(T).unwrap();
+    assert!(t.range(..).is_ok());
+    let mut got = vec![0; 1 << 20];
+    t.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&x| x == 0xc3));
+}
+
+/// Four threads post their own requests to one target at once, 50 times
+/// each; the target gets every notification exactly once.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn threads_post_at_once_and_no_notification_is_lost() {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 50;
+    let a = agent("a");
+    let b = agent("b");
+    let src = a.alloc("src", THREADS * 65536).unwrap();
+    b.alloc("dst", THREADS * 65536).unwrap();
+    let dst = a.load_remote(&md(&b)).unwrap().memory("dst").unwrap();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (a, src, dst) = (&a, &src, &dst);
+                s.spawn(move || {
+                    let off = t * 65536;
+                    let entry = [(src.range(off..off + 65536).unwrap(), dst.range(off as u64..off as u64 + 65536).unwrap())];
+                    let mut reqs = Vec::new();
+                    for r in 0..ROUNDS {
+                        let req = a.prepare(Op::Write, &entry, Some(format!("{t}/{r}").as_bytes())).unwrap();
+                        req.post().unwrap();
+                        req.wait(T).unwrap();
+                        reqs.push(req);
+                    }
+                })
+            })
+            .collect();
+        let mut seen = std::collections::HashSet::new();
+        while seen.len() < THREADS * ROUNDS {
+            let n = b.wait_notification(T).unwrap();
+            assert!(seen.insert(n.msg.clone()), "notification {:?} twice", String::from_utf8_lossy(&n.msg));
+        }
+        for h in hs {
+            h.join().unwrap();
+        }
+    });
+    assert!(b.notifications().unwrap().is_empty());
+}
