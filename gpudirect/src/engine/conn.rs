@@ -28,6 +28,10 @@ use super::error::EngineError;
 use super::nic::Nic;
 
 const REQUEST_VERSION: u8 = 1;
+/// Bound on serving one connection request: requests are served one at
+/// a time, so a peer that connects and stalls delays the others this long
+/// at most.
+const ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One connected queue pair to a peer agent.
 pub(crate) struct Conn {
@@ -49,10 +53,11 @@ pub(crate) struct ConnPool {
     /// completion finds its peer. Owns them: a connection the peer set up
     /// while ours was being set up too stays alive here for its sends.
     live: Mutex<HashMap<(usize, u32), Arc<Conn>>>,
-    /// One connection setup at a time from this side (the target side
-    /// never takes it, so two agents connecting to each other cannot
-    /// deadlock).
-    connecting: Mutex<()>,
+    /// One setup at a time per key from this side, so concurrent first
+    /// posts to one peer make one connection, and an unreachable peer
+    /// delays only posts to it. (The target side takes none of these, so
+    /// two agents connecting to each other cannot deadlock.)
+    connecting: Mutex<HashMap<Key, Arc<Mutex<()>>>>,
 }
 
 fn control_err(peer: &str) -> impl FnOnce(BootstrapError) -> EngineError + '_ {
@@ -96,7 +101,7 @@ impl ConnPool {
             timeout,
             sending: Mutex::default(),
             live: Mutex::default(),
-            connecting: Mutex::new(()),
+            connecting: Mutex::default(),
         }
     }
 
@@ -107,11 +112,14 @@ impl ConnPool {
         if let Some(c) = self.sending.lock().get(&key) {
             return Ok(c.clone());
         }
-        let _one = self.connecting.lock();
+        let turn = self.connecting.lock().entry(key.clone()).or_default().clone();
+        let _one = turn.lock();
         if let Some(c) = self.sending.lock().get(&key) {
             return Ok(c.clone());
         }
-        let conn = Arc::new(self.connect(peer, nic, remote_nic)?);
+        let made = self.connect(peer, nic, remote_nic);
+        self.connecting.lock().remove(&key);
+        let conn = Arc::new(made?);
         self.live.lock().insert((nic, conn.qp.endpoint().qp_num), conn.clone());
         self.sending.lock().insert(key, conn.clone());
         Ok(conn)
@@ -153,7 +161,7 @@ impl ConnPool {
     /// Serves one connection request on an accepted control stream.
     fn accept(&self, stream: TcpStream) -> Result<(), EngineError> {
         let from = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-        let mut oob = OobChannel::from_stream(stream, self.timeout).map_err(control_err(&from))?;
+        let mut oob = OobChannel::from_stream(stream, self.timeout.min(ACCEPT_TIMEOUT)).map_err(control_err(&from))?;
         let hello = oob.exchange(&Handshake { app: self.name.as_bytes().to_vec(), ..Default::default() }).map_err(control_err(&from))?;
         let parsed = parse_request(&hello.app).and_then(|(name, theirs, ours)| match hello.endpoint {
             Some(ep) if ours < self.nics.len() => Ok((name, theirs, ours, ep)),
