@@ -36,6 +36,10 @@
 //!   GPUDirect variables), [`rcache`] (a registration cache for memory the
 //!   program does not own), [`bootstrap`] (the out-of-band TCP exchange),
 //!   `cm` (connection setup by rdma_cm, feature `rdmacm`),
+//!   [`engine`] (a transfer engine over all of the above: agents that
+//!   find each other by metadata, memory registered under names,
+//!   connections on first use, lists of ranges moved with a notification
+//!   that arrives after its data),
 //!   [`sysroot`] (the machine's files, read through one root).
 //!
 //! # Thread safety
@@ -246,6 +250,10 @@ mod tests {
         check::<rcache::RegistrationCache>();
         check::<rcache::CachedRegion>();
         check::<Error>();
+        check::<engine::Agent>();
+        check::<engine::TransferRequest>();
+        check::<engine::Registration>();
+        check::<engine::EngineError>();
     }
 
     /// Endpoints and buffer descriptors can travel over the user's own

@@ -14,7 +14,6 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,7 +55,9 @@ pub(crate) struct ConnPool {
     /// One setup at a time per key from this side, so concurrent first
     /// posts to one peer make one connection, and an unreachable peer
     /// delays only posts to it. (The target side takes none of these, so
-    /// two agents connecting to each other cannot deadlock.)
+    /// two agents connecting to each other cannot deadlock.) A key's lock
+    /// stays for the pool's life: one small lock per peer ever connected,
+    /// and never one destroyed while another thread may still hold it.
     connecting: Mutex<HashMap<Key, Arc<Mutex<()>>>>,
 }
 
@@ -117,9 +118,7 @@ impl ConnPool {
         if let Some(c) = self.sending.lock().get(&key) {
             return Ok(c.clone());
         }
-        let made = self.connect(peer, nic, remote_nic);
-        self.connecting.lock().remove(&key);
-        let conn = Arc::new(made?);
+        let conn = Arc::new(self.connect(peer, nic, remote_nic)?);
         self.live.lock().insert((nic, conn.qp.endpoint().qp_num), conn.clone());
         self.sending.lock().insert(key, conn.clone());
         Ok(conn)
@@ -213,12 +212,12 @@ impl ConnPool {
 
 /// The control listener's loop, until `stop`: serves connection requests
 /// one at a time, each bounded by the pool's timeout.
-pub(crate) fn serve(pool: Arc<ConnPool>, listener: TcpListener, stop: Arc<AtomicBool>) {
+pub(crate) fn serve(pool: Arc<ConnPool>, listener: TcpListener, stop: Arc<Mutex<bool>>) {
     if let Err(e) = listener.set_nonblocking(true) {
         tracing::error!("engine control listener: {e}; no connection requests will be served");
         return;
     }
-    while !stop.load(Ordering::Acquire) {
+    while !*stop.lock() {
         match listener.accept() {
             Ok((s, _)) => {
                 if let Err(e) = pool.accept(s) {

@@ -1,0 +1,118 @@
+//! The transfer engine's bandwidth per block size, next to the raw verbs
+//! `write_bw` of `benches/rdma.rs`: two agents of one process on one
+//! device, connected through their control listeners on 127.0.0.1. Host
+//! memory.
+//!
+//! ```text
+//! GPUDIRECT_BENCH_DEVICE=mlx5_0 cargo bench --bench engine
+//! GPUDIRECT_BENCH_SIZES=64K,1M cargo bench --bench engine     # the default sizes
+//! ```
+//!
+//! Groups (one benchmark per block size in bytes):
+//!
+//! - `engine_write_bw`: one iteration posts one prepared request of as
+//!   many blocks as `write_bw` puts in a window (up to 64, at most 16 MiB),
+//!   all from and to the same ranges, and waits for it by spinning on
+//!   [`TransferRequest::status`](gpudirect::engine::TransferRequest::status)
+//!   (busy polling, as `write_bw` does by default).
+//! - `engine_write_notify_bw`: the same with a notification after the
+//!   blocks, and the target's wait for it timed too.
+//!
+//! Without a device the binary says so on one line and exits 0.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::OrDie;
+use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
+use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, Op, TransferRequest, TransferStatus};
+
+/// Most blocks in one request, as `write_bw`'s window.
+const TX_DEPTH: usize = 64;
+/// Bytes one iteration moves at most.
+const WINDOW_BYTES: usize = 16 << 20;
+
+fn window(size: usize) -> usize {
+    (WINDOW_BYTES / size).clamp(2, TX_DEPTH)
+}
+
+fn agent(device: &str, name: &str) -> Agent {
+    let mut c = AgentConfig::named(name);
+    c.device = Some(device.to_owned());
+    c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    Agent::new(c).or_die(&format!("starting agent {name}"))
+}
+
+fn spin(req: &TransferRequest, what: &str) {
+    let started = Instant::now();
+    loop {
+        match req.status() {
+            Ok(TransferStatus::Done) => return,
+            Ok(_) if started.elapsed() > common::COMPLETION_TIMEOUT => panic!("{what}: no completion within {:?}", common::COMPLETION_TIMEOUT),
+            Ok(_) => std::hint::spin_loop(),
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+fn main() {
+    let sizes = common::sizes("GPUDIRECT_BENCH_SIZES", &[64 << 10, 1 << 20]);
+    let Some(ctx) = common::open_device("engine") else { return };
+    let device = ctx.name().to_owned();
+    drop(ctx);
+    let mut c: Criterion = common::criterion();
+    let max = sizes.iter().copied().max().expect("at least one size");
+    let src = agent(&device, "bench-src");
+    let dst = agent(&device, "bench-dst");
+    let local = src.alloc("src", max).or_die("registering the source");
+    let target = dst.alloc("dst", max).or_die("registering the target");
+    let md = AgentMetadata::decode(&dst.metadata().encode().or_die("encoding metadata")).or_die("decoding metadata");
+    let remote = src.load_remote(&md).or_die("loading the target's metadata").memory("dst").or_die("finding the target");
+    // One checked transfer first: the numbers are of transfers that move data.
+    let want: Vec<u8> = (0..max).map(|i| (i as u8).wrapping_mul(31).wrapping_add(7)).collect();
+    local.write_at(0, &want).or_die("filling the source");
+    let check = src
+        .prepare(Op::Write, &[(local.range(..).or_die("range"), remote.range(..).or_die("range"))], Some(b"check"))
+        .or_die("preparing the check");
+    check.post().or_die("posting the check");
+    spin(&check, "the check");
+    dst.wait_notification(Some(Duration::from_secs(60))).or_die("waiting for the check's notification");
+    let mut got = vec![0; max];
+    target.read_at(0, &mut got).or_die("reading the target");
+    assert!(got == want, "the bytes that arrived differ from those sent");
+    println!(
+        "engine: {device} (busy polling), agent {} -> agent {} over 127.0.0.1, host memory, sizes {}",
+        src.name(),
+        dst.name(),
+        sizes.iter().map(|&s| common::human(s)).collect::<Vec<_>>().join(", ")
+    );
+    for notify in [false, true] {
+        let mut g = c.benchmark_group(if notify { "engine_write_notify_bw" } else { "engine_write_bw" });
+        g.sampling_mode(SamplingMode::Flat);
+        for &size in &sizes {
+            let n = window(size);
+            let entry = (local.range(0..size).or_die("range"), remote.range(0..size as u64).or_die("range"));
+            let entries = vec![entry; n];
+            let req = src.prepare(Op::Write, &entries, notify.then_some(&b"step"[..])).or_die("preparing the request");
+            let what = format!("engine write {} x {n}", common::human(size));
+            g.throughput(Throughput::Bytes((n * size) as u64));
+            g.bench_with_input(BenchmarkId::from_parameter(size), &size, |b, _| {
+                b.iter_custom(|iters| {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        req.post().or_die(&what);
+                        spin(&req, &what);
+                        if notify {
+                            dst.wait_notification(Some(common::COMPLETION_TIMEOUT)).or_die(&what);
+                        }
+                    }
+                    start.elapsed()
+                })
+            });
+        }
+        g.finish();
+    }
+    c.final_summary();
+}
