@@ -13,6 +13,9 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::ops::Bound;
+
+use crate::error::Error;
 
 use crate::gid::Gid;
 use crate::port::Mtu;
@@ -152,6 +155,33 @@ pub struct AgentMetadata {
 impl fmt::Display for AgentMetadata {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "agent {:?} at {}, {} NIC(s), {} memory region(s)", self.name, self.control, self.nics.len(), self.memories.len())
+    }
+}
+
+/// `(offset, len)` of the range from `start` to `end` within `len` bytes
+/// of `what`. Local and remote ranges of transfer entries are both cut by
+/// it.
+///
+/// # Errors
+/// [`Error::OutOfBounds`] for a range that is reversed, overflows or ends
+/// past `len`.
+pub(crate) fn cut(what: &'static str, start: Bound<u64>, end: Bound<u64>, len: u64) -> Result<(u64, u64), Error> {
+    let s = match start {
+        Bound::Included(s) => Some(s),
+        Bound::Excluded(s) => s.checked_add(1),
+        Bound::Unbounded => Some(0),
+    };
+    let e = match end {
+        Bound::Included(e) => e.checked_add(1),
+        Bound::Excluded(e) => Some(e),
+        Bound::Unbounded => Some(len),
+    };
+    match (s, e) {
+        (Some(s), Some(e)) if s <= e && e <= len => Ok((s, e - s)),
+        (s, e) => {
+            let offset = s.unwrap_or(u64::MAX);
+            Err(Error::OutOfBounds { what, offset, requested: e.unwrap_or(u64::MAX).saturating_sub(offset), len })
+        }
     }
 }
 
@@ -359,6 +389,22 @@ mod tests {
                 MemoryDesc { name: "flags".into(), len: 4096, keys: vec![] },
             ],
         }
+    }
+
+    #[test]
+    fn ranges_are_cut_in_every_form() {
+        use std::ops::Bound::*;
+        let c = |s, e| cut("x", s, e, 10).ok();
+        assert_eq!(c(Unbounded, Unbounded), Some((0, 10)));
+        assert_eq!(c(Included(2), Excluded(5)), Some((2, 3)));
+        assert_eq!(c(Included(2), Included(5)), Some((2, 4)));
+        assert_eq!(c(Excluded(3), Unbounded), Some((4, 6)));
+        assert_eq!(c(Included(5), Excluded(2)), None);
+        assert_eq!(c(Included(0), Included(u64::MAX)), None);
+        assert!(matches!(
+            cut("x", Included(4), Excluded(11), 10),
+            Err(Error::OutOfBounds { what: "x", offset: 4, requested: 7, len: 10 })
+        ));
     }
 
     #[test]

@@ -6,15 +6,15 @@
 //! range or transfer request names it either (a peer's later access fails
 //! on its side with a remote access error, never touches freed memory).
 
-use std::ops::{Bound, RangeBounds};
+use std::ops::RangeBounds;
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::mr::{Location, MemoryRegion};
 use crate::sync::Mutex;
 use crate::wire::RemoteBuffer;
 
-use super::desc::MemoryDesc;
+use super::desc::{cut, MemoryDesc};
 use super::error::EngineError;
 
 pub(crate) struct RegInner {
@@ -34,7 +34,7 @@ pub(crate) struct RegInner {
 /// CPU copies go through [`write_at`](Self::write_at) and
 /// [`read_at`](Self::read_at), guarded as [`MemoryRegion`]'s are: a copy
 /// that would race with a posted transfer on the same bytes fails with
-/// [`Error::Busy`].
+/// [`Error::Busy`](crate::Error::Busy).
 #[derive(Clone)]
 pub struct Registration {
     pub(crate) inner: Arc<RegInner>,
@@ -75,18 +75,12 @@ impl Registration {
     /// The range `range` of it, for a transfer entry.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] for a range past the end.
+    /// [`Error::OutOfBounds`](crate::Error::OutOfBounds) for a range past the end (or reversed).
     pub fn range(&self, range: impl RangeBounds<usize>) -> Result<LocalRange> {
-        let (offset, len) = bounds(range, self.len()).ok_or(Error::OutOfBounds {
-            what: "registration",
-            offset: 0,
-            requested: u64::MAX,
-            len: self.len() as u64,
-        })?;
-        if offset.checked_add(len).is_none_or(|e| e > self.len()) {
-            return Err(Error::OutOfBounds { what: "registration", offset: offset as u64, requested: len as u64, len: self.len() as u64 });
-        }
-        Ok(LocalRange { reg: self.clone(), offset, len })
+        let len = self.len() as u64;
+        let (start, end) = (range.start_bound().map(|&s| s as u64), range.end_bound().map(|&e| e as u64));
+        let (offset, n) = cut("registration", start, end, len)?;
+        Ok(LocalRange { reg: self.clone(), offset: offset as usize, len: n as usize })
     }
 
     /// Copies `src` into the memory at `offset` (see
@@ -125,22 +119,6 @@ impl Registration {
             .collect();
         MemoryDesc { name: self.inner.name.clone(), len: self.len() as u64, keys }
     }
-}
-
-/// `(offset, len)` of `range` within `len` bytes; `None` when it
-/// overflows.
-fn bounds(range: impl RangeBounds<usize>, len: usize) -> Option<(usize, usize)> {
-    let start = match range.start_bound() {
-        Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s.checked_add(1)?,
-        Bound::Unbounded => 0,
-    };
-    let end = match range.end_bound() {
-        Bound::Included(&e) => e.checked_add(1)?,
-        Bound::Excluded(&e) => e,
-        Bound::Unbounded => len,
-    };
-    Some((start, end.checked_sub(start)?))
 }
 
 /// A range of a [`Registration`]: the local side of a transfer entry.
@@ -214,21 +192,5 @@ impl Registry {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::bounds;
-
-    #[test]
-    fn bounds_of_every_range_form() {
-        assert_eq!(bounds(.., 10), Some((0, 10)));
-        assert_eq!(bounds(2..5, 10), Some((2, 3)));
-        assert_eq!(bounds(2..=5, 10), Some((2, 4)));
-        assert_eq!(bounds(4.., 10), Some((4, 6)));
-        let (start, end) = (5, 2);
-        assert_eq!(bounds(start..end, 10), None);
-        assert_eq!(bounds(0..=usize::MAX, 10), None);
     }
 }

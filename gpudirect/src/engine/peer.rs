@@ -5,9 +5,9 @@
 use std::ops::RangeBounds;
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
-use super::desc::{AgentMetadata, MemoryDesc};
+use super::desc::{cut, AgentMetadata, MemoryDesc};
 use super::error::EngineError;
 
 /// A peer agent, as of the metadata loaded for it. Cheap to clone.
@@ -75,29 +75,12 @@ impl RemoteMemory {
     /// The range `range` of it, for a transfer entry.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] for a range past its end.
+    /// [`Error::OutOfBounds`](crate::Error::OutOfBounds) for a range past its end.
     pub fn range(&self, range: impl RangeBounds<u64>) -> Result<RemoteRange> {
-        use std::ops::Bound::*;
         let len = self.len();
-        let start = match range.start_bound() {
-            Included(&s) => Some(s),
-            Excluded(&s) => s.checked_add(1),
-            Unbounded => Some(0),
-        };
-        let end = match range.end_bound() {
-            Included(&e) => e.checked_add(1),
-            Excluded(&e) => Some(e),
-            Unbounded => Some(len),
-        };
-        match (start, end) {
-            (Some(s), Some(e)) if s <= e && e <= len => Ok(RemoteRange { mem: self.clone(), offset: s, len: e - s }),
-            (s, e) => Err(Error::OutOfBounds {
-                what: "remote memory",
-                offset: s.unwrap_or(u64::MAX),
-                requested: e.zip(s).map_or(u64::MAX, |(e, s)| e.wrapping_sub(s)),
-                len,
-            }),
-        }
+        let (start, end) = (range.start_bound().cloned(), range.end_bound().cloned());
+        let (offset, n) = cut("remote memory", start, end, len)?;
+        Ok(RemoteRange { mem: self.clone(), offset, len: n })
     }
 }
 
