@@ -258,3 +258,37 @@ fn threads_post_at_once_and_no_notification_is_lost() {
     });
     assert!(b.notifications().unwrap().is_empty());
 }
+
+/// A target with 4 notification slots takes 3 rounds of 8 notifications
+/// from 8 requests posted at once: receives are reposted as they are
+/// reaped, and a burst larger than the slots waits (receiver not ready,
+/// retried) instead of failing.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_small_receive_queue_takes_bursts_larger_than_itself() {
+    let a = agent("a");
+    let mut c = AgentConfig::named("small");
+    c.device = Some(device());
+    c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    c.srq_depth = 4;
+    let b = Agent::new(c).unwrap();
+    let src = a.alloc("src", 4096).unwrap();
+    b.alloc("dst", 8 * 4096).unwrap();
+    let dst = a.load_remote(&md(&b)).unwrap().memory("dst").unwrap();
+    let reqs: Vec<_> = (0..8u64)
+        .map(|i| a.prepare(Op::Write, &[(src.range(..).unwrap(), dst.range(i * 4096..(i + 1) * 4096).unwrap())], Some(&[i as u8])).unwrap())
+        .collect();
+    for round in 0..3 {
+        for r in &reqs {
+            r.post().unwrap();
+        }
+        let mut seen = [false; 8];
+        for _ in 0..8 {
+            let n = b.wait_notification(T).unwrap();
+            assert!(!std::mem::replace(&mut seen[n.msg[0] as usize], true), "round {round}: {:?} twice", n.msg);
+        }
+        for r in &reqs {
+            r.wait(T).unwrap();
+        }
+    }
+}

@@ -14,10 +14,12 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bootstrap::{BootstrapError, Handshake, OobChannel};
+use crate::deadline::Deadline;
 use crate::qp::{QpConfig, QueuePair};
 use crate::sync::Mutex;
 use crate::wire::{Endpoint, Reader};
@@ -210,8 +212,14 @@ impl ConnPool {
     }
 }
 
-/// The control listener's loop, until `stop`: serves connection requests
-/// one at a time, each bounded by the pool's timeout.
+/// How long the listener sleeps in poll(2) before looking at its stop
+/// flag again, when nothing wakes it sooner (the agent's drop does).
+const IDLE_LOOK: Duration = Duration::from_millis(500);
+
+/// The control listener's loop, until `stop`: sleeps in poll(2) on the
+/// listening socket (an idle agent costs no CPU; many agents on one host
+/// would otherwise wake each other out of it), serves connection requests
+/// one at a time, each bounded.
 pub(crate) fn serve(pool: Arc<ConnPool>, listener: TcpListener, stop: Arc<Mutex<bool>>) {
     if let Err(e) = listener.set_nonblocking(true) {
         tracing::error!("engine control listener: {e}; no connection requests will be served");
@@ -220,11 +228,20 @@ pub(crate) fn serve(pool: Arc<ConnPool>, listener: TcpListener, stop: Arc<Mutex<
     while !*stop.lock() {
         match listener.accept() {
             Ok((s, _)) => {
+                // The agent's drop wakes us with a connection of its own.
+                if *stop.lock() {
+                    break;
+                }
                 if let Err(e) = pool.accept(s) {
                     tracing::warn!("engine connection request not served: {e}");
                 }
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if let Err(errno) = Deadline::after(IDLE_LOOK).wait_readable(listener.as_raw_fd()) {
+                    tracing::warn!("engine control listener: poll: {errno}");
+                    std::thread::sleep(IDLE_LOOK);
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
                 tracing::warn!("engine control listener: accept: {e}");

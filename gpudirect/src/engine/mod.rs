@@ -63,9 +63,10 @@
 //! connections peers ask for. Completions are reaped by whoever calls
 //! [`TransferRequest::status`], [`TransferRequest::wait`],
 //! [`Agent::notifications`] or [`Agent::wait_notification`]; any thread
-//! may, at once. A target that never polls stops taking notifications once
-//! its receive queue is empty: the initiator's transfers then fail
-//! (receiver not ready) instead of waiting forever.
+//! may, at once. A target that does not poll stops taking notifications
+//! once its receive queue is empty: senders retry (the receiver-not-ready
+//! timer is 655 ms, seven tries), and a transfer whose notification finds
+//! no receive for about 4.6 s fails instead of waiting forever.
 //!
 //! # Not yet
 //! One NIC per agent (several, with slicing across them, is next), no
@@ -158,6 +159,8 @@ impl AgentConfig {
 pub struct Agent {
     core: Arc<Core>,
     control: SocketAddr,
+    /// Where the control listener is bound (its own address, for waking it).
+    listen_addr: SocketAddr,
     peers: Mutex<HashMap<String, Arc<AgentMetadata>>>,
     /// Set to stop the control listener; a lock, not an atomic, so that
     /// helgrind and drd see the hand-over (the valgrind build).
@@ -174,6 +177,14 @@ impl std::fmt::Debug for Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         *self.stop.lock() = true;
+        // Wake the listener out of poll(2) now rather than at its next
+        // look; if this connection fails it notices within half a second.
+        let wake = match self.listen_addr.ip() {
+            IpAddr::V4(a) if a.is_unspecified() => SocketAddr::from(([127, 0, 0, 1], self.listen_addr.port())),
+            IpAddr::V6(a) if a.is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, self.listen_addr.port())),
+            _ => self.listen_addr,
+        };
+        let _ = std::net::TcpStream::connect_timeout(&wake, Duration::from_millis(100));
         if let Some(t) = self.listener.take() {
             let _ = t.join();
         }
@@ -220,12 +231,20 @@ impl Agent {
             peer: config.name.clone(),
             source: crate::bootstrap::BootstrapError::Io { op: format!("bind {}", config.listen), source: e },
         })?;
-        let port = listener.local_addr().map(|a| a.port()).unwrap_or(config.listen.port());
+        let listen_addr = listener.local_addr().unwrap_or(config.listen);
+        let port = listen_addr.port();
+        // Notifications of many peers share one receive queue: a burst
+        // larger than it finds no receive posted until the target's next
+        // poll reposts. The longest receiver-not-ready timer (655 ms, the
+        // IB encoding 0) lets a sender retry for about 4.6 s (7 tries)
+        // before its transfer fails; a queue that never runs short never
+        // waits for it. A dead peer still fails within retry_cnt's bound.
         let qp = QpConfig {
             port: config.port,
             gid_index: config.gid_index,
             max_send_wr: config.send_depth,
             max_send_sge: 1,
+            min_rnr_timer: 0,
             ..QpConfig::default()
         };
         let pool = Arc::new(ConnPool::new(config.name.as_str().into(), vec![nic], qp, config.timeout));
@@ -239,7 +258,7 @@ impl Agent {
         };
         let control = SocketAddr::new(ip, port);
         tracing::info!(agent = %config.name, %control, "engine agent started");
-        Ok(Agent { core: Arc::new(Core::new(pool)), control, peers: Mutex::default(), stop, listener: Some(thread) })
+        Ok(Agent { core: Arc::new(Core::new(pool)), control, listen_addr, peers: Mutex::default(), stop, listener: Some(thread) })
     }
 
     /// The agent's name.
