@@ -19,6 +19,13 @@
 //!   blocks, and the target's wait for it timed too.
 //!
 //! Without a device the binary says so on one line and exits 0.
+//!
+//! With `GPUDIRECT_INSNS_LOOP=N` it measures nothing itself: it posts N
+//! requests of 16 writes of 64 bytes, through the engine
+//! (`GPUDIRECT_INSNS_PATH=engine`) or the raw verbs (`raw`: a `SendWr`
+//! batch on a queue pair, the last signaled, `CompletionQueue::wait`),
+//! waiting for each, and exits: `testbed/engine-insns` counts the
+//! user-space instructions of N and 2N under callgrind.
 
 mod common;
 
@@ -57,7 +64,70 @@ fn spin(req: &TransferRequest, what: &str) {
     }
 }
 
+/// Descriptors per request in the instruction-count loop.
+const LOOP_ENTRIES: usize = 16;
+const LOOP_SIZE: usize = 64;
+
+/// `GPUDIRECT_INSNS_LOOP`: `n` requests of [`LOOP_ENTRIES`] writes.
+fn insns_loop(device: &str, n: u64, path: &str) {
+    use gpudirect::{AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, SendWr, WorkCompletion};
+    match path {
+        "engine" => {
+            let src = agent(device, "loop-src");
+            let dst = agent(device, "loop-dst");
+            let local = src.alloc("src", LOOP_SIZE).or_die("registering");
+            dst.alloc("dst", LOOP_SIZE).or_die("registering");
+            let md = AgentMetadata::decode(&dst.metadata().encode().or_die("encoding")).or_die("decoding");
+            let remote = src.load_remote(&md).or_die("loading").memory("dst").or_die("memory");
+            let entry = (local.range(..).or_die("range"), remote.range(..).or_die("range"));
+            let req = src.prepare(Op::Write, &vec![entry; LOOP_ENTRIES], None).or_die("preparing");
+            for _ in 0..n {
+                req.post().or_die("posting");
+                req.wait(Some(common::COMPLETION_TIMEOUT)).or_die("waiting");
+            }
+        }
+        "raw" => {
+            let ctx = Context::open(Some(device)).or_die("opening the device");
+            let pd = ProtectionDomain::new(&ctx).or_die("pd");
+            let cq = CompletionQueue::new(&ctx, 1024).or_die("cq");
+            let config = QpConfig::default();
+            let a = QueuePair::create(&pd, &cq, &cq, &config).or_die("qp");
+            let b = QueuePair::create(&pd, &cq, &cq, &config).or_die("qp");
+            let (ea, eb) = (a.endpoint(), b.endpoint());
+            let a = a.connect(&eb).or_die("connect");
+            let _b = b.connect(&ea).or_die("connect");
+            let access = AccessFlags::REMOTE_WRITE;
+            let src = MemoryRegion::alloc(&pd, LOOP_SIZE, access).or_die("mr");
+            let dst = MemoryRegion::alloc(&pd, LOOP_SIZE, access).or_die("mr");
+            let remote = dst.remote();
+            let mut wc = [WorkCompletion::default(); 1];
+            for _ in 0..n {
+                // Built afresh each time, as the engine builds its batch.
+                let wrs: Vec<SendWr<'_>> = (0..LOOP_ENTRIES)
+                    .map(|i| {
+                        let wr = SendWr::write(src.slice(..).or_die("slice"), &remote, 0).or_die("write");
+                        if i + 1 == LOOP_ENTRIES { wr } else { wr.unsignaled() }
+                    })
+                    .collect();
+                a.post_send(&wrs).or_die("posting");
+                cq.wait(&mut wc, Some(common::COMPLETION_TIMEOUT)).or_die("waiting");
+                wc[0].ok().or_die("completion");
+            }
+        }
+        other => common::usage_error(&format!("GPUDIRECT_INSNS_PATH={other}: expected engine or raw")),
+    }
+}
+
 fn main() {
+    if let Ok(n) = std::env::var("GPUDIRECT_INSNS_LOOP") {
+        let n: u64 = n.parse().unwrap_or_else(|_| common::usage_error("GPUDIRECT_INSNS_LOOP: a count"));
+        let path = std::env::var("GPUDIRECT_INSNS_PATH").unwrap_or_else(|_| "engine".into());
+        let Some(ctx) = common::open_device("engine") else { return };
+        let device = ctx.name().to_owned();
+        drop(ctx);
+        insns_loop(&device, n, &path);
+        return;
+    }
     let sizes = common::sizes("GPUDIRECT_BENCH_SIZES", &[64 << 10, 1 << 20]);
     let Some(ctx) = common::open_device("engine") else { return };
     let device = ctx.name().to_owned();

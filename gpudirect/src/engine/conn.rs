@@ -41,6 +41,8 @@ pub(crate) struct Conn {
 }
 
 type Key = (Arc<str>, usize, usize);
+/// A peer's connections to send on, by (local NIC, remote NIC).
+type PeerConns = Vec<((usize, usize), Arc<Conn>)>;
 
 /// The agent's NICs and its connections.
 pub(crate) struct ConnPool {
@@ -48,8 +50,9 @@ pub(crate) struct ConnPool {
     pub(crate) nics: Vec<Nic>,
     pub(crate) qp: QpConfig,
     pub(crate) timeout: Duration,
-    /// The connection each (peer, local NIC, remote NIC) sends on.
-    sending: Mutex<HashMap<Key, Arc<Conn>>>,
+    /// The connection each (peer, local NIC, remote NIC) sends on, by
+    /// peer: a post looks its peer up by name without allocating a key.
+    sending: Mutex<HashMap<Arc<str>, PeerConns>>,
     /// Every live connection, by (local NIC, queue pair number): how a
     /// completion finds its peer. Owns them: a connection the peer set up
     /// while ours was being set up too stays alive here for its sends.
@@ -111,19 +114,35 @@ impl ConnPool {
     /// The connection to `peer` from local NIC `nic` to its NIC
     /// `remote_nic`, set up now when there is none.
     pub(crate) fn get(&self, peer: &AgentMetadata, nic: usize, remote_nic: usize) -> Result<Arc<Conn>, EngineError> {
-        let key: Key = (peer.name.as_str().into(), nic, remote_nic);
-        if let Some(c) = self.sending.lock().get(&key) {
-            return Ok(c.clone());
+        if let Some(c) = self.sending_on(&peer.name, nic, remote_nic) {
+            return Ok(c);
         }
+        let key: Key = (peer.name.as_str().into(), nic, remote_nic);
         let turn = self.connecting.lock().entry(key.clone()).or_default().clone();
         let _one = turn.lock();
-        if let Some(c) = self.sending.lock().get(&key) {
-            return Ok(c.clone());
+        if let Some(c) = self.sending_on(&peer.name, nic, remote_nic) {
+            return Ok(c);
         }
         let conn = Arc::new(self.connect(peer, nic, remote_nic)?);
         self.live.lock().insert((nic, conn.qp.endpoint().qp_num), conn.clone());
-        self.sending.lock().insert(key, conn.clone());
+        self.send_on(key.0, (nic, remote_nic), conn.clone(), true);
         Ok(conn)
+    }
+
+    fn sending_on(&self, peer: &str, nic: usize, remote_nic: usize) -> Option<Arc<Conn>> {
+        self.sending.lock().get(peer)?.iter().find(|(k, _)| *k == (nic, remote_nic)).map(|(_, c)| c.clone())
+    }
+
+    /// Makes `conn` the one to send to `peer` on `nics`: always when
+    /// `replace`, else only if there is none.
+    fn send_on(&self, peer: Arc<str>, nics: (usize, usize), conn: Arc<Conn>, replace: bool) {
+        let mut sending = self.sending.lock();
+        let v = sending.entry(peer).or_default();
+        match v.iter_mut().find(|(k, _)| *k == nics) {
+            Some(slot) if replace => slot.1 = conn,
+            Some(_) => {}
+            None => v.push((nics, conn)),
+        }
     }
 
     fn create_qp(&self, nic: usize) -> Result<crate::qp::PreparedQueuePair, EngineError> {
@@ -187,7 +206,7 @@ impl ConnPool {
         let conn = Arc::new(Conn { qp, peer: name.as_str().into() });
         self.live.lock().insert((ours, endpoint.qp_num), conn.clone());
         // Sends to that peer use it unless we set one up ourselves.
-        self.sending.lock().entry((name.as_str().into(), ours, theirs)).or_insert(conn);
+        self.send_on(name.as_str().into(), (ours, theirs), conn, false);
         oob.exchange(&Handshake { endpoint: Some(endpoint), app: vec![0], ..Default::default() }).map_err(control_err(&name))?;
         tracing::info!(peer = %name, nic = ours, remote_nic = theirs, qp = endpoint.qp_num, "engine accepted a connection");
         Ok(())
@@ -202,7 +221,10 @@ impl ConnPool {
     /// new one. The caller has failed the requests outstanding on it.
     pub(crate) fn retire(&self, nic: usize, qpn: u32) {
         let Some(conn) = self.live.lock().remove(&(nic, qpn)) else { return };
-        self.sending.lock().retain(|_, c| !Arc::ptr_eq(c, &conn));
+        let mut sending = self.sending.lock();
+        if let Some(v) = sending.get_mut(&conn.peer) {
+            v.retain(|(_, c)| !Arc::ptr_eq(c, &conn));
+        }
         tracing::warn!(peer = %conn.peer, nic, qp = qpn, "engine connection failed; retired (the next transfer reconnects)");
     }
 

@@ -11,6 +11,7 @@
 //! stale completion of an earlier post never touches a later one.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,10 +69,29 @@ struct Outstanding {
     finals: u32,
 }
 
+/// Post ids are distinct counters: one multiply spreads them over the
+/// hash (the table keys on its top bits too, which counters leave zero).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
 pub(crate) struct Core {
     pub(crate) pool: Arc<ConnPool>,
     pub(crate) registry: Registry,
-    outstanding: Mutex<HashMap<u64, Outstanding>>,
+    outstanding: Mutex<HashMap<u64, Outstanding, BuildHasherDefault<IdHasher>>>,
     notes: Mutex<VecDeque<Notification>>,
     next_id: AtomicU64,
 }

@@ -102,11 +102,16 @@ impl TransferRequest {
         };
         let core = &self.core;
         let nic = self.nic;
-        let timeout = core.pool.timeout;
-        match qp.post_send_all(&wrs, Some(timeout), |wc| {
-            core.on_send(nic, &wc);
-            Ok(())
-        }) {
+        // One batch when the send queue has room (nothing is posted when it
+        // has not); else as room frees, reaping meanwhile.
+        let posted = match qp.post_send(&wrs) {
+            Err(crate::error::Error::QueueFull { .. }) => qp.post_send_all(&wrs, Some(core.pool.timeout), |wc| {
+                core.on_send(nic, &wc);
+                Ok(())
+            }),
+            r => r.map_err(|error| crate::qp::PartialPost { posted: 0, error }),
+        };
+        match posted {
             Ok(()) => Ok(()),
             Err(p) if p.posted == 0 => {
                 self.core.abandon(id);
