@@ -97,7 +97,7 @@ impl Shape {
     /// The bytes of block `b` of layer `l` at `step`.
     fn block_data(&self, step: usize, l: usize, b: usize) -> Vec<u8> {
         let seed = ((step * self.layers + l) * self.blocks + b) as u64;
-        pattern(self.block, seed)
+        testkit::pattern(self.block, seed)
     }
     fn encode(&self) -> Vec<u8> {
         format!("{} {} {} {}", self.layers, self.blocks, self.block, self.steps).into_bytes()
@@ -109,19 +109,6 @@ impl Shape {
             _ => Err(format!("bad shape {:?}", String::from_utf8_lossy(b)).into()),
         }
     }
-}
-
-/// A cheap deterministic pattern (xorshift), the same on both sides.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn memory(agent: &Agent, args: &Args, name: &str, len: usize) -> R<Registration> {

@@ -42,15 +42,7 @@ fn config(name: &str, device: &str, slots: u32) -> AgentConfig {
 }
 
 fn block(seed: usize) -> Vec<u8> {
-    let mut x = (seed as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (0..BLOCK)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    testkit::pattern(BLOCK, seed as u64)
 }
 
 /// Publishes `md` as `dir/name.md`, whole (written aside, then renamed).

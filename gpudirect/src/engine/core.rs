@@ -133,11 +133,7 @@ impl Core {
 
     /// Handles one send-queue completion of NIC `nic`.
     pub(crate) fn on_send(&self, nic: usize, wc: &WorkCompletion) {
-        if wc.status != WcStatus::Success {
-            let completion = match wc.ok() {
-                Err(e) => e,
-                Ok(_) => unreachable!("status is not success"),
-            };
+        if let Err(completion) = wc.ok() {
             self.lose(nic, wc.qp_num, completion);
             return;
         }
