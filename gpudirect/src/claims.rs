@@ -97,7 +97,7 @@ impl Holders {
         self.0.lock().retain(|x| !Weak::ptr_eq(x, h) && x.strong_count() > 0);
     }
 
-    fn conflict(&self, region: usize, start: usize, end: usize, use_: Use) -> bool {
+    pub(crate) fn conflict(&self, region: usize, start: usize, end: usize, use_: Use) -> bool {
         self.0.lock().iter().filter_map(Weak::upgrade).any(|h| h.holds_conflicting(region, start, end, use_))
     }
 }
@@ -174,8 +174,9 @@ impl RegionClaims {
     }
 
     /// Claims `start..end` of region `region` for a CPU copy, or reports
-    /// who conflicts with it. Returns the token to release.
-    pub(crate) fn claim_cpu(&self, holders: &Holders, region: usize, start: usize, end: usize, use_: Use) -> Result<u64, Error> {
+    /// who conflicts with it (`holders` answers whether a posted request
+    /// does, as [`Holders::conflict`]). Returns the token to release.
+    pub(crate) fn claim_cpu(&self, holders: &dyn Fn(usize, usize, usize, Use) -> bool, region: usize, start: usize, end: usize, use_: Use) -> Result<u64, Error> {
         let token = {
             let mut c = self.cpu.lock();
             if c.find(start, end, use_).is_some() {
@@ -191,7 +192,7 @@ impl RegionClaims {
         // when there are any.
         if use_ != Use::CpuPolls
             && self.nic_holds.load(Ordering::SeqCst) != 0
-            && holders.conflict(region, start, end, use_)
+            && holders(region, start, end, use_)
         {
             self.release_cpu(token);
             return Err(busy(start, end, BUSY_NIC));
@@ -271,12 +272,12 @@ mod tests {
     fn a_post_is_refused_while_a_conflicting_copy_runs() {
         let c = RegionClaims::default();
         let none = Holders::default();
-        let t = c.claim_cpu(&none, 1, 0, 10, Use::CpuWrites).unwrap();
+        let t = c.claim_cpu(&|r, s, e, u| none.conflict(r, s, e, u), 1, 0, 10, Use::CpuWrites).unwrap();
         let e = c.hold_for_nic(5, 6, Use::NicReads).unwrap_err();
         assert!(matches!(e, Error::Busy { offset: 5, end: 6, holder } if holder == BUSY_CPU), "{e}");
         assert_eq!(c.nic_holds.load(Ordering::SeqCst), 0, "a refused hold is not counted");
         c.hold_for_nic(10, 20, Use::NicWrites).expect("disjoint");
-        assert!(c.claim_cpu(&none, 1, 0, 5, Use::CpuWrites).is_err(), "CPU claims exclude each other too");
+        assert!(c.claim_cpu(&|r, s, e, u| none.conflict(r, s, e, u), 1, 0, 5, Use::CpuWrites).is_err(), "CPU claims exclude each other too");
         c.release_cpu(t);
         assert_eq!(c.cpu_active.load(Ordering::SeqCst), 0);
         c.hold_for_nic(0, 10, Use::NicReads).expect("the copy is done");
@@ -289,20 +290,20 @@ mod tests {
         let c = RegionClaims::default();
         c.hold_for_nic(20, 30, Use::NicWrites).unwrap();
         c.hold_for_nic(40, 50, Use::NicReads).unwrap();
-        let e = c.claim_cpu(&hs, 1, 25, 26, Use::CpuReads).unwrap_err();
+        let e = c.claim_cpu(&|r, s, e, u| hs.conflict(r, s, e, u), 1, 25, 26, Use::CpuReads).unwrap_err();
         assert!(e.to_string().contains("poll its completion queue"), "{e}");
         assert_eq!(c.cpu_active.load(Ordering::SeqCst), 0, "a refused claim is not left behind");
-        let t = c.claim_cpu(&hs, 1, 40, 50, Use::CpuReads).expect("reading a send's source is fine");
-        assert!(c.claim_cpu(&hs, 1, 45, 46, Use::CpuWrites).is_err(), "writing it is not");
-        let other = c.claim_cpu(&hs, 2, 20, 30, Use::CpuWrites).expect("another region's holds do not count");
+        let t = c.claim_cpu(&|r, s, e, u| hs.conflict(r, s, e, u), 1, 40, 50, Use::CpuReads).expect("reading a send's source is fine");
+        assert!(c.claim_cpu(&|r, s, e, u| hs.conflict(r, s, e, u), 1, 45, 46, Use::CpuWrites).is_err(), "writing it is not");
+        let other = c.claim_cpu(&|r, s, e, u| hs.conflict(r, s, e, u), 2, 20, 30, Use::CpuWrites).expect("another region's holds do not count");
         c.release_cpu(other);
-        let poll = c.claim_cpu(&hs, 1, 25, 26, Use::CpuPolls).expect("a poll waits for no request");
+        let poll = c.claim_cpu(&|r, s, e, u| hs.conflict(r, s, e, u), 1, 25, 26, Use::CpuPolls).expect("a poll waits for no request");
         c.release_cpu(poll);
         c.release_cpu(t);
         // With no holds counted, the holders are not even asked.
         c.release_nic();
         c.release_nic();
-        assert!(c.claim_cpu(&hs, 1, 20, 30, Use::CpuWrites).is_ok());
+        assert!(c.claim_cpu(&|r, s, e, u| hs.conflict(r, s, e, u), 1, 20, 30, Use::CpuWrites).is_ok());
     }
 
     /// Staging hands a CPU claim to the NIC front to back, never leaving a
@@ -311,7 +312,7 @@ mod tests {
     fn staging_claim_moves_to_the_nic_chunk_by_chunk() {
         let none = Holders::default();
         let c = RegionClaims::default();
-        let t = c.claim_cpu(&none, 1, 0, 30, Use::CpuWrites).unwrap();
+        let t = c.claim_cpu(&|r, s, e, u| none.conflict(r, s, e, u), 1, 0, 30, Use::CpuWrites).unwrap();
         c.hold_claimed();
         assert!(!c.hand_prefix_to_nic(t, 10));
         assert!(c.hold_for_nic(15, 16, Use::NicReads).is_err(), "the rest is still being staged");

@@ -17,6 +17,7 @@ use crate::sysroot::page_size;
 use crate::gpu::GpuBuffer;
 use crate::pd::ProtectionDomain;
 use crate::claims::{RegionClaims, Use};
+use crate::sync::Mutex;
 use crate::wire::RemoteBuffer;
 
 mod gpu;
@@ -65,12 +66,38 @@ pub(crate) struct MrInner {
     lkey: u32,
     rkey: u32,
     access: AccessFlags,
-    claims: RegionClaims,
+    /// Shared with every registration of the same bytes ([`MemoryRegion::register_in`]).
+    pub(crate) claims: Arc<SharedClaims>,
     pd: ProtectionDomain,
     /// GPU memory behind the region, if any.
     gpu: ManuallyDrop<Option<GpuMemory>>,
     /// Freed by the Drop body after deregistration, and only if it succeeded.
     backing: ManuallyDrop<Box<dyn Any + Send + Sync>>,
+}
+
+/// Who uses a region's bytes, shared by every registration of them (one
+/// per protection domain, [`MemoryRegion::register_in`]): a copy through
+/// one registration must see what a request posted through another holds.
+#[derive(Default)]
+pub(crate) struct SharedClaims {
+    record: RegionClaims,
+    /// The domain of each registration: where a copy looks up what posted
+    /// requests hold (only a domain's queue pairs can post its regions).
+    domains: Mutex<Vec<ProtectionDomain>>,
+}
+
+impl std::ops::Deref for SharedClaims {
+    type Target = RegionClaims;
+    #[inline(always)]
+    fn deref(&self) -> &RegionClaims {
+        &self.record
+    }
+}
+
+impl SharedClaims {
+    fn conflict(&self, region: usize, start: usize, end: usize, use_: Use) -> bool {
+        self.domains.lock().iter().any(|pd| pd.inner.holders.conflict(region, start, end, use_))
+    }
 }
 
 /// The GPU side of a GPU memory region. Its bytes are the region's bytes
@@ -231,6 +258,44 @@ impl MemoryRegion {
         Ok(Self::finish(pd, mr, ptr, len, access, Box::new(buf), None))
     }
 
+    /// Registers this region's bytes again, in protection domain `pd`
+    /// (another NIC's, say), as transfer engines register one buffer on
+    /// every NIC they use. The new region has its own keys and access
+    /// `access` and the same bytes; the two share one record of who uses
+    /// them, so a copy through either is refused
+    /// ([`Error::Busy`]) while a request posted through either uses the
+    /// range. The memory is freed once every registration of it is gone.
+    ///
+    /// ```no_run
+    /// # fn f(a: &gpudirect::ProtectionDomain, b: &gpudirect::ProtectionDomain) -> gpudirect::Result<()> {
+    /// use gpudirect::{AccessFlags, MemoryRegion};
+    /// let on_a = MemoryRegion::alloc(a, 1 << 20, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    /// let on_b = on_a.register_in(b, on_a.access())?;
+    /// on_b.write_at(0, b"seen through both")?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for GPU memory (each NIC's path to a GPU
+    /// is judged on its own; register it per NIC with
+    /// [`register_gpu`](Self::register_gpu)); as
+    /// [`register`](Self::register) otherwise.
+    pub fn register_in(&self, pd: &ProtectionDomain, access: AccessFlags) -> Result<MemoryRegion> {
+        if self.inner.gpu.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: GPU memory is registered per NIC, each NIC's path judged on its own, not copied from another registration",
+                self.location()
+            )));
+        }
+        let (addr, len) = (self.inner.addr, self.inner.len);
+        // SAFETY: the bytes stay allocated while the new region lives: it
+        // keeps this region (which owns or was promised them) as its
+        // backing, dropped only after its own deregistration.
+        let (mr, access) = unsafe { reg_mr(pd, addr, len, access)? };
+        let region = Self::finish_shared(pd, mr, addr, len, access, Box::new(self.clone()), None, self.inner.claims.clone());
+        Ok(region)
+    }
+
     /// Registers memory the caller keeps owning, such as a mapping made
     /// with `mmap` or another framework's allocation.
     ///
@@ -276,6 +341,21 @@ impl MemoryRegion {
         backing: Box<dyn Any + Send + Sync>,
         gpu: Option<GpuMemory>,
     ) -> MemoryRegion {
+        Self::finish_shared(pd, mr, addr, len, access, backing, gpu, Arc::default())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn finish_shared(
+        pd: &ProtectionDomain,
+        mr: NonNull<sys::ibv_mr>,
+        addr: *mut u8,
+        len: usize,
+        access: AccessFlags,
+        backing: Box<dyn Any + Send + Sync>,
+        gpu: Option<GpuMemory>,
+        claims: Arc<SharedClaims>,
+    ) -> MemoryRegion {
+        claims.domains.lock().push(pd.clone());
         // SAFETY: a successfully registered MR is readable.
         let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
         let region = MemoryRegion {
@@ -286,7 +366,7 @@ impl MemoryRegion {
                 lkey,
                 rkey,
                 access,
-                claims: RegionClaims::default(),
+                claims,
                 pd: pd.clone(),
                 gpu: ManuallyDrop::new(gpu),
                 backing: ManuallyDrop::new(backing),
@@ -340,10 +420,11 @@ impl MemoryRegion {
         Ok(InFlight { mr: self.clone(), offset, len, nic_writes })
     }
 
-    /// This region's identity in the claims record.
+    /// The identity of this region's bytes in the claims record: one for
+    /// every registration of them.
     #[inline]
-    fn id(&self) -> usize {
-        Arc::as_ptr(&self.inner) as usize
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner.claims) as usize
     }
 
     /// For sends from a host-staged region: claims the whole source as a
@@ -572,7 +653,8 @@ impl MemoryRegion {
         let token = if len == 0 {
             0
         } else {
-            self.inner.claims.claim_cpu(&self.inner.pd.inner.holders, self.id(), offset, offset + len, use_)?
+            let claims = &self.inner.claims;
+            claims.claim_cpu(&|r, s, e, u| claims.conflict(r, s, e, u), self.id(), offset, offset + len, use_)?
         };
         Ok(CpuClaim { mr: self, token })
     }
