@@ -47,7 +47,7 @@ fn window(size: usize) -> usize {
 
 fn agent(device: &str, name: &str) -> Agent {
     let mut c = AgentConfig::named(name);
-    c.device = Some(device.to_owned());
+    c.devices = vec![device.to_owned()];
     c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     Agent::new(c).or_die(&format!("starting agent {name}"))
 }

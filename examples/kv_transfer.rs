@@ -8,9 +8,13 @@
 //! decode engine frees its blocks).
 //!
 //! ```text
-//! decode:   cargo run --release --example kv_transfer -- --decode --device mlx5_0
-//! prefill:  cargo run --release --example kv_transfer -- --prefill --connect decodehost --device mlx5_0
+//! decode:   cargo run --release --example kv_transfer -- --decode -d mlx5_0,mlx5_1
+//! prefill:  cargo run --release --example kv_transfer -- --prefill --connect decodehost -d mlx5_0,mlx5_1
 //! ```
+//!
+//! With several devices each layer's request (1 MiB by default) is
+//! sliced across them (`AgentConfig::slice_threshold`); the prefill side
+//! prints the bytes each NIC carried.
 //!
 //! The agents swap metadata blobs ([`AgentMetadata::encode`]) over a TCP
 //! exchange on `--port` (the engine's "direct" metadata path); the
@@ -44,9 +48,14 @@ struct Args {
     /// TCP port of the metadata exchange.
     #[arg(long, default_value_t = 18600)]
     port: u16,
-    /// RDMA device (default: the first).
-    #[arg(long, short = 'd')]
-    device: Option<String>,
+    /// RDMA devices, comma-separated, in rail order: both sides list the
+    /// NICs of one network at the same place (default: the first device).
+    #[arg(long = "device", short = 'd', value_delimiter = ',')]
+    devices: Vec<String>,
+    /// Fail unless every NIC carried within PCT percent of an even share
+    /// of the prefill side's bytes (a check of the slicing).
+    #[arg(long, value_name = "PCT")]
+    balance: Option<f64>,
     /// Layers per step (one notification each).
     #[arg(long, default_value_t = 8)]
     layers: usize,
@@ -136,7 +145,7 @@ fn main() -> ExitCode {
 
 fn config(args: &Args, name: &str) -> AgentConfig {
     let mut c = AgentConfig::named(name);
-    c.device = args.device.clone();
+    c.devices = args.devices.clone();
     c
 }
 
@@ -232,6 +241,15 @@ fn prefill(args: &Args) -> R<()> {
         oob.barrier()?;
     }
     let secs = on_the_wire.as_secs_f64();
+    let stats = agent.nic_stats();
+    let even = bytes_moved as f64 / stats.len() as f64;
+    for s in &stats {
+        let off = (s.bytes as f64 - even) / even * 100.0;
+        println!("prefill: {} carried {} bytes in {} posts ({off:+.1}% of an even share)", s.device, s.bytes, s.posts);
+        if let Some(pct) = args.balance.filter(|&p| off.abs() > p) {
+            return Err(format!("{} carried {off:+.1}% of an even share, more than --balance {pct}", s.device).into());
+        }
+    }
     println!(
         "prefill: {} steps x {} layers x {} blocks of {} bytes to {}: {:.1} MB/s (post to last completion)",
         shape.steps,

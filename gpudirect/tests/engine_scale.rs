@@ -33,7 +33,7 @@ const T: Duration = Duration::from_secs(120);
 
 fn config(name: &str, device: &str, slots: u32) -> AgentConfig {
     let mut c = AgentConfig::named(name);
-    c.device = Some(device.to_owned());
+    c.devices = vec![device.to_owned()];
     c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     c.srq_depth = slots;
     c.send_depth = 16;

@@ -5,10 +5,14 @@
 //!
 //! A post's work requests carry `id << 1` in their `wr_id`, the last one
 //! of each queue pair `id << 1 | 1`: that one is signaled, and its
-//! completion finishes the post (RC completes a queue pair's requests in
-//! order). A completion in error fails every post outstanding on its
-//! queue pair and retires the connection; each post has its own id, so a
-//! stale completion of an earlier post never touches a later one.
+//! completion finishes that queue pair's part (RC completes a queue
+//! pair's requests in order); the post is done when every part is. A
+//! notification that must wait for the data of several queue pairs (a
+//! sliced request) or for a read is posted here, once the last part's
+//! completion is reaped, and finishes the post in turn. A completion in
+//! error fails every post outstanding on its queue pair and retires the
+//! connection; each post has its own id, so a stale completion of an
+//! earlier post never touches a later one.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -17,12 +21,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cq::CompletionQueue;
+use crate::mr::MemoryRegion;
+use crate::wr::SendWr;
 use crate::deadline::Deadline;
 use crate::error::Error;
 use crate::sync::Mutex;
 use crate::wc::{WcError, WcStatus, WorkCompletion};
 
-use super::conn::ConnPool;
+use super::conn::{Conn, ConnPool};
 use super::error::EngineError;
 use super::memory::Registry;
 use super::notify::{self, Notification, SLOT};
@@ -61,12 +67,32 @@ impl Failure {
 /// A request's state, shared with the progress that finishes it.
 pub(crate) struct ReqState(pub(crate) Mutex<Phase>);
 
+/// Most queue pairs (rails) one post uses.
+pub(crate) const MAX_LANES: usize = 16;
+
+/// A notification to post once a post's other parts completed.
+pub(crate) struct Deferred {
+    pub(crate) conn: Arc<Conn>,
+    pub(crate) nic: usize,
+    pub(crate) region: MemoryRegion,
+    pub(crate) peer: String,
+}
+
 struct Outstanding {
     state: Arc<ReqState>,
-    nic: usize,
-    qpn: u32,
+    /// The (NIC, queue pair number) of each part, `qps[..n]`.
+    qps: [(u8, u32); MAX_LANES],
+    n: u8,
     /// Final completions still to come (one per queue pair it used).
     finals: u32,
+    /// Posted when `finals` reaches 0, which then waits for its completion.
+    deferred: Option<Deferred>,
+}
+
+impl Outstanding {
+    fn uses(&self, nic: usize, qpn: u32) -> bool {
+        self.qps[..self.n as usize].iter().any(|&(i, q)| usize::from(i) == nic && q == qpn)
+    }
 }
 
 /// Post ids are distinct counters: one multiply spreads them over the
@@ -93,18 +119,20 @@ pub(crate) struct Core {
     pub(crate) registry: Registry,
     outstanding: Mutex<HashMap<u64, Outstanding, BuildHasherDefault<IdHasher>>>,
     notes: Mutex<VecDeque<Notification>>,
+    /// Notifications whose post's data is complete, to go out (by id).
+    ready: Mutex<Vec<(u64, Deferred)>>,
     next_id: AtomicU64,
 }
 
 impl Core {
     pub(crate) fn new(pool: Arc<ConnPool>) -> Core {
-        Core { pool, registry: Registry::default(), outstanding: Mutex::default(), notes: Mutex::default(), next_id: AtomicU64::new(1) }
+        Core { pool, registry: Registry::default(), outstanding: Mutex::default(), notes: Mutex::default(), ready: Mutex::default(), next_id: AtomicU64::new(1) }
     }
 
-    /// Lists a post of `state` on (`nic`, `qpn`) before its requests go
-    /// out, so no thread can reap a completion of it unmatched; returns
-    /// its id.
-    pub(crate) fn begin(&self, state: &Arc<ReqState>, nic: usize, qpn: u32) -> Result<u64, EngineError> {
+    /// Lists a post of `state` on the queue pairs `qps` (NIC, number)
+    /// before its requests go out, so no thread can reap a completion of
+    /// it unmatched; returns its id.
+    pub(crate) fn begin(&self, state: &Arc<ReqState>, qps: &[(u8, u32)], deferred: Option<Deferred>) -> Result<u64, EngineError> {
         let mut phase = state.0.lock();
         if matches!(*phase, Phase::Posted) {
             return Err(EngineError::InFlight);
@@ -112,7 +140,9 @@ impl Core {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) & (u64::MAX >> 1);
         *phase = Phase::Posted;
         drop(phase);
-        self.outstanding.lock().insert(id, Outstanding { state: state.clone(), nic, qpn, finals: 1 });
+        let mut o = Outstanding { state: state.clone(), qps: [(0, 0); MAX_LANES], n: qps.len() as u8, finals: qps.len() as u32, deferred };
+        o.qps[..qps.len()].copy_from_slice(qps);
+        self.outstanding.lock().insert(id, o);
         Ok(id)
     }
 
@@ -148,6 +178,15 @@ impl Core {
                     o.finals -= 1;
                     None
                 }
+                Some(o) if o.deferred.is_some() => {
+                    // The data is in place: the notification goes out now,
+                    // and its completion finishes the post.
+                    let d = o.deferred.take().expect("checked");
+                    o.qps[0] = (d.nic as u8, d.conn.qp.endpoint().qp_num);
+                    o.n = 1;
+                    self.ready.lock().push((id, d));
+                    None
+                }
                 Some(_) => out.remove(&id),
                 None => None,
             }
@@ -157,13 +196,36 @@ impl Core {
         }
     }
 
+    /// Posts the notifications whose data completed; one whose send queue
+    /// is full stays for the next progress.
+    pub(crate) fn post_ready(&self) {
+        let ready = {
+            let mut r = self.ready.lock();
+            if r.is_empty() {
+                return;
+            }
+            std::mem::take(&mut *r)
+        };
+        for (id, d) in ready {
+            let posted = d.region.slice(..).and_then(|s| d.conn.qp.post_send(&[SendWr::send(s).wr_id(id << 1 | 1)]));
+            match posted {
+                Ok(()) => {}
+                Err(Error::QueueFull { .. }) => self.ready.lock().push((id, d)),
+                Err(e) => {
+                    tracing::warn!(peer = %d.peer, "a transfer's notification could not be posted: {e}");
+                    self.fail(id, Failure::Partial { peer: d.peer.clone(), posted: 0, total: 1, reason: format!("the notification: {e}") });
+                }
+            }
+        }
+    }
+
     /// A queue pair failed: fails every post outstanding on it, naming
     /// the peer and the completion, and retires the connection.
     fn lose(&self, nic: usize, qpn: u32, completion: WcError) {
         let peer = self.pool.peer_of(nic, qpn).map(|p| p.to_string()).unwrap_or_else(|| "(unknown)".into());
         let failed: Vec<Outstanding> = {
             let mut out = self.outstanding.lock();
-            let ids: Vec<u64> = out.iter().filter(|(_, o)| o.nic == nic && o.qpn == qpn).map(|(id, _)| *id).collect();
+            let ids: Vec<u64> = out.iter().filter(|(_, o)| o.uses(nic, qpn)).map(|(id, _)| *id).collect();
             ids.iter().filter_map(|id| out.remove(id)).collect()
         };
         if !failed.is_empty() || completion.status != WcStatus::WrFlushError {
@@ -184,6 +246,7 @@ impl Core {
         for wc in &wcs[..got] {
             self.on_send(nic, wc);
         }
+        self.post_ready();
         Ok(got)
     }
 
@@ -252,9 +315,11 @@ impl Core {
         }
     }
 
-    /// Waits for the post `state` is in, up to `timeout`.
-    pub(crate) fn wait(&self, state: &ReqState, nic: usize, timeout: Option<Duration>) -> Result<(), EngineError> {
+    /// Waits for the post `state` is in, up to `timeout`, reaping the
+    /// send completions of `nics` (the NICs it uses).
+    pub(crate) fn wait(&self, state: &ReqState, nics: &[usize], timeout: Option<Duration>) -> Result<(), EngineError> {
         let deadline = timeout.map_or(Deadline::never(), Deadline::after);
+        let mut turn = 0;
         loop {
             match &*state.0.lock() {
                 Phase::Idle | Phase::Done => return Ok(()),
@@ -266,7 +331,19 @@ impl Core {
                 Some(l) => l.min(WAIT_SLICE),
                 None => WAIT_SLICE,
             };
-            self.progress_send(nic, Some(slice))?;
+            if let [nic] = nics {
+                self.progress_send(*nic, Some(slice))?;
+                continue;
+            }
+            // Several NICs: what each has now, then a short wait on one in turn.
+            let mut got = 0;
+            for &nic in nics {
+                got += self.progress_send(nic, None)?;
+            }
+            if got == 0 {
+                turn = (turn + 1) % nics.len();
+                self.progress_send(nics[turn], Some(slice / nics.len() as u32))?;
+            }
         }
     }
 }

@@ -129,6 +129,15 @@ pub enum EngineError {
         /// The limit.
         max: usize,
     },
+    /// No pair of NICs (this agent's NIC `i` and the peer's NIC `i`, a
+    /// rail) has every entry's memory registered on both ends.
+    #[error("no NIC of this agent and its peer {peer:?} reaches all of the request's memory: {why}")]
+    NoRail {
+        /// The peer.
+        peer: String,
+        /// Which entry's memory is missing where.
+        why: String,
+    },
     /// The configuration cannot work; the text says what to change.
     #[error("agent configuration: {0}")]
     Config(String),

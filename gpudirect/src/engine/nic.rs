@@ -3,6 +3,8 @@
 //! (with its receive CQ and slot memory) that takes every peer's
 //! notifications, so receive memory does not grow with the peer count.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::context::Context;
 use crate::cq::CompletionQueue;
 use crate::error::Result;
@@ -27,6 +29,19 @@ pub(crate) struct NicSetup {
     pub(crate) srq_depth: u32,
 }
 
+/// What one of an agent's NICs carried, from
+/// [`Agent::nic_stats`](super::Agent::nic_stats).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NicStats {
+    /// The RDMA device.
+    pub device: String,
+    /// Bytes of transfers posted on it (written or read; notifications
+    /// not counted).
+    pub bytes: u64,
+    /// Transfer posts (or slices of one) that went out on it.
+    pub posts: u64,
+}
+
 pub(crate) struct Nic {
     pub(crate) pd: ProtectionDomain,
     pub(crate) send_cq: CompletionQueue,
@@ -37,6 +52,9 @@ pub(crate) struct Nic {
     pub(crate) desc: NicDesc,
     pub(crate) gid: GidChoice,
     pub(crate) max_connections: usize,
+    /// [`NicStats::bytes`] and [`NicStats::posts`].
+    pub(crate) bytes: AtomicU64,
+    pub(crate) posts: AtomicU64,
 }
 
 impl Nic {
@@ -70,7 +88,7 @@ impl Nic {
             gid: gid.entry.gid,
             mtu: port.active_mtu.unwrap_or(Mtu::Mtu1024),
         };
-        let nic = Nic { pd, send_cq, recv_cq, srq, slots, desc, gid, max_connections };
+        let nic = Nic { pd, send_cq, recv_cq, srq, slots, desc, gid, max_connections, bytes: AtomicU64::new(0), posts: AtomicU64::new(0) };
         // The receives go in only once the receive CQ is attached, which
         // the first queue pair does; posting into an SRQ before is fine.
         let wrs = (0..s.srq_depth as usize)
@@ -79,6 +97,17 @@ impl Nic {
         nic.srq.post_recv(&wrs)?;
         tracing::info!(device = %nic.desc.device, gid = %nic.gid, srq_depth = s.srq_depth, "engine NIC ready");
         Ok(nic)
+    }
+
+    /// Counts a post of `bytes` on it.
+    #[inline]
+    pub(crate) fn count(&self, bytes: u64) {
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.posts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stats(&self) -> NicStats {
+        NicStats { device: self.desc.device.clone(), bytes: self.bytes.load(Ordering::Relaxed), posts: self.posts.load(Ordering::Relaxed) }
     }
 
     /// Gives receive slot `slot` back to the shared receive queue.

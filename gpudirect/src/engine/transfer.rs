@@ -1,8 +1,10 @@
 //! Transfer requests: a list of (local range, remote range) entries, read
 //! or write, to one peer, optionally followed by a notification. Prepared
-//! once, posted as often as needed (one post in flight at a time): each
-//! post is one batch on the peer's queue pair, one doorbell while the send
-//! queue has room, its last request the only one signaled.
+//! once, posted as often as needed (one post in flight at a time). A
+//! request goes over one rail (this agent's NIC `i` to the peer's NIC
+//! `i`) or, sliced, over several: each rail's part is one batch on that
+//! rail's queue pair, one doorbell while the send queue has room, its last
+//! request the only one that finishes it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +13,8 @@ use crate::error::Result;
 use crate::mr::MemoryRegion;
 use crate::wr::SendWr;
 
-use super::core::{Core, Failure, Phase, ReqState};
+use super::conn::Conn;
+use super::core::{Core, Deferred, Failure, Phase, ReqState, MAX_LANES};
 use super::desc::AgentMetadata;
 use super::error::EngineError;
 use super::memory::LocalRange;
@@ -38,21 +41,100 @@ pub enum TransferStatus {
     Done,
 }
 
+/// The part of a request one rail carries: pieces of its entries.
+pub(crate) struct Lane {
+    /// This agent's NIC, and the peer's.
+    pub(crate) nic: usize,
+    pub(crate) remote_nic: usize,
+    /// (entry index, offset into the entry, length).
+    pub(crate) pieces: Vec<(usize, u64, u64)>,
+    pub(crate) bytes: u64,
+}
+
+impl Lane {
+    /// All of `entries`, whole, on `rail`.
+    pub(crate) fn whole(rail: usize, entries: &[(LocalRange, RemoteRange)]) -> Lane {
+        let pieces: Vec<_> = entries.iter().enumerate().map(|(i, (_, r))| (i, 0, r.len)).collect();
+        Lane { nic: rail, remote_nic: rail, bytes: pieces.iter().map(|p| p.2).sum(), pieces }
+    }
+}
+
+/// A request's notification: its wire form in a region of the NIC of
+/// lane `lane`, and whether it waits for every lane's completions (after
+/// a read, or a request sliced over several rails) or follows its lane's
+/// writes on their queue pair.
+pub(crate) struct Notify {
+    pub(crate) region: MemoryRegion,
+    pub(crate) lane: usize,
+    pub(crate) after_completions: bool,
+}
+
+/// The rails on which every entry's memory is registered at both ends.
+pub(crate) fn rails(nics: usize, peer: &AgentMetadata, entries: &[(LocalRange, RemoteRange)]) -> Result<Vec<usize>, EngineError> {
+    let usable = |rail: usize| entries.iter().all(|(l, r)| l.reg.inner.regions.len() > rail && r.mem.desc().on_nic(rail).is_some());
+    let found: Vec<usize> = (0..nics.min(peer.nics.len()).min(MAX_LANES)).filter(|&r| usable(r)).collect();
+    if !found.is_empty() {
+        return Ok(found);
+    }
+    let (l, r) = &entries[0];
+    Err(EngineError::NoRail {
+        peer: peer.name.clone(),
+        why: format!(
+            "this agent has {nics} NIC(s), {:?} has {}; local {:?} is registered on {} of ours, remote {:?} on NICs {:?} of theirs",
+            peer.name,
+            peer.nics.len(),
+            l.reg.name(),
+            l.reg.inner.regions.len(),
+            r.mem.name(),
+            r.mem.desc().keys.iter().map(|k| k.0).collect::<Vec<_>>()
+        ),
+    })
+}
+
+/// Entries of lengths `lens` cut into one lane per rail of `rails`, each
+/// `bytes / n` long, rounded up (the last takes what is left), entries
+/// split where a lane ends.
+pub(crate) fn slice(lens: impl IntoIterator<Item = u64>, rails: &[usize], bytes: u64) -> Vec<Lane> {
+    let share = bytes.div_ceil(rails.len() as u64);
+    let mut lanes: Vec<Lane> = rails.iter().map(|&r| Lane { nic: r, remote_nic: r, pieces: Vec::new(), bytes: 0 }).collect();
+    let mut lane = 0;
+    for (i, len) in lens.into_iter().enumerate() {
+        let mut at = 0;
+        loop {
+            let room = if lane + 1 == lanes.len() { u64::MAX } else { share - lanes[lane].bytes };
+            let n = (len - at).min(room);
+            if n > 0 || len == 0 {
+                lanes[lane].pieces.push((i, at, n));
+                lanes[lane].bytes += n;
+            }
+            at += n;
+            if share > 0 && lanes[lane].bytes == share && lane + 1 < lanes.len() {
+                lane += 1;
+            }
+            if at == len {
+                break;
+            }
+        }
+    }
+    lanes.retain(|l| !l.pieces.is_empty());
+    lanes
+}
+
 /// A prepared transfer: made by [`Agent::prepare`](super::Agent::prepare),
 /// posted by [`post`](Self::post), followed by [`status`](Self::status) or
 /// [`wait`](Self::wait). It holds its local memory registered, so a posted
 /// request can never outlive the memory it names.
 pub struct TransferRequest {
-    pub(crate) core: Arc<Core>,
-    pub(crate) op: Op,
-    pub(crate) peer: Arc<AgentMetadata>,
-    pub(crate) entries: Vec<(LocalRange, RemoteRange)>,
-    /// The notification's wire form, in a region of NIC 0.
-    pub(crate) notify: Option<MemoryRegion>,
-    pub(crate) state: Arc<ReqState>,
-    pub(crate) bytes: u64,
-    pub(crate) nic: usize,
-    pub(crate) remote_nic: usize,
+    core: Arc<Core>,
+    op: Op,
+    peer: Arc<AgentMetadata>,
+    entries: Vec<(LocalRange, RemoteRange)>,
+    lanes: Vec<Lane>,
+    notify: Option<Notify>,
+    state: Arc<ReqState>,
+    bytes: u64,
+    /// The NICs its lanes use, each once: where its completions arrive.
+    nics: Vec<usize>,
 }
 
 impl std::fmt::Debug for TransferRequest {
@@ -62,12 +144,28 @@ impl std::fmt::Debug for TransferRequest {
             .field("peer", &self.peer.name)
             .field("entries", &self.entries.len())
             .field("bytes", &self.bytes)
+            .field("rails", &self.lanes.iter().map(|l| (l.nic, l.bytes)).collect::<Vec<_>>())
             .field("notify", &self.notify.is_some())
             .finish()
     }
 }
 
 impl TransferRequest {
+    pub(crate) fn new(
+        core: Arc<Core>,
+        op: Op,
+        peer: Arc<AgentMetadata>,
+        entries: Vec<(LocalRange, RemoteRange)>,
+        lanes: Vec<Lane>,
+        notify: Option<Notify>,
+        bytes: u64,
+    ) -> TransferRequest {
+        let mut nics: Vec<usize> = lanes.iter().map(|l| l.nic).collect();
+        nics.sort_unstable();
+        nics.dedup();
+        TransferRequest { core, op, peer, entries, lanes, notify, state: Arc::new(ReqState(crate::sync::Mutex::new(Phase::Idle))), bytes, nics }
+    }
+
     /// The peer agent it targets.
     pub fn peer(&self) -> &str {
         &self.peer.name
@@ -78,9 +176,15 @@ impl TransferRequest {
         self.bytes
     }
 
-    /// Posts it: connects to the peer first if this agent has no
-    /// connection to it yet, then posts every entry and the notification
-    /// as one batch.
+    /// The bytes each rail carries per post: (this agent's NIC index,
+    /// bytes), in slice order.
+    pub fn rails(&self) -> Vec<(usize, u64)> {
+        self.lanes.iter().map(|l| (l.nic, l.bytes)).collect()
+    }
+
+    /// Posts it: connects to the peer first on each rail this agent has
+    /// no connection on yet, then posts every rail's part (and the
+    /// notification behind one rail's writes) as one batch per rail.
     ///
     /// # Errors
     /// [`EngineError::InFlight`] while the previous post is still in
@@ -90,62 +194,91 @@ impl TransferRequest {
     /// posting (when nothing went out the request is idle again and may be
     /// posted again; when part went out it is failed).
     pub fn post(&self) -> Result<(), EngineError> {
-        let conn = self.core.pool.get(&self.peer, self.nic, self.remote_nic)?;
-        let qp = &conn.qp;
-        let id = self.core.begin(&self.state, self.nic, qp.endpoint().qp_num)?;
-        let wrs = match self.requests(id) {
-            Ok(w) => w,
-            Err(e) => {
-                self.core.abandon(id);
-                return Err(e.into());
+        let mut conns: [Option<Arc<Conn>>; MAX_LANES] = Default::default();
+        let mut qps = [(0u8, 0u32); MAX_LANES];
+        for (i, lane) in self.lanes.iter().enumerate() {
+            let c = self.core.pool.get(&self.peer, lane.nic, lane.remote_nic)?;
+            qps[i] = (lane.nic as u8, c.qp.endpoint().qp_num);
+            conns[i] = Some(c);
+        }
+        let n = self.lanes.len();
+        let deferred = match &self.notify {
+            Some(nt) if nt.after_completions => {
+                let conn = conns[nt.lane].clone().expect("every lane has its connection");
+                Some(Deferred { conn, nic: self.lanes[nt.lane].nic, region: nt.region.clone(), peer: self.peer.name.clone() })
             }
+            _ => None,
         };
-        let core = &self.core;
-        let nic = self.nic;
-        // One batch when the send queue has room (nothing is posted when it
-        // has not); else as room frees, reaping meanwhile.
-        let posted = match qp.post_send(&wrs) {
-            Err(crate::error::Error::QueueFull { .. }) => qp.post_send_all(&wrs, Some(core.pool.timeout), |wc| {
-                core.on_send(nic, &wc);
-                Ok(())
-            }),
-            r => r.map_err(|error| crate::qp::PartialPost { posted: 0, error }),
-        };
-        match posted {
-            Ok(()) => Ok(()),
-            Err(p) if p.posted == 0 => {
-                self.core.abandon(id);
-                Err(p.error.into())
-            }
-            Err(p) => {
-                tracing::warn!(peer = %self.peer.name, posted = p.posted, of = wrs.len(), "transfer partly posted: {}", p.error);
-                let failure = Failure::Partial { peer: self.peer.name.clone(), posted: p.posted, total: wrs.len(), reason: p.error.to_string() };
-                self.core.fail(id, failure);
-                Err(p.error.into())
+        let id = self.core.begin(&self.state, &qps[..n], deferred)?;
+        let mut total = 0;
+        for (i, lane) in self.lanes.iter().enumerate() {
+            let qp = &conns[i].as_ref().expect("every lane has its connection").qp;
+            let wrs = match self.requests(id, i) {
+                Ok(w) => w,
+                Err(e) if i == 0 => {
+                    self.core.abandon(id);
+                    return Err(e.into());
+                }
+                Err(e) => return Err(self.partly(id, total, total + 1, e.to_string(), e)),
+            };
+            let core = &self.core;
+            let nic = lane.nic;
+            // One batch when the send queue has room (nothing is posted when
+            // it has not); else as room frees, reaping meanwhile.
+            let posted = match qp.post_send(&wrs) {
+                Err(crate::error::Error::QueueFull { .. }) => qp.post_send_all(&wrs, Some(core.pool.timeout), |wc| {
+                    core.on_send(nic, &wc);
+                    Ok(())
+                }),
+                r => r.map_err(|error| crate::qp::PartialPost { posted: 0, error }),
+            };
+            match posted {
+                Ok(()) => {
+                    self.core.pool.nics[nic].count(lane.bytes);
+                    total += wrs.len();
+                }
+                Err(p) if p.posted == 0 && i == 0 => {
+                    self.core.abandon(id);
+                    return Err(p.error.into());
+                }
+                Err(p) => return Err(self.partly(id, total + p.posted, total + wrs.len(), p.error.to_string(), p.error)),
             }
         }
+        self.core.post_ready();
+        Ok(())
     }
 
-    /// The work requests of post `id`: every entry unsignaled but one in
-    /// each half send queue (so a long list keeps the queue draining), the
-    /// last (the notification when there is one) signaled and final.
-    fn requests(&self, id: u64) -> Result<Vec<SendWr<'_>>> {
+    /// Fails post `id` of which `posted` of `total` requests went out.
+    fn partly(&self, id: u64, posted: usize, total: usize, reason: String, error: crate::error::Error) -> EngineError {
+        tracing::warn!(peer = %self.peer.name, posted, of = total, "transfer partly posted: {reason}");
+        self.core.fail(id, Failure::Partial { peer: self.peer.name.clone(), posted, total, reason });
+        error.into()
+    }
+
+    /// The work requests of lane `lane` of post `id`: every piece
+    /// unsignaled but one in each half send queue (so a long list keeps
+    /// the queue draining), the last (the notification when it follows
+    /// this lane's writes) signaled and final.
+    fn requests(&self, id: u64, lane: usize) -> Result<Vec<SendWr<'_>>> {
         let every = (self.core.pool.qp.max_send_wr / 2).max(1) as usize;
-        let mut wrs = Vec::with_capacity(self.entries.len() + 1);
-        for (i, (local, remote)) in self.entries.iter().enumerate() {
-            let slice = local.reg.inner.regions[self.nic].slice(local.offset..local.offset + local.len)?;
-            let rb = remote.mem.desc().on_nic(self.remote_nic).expect("prepare checked the key exists");
+        let l = &self.lanes[lane];
+        let mut wrs = Vec::with_capacity(l.pieces.len() + 1);
+        for (i, &(entry, at, len)) in l.pieces.iter().enumerate() {
+            let (local, remote) = &self.entries[entry];
+            let start = local.offset + at as usize;
+            let slice = local.reg.inner.regions[l.nic].slice(start..start + len as usize)?;
+            let rb = remote.mem.desc().on_nic(l.remote_nic).expect("prepare checked the key exists");
             let wr = match self.op {
-                Op::Write => SendWr::write(slice, rb, remote.offset)?,
-                Op::Read => SendWr::read(slice, rb, remote.offset)?,
+                Op::Write => SendWr::write(slice, rb, remote.offset + at)?,
+                Op::Read => SendWr::read(slice, rb, remote.offset + at)?,
             };
             let wr = wr.wr_id(id << 1);
             wrs.push(if i % every == every - 1 { wr } else { wr.unsignaled() });
         }
-        if let Some(n) = &self.notify {
-            wrs.push(SendWr::send(n.slice(..)?).wr_id(id << 1).unsignaled());
+        if let Some(n) = self.notify.as_ref().filter(|n| n.lane == lane && !n.after_completions) {
+            wrs.push(SendWr::send(n.region.slice(..)?).wr_id(id << 1).unsignaled());
         }
-        let last = wrs.pop().expect("a request has an entry");
+        let last = wrs.pop().expect("a lane has a piece");
         wrs.push(SendWr { signaled: true, ..last }.wr_id(id << 1 | 1));
         Ok(wrs)
     }
@@ -156,7 +289,9 @@ impl TransferRequest {
     /// [`EngineError::PeerLost`] when it failed (the peer died, its memory
     /// went away); repeated until the request is posted again.
     pub fn status(&self) -> Result<TransferStatus, EngineError> {
-        self.core.progress_send(self.nic, None)?;
+        for &nic in &self.nics {
+            self.core.progress_send(nic, None)?;
+        }
         match &*self.state.0.lock() {
             Phase::Idle => Ok(TransferStatus::Idle),
             Phase::Posted => Ok(TransferStatus::InFlight),
@@ -172,6 +307,43 @@ impl TransferRequest {
     /// # Errors
     /// As [`status`](Self::status); [`EngineError::Timeout`].
     pub fn wait(&self, timeout: Option<Duration>) -> Result<(), EngineError> {
-        self.core.wait(&self.state, self.nic, timeout)
+        self.core.wait(&self.state, &self.nics, timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sliced(lens: &[u64], rails: &[usize]) -> Vec<Lane> {
+        let lanes = slice(lens.iter().copied(), rails, lens.iter().sum());
+        // Every byte of every entry is in exactly one piece, in order.
+        let mut next = vec![0u64; lens.len()];
+        for l in &lanes {
+            assert_eq!(l.bytes, l.pieces.iter().map(|p| p.2).sum::<u64>());
+            for &(e, at, n) in &l.pieces {
+                assert_eq!(at, next[e], "entry {e} is cut in order");
+                next[e] += n;
+            }
+        }
+        assert_eq!(next, lens);
+        lanes
+    }
+
+    #[test]
+    fn slices_are_even_and_cover_every_byte_once() {
+        let lanes = sliced(&[65536; 16], &[0, 1]);
+        assert_eq!(lanes.iter().map(|l| (l.nic, l.bytes, l.pieces.len())).collect::<Vec<_>>(), vec![(0, 1 << 19, 8), (1, 1 << 19, 8)]);
+        // One entry, three rails: cut inside it.
+        let lanes = sliced(&[1000], &[0, 2, 5]);
+        assert_eq!(lanes.iter().map(|l| (l.nic, l.bytes)).collect::<Vec<_>>(), vec![(0, 334), (2, 334), (5, 332)]);
+        // Uneven entries, and empty ones, which go with their neighbours.
+        let lanes = sliced(&[10, 0, 300, 7, 0, 83], &[0, 1]);
+        assert_eq!(lanes.iter().map(|l| l.bytes).collect::<Vec<_>>(), vec![200, 200]);
+        assert_eq!(lanes[0].pieces, vec![(0, 0, 10), (1, 0, 0), (2, 0, 190)]);
+        // Fewer bytes than rails: no empty lane.
+        let lanes = sliced(&[1], &[0, 1, 2]);
+        assert_eq!(lanes.len(), 1);
+        assert_eq!(sliced(&[0, 0], &[0, 1]).len(), 1, "nothing to move still makes one lane");
     }
 }
