@@ -331,3 +331,59 @@ fn a_small_receive_queue_takes_bursts_larger_than_itself() {
         }
     }
 }
+
+/// At its connection limit an agent evicts the least recently used idle
+/// connection (its peer closes its end too) and never one a post still
+/// holds; notifications that arrived on a connection closed since still
+/// name their sender.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn idle_connections_are_evicted_at_the_limit_and_busy_ones_kept() {
+    let mut c = AgentConfig::named("hub");
+    c.devices = vec![device()];
+    c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    c.max_connections = 2;
+    let hub = Agent::new(c).unwrap();
+    let src = hub.alloc("src", 4096).unwrap();
+    let peers: Vec<Agent> = (0..3).map(|i| agent(&format!("p{i}"))).collect();
+    let reqs: Vec<_> = peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            p.alloc("t", 4096).unwrap();
+            let t = hub.load_remote(&md(p)).unwrap().memory("t").unwrap();
+            hub.prepare(Op::Write, &[(src.range(..).unwrap(), t.range(..).unwrap())], Some(format!("to p{i}").as_bytes())).unwrap()
+        })
+        .collect();
+    let round = |i: usize| {
+        reqs[i].post().unwrap();
+        reqs[i].wait(T).unwrap();
+    };
+    round(0);
+    round(1);
+    assert_eq!((hub.connections(), peers[0].connections(), peers[1].connections()), (2, 1, 1));
+    // A third peer: p0's connection is the least recently used.
+    round(2);
+    assert_eq!(hub.connections(), 2);
+    assert_eq!(peers.iter().map(Agent::connections).collect::<Vec<_>>(), vec![0, 1, 1], "p0 closed its end when asked");
+    // Both connections held by posts not yet reaped: none is evicted.
+    reqs[1].post().unwrap();
+    reqs[2].post().unwrap();
+    match reqs[0].post() {
+        Err(EngineError::TooManyConnections { max: 2 }) => {}
+        r => panic!("a post needing a third connection while both are busy gave {r:?}"),
+    }
+    assert_eq!(reqs[0].status().unwrap(), TransferStatus::Done, "the refused post left the last one's state");
+    reqs[1].wait(T).unwrap();
+    reqs[2].wait(T).unwrap();
+    // Now p1's is the least recently used, and idle.
+    round(0);
+    assert_eq!(peers.iter().map(Agent::connections).collect::<Vec<_>>(), vec![1, 0, 1]);
+    for (i, p) in peers.iter().enumerate() {
+        for _ in 0..2 {
+            let n = p.wait_notification(T).unwrap();
+            assert_eq!((n.peer.as_str(), n.msg), ("hub", format!("to p{i}").into_bytes()));
+        }
+        assert!(p.notifications().unwrap().is_empty());
+    }
+}

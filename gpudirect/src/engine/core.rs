@@ -68,21 +68,20 @@ impl Failure {
 pub(crate) struct ReqState(pub(crate) Mutex<Phase>);
 
 /// Most queue pairs (rails) one post uses.
-pub(crate) const MAX_LANES: usize = 16;
+pub(crate) const MAX_LANES: usize = 8;
 
 /// A notification to post once a post's other parts completed.
 pub(crate) struct Deferred {
     pub(crate) conn: Arc<Conn>,
-    pub(crate) nic: usize,
     pub(crate) region: MemoryRegion,
     pub(crate) peer: String,
 }
 
 struct Outstanding {
     state: Arc<ReqState>,
-    /// The (NIC, queue pair number) of each part, `qps[..n]`.
-    qps: [(u8, u32); MAX_LANES],
-    n: u8,
+    /// The connection of each part: held until the post is finished, so
+    /// the pool never evicts a connection a post still uses.
+    conns: [Option<Arc<Conn>>; MAX_LANES],
     /// Final completions still to come (one per queue pair it used).
     finals: u32,
     /// Posted when `finals` reaches 0, which then waits for its completion.
@@ -91,7 +90,7 @@ struct Outstanding {
 
 impl Outstanding {
     fn uses(&self, nic: usize, qpn: u32) -> bool {
-        self.qps[..self.n as usize].iter().any(|&(i, q)| usize::from(i) == nic && q == qpn)
+        self.conns.iter().flatten().any(|c| c.nic == nic && c.qp.endpoint().qp_num == qpn)
     }
 }
 
@@ -129,10 +128,10 @@ impl Core {
         Core { pool, registry: Registry::default(), outstanding: Mutex::default(), notes: Mutex::default(), ready: Mutex::default(), next_id: AtomicU64::new(1) }
     }
 
-    /// Lists a post of `state` on the queue pairs `qps` (NIC, number)
+    /// Lists a post of `state` on the connections `conns` (`n` of them)
     /// before its requests go out, so no thread can reap a completion of
     /// it unmatched; returns its id.
-    pub(crate) fn begin(&self, state: &Arc<ReqState>, qps: &[(u8, u32)], deferred: Option<Deferred>) -> Result<u64, EngineError> {
+    pub(crate) fn begin(&self, state: &Arc<ReqState>, conns: [Option<Arc<Conn>>; MAX_LANES], n: usize, deferred: Option<Deferred>) -> Result<u64, EngineError> {
         let mut phase = state.0.lock();
         if matches!(*phase, Phase::Posted) {
             return Err(EngineError::InFlight);
@@ -140,9 +139,7 @@ impl Core {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) & (u64::MAX >> 1);
         *phase = Phase::Posted;
         drop(phase);
-        let mut o = Outstanding { state: state.clone(), qps: [(0, 0); MAX_LANES], n: qps.len() as u8, finals: qps.len() as u32, deferred };
-        o.qps[..qps.len()].copy_from_slice(qps);
-        self.outstanding.lock().insert(id, o);
+        self.outstanding.lock().insert(id, Outstanding { state: state.clone(), conns, finals: n as u32, deferred });
         Ok(id)
     }
 
@@ -182,8 +179,8 @@ impl Core {
                     // The data is in place: the notification goes out now,
                     // and its completion finishes the post.
                     let d = o.deferred.take().expect("checked");
-                    o.qps[0] = (d.nic as u8, d.conn.qp.endpoint().qp_num);
-                    o.n = 1;
+                    o.conns = Default::default();
+                    o.conns[0] = Some(d.conn.clone());
                     self.ready.lock().push((id, d));
                     None
                 }

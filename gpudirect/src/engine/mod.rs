@@ -286,7 +286,8 @@ impl Agent {
             min_rnr_timer: 0,
             ..QpConfig::default()
         };
-        let pool = Arc::new(ConnPool::new(config.name.as_str().into(), nics, qp, config.timeout));
+        let control = SocketAddr::new(ip, port);
+        let pool = Arc::new(ConnPool::new(config.name.as_str().into(), control, nics, qp, config.timeout));
         let stop = Arc::new(Mutex::new(false));
         let thread = {
             let (pool, stop) = (pool.clone(), stop.clone());
@@ -295,7 +296,6 @@ impl Agent {
                 .spawn(move || conn::serve(pool, listener, stop))
                 .map_err(|e| EngineError::Config(format!("cannot start the control listener thread: {e}")))?
         };
-        let control = SocketAddr::new(ip, port);
         tracing::info!(agent = %config.name, %control, "engine agent started");
         let core = Arc::new(Core::new(pool));
         Ok(Agent { core, control, listen_addr, slice_threshold: config.slice_threshold, next_rail: AtomicUsize::new(0), peers: Mutex::default(), stop, listener: Some(thread) })

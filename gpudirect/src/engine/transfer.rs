@@ -195,21 +195,19 @@ impl TransferRequest {
     /// posted again; when part went out it is failed).
     pub fn post(&self) -> Result<(), EngineError> {
         let mut conns: [Option<Arc<Conn>>; MAX_LANES] = Default::default();
-        let mut qps = [(0u8, 0u32); MAX_LANES];
         for (i, lane) in self.lanes.iter().enumerate() {
-            let c = self.core.pool.get(&self.peer, lane.nic, lane.remote_nic)?;
-            qps[i] = (lane.nic as u8, c.qp.endpoint().qp_num);
-            conns[i] = Some(c);
+            conns[i] = Some(self.core.pool.get(&self.peer, lane.nic, lane.remote_nic)?);
         }
         let n = self.lanes.len();
         let deferred = match &self.notify {
             Some(nt) if nt.after_completions => {
                 let conn = conns[nt.lane].clone().expect("every lane has its connection");
-                Some(Deferred { conn, nic: self.lanes[nt.lane].nic, region: nt.region.clone(), peer: self.peer.name.clone() })
+                Some(Deferred { conn, region: nt.region.clone(), peer: self.peer.name.clone() })
             }
             _ => None,
         };
-        let id = self.core.begin(&self.state, &qps[..n], deferred)?;
+        // The outstanding entry holds the connections; these stay for posting.
+        let id = self.core.begin(&self.state, conns.clone(), n, deferred)?;
         let mut total = 0;
         for (i, lane) in self.lanes.iter().enumerate() {
             let qp = &conns[i].as_ref().expect("every lane has its connection").qp;
