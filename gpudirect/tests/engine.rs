@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, EngineError, Op, TransferStatus, MAX_NOTIFICATION};
+use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, EngineError, Op, RendezvousServer, TcpRendezvous, TransferStatus, MAX_NOTIFICATION};
 use testkit::{device, pattern};
 
 const T: Option<Duration> = Some(Duration::from_secs(20));
@@ -386,4 +386,45 @@ fn idle_connections_are_evicted_at_the_limit_and_busy_ones_kept() {
         }
         assert!(p.notifications().unwrap().is_empty());
     }
+}
+
+/// Agents find each other by name through the embedded rendezvous. With
+/// the server gone, transfers over existing connections go on, peers
+/// loaded stay known, and a new lookup fails with a typed error; once it
+/// is back (same address), lookups work again.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn agents_meet_through_the_rendezvous_and_outlive_its_outage() {
+    let server = RendezvousServer::bind("127.0.0.1:0").unwrap();
+    let addr = server.addr();
+    let rdv = TcpRendezvous::new(addr, Duration::from_secs(2)).unwrap();
+    let (a, b, c) = (agent("a"), agent("b"), agent("c"));
+    let src = a.alloc("src", 1 << 16).unwrap();
+    b.alloc("t", 1 << 16).unwrap();
+    c.alloc("t", 1 << 16).unwrap();
+    b.publish(&rdv).unwrap();
+    let to_b = a.lookup("b", &rdv, Duration::from_secs(5)).unwrap().memory("t").unwrap();
+    let req = a.prepare(Op::Write, &[(src.range(..).unwrap(), to_b.range(..).unwrap())], Some(b"via rendezvous")).unwrap();
+    req.post().unwrap();
+    req.wait(T).unwrap();
+    assert_eq!(b.wait_notification(T).unwrap().msg, b"via rendezvous");
+    c.publish(&rdv).unwrap();
+    drop(server);
+    req.post().unwrap();
+    req.wait(T).unwrap();
+    assert_eq!(b.wait_notification(T).unwrap().msg, b"via rendezvous", "the outage does not touch connections");
+    assert!(a.peer("b").is_ok(), "peers loaded stay known");
+    match a.lookup("c", &rdv, Duration::from_secs(1)) {
+        Err(EngineError::Rendezvous { server, .. }) => assert_eq!(server, addr.to_string()),
+        r => panic!("a lookup during the outage gave {r:?}"),
+    }
+    let _back = RendezvousServer::bind(addr).unwrap();
+    // A fresh server knows nobody until they publish again.
+    assert!(matches!(a.lookup("c", &rdv, Duration::from_millis(100)), Err(EngineError::NotPublished { .. })));
+    c.publish(&rdv).unwrap();
+    let to_c = a.lookup("c", &rdv, Duration::from_secs(5)).unwrap().memory("t").unwrap();
+    let req = a.prepare(Op::Write, &[(src.range(..).unwrap(), to_c.range(..).unwrap())], Some(b"after")).unwrap();
+    req.post().unwrap();
+    req.wait(T).unwrap();
+    assert_eq!(c.wait_notification(T).unwrap().msg, b"after");
 }

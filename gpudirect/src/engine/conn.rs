@@ -217,7 +217,7 @@ impl ConnPool {
     fn touch(&self, conn: &Conn) {
         // A locked update: a plain store would race, for drd, with
         // eviction's read.
-        conn.used.fetch_max(self.uses.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        conn.used.swap(self.uses.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
     }
 
     /// Makes `conn` the one to send to `peer` on `nics`: always when

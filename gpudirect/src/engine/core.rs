@@ -243,7 +243,11 @@ impl Core {
         for wc in &wcs[..got] {
             self.on_send(nic, wc);
         }
-        self.post_ready();
+        // Only a reaped completion makes a notification ready (or frees
+        // the room one that found its queue full waits for).
+        if got > 0 {
+            self.post_ready();
+        }
         Ok(got)
     }
 

@@ -366,7 +366,7 @@ impl AgentMetadata {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn sample() -> AgentMetadata {

@@ -138,6 +138,22 @@ pub enum EngineError {
         /// Which entry's memory is missing where.
         why: String,
     },
+    /// A rendezvous store could not be reached, or refused a request.
+    #[error("rendezvous at {server}: {reason}")]
+    Rendezvous {
+        /// The store's address.
+        server: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// Nothing was published under the name within the wait.
+    #[error("no agent {name:?} published in the rendezvous within {waited:?}")]
+    NotPublished {
+        /// The name looked up.
+        name: String,
+        /// How long the lookup waited.
+        waited: Duration,
+    },
     /// The configuration cannot work; the text says what to change.
     #[error("agent configuration: {0}")]
     Config(String),

@@ -36,7 +36,9 @@
 //! - Memory: [`Registration`], [`LocalRange`]; peers' memory: [`Peer`],
 //!   [`RemoteMemory`], [`RemoteRange`].
 //! - Metadata: [`AgentMetadata`] ([`NicDesc`], [`MemoryDesc`],
-//!   [`MetadataError`]), one bounded binary form.
+//!   [`MetadataError`]), one bounded binary form; found by name through a
+//!   [`Rendezvous`] ([`TcpRendezvous`] to a [`RendezvousServer`]) or
+//!   handed over by any channel.
 //! - Transfers: [`TransferRequest`] ([`Op`], [`TransferStatus`]);
 //!   [`Notification`]s.
 //! - Errors: [`EngineError`].
@@ -92,6 +94,7 @@ mod core;
 mod desc;
 mod error;
 mod memory;
+mod meta;
 mod nic;
 mod notify;
 mod peer;
@@ -113,6 +116,7 @@ use crate::sync::Mutex;
 pub use desc::{AgentMetadata, MemoryDesc, MetadataError, NicDesc, MAX_MEMORIES, MAX_METADATA, MAX_NAME, MAX_NICS, METADATA_MAGIC, METADATA_VERSION};
 pub use error::EngineError;
 pub use memory::{LocalRange, Registration};
+pub use meta::{Rendezvous, RendezvousServer, TcpRendezvous, MAX_ENTRIES};
 pub use nic::NicStats;
 pub use notify::{Notification, MAX_NOTIFICATION};
 pub use peer::{Peer, RemoteMemory, RemoteRange};
@@ -408,6 +412,26 @@ impl Agent {
         let md = Arc::new(md.clone());
         self.peers.lock().insert(md.name.clone(), md.clone());
         Ok(Peer { md })
+    }
+
+    /// Publishes this agent's metadata now in `rendezvous` (again after
+    /// registering more).
+    ///
+    /// # Errors
+    /// As [`Rendezvous::publish`].
+    pub fn publish(&self, rendezvous: &dyn Rendezvous) -> Result<(), EngineError> {
+        rendezvous.publish(&self.metadata())
+    }
+
+    /// Looks the agent `name` up in `rendezvous` (waiting up to `timeout`
+    /// for it to be published) and loads it, as
+    /// [`load_remote`](Self::load_remote). Peers loaded stay known when the
+    /// rendezvous goes away: [`peer`](Self::peer) needs no lookup.
+    ///
+    /// # Errors
+    /// As [`Rendezvous::lookup`] and [`load_remote`](Self::load_remote).
+    pub fn lookup(&self, name: &str, rendezvous: &dyn Rendezvous, timeout: Duration) -> Result<Peer, EngineError> {
+        self.load_remote(&rendezvous.lookup(name, timeout)?)
     }
 
     /// A peer loaded before.

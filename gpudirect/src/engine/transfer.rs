@@ -209,6 +209,7 @@ impl TransferRequest {
         // The outstanding entry holds the connections; these stay for posting.
         let id = self.core.begin(&self.state, conns.clone(), n, deferred)?;
         let mut total = 0;
+        let mut reaped = false;
         for (i, lane) in self.lanes.iter().enumerate() {
             let qp = &conns[i].as_ref().expect("every lane has its connection").qp;
             let wrs = match self.requests(id, i) {
@@ -226,6 +227,7 @@ impl TransferRequest {
             let posted = match qp.post_send(&wrs) {
                 Err(crate::error::Error::QueueFull { .. }) => qp.post_send_all(&wrs, Some(core.pool.timeout), |wc| {
                     core.on_send(nic, &wc);
+                    reaped = true;
                     Ok(())
                 }),
                 r => r.map_err(|error| crate::qp::PartialPost { posted: 0, error }),
@@ -242,7 +244,9 @@ impl TransferRequest {
                 Err(p) => return Err(self.partly(id, total + p.posted, total + wrs.len(), p.error.to_string(), p.error)),
             }
         }
-        self.core.post_ready();
+        if reaped {
+            self.core.post_ready();
+        }
         Ok(())
     }
 
