@@ -84,6 +84,28 @@ struct Request {
 }
 
 type Key = (Arc<str>, usize, usize);
+
+/// FNV-1a over a peer's name: a post looks its connection up by name, and
+/// SipHash cost it more than the rest of the lookup. Not keyed, so names
+/// chosen to collide would slow lookups, but only among the connections
+/// alive (empty entries are removed), a bounded number.
+#[derive(Default)]
+struct NameHasher(u64);
+
+impl std::hash::Hasher for NameHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+type ByName<V> = HashMap<Arc<str>, V, std::hash::BuildHasherDefault<NameHasher>>;
 /// A peer's connections to send on, by (local NIC, remote NIC).
 type PeerConns = Vec<((usize, usize), Arc<Conn>)>;
 
@@ -97,7 +119,7 @@ pub(crate) struct ConnPool {
     pub(crate) timeout: Duration,
     /// The connection each (peer, local NIC, remote NIC) sends on, by
     /// peer: a post looks its peer up by name without allocating a key.
-    sending: Mutex<HashMap<Arc<str>, PeerConns>>,
+    sending: Mutex<ByName<PeerConns>>,
     /// Every live connection, by (local NIC, queue pair number): how a
     /// completion finds its peer. Owns them: a connection the peer set up
     /// while ours was being set up too stays alive here for its sends.
@@ -116,6 +138,17 @@ pub(crate) struct ConnPool {
     gone: Mutex<HashMap<(usize, u32), Arc<str>>>,
     /// Counts uses, for [`Conn::used`].
     uses: AtomicU64,
+}
+
+/// Takes `conn` out of the connections to send on, and its peer's entry
+/// when that was its last.
+fn unlist(sending: &mut ByName<PeerConns>, conn: &Arc<Conn>) {
+    if let Some(v) = sending.get_mut(&conn.peer) {
+        v.retain(|(_, c)| !Arc::ptr_eq(c, conn));
+        if v.is_empty() {
+            sending.remove(&conn.peer);
+        }
+    }
 }
 
 fn control_err(peer: &str) -> impl FnOnce(BootstrapError) -> EngineError + '_ {
@@ -263,9 +296,7 @@ impl ConnPool {
             return None;
         }
         live.remove(&key);
-        if let Some(v) = sending.get_mut(&conn.peer) {
-            v.retain(|(_, c)| !Arc::ptr_eq(c, conn));
-        }
+        unlist(&mut sending, conn);
         self.gone.lock().insert(key, conn.peer.clone());
         Some(listed)
     }
@@ -407,10 +438,7 @@ impl ConnPool {
     pub(crate) fn retire(&self, nic: usize, qpn: u32) {
         let Some(conn) = self.live.lock().remove(&(nic, qpn)) else { return };
         self.gone.lock().insert((nic, qpn), conn.peer.clone());
-        let mut sending = self.sending.lock();
-        if let Some(v) = sending.get_mut(&conn.peer) {
-            v.retain(|(_, c)| !Arc::ptr_eq(c, &conn));
-        }
+        unlist(&mut self.sending.lock(), &conn);
         tracing::warn!(peer = %conn.peer, nic, qp = qpn, "engine connection failed; retired (the next transfer reconnects)");
     }
 

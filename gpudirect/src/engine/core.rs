@@ -70,6 +70,23 @@ pub(crate) struct ReqState(pub(crate) Mutex<Phase>);
 /// Most queue pairs (rails) one post uses.
 pub(crate) const MAX_LANES: usize = 8;
 
+/// The connections a post uses, one per lane: one without an array to
+/// walk, the common case.
+#[derive(Clone)]
+pub(crate) enum Conns {
+    One(Arc<Conn>),
+    Many(Box<[Arc<Conn>]>),
+}
+
+impl Conns {
+    pub(crate) fn as_slice(&self) -> &[Arc<Conn>] {
+        match self {
+            Conns::One(c) => std::slice::from_ref(c),
+            Conns::Many(v) => v,
+        }
+    }
+}
+
 /// A notification to post once a post's other parts completed.
 pub(crate) struct Deferred {
     pub(crate) conn: Arc<Conn>,
@@ -81,7 +98,7 @@ struct Outstanding {
     state: Arc<ReqState>,
     /// The connection of each part: held until the post is finished, so
     /// the pool never evicts a connection a post still uses.
-    conns: [Option<Arc<Conn>>; MAX_LANES],
+    conns: Conns,
     /// Final completions still to come (one per queue pair it used).
     finals: u32,
     /// Posted when `finals` reaches 0, which then waits for its completion.
@@ -90,7 +107,7 @@ struct Outstanding {
 
 impl Outstanding {
     fn uses(&self, nic: usize, qpn: u32) -> bool {
-        self.conns.iter().flatten().any(|c| c.nic == nic && c.qp.endpoint().qp_num == qpn)
+        self.conns.as_slice().iter().any(|c| c.nic == nic && c.qp.endpoint().qp_num == qpn)
     }
 }
 
@@ -128,10 +145,10 @@ impl Core {
         Core { pool, registry: Registry::default(), outstanding: Mutex::default(), notes: Mutex::default(), ready: Mutex::default(), next_id: AtomicU64::new(1) }
     }
 
-    /// Lists a post of `state` on the connections `conns` (`n` of them)
-    /// before its requests go out, so no thread can reap a completion of
-    /// it unmatched; returns its id.
-    pub(crate) fn begin(&self, state: &Arc<ReqState>, conns: [Option<Arc<Conn>>; MAX_LANES], n: usize, deferred: Option<Deferred>) -> Result<u64, EngineError> {
+    /// Lists a post of `state` on the connections `conns` before its
+    /// requests go out, so no thread can reap a completion of it
+    /// unmatched; returns its id.
+    pub(crate) fn begin(&self, state: &Arc<ReqState>, conns: Conns, deferred: Option<Deferred>) -> Result<u64, EngineError> {
         let mut phase = state.0.lock();
         if matches!(*phase, Phase::Posted) {
             return Err(EngineError::InFlight);
@@ -139,7 +156,8 @@ impl Core {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) & (u64::MAX >> 1);
         *phase = Phase::Posted;
         drop(phase);
-        self.outstanding.lock().insert(id, Outstanding { state: state.clone(), conns, finals: n as u32, deferred });
+        let finals = conns.as_slice().len() as u32;
+        self.outstanding.lock().insert(id, Outstanding { state: state.clone(), conns, finals, deferred });
         Ok(id)
     }
 
@@ -179,8 +197,7 @@ impl Core {
                     // The data is in place: the notification goes out now,
                     // and its completion finishes the post.
                     let d = o.deferred.take().expect("checked");
-                    o.conns = Default::default();
-                    o.conns[0] = Some(d.conn.clone());
+                    o.conns = Conns::One(d.conn.clone());
                     self.ready.lock().push((id, d));
                     None
                 }
@@ -238,7 +255,10 @@ impl Core {
     /// or waiting up to `wait` for one.
     pub(crate) fn progress_send(&self, nic: usize, wait: Option<Duration>) -> Result<usize, EngineError> {
         let n = &self.pool.nics[nic];
-        let mut wcs = [WorkCompletion::default(); 32];
+        // Few per post are signaled (the last of each rail, one per half
+        // queue): a short array, whose zeroing every call otherwise cost
+        // more than the post's bookkeeping (callgrind).
+        let mut wcs = [WorkCompletion::default(); 4];
         let got = reap(&n.send_cq, &mut wcs, wait)?;
         for wc in &wcs[..got] {
             self.on_send(nic, wc);

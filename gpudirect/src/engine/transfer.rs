@@ -13,8 +13,7 @@ use crate::error::Result;
 use crate::mr::MemoryRegion;
 use crate::wr::SendWr;
 
-use super::conn::Conn;
-use super::core::{Core, Deferred, Failure, Phase, ReqState, MAX_LANES};
+use super::core::{Conns, Core, Deferred, Failure, Phase, ReqState, MAX_LANES};
 use super::desc::AgentMetadata;
 use super::error::EngineError;
 use super::memory::LocalRange;
@@ -49,13 +48,15 @@ pub(crate) struct Lane {
     /// (entry index, offset into the entry, length).
     pub(crate) pieces: Vec<(usize, u64, u64)>,
     pub(crate) bytes: u64,
+    /// Whether the pieces are the request's entries, whole and in order.
+    pub(crate) whole: bool,
 }
 
 impl Lane {
     /// All of `entries`, whole, on `rail`.
     pub(crate) fn whole(rail: usize, entries: &[(LocalRange, RemoteRange)]) -> Lane {
         let pieces: Vec<_> = entries.iter().enumerate().map(|(i, (_, r))| (i, 0, r.len)).collect();
-        Lane { nic: rail, remote_nic: rail, bytes: pieces.iter().map(|p| p.2).sum(), pieces }
+        Lane { nic: rail, remote_nic: rail, bytes: pieces.iter().map(|p| p.2).sum(), pieces, whole: true }
     }
 }
 
@@ -96,7 +97,7 @@ pub(crate) fn rails(nics: usize, peer: &AgentMetadata, entries: &[(LocalRange, R
 /// split where a lane ends.
 pub(crate) fn slice(lens: impl IntoIterator<Item = u64>, rails: &[usize], bytes: u64) -> Vec<Lane> {
     let share = bytes.div_ceil(rails.len() as u64);
-    let mut lanes: Vec<Lane> = rails.iter().map(|&r| Lane { nic: r, remote_nic: r, pieces: Vec::new(), bytes: 0 }).collect();
+    let mut lanes: Vec<Lane> = rails.iter().map(|&r| Lane { nic: r, remote_nic: r, pieces: Vec::new(), bytes: 0, whole: false }).collect();
     let mut lane = 0;
     for (i, len) in lens.into_iter().enumerate() {
         let mut at = 0;
@@ -194,24 +195,22 @@ impl TransferRequest {
     /// posting (when nothing went out the request is idle again and may be
     /// posted again; when part went out it is failed).
     pub fn post(&self) -> Result<(), EngineError> {
-        let mut conns: [Option<Arc<Conn>>; MAX_LANES] = Default::default();
-        for (i, lane) in self.lanes.iter().enumerate() {
-            conns[i] = Some(self.core.pool.get(&self.peer, lane.nic, lane.remote_nic)?);
-        }
-        let n = self.lanes.len();
+        let conns = match &self.lanes[..] {
+            [one] => Conns::One(self.core.pool.get(&self.peer, one.nic, one.remote_nic)?),
+            lanes => Conns::Many(lanes.iter().map(|l| self.core.pool.get(&self.peer, l.nic, l.remote_nic)).collect::<Result<_, _>>()?),
+        };
         let deferred = match &self.notify {
             Some(nt) if nt.after_completions => {
-                let conn = conns[nt.lane].clone().expect("every lane has its connection");
-                Some(Deferred { conn, region: nt.region.clone(), peer: self.peer.name.clone() })
+                Some(Deferred { conn: conns.as_slice()[nt.lane].clone(), region: nt.region.clone(), peer: self.peer.name.clone() })
             }
             _ => None,
         };
-        // The outstanding entry holds the connections; these stay for posting.
-        let id = self.core.begin(&self.state, conns.clone(), n, deferred)?;
+        // The outstanding entry holds the connections too, until finished.
+        let id = self.core.begin(&self.state, conns.clone(), deferred)?;
         let mut total = 0;
         let mut reaped = false;
         for (i, lane) in self.lanes.iter().enumerate() {
-            let qp = &conns[i].as_ref().expect("every lane has its connection").qp;
+            let qp = &conns.as_slice()[i].qp;
             let wrs = match self.requests(id, i) {
                 Ok(w) => w,
                 Err(e) if i == 0 => {
@@ -261,12 +260,11 @@ impl TransferRequest {
     /// unsignaled but one in each half send queue (so a long list keeps
     /// the queue draining), the last (the notification when it follows
     /// this lane's writes) signaled and final.
-    fn requests(&self, id: u64, lane: usize) -> Result<Vec<SendWr<'_>>> {
+    fn requests<'a>(&'a self, id: u64, lane: usize) -> Result<Vec<SendWr<'a>>> {
         let every = (self.core.pool.qp.max_send_wr / 2).max(1) as usize;
         let l = &self.lanes[lane];
         let mut wrs = Vec::with_capacity(l.pieces.len() + 1);
-        for (i, &(entry, at, len)) in l.pieces.iter().enumerate() {
-            let (local, remote) = &self.entries[entry];
+        let wr = |local: &'a LocalRange, remote: &'a RemoteRange, at: u64, len: u64| -> Result<SendWr<'a>> {
             let start = local.offset + at as usize;
             let slice = local.reg.inner.regions[l.nic].slice(start..start + len as usize)?;
             let rb = remote.mem.desc().on_nic(l.remote_nic).expect("prepare checked the key exists");
@@ -274,8 +272,19 @@ impl TransferRequest {
                 Op::Write => SendWr::write(slice, rb, remote.offset + at)?,
                 Op::Read => SendWr::read(slice, rb, remote.offset + at)?,
             };
-            let wr = wr.wr_id(id << 1);
-            wrs.push(if i % every == every - 1 { wr } else { wr.unsignaled() });
+            Ok(wr.wr_id(id << 1))
+        };
+        let signal = |i: usize, wr: SendWr<'a>| if i % every == every - 1 { wr } else { wr.unsignaled() };
+        if l.whole {
+            // The common case, one rail: the entries as they are.
+            for (i, (local, remote)) in self.entries.iter().enumerate() {
+                wrs.push(signal(i, wr(local, remote, 0, remote.len)?));
+            }
+        } else {
+            for (i, &(entry, at, len)) in l.pieces.iter().enumerate() {
+                let (local, remote) = &self.entries[entry];
+                wrs.push(signal(i, wr(local, remote, at, len)?));
+            }
         }
         if let Some(n) = self.notify.as_ref().filter(|n| n.lane == lane && !n.after_completions) {
             wrs.push(SendWr::send(n.region.slice(..)?).wr_id(id << 1).unsignaled());

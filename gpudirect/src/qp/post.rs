@@ -63,7 +63,7 @@ impl QpInner {
             return inner.post_send_staged(wrs);
         }
         let mut q = inner.tracker.send.lock();
-        inner.post_send_locked(&mut q, wrs, checked.gather, |wr| wr.local.claim(wr.op.nic_writes_local()))
+        inner.post_send_locked(&mut q, wrs, checked.gather, ClaimLocal)
     }
 
     /// [`QueuePair::post_list`](super::QueuePair::post_list).
@@ -185,7 +185,7 @@ impl QpInner {
         q: &mut WorkQueue,
         wrs: &[SendWr<'_>],
         gather: usize,
-        mut claim: impl FnMut(&SendWr<'_>) -> Result<Hold>,
+        mut claim: impl Claim,
     ) -> Result<()> {
         let n = wrs.len();
         if n == 0 {
@@ -214,7 +214,7 @@ impl QpInner {
             let seq = (first_seq + i as u64) & SEQ_MASK;
             // Inline payloads are copied during the post, by the CPU: that
             // copy is a read like any send's, so it is held the same way.
-            q.enter(kept, claim(wr), |hold| Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold })?;
+            q.enter(kept, claim.claim(wr), |hold| Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold })?;
             // SAFETY: fit_send made room for `n` slots of each; `i < n`,
             // and `i + 1` is at most one past the end, never dereferenced
             // (the last request's link is set to NULL after the loop).
@@ -247,7 +247,7 @@ impl QpInner {
         if let Some(qpx) = self.qpx.filter(|_| n <= EX_LIST_MAX && gathers_none) {
             // SAFETY: as in post_send_locked; the list's requests were
             // checked when it was made.
-            return unsafe { self.post_ex(q, qpx.as_ptr(), wrs, |wr| wr.local.claim(wr.op.nic_writes_local())) };
+            return unsafe { self.post_ex(q, qpx.as_ptr(), wrs, ClaimLocal) };
         }
         let first_seq = q.next_seq;
         let kept = q.pending.len();
@@ -278,12 +278,15 @@ impl QpInner {
     /// `qpx` is this queue pair's extended view, `q` its locked send queue
     /// with room for `wrs`; no request is a list of several slices, and
     /// every one passed the checks of `post_send`.
+    // Inlined into each caller, so that its `claim` is inlined into the
+    // loop (measured: a call per request otherwise, ~20 instructions).
+    #[inline(always)]
     unsafe fn post_ex(
         &self,
         q: &mut WorkQueue,
         qpx: *mut sys::ibv_qp_ex,
         wrs: &[SendWr<'_>],
-        mut claim: impl FnMut(&SendWr<'_>) -> Result<Hold>,
+        mut claim: impl Claim,
     ) -> Result<()> {
         let n = wrs.len();
         let first_seq = q.next_seq;
@@ -294,7 +297,7 @@ impl QpInner {
         for (i, wr) in wrs.iter().enumerate() {
             let seq = (first_seq + i as u64) & SEQ_MASK;
             let entered =
-                q.enter(kept, claim(wr), |hold| Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold });
+                q.enter(kept, claim.claim(wr), |hold| Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold });
             if let Err(e) = entered {
                 // SAFETY: inside this thread's ibv_wr_start.
                 unsafe { sys::ibv_wr_abort(qpx) };
@@ -367,11 +370,11 @@ impl QpInner {
         for (wr, staging) in wrs.iter().zip(&mut staging) {
             let one = std::slice::from_ref(wr);
             let (Some(staging), Some(src)) = (staging, wr.local.one()) else {
-                self.post_send_locked(&mut q, one, wr.local.gather_sges(), |w| w.local.claim(w.op.nic_writes_local()))?;
+                self.post_send_locked(&mut q, one, wr.local.gather_sges(), ClaimLocal)?;
                 continue;
             };
             if !splits_for_staging(wr) {
-                self.post_send_locked(&mut q, one, 0, |_| staging.stage_next(src.len).map(Hold::One))?;
+                self.post_send_locked(&mut q, one, 0, claim_with(|_| staging.stage_next(src.len).map(Hold::One)))?;
                 continue;
             }
             let n = src.len.div_ceil(STAGE_CHUNK);
@@ -391,12 +394,42 @@ impl QpInner {
                     wr_id: wr.wr_id,
                     ..*wr
                 };
-                self.post_send_locked(&mut q, &[chunk], 0, |_| staging.stage_next(len).map(Hold::One))?;
+                self.post_send_locked(&mut q, &[chunk], 0, claim_with(|_| staging.stage_next(len).map(Hold::One)))?;
             }
         }
         Ok(())
     }
 
+}
+
+/// How a posting loop holds each request's local memory for the NIC.
+/// A trait rather than `FnMut` so that the plain claim, [`ClaimLocal`],
+/// is inlined into the loop: passed as a function or closure the
+/// compiler called it per request (measured, ~18 instructions each).
+trait Claim {
+    fn claim(&mut self, wr: &SendWr<'_>) -> Result<Hold>;
+}
+
+/// The claim of every plain post: the request's own slices.
+struct ClaimLocal;
+
+impl Claim for ClaimLocal {
+    #[inline(always)]
+    fn claim(&mut self, wr: &SendWr<'_>) -> Result<Hold> {
+        wr.local.claim(wr.op.nic_writes_local())
+    }
+}
+
+/// A closure as a [`Claim`] (the bound makes it take any request's lifetime).
+fn claim_with<F: FnMut(&SendWr<'_>) -> Result<Hold>>(f: F) -> F {
+    f
+}
+
+impl<F: FnMut(&SendWr<'_>) -> Result<Hold>> Claim for F {
+    #[inline(always)]
+    fn claim(&mut self, wr: &SendWr<'_>) -> Result<Hold> {
+        self(wr)
+    }
 }
 
 /// Inline requests need nothing once posted: the provider copied them.
