@@ -12,7 +12,7 @@
 //! [`BootstrapError`], and nothing larger than `MAX_PAYLOAD` is allocated.
 
 use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use crate::deadline::Deadline;
@@ -366,6 +366,18 @@ impl OobChannel {
     }
 }
 
+/// Wakes a thread sleeping in poll(2) on a listener bound at `bound`
+/// (unspecified: through loopback) by connecting to it; a thread that
+/// stops must not wait out its next look. Best effort, bounded to 100 ms.
+pub(crate) fn wake_listener(bound: SocketAddr) {
+    let to = match bound.ip() {
+        IpAddr::V4(a) if a.is_unspecified() => SocketAddr::from(([127, 0, 0, 1], bound.port())),
+        IpAddr::V6(a) if a.is_unspecified() => SocketAddr::from((Ipv6Addr::LOCALHOST, bound.port())),
+        _ => bound,
+    };
+    let _ = TcpStream::connect_timeout(&to, Duration::from_millis(100));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -520,3 +532,4 @@ mod tests {
         drop(l);
     }
 }
+

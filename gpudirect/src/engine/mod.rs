@@ -85,10 +85,16 @@
 //! the next rail in turn. [`Agent::nic_stats`] counts each NIC's bytes,
 //! [`TransferRequest::rails`] shows a request's slices.
 //!
+//! # Connections
+//! Made on first use, one per (peer, rail), through the peer's control
+//! listener. A NIC holds at most [`AgentConfig::max_connections`]; one
+//! more evicts the least recently used idle connection (its peer closes
+//! its end too); connections a post still holds are never evicted
+//! ([`EngineError::TooManyConnections`] when all are busy).
+//!
 //! # Not yet
-//! No connection eviction, no etcd; GPU memory is registered on the
-//! first NIC only, and NICs are not yet chosen by their distance to the
-//! GPU.
+//! No etcd; GPU memory is registered on the first NIC only, and NICs are
+//! not yet chosen by their distance to the GPU.
 mod conn;
 mod core;
 mod desc;
@@ -153,7 +159,8 @@ pub struct AgentConfig {
     pub send_depth: u32,
     /// Notification receives kept posted per NIC, shared by every peer.
     pub srq_depth: u32,
-    /// Connections the agent may hold per NIC; sizes its completion queue.
+    /// Connections the agent may hold per NIC (sizes its completion
+    /// queue); at the limit the least recently used idle one is evicted.
     pub max_connections: usize,
     /// Bound on a connection setup and on waiting for send-queue room.
     pub timeout: Duration,
@@ -208,14 +215,8 @@ impl std::fmt::Debug for Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         *self.stop.lock() = true;
-        // Wake the listener out of poll(2) now rather than at its next
-        // look; if this connection fails it notices within half a second.
-        let wake = match self.listen_addr.ip() {
-            IpAddr::V4(a) if a.is_unspecified() => SocketAddr::from(([127, 0, 0, 1], self.listen_addr.port())),
-            IpAddr::V6(a) if a.is_unspecified() => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, self.listen_addr.port())),
-            _ => self.listen_addr,
-        };
-        let _ = std::net::TcpStream::connect_timeout(&wake, Duration::from_millis(100));
+        // Now rather than at its next look (within half a second).
+        crate::bootstrap::wake_listener(self.listen_addr);
         if let Some(t) = self.listener.take() {
             let _ = t.join();
         }

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -91,12 +91,7 @@ impl RendezvousServer {
 impl Drop for RendezvousServer {
     fn drop(&mut self) {
         *self.stop.lock() = true;
-        let wake = match self.addr.ip() {
-            IpAddr::V4(a) if a.is_unspecified() => SocketAddr::from(([127, 0, 0, 1], self.addr.port())),
-            IpAddr::V6(a) if a.is_unspecified() => SocketAddr::from((Ipv6Addr::LOCALHOST, self.addr.port())),
-            _ => self.addr,
-        };
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_millis(100));
+        crate::bootstrap::wake_listener(self.addr);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
