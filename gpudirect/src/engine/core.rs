@@ -91,7 +91,6 @@ impl Conns {
 pub(crate) struct Deferred {
     pub(crate) conn: Arc<Conn>,
     pub(crate) region: MemoryRegion,
-    pub(crate) peer: String,
 }
 
 struct Outstanding {
@@ -226,8 +225,8 @@ impl Core {
                 Ok(()) => {}
                 Err(Error::QueueFull { .. }) => self.ready.lock().push((id, d)),
                 Err(e) => {
-                    tracing::warn!(peer = %d.peer, "a transfer's notification could not be posted: {e}");
-                    self.fail(id, Failure::Partial { peer: d.peer.clone(), posted: 0, total: 1, reason: format!("the notification: {e}") });
+                    tracing::warn!(peer = %d.conn.peer, "a transfer's notification could not be posted: {e}");
+                    self.fail(id, Failure::Partial { peer: d.conn.peer.to_string(), posted: 0, total: 1, reason: format!("the notification: {e}") });
                 }
             }
         }

@@ -201,7 +201,7 @@ impl TransferRequest {
         };
         let deferred = match &self.notify {
             Some(nt) if nt.after_completions => {
-                Some(Deferred { conn: conns.as_slice()[nt.lane].clone(), region: nt.region.clone(), peer: self.peer.name.clone() })
+                Some(Deferred { conn: conns.as_slice()[nt.lane].clone(), region: nt.region.clone() })
             }
             _ => None,
         };
