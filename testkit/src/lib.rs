@@ -1,7 +1,12 @@
 //! What the tests of every package of this workspace share, written once:
 //! a seeded generator ([`Rng`]), temporary directory trees ([`Tree`]),
-//! byte patterns, the process's open descriptors, the device under test
-//! and the fixture machines. Dev-only: nothing here ships.
+//! byte patterns, the process's open descriptors, the device under test,
+//! the fixture machines and a real etcd server ([`Etcd`]). Dev-only:
+//! nothing here ships.
+
+mod etcd;
+
+pub use etcd::Etcd;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -37,8 +37,9 @@
 //!   [`RemoteMemory`], [`RemoteRange`].
 //! - Metadata: [`AgentMetadata`] ([`NicDesc`], [`MemoryDesc`],
 //!   [`MetadataError`]), one bounded binary form; found by name through a
-//!   [`Rendezvous`] ([`TcpRendezvous`] to a [`RendezvousServer`]) or
-//!   handed over by any channel.
+//!   [`Rendezvous`] ([`TcpRendezvous`] to a [`RendezvousServer`], or
+//!   `EtcdRendezvous` with the `etcd` feature) or handed over by any
+//!   channel.
 //! - Transfers: [`TransferRequest`] ([`Op`], [`TransferStatus`]);
 //!   [`Notification`]s.
 //! - Errors: [`EngineError`].
@@ -93,8 +94,8 @@
 //! ([`EngineError::TooManyConnections`] when all are busy).
 //!
 //! # Not yet
-//! No etcd; GPU memory is registered on the first NIC only, and NICs are
-//! not yet chosen by their distance to the GPU.
+//! GPU memory is registered on the first NIC only, and NICs are not yet
+//! chosen by their distance to the GPU.
 mod conn;
 mod core;
 mod desc;
@@ -122,6 +123,9 @@ use crate::sync::Mutex;
 pub use desc::{AgentMetadata, MemoryDesc, MetadataError, NicDesc, MAX_MEMORIES, MAX_METADATA, MAX_NAME, MAX_NICS, METADATA_MAGIC, METADATA_VERSION};
 pub use error::EngineError;
 pub use memory::{LocalRange, Registration};
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+pub use meta::{EtcdRendezvous, DEFAULT_PREFIX};
 pub use meta::{Rendezvous, RendezvousServer, TcpRendezvous, MAX_ENTRIES};
 pub use nic::NicStats;
 pub use notify::{Notification, MAX_NOTIFICATION};

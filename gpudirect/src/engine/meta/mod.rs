@@ -1,19 +1,24 @@
 //! Rendezvous: where agents publish their metadata and find each other by
 //! name. [`Rendezvous`] is the interface; [`TcpRendezvous`] talks to a
 //! small server one process hosts ([`RendezvousServer`], nothing to
-//! install). Handing blobs over by hand ([`AgentMetadata::encode`],
+//! install); `EtcdRendezvous` (feature `etcd`) keeps the metadata in an
+//! etcd cluster, for jobs that already run one. Handing blobs over by hand ([`AgentMetadata::encode`],
 //! [`Agent::load_remote`](super::Agent::load_remote)) needs none of it.
 //!
 //! Whatever a rendezvous returns is decoded as hostile input, like any
 //! metadata: a bad blob is a typed error, never a panic.
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod tcp;
 
 use std::time::Duration;
 
-use super::desc::AgentMetadata;
+use super::desc::{AgentMetadata, MAX_NAME};
 use super::error::EngineError;
 
+#[cfg(feature = "etcd")]
+pub use etcd::{EtcdRendezvous, DEFAULT_PREFIX};
 pub use tcp::{RendezvousServer, TcpRendezvous, MAX_ENTRIES};
 
 /// Where agents publish their metadata and look each other up by name.
@@ -40,4 +45,51 @@ pub trait Rendezvous: Send + Sync {
     /// # Errors
     /// [`EngineError::Rendezvous`] when the store cannot be reached.
     fn withdraw(&self, name: &str) -> Result<(), EngineError>;
+}
+
+fn rdv_err(server: &str, reason: String) -> EngineError {
+    EngineError::Rendezvous { server: server.to_owned(), reason }
+}
+
+/// Names as the metadata allows them, refused before anything is sent.
+fn check_name(name: &str) -> Result<(), EngineError> {
+    if name.is_empty() || name.len() > MAX_NAME {
+        return Err(EngineError::Config(format!("agent name {name:?}: 1 to {MAX_NAME} bytes")));
+    }
+    Ok(())
+}
+
+/// A blob the store returned for `name`, decoded as hostile input; the
+/// metadata of another agent under that name is refused.
+fn decode_for(name: &str, blob: &[u8], server: &str) -> Result<AgentMetadata, EngineError> {
+    let md = AgentMetadata::decode(blob)?;
+    if md.name != name {
+        return Err(rdv_err(server, format!("asked for {name:?}, got the metadata of {:?}", md.name)));
+    }
+    Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::desc::tests::sample;
+
+    /// What every rendezvous does: a publish is found, a second replaces
+    /// it, a withdraw (twice is fine) leaves a lookup to wait and report
+    /// how long it waited.
+    pub(super) fn publish_replace_withdraw(rdv: &dyn Rendezvous) {
+        let md = sample();
+        rdv.publish(&md).unwrap();
+        assert_eq!(rdv.lookup("decode-0", Duration::ZERO).unwrap(), md);
+        let mut newer = md.clone();
+        newer.memories.pop();
+        rdv.publish(&newer).unwrap();
+        assert_eq!(rdv.lookup("decode-0", Duration::ZERO).unwrap(), newer, "a publish replaces");
+        rdv.withdraw("decode-0").unwrap();
+        rdv.withdraw("decode-0").unwrap();
+        match rdv.lookup("decode-0", Duration::from_millis(120)) {
+            Err(EngineError::NotPublished { name, waited }) => assert_eq!((name.as_str(), waited), ("decode-0", Duration::from_millis(120))),
+            r => panic!("{r:?}"),
+        }
+    }
 }

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use crate::deadline::Deadline;
 use crate::sync::Mutex;
 
-use super::super::desc::{AgentMetadata, MAX_METADATA, MAX_NAME};
+use super::super::desc::{AgentMetadata, MAX_METADATA};
 use super::super::error::EngineError;
-use super::Rendezvous;
+use super::{check_name, decode_for, rdv_err, Rendezvous};
 
 const MAGIC: [u8; 4] = *b"GDRV";
 const VERSION: u8 = 1;
@@ -96,10 +96,6 @@ impl Drop for RendezvousServer {
             let _ = t.join();
         }
     }
-}
-
-fn rdv_err(server: &str, reason: String) -> EngineError {
-    EngineError::Rendezvous { server: server.to_owned(), reason }
 }
 
 type Store = Arc<Mutex<HashMap<String, Vec<u8>>>>;
@@ -246,9 +242,7 @@ impl TcpRendezvous {
 
     /// One request; the answer's (status, bytes).
     fn call(&self, op: Op, name: &str, blob: &[u8]) -> Result<(u8, Vec<u8>), EngineError> {
-        if name.is_empty() || name.len() > MAX_NAME {
-            return Err(EngineError::Config(format!("agent name {name:?}: 1 to {MAX_NAME} bytes")));
-        }
+        check_name(name)?;
         let server = self.server.to_string();
         let io = |e: io::Error| rdv_err(&server, e.to_string());
         let mut s = TcpStream::connect_timeout(&self.server, self.timeout).map_err(io)?;
@@ -286,13 +280,7 @@ impl Rendezvous for TcpRendezvous {
         let started = Instant::now();
         loop {
             match self.call(Op::Lookup, name, &[])? {
-                (OK, blob) => {
-                    let md = AgentMetadata::decode(&blob)?;
-                    if md.name != name {
-                        return Err(rdv_err(&self.server.to_string(), format!("asked for {name:?}, got the metadata of {:?}", md.name)));
-                    }
-                    return Ok(md);
-                }
+                (OK, blob) => return decode_for(name, &blob, &self.server.to_string()),
                 (NOT_FOUND, _) if started.elapsed() < timeout => std::thread::sleep(LOOKUP_EVERY.min(timeout)),
                 (NOT_FOUND, _) => return Err(EngineError::NotPublished { name: name.to_owned(), waited: timeout }),
                 other => return self.check(other).and(Err(rdv_err(&self.server.to_string(), "an unknown status".into()))),
@@ -330,18 +318,7 @@ mod tests {
         let server = RendezvousServer::bind("127.0.0.1:0").unwrap();
         let rdv = client(&server);
         let md = sample();
-        rdv.publish(&md).unwrap();
-        assert_eq!(rdv.lookup("decode-0", Duration::ZERO).unwrap(), md);
-        let mut newer = md.clone();
-        newer.memories.pop();
-        rdv.publish(&newer).unwrap();
-        assert_eq!(rdv.lookup("decode-0", Duration::ZERO).unwrap(), newer, "a publish replaces");
-        rdv.withdraw("decode-0").unwrap();
-        rdv.withdraw("decode-0").unwrap();
-        match rdv.lookup("decode-0", Duration::from_millis(120)) {
-            Err(EngineError::NotPublished { name, .. }) => assert_eq!(name, "decode-0"),
-            r => panic!("{r:?}"),
-        }
+        super::super::tests::publish_replace_withdraw(&rdv);
         // A lookup waits for a publish that comes later.
         std::thread::scope(|s| {
             let waiter = s.spawn(|| rdv.lookup("decode-0", Duration::from_secs(10)));

@@ -1,0 +1,335 @@
+//! etcd as the rendezvous (feature `etcd`): each agent's metadata blob is
+//! one key, `<prefix><name>`, in an etcd v3 cluster, through the
+//! `etcd-client` crate (gRPC). For jobs that already run etcd, as
+//! Mooncake's and NIXL's deployments do; the embedded
+//! [`TcpRendezvous`](super::TcpRendezvous) needs nothing installed.
+//!
+//! The trait is blocking and may be called from any thread, inside an
+//! async runtime too, so the client lives on a runtime of its own (one
+//! worker thread): a call hands its future to that runtime and waits on a
+//! channel, never `block_on`, which panics inside another runtime. Every
+//! call is bounded: each RPC by the timeout given to
+//! [`EtcdRendezvous::connect`], a lookup by its own wait plus one RPC.
+//!
+//! A lookup of a name not yet published reads the key, then watches it
+//! from the revision of that read, so a publish between the two is seen
+//! and the wait is not a polling loop. Values are decoded as hostile
+//! input (anyone with access to the cluster can write them).
+
+use std::future::Future;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions, EventType, WatchOptions};
+
+use super::super::desc::AgentMetadata;
+use super::super::error::EngineError;
+use super::{check_name, decode_for, rdv_err, Rendezvous};
+
+/// The key prefix agents publish under unless told otherwise
+/// ([`EtcdRendezvous::with_prefix`]).
+pub const DEFAULT_PREFIX: &str = "/gpudirect/agents/";
+
+/// A rendezvous in an etcd cluster. Cheap to share: `Send + Sync`, one
+/// handle serves every thread of a process.
+///
+/// ```no_run
+/// # fn main() -> Result<(), gpudirect::engine::EngineError> {
+/// use std::time::Duration;
+/// use gpudirect::engine::{Agent, AgentConfig, EtcdRendezvous};
+///
+/// let etcd = EtcdRendezvous::connect(&["http://10.0.0.1:2379"], Duration::from_secs(2))?
+///     .with_prefix("/job-42/agents/");
+/// let agent = Agent::new(AgentConfig::named("prefill-0"))?;
+/// agent.publish(&etcd)?;
+/// let decode = agent.lookup("decode-0", &etcd, Duration::from_secs(30))?;
+/// # let _ = decode; Ok(()) }
+/// ```
+pub struct EtcdRendezvous {
+    client: Client,
+    /// The endpoints, as errors name the store.
+    server: String,
+    prefix: String,
+    timeout: Duration,
+    /// `None` only while dropping.
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for EtcdRendezvous {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdRendezvous").field("endpoints", &self.server).field("prefix", &self.prefix).finish()
+    }
+}
+
+impl EtcdRendezvous {
+    /// A client of the etcd cluster at `endpoints` (`http://host:port`,
+    /// one or more members); connecting and every request are bounded by
+    /// `timeout`. The connection is re-established on its own after an
+    /// outage: requests fail while the cluster is unreachable and work
+    /// again once it is back.
+    ///
+    /// # Errors
+    /// [`EngineError::Rendezvous`] for an endpoint that does not parse, a
+    /// cluster not reachable within `timeout`, or a runtime thread that
+    /// cannot start; [`EngineError::Config`] for no endpoints or a zero
+    /// timeout.
+    pub fn connect(endpoints: &[impl AsRef<str>], timeout: Duration) -> Result<EtcdRendezvous, EngineError> {
+        let eps: Vec<String> = endpoints.iter().map(|e| e.as_ref().to_owned()).collect();
+        if eps.is_empty() {
+            return Err(EngineError::Config("etcd: no endpoints given".into()));
+        }
+        if timeout.is_zero() {
+            return Err(EngineError::Config("etcd: a zero timeout would fail every request".into()));
+        }
+        let server = eps.join(",");
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("gpudirect-etcd")
+            .enable_all()
+            .build()
+            .map_err(|e| rdv_err(&server, format!("cannot start the etcd client's runtime: {e}")))?;
+        let opts = ConnectOptions::new().with_connect_timeout(timeout).with_timeout(timeout);
+        let client = on(&rt, &server, timeout, async move { Client::connect(eps, Some(opts)).await })?;
+        tracing::info!(endpoints = %server, "etcd rendezvous connected");
+        Ok(EtcdRendezvous { client, server, prefix: DEFAULT_PREFIX.to_owned(), timeout, rt: Some(rt) })
+    }
+
+    /// Publishes and looks up under `prefix` instead of
+    /// [`DEFAULT_PREFIX`]: several jobs sharing one cluster each take
+    /// their own.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> EtcdRendezvous {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The key agent `name` is published under.
+    pub fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    fn run<T: Send + 'static>(
+        &self,
+        bound: Duration,
+        fut: impl Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        on(self.rt.as_ref().expect("the runtime lives until drop"), &self.server, bound, fut)
+    }
+}
+
+/// Runs `fut` on `rt`, waiting at most `bound` for it.
+fn on<T: Send + 'static>(
+    rt: &tokio::runtime::Runtime,
+    server: &str,
+    bound: Duration,
+    fut: impl Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+) -> Result<T, EngineError> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    rt.spawn(async move {
+        let _ = tx.send(tokio::time::timeout(bound, fut).await);
+    });
+    // The runtime's own timer ends the future; the grace covers a worker
+    // that is slow to run it, and a runtime gone (drop) ends the wait too.
+    match rx.recv_timeout(bound + Duration::from_secs(1)) {
+        Ok(Ok(Ok(v))) => Ok(v),
+        Ok(Ok(Err(e))) => Err(rdv_err(server, describe(&e))),
+        Ok(Err(_)) | Err(_) => Err(rdv_err(server, format!("no answer within {bound:?}"))),
+    }
+}
+
+/// gRPC status codes (the gRPC spec's numbers; etcd-client does not
+/// re-export tonic's `Code`).
+const GRPC_DEADLINE_EXCEEDED: i32 = 4;
+const GRPC_UNAVAILABLE: i32 = 14;
+
+/// etcd-client's errors, said the way an operator reads them.
+fn describe(e: &etcd_client::Error) -> String {
+    match e {
+        etcd_client::Error::GRpcStatus(s) if i32::from(s.code()) == GRPC_UNAVAILABLE => format!("etcd unreachable: {}", s.message()),
+        etcd_client::Error::GRpcStatus(s) if i32::from(s.code()) == GRPC_DEADLINE_EXCEEDED => {
+            format!("etcd did not answer in time: {}", s.message())
+        }
+        etcd_client::Error::GRpcStatus(s) => format!("etcd answered {:?}: {}", s.code(), s.message()),
+        etcd_client::Error::TransportError(t) => format!("cannot reach etcd: {t}"),
+        other => other.to_string(),
+    }
+}
+
+impl Drop for EtcdRendezvous {
+    fn drop(&mut self) {
+        // Not a blocking shutdown: the handle may be dropped inside
+        // another runtime, where waiting for workers is refused.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Rendezvous for EtcdRendezvous {
+    fn publish(&self, md: &AgentMetadata) -> Result<(), EngineError> {
+        check_name(&md.name)?;
+        let blob = md.encode()?;
+        let (mut c, key) = (self.client.clone(), self.key(&md.name));
+        self.run(self.timeout, async move { c.put(key, blob, None).await.map(drop) })
+    }
+
+    fn lookup(&self, name: &str, timeout: Duration) -> Result<AgentMetadata, EngineError> {
+        check_name(name)?;
+        let (c, key) = (self.client.clone(), self.key(name));
+        // One RPC's bound on top of the wait, so an unreachable cluster
+        // is an error about the cluster, not "not published".
+        let deadline = Instant::now() + timeout;
+        match self.run(timeout + self.timeout, get_or_watch(c, key, deadline))? {
+            // Decoding checks the length before anything else.
+            Some(blob) => decode_for(name, &blob, &self.server),
+            None => Err(EngineError::NotPublished { name: name.to_owned(), waited: timeout }),
+        }
+    }
+
+    fn withdraw(&self, name: &str) -> Result<(), EngineError> {
+        check_name(name)?;
+        let (mut c, key) = (self.client.clone(), self.key(name));
+        self.run(self.timeout, async move { c.delete(key, None).await.map(drop) })
+    }
+}
+
+/// The value under `key`, waiting until `deadline` for one to be put;
+/// `None` when none was.
+async fn get_or_watch(mut c: Client, key: String, deadline: Instant) -> Result<Option<Vec<u8>>, etcd_client::Error> {
+    let got = c.get(key.clone(), None).await?;
+    if let Some(kv) = got.kvs().first() {
+        return Ok(Some(kv.value().to_vec()));
+    }
+    if Instant::now() >= deadline {
+        return Ok(None);
+    }
+    // From the revision after the read: a put in between is replayed.
+    let from = got.header().map_or(0, |h| h.revision()) + 1;
+    let mut events = c.watch(key, Some(WatchOptions::new().with_start_revision(from))).await?;
+    loop {
+        let msg = match tokio::time::timeout_at(deadline.into(), events.message()).await {
+            Err(_) => return Ok(None),
+            Ok(m) => m?,
+        };
+        let Some(resp) = msg else {
+            return Err(etcd_client::Error::WatchError("the watch ended".into()));
+        };
+        if resp.canceled() {
+            return Err(etcd_client::Error::WatchError(format!("the watch was cancelled: {}", resp.cancel_reason())));
+        }
+        let put = resp.events().iter().rev().filter(|e| e.event_type() == EventType::Put).find_map(|e| e.kv());
+        if let Some(kv) = put {
+            return Ok(Some(kv.value().to_vec()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::desc::tests::sample;
+    use crate::engine::desc::MAX_METADATA;
+    use testkit::Etcd;
+
+    const T: Duration = Duration::from_secs(2);
+
+    fn put_raw(r: &EtcdRendezvous, key: String, value: Vec<u8>) {
+        let mut c = r.client.clone();
+        r.run(T, async move { c.put(key, value, None).await.map(drop) }).unwrap();
+    }
+
+    #[test]
+    #[ignore = "needs etcd (Debian: etcd-server)"]
+    fn publish_lookup_withdraw_and_a_lookup_that_watches() {
+        let etcd = Etcd::local();
+        let rdv = EtcdRendezvous::connect(&[etcd.url()], T).unwrap();
+        let md = sample();
+        super::super::tests::publish_replace_withdraw(&rdv);
+        rdv.publish(&md).unwrap();
+        let other_job = EtcdRendezvous::connect(&[etcd.url()], T).unwrap().with_prefix("/job-2/");
+        assert!(matches!(other_job.lookup("decode-0", Duration::ZERO), Err(EngineError::NotPublished { .. })), "prefixes keep jobs apart");
+        rdv.withdraw("decode-0").unwrap();
+        // A wait longer than the per-request timeout, answered by the
+        // watch as soon as the publish lands, from another client.
+        let url = etcd.url();
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(T + Duration::from_millis(500));
+            EtcdRendezvous::connect(&[url], T).unwrap().publish(&sample()).unwrap();
+            Instant::now()
+        });
+        let got = rdv.lookup("decode-0", Duration::from_secs(20));
+        let seen = Instant::now();
+        let published = late.join().unwrap();
+        assert_eq!(got.unwrap(), md);
+        assert!(seen.duration_since(published) < Duration::from_secs(1), "seen {:?} after the publish", seen.duration_since(published));
+    }
+
+    #[test]
+    #[ignore = "needs etcd (Debian: etcd-server)"]
+    fn hostile_values_are_typed_errors() {
+        let etcd = Etcd::local();
+        let rdv = EtcdRendezvous::connect(&[etcd.url()], T).unwrap();
+        let mut blob = sample().encode().unwrap();
+        put_raw(&rdv, rdv.key("garbage"), b"not metadata at all".to_vec());
+        assert!(matches!(rdv.lookup("garbage", Duration::ZERO), Err(EngineError::Metadata(_))));
+        blob.truncate(blob.len() - 3);
+        put_raw(&rdv, rdv.key("short"), blob);
+        assert!(matches!(rdv.lookup("short", Duration::ZERO), Err(EngineError::Metadata(_))));
+        put_raw(&rdv, rdv.key("huge"), vec![0; MAX_METADATA + 1]);
+        assert!(matches!(rdv.lookup("huge", Duration::ZERO), Err(EngineError::Metadata(_))));
+        put_raw(&rdv, rdv.key("impostor"), sample().encode().unwrap());
+        match rdv.lookup("impostor", Duration::ZERO) {
+            Err(EngineError::Rendezvous { reason, .. }) => assert!(reason.contains("decode-0"), "{reason}"),
+            r => panic!("{r:?}"),
+        }
+        for bad in ["", &"x".repeat(256)] {
+            assert!(matches!(rdv.lookup(bad, Duration::ZERO), Err(EngineError::Config(_))));
+            assert!(matches!(rdv.withdraw(bad), Err(EngineError::Config(_))));
+        }
+        assert!(matches!(EtcdRendezvous::connect(&[] as &[&str], T), Err(EngineError::Config(_))));
+        assert!(matches!(EtcdRendezvous::connect(&["not a url at all"], T), Err(EngineError::Rendezvous { .. })));
+    }
+
+    #[test]
+    #[ignore = "needs etcd (Debian: etcd-server)"]
+    fn an_outage_fails_within_the_bound_and_a_restart_heals() {
+        let mut etcd = Etcd::local();
+        let rdv = EtcdRendezvous::connect(&[etcd.url()], T).unwrap();
+        rdv.publish(&sample()).unwrap();
+        etcd.stop();
+        let started = Instant::now();
+        match rdv.lookup("decode-0", Duration::from_millis(500)) {
+            Err(EngineError::Rendezvous { server, reason }) => assert_eq!(server, etcd.url(), "{reason}"),
+            r => panic!("a lookup during the outage gave {r:?}"),
+        }
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(500) + T + Duration::from_secs(1), "took {took:?}");
+        assert!(matches!(rdv.publish(&sample()), Err(EngineError::Rendezvous { .. })));
+        // A lookup waiting across the restart would be an error about the
+        // cluster, not "not published": it is asked after.
+        etcd.restart();
+        let back = Instant::now();
+        loop {
+            match rdv.lookup("decode-0", Duration::ZERO) {
+                Ok(md) => break assert_eq!(md, sample(), "etcd keeps what it stored"),
+                Err(EngineError::Rendezvous { .. }) if back.elapsed() < Duration::from_secs(30) => std::thread::sleep(Duration::from_millis(200)),
+                r => panic!("after the restart: {r:?}"),
+            }
+        }
+        let rejoined = back.elapsed();
+        eprintln!("etcd outage: lookup failed in {took:?}; the client worked again {rejoined:?} after the restart");
+        drop(rdv);
+    }
+
+    #[test]
+    #[ignore = "needs etcd (Debian: etcd-server)"]
+    fn usable_and_droppable_inside_another_runtime() {
+        let etcd = Etcd::local();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let rdv = EtcdRendezvous::connect(&[etcd.url()], T).unwrap();
+            rdv.publish(&sample()).unwrap();
+            assert_eq!(rdv.lookup("decode-0", Duration::ZERO).unwrap(), sample());
+            drop(rdv);
+        });
+    }
+}
