@@ -25,7 +25,7 @@ use crate::sync::Mutex;
 use crate::wc::WorkCompletion;
 
 /// A descriptor tokio watches but does not own (its owner closes it).
-struct Watched(RawFd);
+pub(crate) struct Watched(RawFd);
 
 impl AsRawFd for Watched {
     fn as_raw_fd(&self) -> RawFd {
@@ -36,7 +36,7 @@ impl AsRawFd for Watched {
 /// Registers `fd` with the current runtime's reactor. The caller keeps
 /// the descriptor's owner (the CQ or context) alive, in the same struct,
 /// for as long as the returned `AsyncFd`.
-fn watch(fd: RawFd) -> Result<AsyncFd<Watched>> {
+pub(crate) fn watch(fd: RawFd) -> Result<AsyncFd<Watched>> {
     let refused = |why: String| {
         Error::InvalidArgument(format!("watching a completion or event channel with tokio failed ({why}): it needs a tokio runtime with I/O enabled"))
     };

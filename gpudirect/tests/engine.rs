@@ -428,3 +428,85 @@ fn agents_meet_through_the_rendezvous_and_outlive_its_outage() {
     req.wait(T).unwrap();
     assert_eq!(c.wait_notification(T).unwrap().msg, b"after");
 }
+
+/// Requests and notifications awaited under tokio (feature `tokio`):
+/// eight tasks post and await a request each while the target awaits
+/// their notifications and checks each block as its notification
+/// arrives, for four rounds: two woken by the completion channels alone,
+/// two with a blocking thread reaping the same completion queue all along
+/// (a task whose completion another thread reaps still wakes). A notification future dropped by a timeout takes
+/// nothing; awaiting from a second runtime is a typed error.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn transfers_and_notifications_can_be_awaited() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const BLOCKS: usize = 8;
+    const BLOCK: usize = 64 * 1024;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let prefill = agent("prefill");
+    let decode = agent("decode");
+    let src = prefill.alloc("src", BLOCKS * BLOCK).unwrap();
+    let table = decode.alloc("t", BLOCKS * BLOCK).unwrap();
+    let remote = prefill.load_remote(&md(&decode)).unwrap().memory("t").unwrap();
+    let reqs: Vec<_> = (0..BLOCKS)
+        .map(|b| {
+            let (s, e) = (b * BLOCK, (b + 1) * BLOCK);
+            let entry = (src.range(s..e).unwrap(), remote.range(s as u64..e as u64).unwrap());
+            Arc::new(prefill.prepare(Op::Write, &[entry], Some(format!("{b}").as_bytes())).unwrap())
+        })
+        .collect();
+    let idle = prefill.prepare(Op::Write, &[(src.range(..8).unwrap(), remote.range(..8).unwrap())], None).unwrap();
+    let (stop, reaping) = (AtomicBool::new(false), AtomicBool::new(false));
+    std::thread::scope(|s| {
+        // Reaps the prefill NIC's send CQ the blocking way, from round 2.
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                if reaping.load(Ordering::Relaxed) {
+                    idle.status().unwrap();
+                }
+                std::thread::yield_now();
+            }
+        });
+        rt.block_on(async {
+            let nothing = tokio::time::timeout(Duration::from_millis(50), decode.notification()).await;
+            assert!(nothing.is_err(), "no notification yet: {nothing:?}");
+            for round in 0..4u64 {
+                reaping.store(round >= 2, Ordering::Relaxed);
+                for b in 0..BLOCKS {
+                    src.write_at(b * BLOCK, &pattern(BLOCK, round * 100 + b as u64)).unwrap();
+                }
+                let tasks: Vec<_> = reqs
+                    .iter()
+                    .map(|r| {
+                        let r = r.clone();
+                        tokio::spawn(async move {
+                            r.post()?;
+                            r.completed().await
+                        })
+                    })
+                    .collect();
+                let mut seen = [false; BLOCKS];
+                for _ in 0..BLOCKS {
+                    let n = tokio::time::timeout(T.unwrap(), decode.notification()).await.expect("a notification in time").unwrap();
+                    let b: usize = std::str::from_utf8(&n.msg).unwrap().parse().unwrap();
+                    assert!(!std::mem::replace(&mut seen[b], true), "block {b} notified twice");
+                    let mut got = vec![0; BLOCK];
+                    table.read_at(b * BLOCK, &mut got).unwrap();
+                    assert!(got == pattern(BLOCK, round * 100 + b as u64), "round {round} block {b}: bytes not in place at its notification");
+                }
+                for t in tasks {
+                    t.await.unwrap().unwrap();
+                }
+                assert!(reqs.iter().all(|r| matches!(r.status(), Ok(TransferStatus::Done))));
+            }
+        });
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert!(decode.notifications().unwrap().is_empty(), "nothing left over");
+    let other = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    match other.block_on(decode.notification()) {
+        Err(EngineError::Config(why)) => assert!(why.contains("runtime"), "{why}"),
+        r => panic!("awaiting from a second runtime gave {r:?}"),
+    }
+}

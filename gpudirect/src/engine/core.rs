@@ -130,6 +130,11 @@ impl Hasher for IdHasher {
 }
 
 pub(crate) struct Core {
+    /// First: dropped while `pool`'s CQs are open (their descriptors).
+    #[cfg(feature = "tokio")]
+    pub(crate) channels: super::asynch::Channels,
+    #[cfg(feature = "tokio")]
+    pub(crate) progress: super::asynch::Progress,
     pub(crate) pool: Arc<ConnPool>,
     pub(crate) registry: Registry,
     outstanding: Mutex<HashMap<u64, Outstanding, BuildHasherDefault<IdHasher>>>,
@@ -141,7 +146,18 @@ pub(crate) struct Core {
 
 impl Core {
     pub(crate) fn new(pool: Arc<ConnPool>) -> Core {
-        Core { pool, registry: Registry::default(), outstanding: Mutex::default(), notes: Mutex::default(), ready: Mutex::default(), next_id: AtomicU64::new(1) }
+        Core {
+            #[cfg(feature = "tokio")]
+            channels: Default::default(),
+            #[cfg(feature = "tokio")]
+            progress: Default::default(),
+            pool,
+            registry: Registry::default(),
+            outstanding: Mutex::default(),
+            notes: Mutex::default(),
+            ready: Mutex::default(),
+            next_id: AtomicU64::new(1),
+        }
     }
 
     /// Lists a post of `state` on the connections `conns` before its
@@ -266,13 +282,15 @@ impl Core {
         // the room one that found its queue full waits for).
         if got > 0 {
             self.post_ready();
+            #[cfg(feature = "tokio")]
+            self.progress.tell();
         }
         Ok(got)
     }
 
     /// Reaps NIC `nic`'s notification receives into the queue, reposting
     /// each slot; GPU memory is flushed before any is handed out.
-    fn progress_recv(&self, nic: usize, wait: Option<Duration>) -> Result<usize, EngineError> {
+    pub(crate) fn progress_recv(&self, nic: usize, wait: Option<Duration>) -> Result<usize, EngineError> {
         let n = &self.pool.nics[nic];
         let mut wcs = [WorkCompletion::default(); 32];
         let got = reap(&n.recv_cq, &mut wcs, wait)?;
@@ -299,15 +317,34 @@ impl Core {
         if !fresh.is_empty() {
             self.registry.flush_gpu_writes()?;
             self.notes.lock().extend(fresh);
+            #[cfg(feature = "tokio")]
+            self.progress.tell();
         }
         Ok(got)
     }
 
+    /// Reaps every NIC's notification receives; how many it found.
+    pub(crate) fn reap_recvs(&self) -> Result<usize, EngineError> {
+        (0..self.pool.nics.len()).try_fold(0, |got, nic| Ok(got + self.progress_recv(nic, None)?))
+    }
+
+    /// The oldest notification received and not yet handed out.
+    pub(crate) fn next_note(&self) -> Option<Notification> {
+        self.notes.lock().pop_front()
+    }
+
+    /// How the post `state` is in ended, or `None` while it is in flight.
+    pub(crate) fn finished(&self, state: &ReqState) -> Option<Result<(), EngineError>> {
+        match &*state.0.lock() {
+            Phase::Idle | Phase::Done => Some(Ok(())),
+            Phase::Failed(f) => Some(Err(f.to_error())),
+            Phase::Posted => None,
+        }
+    }
+
     /// Every notification received so far.
     pub(crate) fn notifications(&self) -> Result<Vec<Notification>, EngineError> {
-        for nic in 0..self.pool.nics.len() {
-            while self.progress_recv(nic, None)? > 0 {}
-        }
+        while self.reap_recvs()? > 0 {}
         Ok(self.notes.lock().drain(..).collect())
     }
 
@@ -316,12 +353,10 @@ impl Core {
         let deadline = timeout.map_or(Deadline::never(), Deadline::after);
         let mut turn = 0;
         loop {
-            if let Some(n) = self.notes.lock().pop_front() {
+            if let Some(n) = self.next_note() {
                 return Ok(n);
             }
-            for nic in 0..self.pool.nics.len() {
-                self.progress_recv(nic, None)?;
-            }
+            self.reap_recvs()?;
             if !self.notes.lock().is_empty() {
                 continue;
             }
@@ -341,10 +376,8 @@ impl Core {
         let deadline = timeout.map_or(Deadline::never(), Deadline::after);
         let mut turn = 0;
         loop {
-            match &*state.0.lock() {
-                Phase::Idle | Phase::Done => return Ok(()),
-                Phase::Failed(f) => return Err(f.to_error()),
-                Phase::Posted => {}
+            if let Some(r) = self.finished(state) {
+                return r;
             }
             let slice = match deadline.left() {
                 Some(l) if l.is_zero() => return Err(EngineError::Timeout(timeout.unwrap_or_default())),

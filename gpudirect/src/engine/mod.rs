@@ -78,6 +78,14 @@
 //! timer is 655 ms, seven tries), and a transfer whose notification finds
 //! no receive for about 4.6 s fails instead of waiting forever.
 //!
+//! With the `tokio` feature, `TransferRequest::completed` and
+//! `Agent::notification` are the same waits as futures: they reap, arm
+//! the completion channels and sleep on tokio's reactor, and wake too when
+//! another thread or task reaps what they wait for. Both are cancel-safe
+//! (a dropped future takes nothing); bound them with
+//! `tokio::time::timeout`. An agent's channels belong to the runtime of
+//! its first await.
+//!
 //! # Many NICs
 //! [`AgentConfig::devices`] lists the NICs in rail order: this agent's
 //! NIC `i` talks to the peer's NIC `i`. A request of
@@ -96,6 +104,8 @@
 //! # Not yet
 //! GPU memory is registered on the first NIC only, and NICs are not yet
 //! chosen by their distance to the GPU.
+#[cfg(feature = "tokio")]
+mod asynch;
 mod conn;
 mod core;
 mod desc;
@@ -526,6 +536,26 @@ impl Agent {
     /// [`EngineError::Timeout`]; as [`notifications`](Self::notifications).
     pub fn wait_notification(&self, timeout: Option<Duration>) -> Result<Notification, EngineError> {
         self.core.wait_notification(timeout)
+    }
+
+    /// The next notification, awaited (feature `tokio`): as
+    /// [`wait_notification`](Self::wait_notification) without blocking a
+    /// thread. Cancel-safe: a future dropped before it is ready takes
+    /// nothing, and the notification goes to the next call. For a bound,
+    /// wrap it in `tokio::time::timeout`.
+    ///
+    /// The agent's completion channels are registered with the runtime
+    /// of its first await (`notification` or
+    /// [`TransferRequest::completed`]); await one agent from one runtime.
+    ///
+    /// # Errors
+    /// As [`notifications`](Self::notifications); [`EngineError::Verbs`]
+    /// outside a tokio runtime with I/O enabled; [`EngineError::Config`]
+    /// from a runtime other than the first.
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub async fn notification(&self) -> Result<Notification, EngineError> {
+        self.core.notification().await
     }
 
     /// Connections alive now (set up by either side).

@@ -320,6 +320,29 @@ impl TransferRequest {
     pub fn wait(&self, timeout: Option<Duration>) -> Result<(), EngineError> {
         self.core.wait(&self.state, &self.nics, timeout)
     }
+
+    /// Until the last post finished, awaited (feature `tokio`): as
+    /// [`wait`](Self::wait) without blocking a thread. Cancel-safe:
+    /// dropping the future (`tokio::time::timeout`, `select!`) leaves the
+    /// post as it is, to be awaited, waited for or polled again. The
+    /// agent's completion channels are registered with the runtime of its
+    /// first await ([`Agent::notification`](super::Agent::notification)).
+    ///
+    /// ```no_run
+    /// # async fn f(req: &gpudirect::engine::TransferRequest) -> Result<(), gpudirect::engine::EngineError> {
+    /// req.post()?;
+    /// req.completed().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`status`](Self::status); as
+    /// [`Agent::notification`](super::Agent::notification) for the runtime.
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub async fn completed(&self) -> Result<(), EngineError> {
+        self.core.completed(&self.state, &self.nics).await
+    }
 }
 
 #[cfg(test)]
