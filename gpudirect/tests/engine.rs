@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, EngineError, Op, RendezvousServer, TcpRendezvous, TransferStatus, MAX_NOTIFICATION};
+use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, EngineError, Op, RendezvousServer, TcpRendezvous, TransferStats, TransferStatus, MAX_NOTIFICATION};
 use testkit::{device, pattern};
 
 const T: Option<Duration> = Some(Duration::from_secs(20));
@@ -90,6 +90,12 @@ fn layer_writes_with_notifications_arrive_after_their_data() {
     println!("10 steps of {} MiB: {:.1} MB/s", (LAYERS * LAYER) >> 20, 10.0 * (LAYERS * LAYER) as f64 / secs / 1e6);
     assert!(decode.notifications().unwrap().is_empty(), "no notification beyond one per layer per step");
     assert_eq!((prefill.connections(), decode.connections()), (1, 1));
+    let layer = TransferStats { posts: 10, bytes: 10 * LAYER as u64, completed: 10, failed: 0, refused: 0, connects: 0 };
+    assert_eq!(reqs[1].stats(), layer, "a layer's request: 10 posts, no connection of its own");
+    assert_eq!(reqs[0].stats().connects, 1, "the first post made the connection");
+    let all = TransferStats { posts: 80, bytes: 80 * LAYER as u64, completed: 80, failed: 0, refused: 0, connects: 1 };
+    assert_eq!(prefill.peer_stats("decode-0"), Some(all));
+    assert_eq!(prefill.peer_stats("nobody"), None);
 }
 
 /// Reads pull a peer's memory; a transfer longer than the send queue
@@ -202,6 +208,8 @@ fn bad_requests_are_typed_errors() {
     }
     req.wait(T).unwrap();
     assert_eq!(b.wait_notification(T).unwrap().msg.len(), MAX_NOTIFICATION);
+    let s = req.stats();
+    assert_eq!((s.posts, s.completed, s.refused), (1, 1, 1), "the refused repost is counted: {s:?}");
 }
 
 /// A peer that goes away fails the transfers to it with PeerLost within
@@ -237,6 +245,8 @@ fn a_dead_peer_fails_only_its_transfers_and_a_restarted_one_is_reconnected() {
     }
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
     assert!(matches!(lost.status(), Err(EngineError::PeerLost { .. })), "the failure is reported until the next post");
+    let s = lost.stats();
+    assert_eq!((s.posts, s.completed, s.failed, s.connects), (2, 1, 1, 1), "{s:?}");
     ok.wait(T).unwrap();
     assert_eq!(alive.wait_notification(T).unwrap().msg, b"ok");
     assert_eq!(alive.wait_notification(T).unwrap().msg, b"ok");
@@ -250,6 +260,9 @@ fn a_dead_peer_fails_only_its_transfers_and_a_restarted_one_is_reconnected() {
     req.post().unwrap();
     assert_eq!(again.wait_notification(T).unwrap().msg, b"back");
     req.wait(T).unwrap();
+    let s = a.peer_stats("doomed").unwrap();
+    assert_eq!((s.posts, s.completed, s.failed, s.connects), (3, 2, 1, 2), "the reconnect is counted: {s:?}");
+    assert_eq!(s.bytes, 3 << 20);
     assert!(t.range(..).is_ok());
     let mut got = vec![0; 1 << 20];
     t.read_at(0, &mut got).unwrap();

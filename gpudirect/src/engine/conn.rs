@@ -221,21 +221,21 @@ impl ConnPool {
     }
 
     /// The connection to `peer` from local NIC `nic` to its NIC
-    /// `remote_nic`, set up now when there is none.
-    pub(crate) fn get(&self, peer: &AgentMetadata, nic: usize, remote_nic: usize) -> Result<Arc<Conn>, EngineError> {
+    /// `remote_nic`, set up now when there is none (then `true`).
+    pub(crate) fn get(&self, peer: &AgentMetadata, nic: usize, remote_nic: usize) -> Result<(Arc<Conn>, bool), EngineError> {
         if let Some(c) = self.sending_on(&peer.name, nic, remote_nic) {
-            return Ok(c);
+            return Ok((c, false));
         }
         let key: Key = (peer.name.as_str().into(), nic, remote_nic);
         let turn = self.connecting.lock().entry(key.clone()).or_default().clone();
         let _one = turn.lock();
         if let Some(c) = self.sending_on(&peer.name, nic, remote_nic) {
-            return Ok(c);
+            return Ok((c, false));
         }
         let conn = Arc::new(self.connect(peer, nic, remote_nic)?);
         self.add_live(nic, conn.clone());
         self.send_on(key.0, (nic, remote_nic), conn.clone(), true);
-        Ok(conn)
+        Ok((conn, true))
     }
 
     fn sending_on(&self, peer: &str, nic: usize, remote_nic: usize) -> Option<Arc<Conn>> {

@@ -31,6 +31,7 @@ use crate::wc::{WcError, WcStatus, WorkCompletion};
 use super::conn::{Conn, ConnPool};
 use super::error::EngineError;
 use super::memory::Registry;
+use super::stats::Counters;
 use super::notify::{self, Notification, SLOT};
 
 /// How long one wait on a completion channel sleeps before looking again
@@ -64,8 +65,35 @@ impl Failure {
     }
 }
 
-/// A request's state, shared with the progress that finishes it.
-pub(crate) struct ReqState(pub(crate) Mutex<Phase>);
+/// A request's state, shared with the progress that finishes it, and
+/// its counters and its peer's.
+pub(crate) struct ReqState {
+    pub(crate) phase: Mutex<Phase>,
+    pub(crate) own: Counters,
+    pub(crate) peer: Arc<Counters>,
+}
+
+impl ReqState {
+    pub(crate) fn new(peer: Arc<Counters>) -> ReqState {
+        ReqState { phase: Mutex::new(Phase::Idle), own: Counters::default(), peer }
+    }
+
+    /// Ends a post: done, or failed (counted as such).
+    fn end(&self, phase: Phase) {
+        match phase {
+            Phase::Done => {
+                self.own.completed();
+                self.peer.completed();
+            }
+            Phase::Failed(_) => {
+                self.own.failed();
+                self.peer.failed();
+            }
+            Phase::Idle | Phase::Posted => {}
+        }
+        *self.phase.lock() = phase;
+    }
+}
 
 /// Most queue pairs (rails) one post uses.
 pub(crate) const MAX_LANES: usize = 8;
@@ -142,6 +170,8 @@ pub(crate) struct Core {
     /// Notifications whose post's data is complete, to go out (by id).
     ready: Mutex<Vec<(u64, Deferred)>>,
     next_id: AtomicU64,
+    /// Each peer's counters, shared by the requests to it.
+    peers: Mutex<HashMap<String, Arc<Counters>>>,
 }
 
 impl Core {
@@ -157,14 +187,25 @@ impl Core {
             notes: Mutex::default(),
             ready: Mutex::default(),
             next_id: AtomicU64::new(1),
+            peers: Mutex::default(),
         }
+    }
+
+    /// The counters of the requests to `peer`.
+    pub(crate) fn peer_counters(&self, peer: &str) -> Arc<Counters> {
+        self.peers.lock().entry(peer.to_owned()).or_default().clone()
+    }
+
+    /// What the requests to `peer` did, if any was prepared.
+    pub(crate) fn peer_stats(&self, peer: &str) -> Option<super::stats::TransferStats> {
+        self.peers.lock().get(peer).map(|c| c.read())
     }
 
     /// Lists a post of `state` on the connections `conns` before its
     /// requests go out, so no thread can reap a completion of it
     /// unmatched; returns its id.
     pub(crate) fn begin(&self, state: &Arc<ReqState>, conns: Conns, deferred: Option<Deferred>) -> Result<u64, EngineError> {
-        let mut phase = state.0.lock();
+        let mut phase = state.phase.lock();
         if matches!(*phase, Phase::Posted) {
             return Err(EngineError::InFlight);
         }
@@ -179,7 +220,7 @@ impl Core {
     /// Unlists a post none of whose requests went out.
     pub(crate) fn abandon(&self, id: u64) {
         if let Some(o) = self.outstanding.lock().remove(&id) {
-            *o.state.0.lock() = Phase::Idle;
+            *o.state.phase.lock() = Phase::Idle;
         }
     }
 
@@ -187,7 +228,7 @@ impl Core {
     /// posted requests' completions to be ignored.
     pub(crate) fn fail(&self, id: u64, failure: Failure) {
         if let Some(o) = self.outstanding.lock().remove(&id) {
-            *o.state.0.lock() = Phase::Failed(failure);
+            o.state.end(Phase::Failed(failure));
         }
     }
 
@@ -221,7 +262,7 @@ impl Core {
             }
         };
         if let Some(o) = finished {
-            *o.state.0.lock() = Phase::Done;
+            o.state.end(Phase::Done);
         }
     }
 
@@ -261,7 +302,7 @@ impl Core {
             tracing::warn!(peer = %peer, nic, qp = qpn, "engine transfer failed: {completion}");
         }
         for o in failed {
-            *o.state.0.lock() = Phase::Failed(Failure::Lost { peer: peer.clone(), completion });
+            o.state.end(Phase::Failed(Failure::Lost { peer: peer.clone(), completion }));
         }
         self.pool.retire(nic, qpn);
     }
@@ -335,7 +376,7 @@ impl Core {
 
     /// How the post `state` is in ended, or `None` while it is in flight.
     pub(crate) fn finished(&self, state: &ReqState) -> Option<Result<(), EngineError>> {
-        match &*state.0.lock() {
+        match &*state.phase.lock() {
             Phase::Idle | Phase::Done => Some(Ok(())),
             Phase::Failed(f) => Some(Err(f.to_error())),
             Phase::Posted => None,

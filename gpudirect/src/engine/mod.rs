@@ -115,6 +115,7 @@ mod meta;
 mod nic;
 mod notify;
 mod peer;
+mod stats;
 mod transfer;
 
 use std::collections::HashMap;
@@ -140,6 +141,7 @@ pub use meta::{Rendezvous, RendezvousServer, TcpRendezvous, MAX_ENTRIES};
 pub use nic::NicStats;
 pub use notify::{Notification, MAX_NOTIFICATION};
 pub use peer::{Peer, RemoteMemory, RemoteRange};
+pub use stats::TransferStats;
 pub use transfer::{Op, TransferRequest, TransferStatus};
 
 use self::core::Core;
@@ -519,6 +521,12 @@ impl Agent {
     /// What each NIC carried so far, in the agent's NIC order.
     pub fn nic_stats(&self) -> Vec<NicStats> {
         self.core.pool.nics.iter().map(Nic::stats).collect()
+    }
+
+    /// What every request to the peer `name` did so far (summed over
+    /// them, dropped ones included); `None` before one was prepared.
+    pub fn peer_stats(&self, name: &str) -> Option<TransferStats> {
+        self.core.peer_stats(name)
     }
 
     /// Every notification received so far (none waits).

@@ -18,6 +18,7 @@ use super::desc::AgentMetadata;
 use super::error::EngineError;
 use super::memory::LocalRange;
 use super::peer::RemoteRange;
+use super::stats::TransferStats;
 
 /// What a transfer does to the remote memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -164,7 +165,14 @@ impl TransferRequest {
         let mut nics: Vec<usize> = lanes.iter().map(|l| l.nic).collect();
         nics.sort_unstable();
         nics.dedup();
-        TransferRequest { core, op, peer, entries, lanes, notify, state: Arc::new(ReqState(crate::sync::Mutex::new(Phase::Idle))), bytes, nics }
+        let state = Arc::new(ReqState::new(core.peer_counters(&peer.name)));
+        TransferRequest { core, op, peer, entries, lanes, notify, state, bytes, nics }
+    }
+
+    /// What its posts did so far; the same counters summed over every
+    /// request to its peer: [`Agent::peer_stats`](super::Agent::peer_stats).
+    pub fn stats(&self) -> TransferStats {
+        self.state.own.read()
     }
 
     /// The peer agent it targets.
@@ -195,9 +203,46 @@ impl TransferRequest {
     /// posting (when nothing went out the request is idle again and may be
     /// posted again; when part went out it is failed).
     pub fn post(&self) -> Result<(), EngineError> {
+        // Tracing's cost with no subscriber at debug: one level check.
+        let _span = tracing::debug_span!("transfer", peer = %self.peer.name, op = ?self.op, bytes = self.bytes).entered();
+        let s = &self.state;
+        match self.try_post() {
+            Ok(()) => {
+                s.own.posted(self.bytes);
+                s.peer.posted(self.bytes);
+                Ok(())
+            }
+            Err((e, went_out)) => {
+                if went_out {
+                    s.own.posted(self.bytes);
+                    s.peer.posted(self.bytes);
+                } else {
+                    s.own.refused();
+                    s.peer.refused();
+                }
+                tracing::debug!("post failed: {e}");
+                Err(e)
+            }
+        }
+    }
+
+    /// The connection on one rail, set up if there is none (and counted).
+    fn conn(&self, lane: &Lane) -> Result<Arc<super::conn::Conn>, EngineError> {
+        let (conn, new) = self.core.pool.get(&self.peer, lane.nic, lane.remote_nic)?;
+        if new {
+            self.state.own.connects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.state.peer.connects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(conn)
+    }
+
+    /// [`post`](Self::post)'s work; an error says whether any of the
+    /// post went out.
+    fn try_post(&self) -> Result<(), (EngineError, bool)> {
+        let refused = |e: EngineError| (e, false);
         let conns = match &self.lanes[..] {
-            [one] => Conns::One(self.core.pool.get(&self.peer, one.nic, one.remote_nic)?),
-            lanes => Conns::Many(lanes.iter().map(|l| self.core.pool.get(&self.peer, l.nic, l.remote_nic)).collect::<Result<_, _>>()?),
+            [one] => Conns::One(self.conn(one).map_err(refused)?),
+            lanes => Conns::Many(lanes.iter().map(|l| self.conn(l)).collect::<Result<_, _>>().map_err(refused)?),
         };
         let deferred = match &self.notify {
             Some(nt) if nt.after_completions => {
@@ -206,7 +251,7 @@ impl TransferRequest {
             _ => None,
         };
         // The outstanding entry holds the connections too, until finished.
-        let id = self.core.begin(&self.state, conns.clone(), deferred)?;
+        let id = self.core.begin(&self.state, conns.clone(), deferred).map_err(refused)?;
         let mut total = 0;
         let mut reaped = false;
         for (i, lane) in self.lanes.iter().enumerate() {
@@ -215,9 +260,9 @@ impl TransferRequest {
                 Ok(w) => w,
                 Err(e) if i == 0 => {
                     self.core.abandon(id);
-                    return Err(e.into());
+                    return Err((e.into(), false));
                 }
-                Err(e) => return Err(self.partly(id, total, total + 1, e.to_string(), e)),
+                Err(e) => return Err((self.partly(id, total, total + 1, e.to_string(), e), true)),
             };
             let core = &self.core;
             let nic = lane.nic;
@@ -238,9 +283,9 @@ impl TransferRequest {
                 }
                 Err(p) if p.posted == 0 && i == 0 => {
                     self.core.abandon(id);
-                    return Err(p.error.into());
+                    return Err((p.error.into(), false));
                 }
-                Err(p) => return Err(self.partly(id, total + p.posted, total + wrs.len(), p.error.to_string(), p.error)),
+                Err(p) => return Err((self.partly(id, total + p.posted, total + wrs.len(), p.error.to_string(), p.error), true)),
             }
         }
         if reaped {
@@ -303,7 +348,7 @@ impl TransferRequest {
         for &nic in &self.nics {
             self.core.progress_send(nic, None)?;
         }
-        match &*self.state.0.lock() {
+        match &*self.state.phase.lock() {
             Phase::Idle => Ok(TransferStatus::Idle),
             Phase::Posted => Ok(TransferStatus::InFlight),
             Phase::Done => Ok(TransferStatus::Done),
