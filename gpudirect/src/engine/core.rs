@@ -417,8 +417,12 @@ impl Core {
         let deadline = timeout.map_or(Deadline::never(), Deadline::after);
         let mut turn = 0;
         loop {
-            if let Some(r) = self.finished(state) {
-                return r;
+            // Matched here, not through `finished`: that costs ~1
+            // instruction per descriptor more on the wait path (callgrind).
+            match &*state.phase.lock() {
+                Phase::Idle | Phase::Done => return Ok(()),
+                Phase::Failed(f) => return Err(f.to_error()),
+                Phase::Posted => {}
             }
             let slice = match deadline.left() {
                 Some(l) if l.is_zero() => return Err(EngineError::Timeout(timeout.unwrap_or_default())),

@@ -33,7 +33,7 @@ pub(crate) struct Counters {
     completed: AtomicU64,
     failed: AtomicU64,
     refused: AtomicU64,
-    pub(crate) connects: AtomicU64,
+    connects: AtomicU64,
 }
 
 impl Counters {
@@ -48,6 +48,10 @@ impl Counters {
 
     pub(crate) fn failed(&self) {
         self.failed.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn connected(&self) {
+        self.connects.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn refused(&self) {
