@@ -94,6 +94,14 @@
 //! the next rail in turn. [`Agent::nic_stats`] counts each NIC's bytes,
 //! [`TransferRequest::rails`] shows a request's slices.
 //!
+//! # Observability
+//! [`TransferRequest::stats`] and [`Agent::peer_stats`] count posts,
+//! bytes, completions, failures, refused posts and connections set up
+//! ([`TransferStats`]), per request and summed per peer; relaxed atomic
+//! adds on the post and completion paths. Each post runs in a `transfer`
+//! span (`tracing`, level debug: peer, op, bytes), so the engine's own
+//! events (a partly posted request, a connection made) carry it.
+//!
 //! # Connections
 //! Made on first use, one per (peer, rail), through the peer's control
 //! listener. A NIC holds at most [`AgentConfig::max_connections`]; one
