@@ -11,16 +11,23 @@
 //! call is bounded: each RPC by the timeout given to
 //! [`EtcdRendezvous::connect`], a lookup by its own wait plus one RPC.
 //!
+//! With [`EtcdRendezvous::with_lease`], what a handle publishes lives
+//! under one etcd lease that a task of its runtime keeps alive: when the
+//! process dies (or drops the handle) the keys expire a TTL later, so a
+//! crashed agent's metadata does not stay behind for peers to find.
+//!
 //! A lookup of a name not yet published reads the key, then watches it
 //! from the revision of that read, so a publish between the two is seen
 //! and the wait is not a polling loop. Values are decoded as hostile
 //! input (anyone with access to the cluster can write them).
 
 use std::future::Future;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, ConnectOptions, EventType, WatchOptions};
+use etcd_client::{Client, ConnectOptions, EventType, PutOptions, WatchOptions};
+
+use crate::sync::Mutex;
 
 use super::super::desc::AgentMetadata;
 use super::super::error::EngineError;
@@ -51,6 +58,11 @@ pub struct EtcdRendezvous {
     server: String,
     prefix: String,
     timeout: Duration,
+    /// The lease's TTL, when publishing under one.
+    lease_ttl: Option<Duration>,
+    /// The lease granted (by the first publish) and kept alive; cleared
+    /// by the keep-alive task when etcd says it expired.
+    lease: Arc<Mutex<Option<i64>>>,
     /// `None` only while dropping.
     rt: Option<tokio::runtime::Runtime>,
 }
@@ -91,7 +103,42 @@ impl EtcdRendezvous {
         let opts = ConnectOptions::new().with_connect_timeout(timeout).with_timeout(timeout);
         let client = on(&rt, &server, timeout, async move { Client::connect(eps, Some(opts)).await })?;
         tracing::info!(endpoints = %server, "etcd rendezvous connected");
-        Ok(EtcdRendezvous { client, server, prefix: DEFAULT_PREFIX.to_owned(), timeout, rt: Some(rt) })
+        Ok(EtcdRendezvous {
+            client,
+            server,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            timeout,
+            lease_ttl: None,
+            lease: Arc::default(),
+            rt: Some(rt),
+        })
+    }
+
+    /// Publishes under a lease of `ttl` (whole seconds, at least 2; etcd
+    /// may raise it to its minimum), renewed every third of it while this
+    /// handle lives. Keys of a process that died, or dropped the handle,
+    /// expire `ttl` later. An outage longer than `ttl` may expire the
+    /// lease (etcd extends leases when it restarts); the next publish
+    /// then takes a new one, so publish again after an outage.
+    pub fn with_lease(mut self, ttl: Duration) -> EtcdRendezvous {
+        self.lease_ttl = Some(ttl.max(Duration::from_secs(2)));
+        self
+    }
+
+    /// The lease to publish under: the one held, or a new one, whose
+    /// keep-alive task starts with it.
+    fn lease_id(&self, ttl: Duration) -> Result<i64, EngineError> {
+        let mut held = self.lease.lock();
+        if let Some(id) = *held {
+            return Ok(id);
+        }
+        let mut c = self.client.clone();
+        let secs = ttl.as_secs().max(2) as i64;
+        let id = self.run(self.timeout, async move { c.lease_grant(secs, None).await.map(|g| g.id()) })?;
+        *held = Some(id);
+        let (c, lease, every) = (self.client.clone(), self.lease.clone(), ttl / 3);
+        self.rt.as_ref().expect("the runtime lives until drop").spawn(keep_alive(c, id, every, lease));
+        Ok(id)
     }
 
     /// Publishes and looks up under `prefix` instead of
@@ -168,8 +215,12 @@ impl Rendezvous for EtcdRendezvous {
     fn publish(&self, md: &AgentMetadata) -> Result<(), EngineError> {
         check_name(&md.name)?;
         let blob = md.encode()?;
+        let opts = match self.lease_ttl {
+            Some(ttl) => Some(PutOptions::new().with_lease(self.lease_id(ttl)?)),
+            None => None,
+        };
         let (mut c, key) = (self.client.clone(), self.key(&md.name));
-        self.run(self.timeout, async move { c.put(key, blob, None).await.map(drop) })
+        self.run(self.timeout, async move { c.put(key, blob, opts).await.map(drop) })
     }
 
     fn lookup(&self, name: &str, timeout: Duration) -> Result<AgentMetadata, EngineError> {
@@ -189,6 +240,37 @@ impl Rendezvous for EtcdRendezvous {
         check_name(name)?;
         let (mut c, key) = (self.client.clone(), self.key(name));
         self.run(self.timeout, async move { c.delete(key, None).await.map(drop) })
+    }
+}
+
+/// Renews lease `id` every `every` until etcd says it is gone (then
+/// clears `held`, so the next publish takes a new one) or the runtime
+/// stops with the handle. An outage is waited out: renewals resume when
+/// etcd is back.
+async fn keep_alive(mut c: Client, id: i64, every: Duration, held: Arc<Mutex<Option<i64>>>) {
+    loop {
+        match c.lease_keep_alive(id).await {
+            Ok((mut keeper, mut answers)) => loop {
+                if keeper.keep_alive().await.is_err() {
+                    break;
+                }
+                match answers.message().await {
+                    Ok(Some(a)) if a.ttl() > 0 => {}
+                    Ok(Some(_)) => {
+                        tracing::warn!(lease = id, "etcd lease expired: what was published under it is gone; publish again");
+                        let mut h = held.lock();
+                        if *h == Some(id) {
+                            *h = None;
+                        }
+                        return;
+                    }
+                    Ok(None) | Err(_) => break,
+                }
+                tokio::time::sleep(every).await;
+            },
+            Err(e) => tracing::debug!(lease = id, "etcd lease keep-alive: {}", describe(&e)),
+        }
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -295,6 +377,10 @@ mod tests {
         let mut etcd = Etcd::local();
         let rdv = EtcdRendezvous::connect(&[etcd.url()], T).unwrap();
         rdv.publish(&sample()).unwrap();
+        let leased = EtcdRendezvous::connect(&[etcd.url()], T).unwrap().with_lease(Duration::from_secs(3));
+        let mut kept = sample();
+        kept.name = "leased".into();
+        leased.publish(&kept).unwrap();
         etcd.stop();
         let started = Instant::now();
         match rdv.lookup("decode-0", Duration::from_millis(500)) {
@@ -316,8 +402,38 @@ mod tests {
             }
         }
         let rejoined = back.elapsed();
+        // The lease's keep-alive resumed: the key outlives several TTLs.
+        std::thread::sleep(Duration::from_secs(7));
+        assert_eq!(rdv.lookup("leased", Duration::ZERO).unwrap(), kept, "the lease is renewed after the outage");
         eprintln!("etcd outage: lookup failed in {took:?}; the client worked again {rejoined:?} after the restart");
         drop(rdv);
+    }
+
+    #[test]
+    #[ignore = "needs etcd (Debian: etcd-server)"]
+    fn leased_keys_live_with_their_handle_and_expire_after_it() {
+        let etcd = Etcd::local();
+        // 3 s: renewals every second leave two seconds for a slow guest.
+        let ttl = Duration::from_secs(3);
+        let leased = EtcdRendezvous::connect(&[etcd.url()], T).unwrap().with_lease(ttl);
+        let reader = EtcdRendezvous::connect(&[etcd.url()], T).unwrap();
+        leased.publish(&sample()).unwrap();
+        let mut other = sample();
+        other.name = "decode-1".into();
+        leased.publish(&other).unwrap();
+        std::thread::sleep(3 * ttl);
+        assert_eq!(reader.lookup("decode-0", Duration::ZERO).unwrap(), sample(), "kept alive past its TTL");
+        drop(leased);
+        let dropped = Instant::now();
+        loop {
+            match reader.lookup("decode-1", Duration::ZERO) {
+                Ok(_) if dropped.elapsed() < 3 * ttl => std::thread::sleep(Duration::from_millis(100)),
+                Err(EngineError::NotPublished { .. }) => break,
+                r => panic!("{:?} after the handle was dropped: {r:?}", dropped.elapsed()),
+            }
+        }
+        eprintln!("leased keys expired {:?} after their handle was dropped (TTL {ttl:?})", dropped.elapsed());
+        assert!(matches!(reader.lookup("decode-0", Duration::ZERO), Err(EngineError::NotPublished { .. })));
     }
 
     #[test]
