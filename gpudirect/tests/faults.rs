@@ -165,11 +165,23 @@ impl Host {
     /// Waits for completions, calling anything longer than [`HANG`] a hang.
     fn wait(&self, wcs: &mut [WorkCompletion]) -> R<usize> {
         match self.cq.wait(wcs, Some(HANG)) {
-            Err(Error::Timeout(_)) => Err(format!("no completion within {HANG:?}: the initiator hung").into()),
+            Err(Error::Timeout(_)) => Err(Box::new(Hung)),
             r => Ok(r?),
         }
     }
 }
+
+/// No completion within [`HANG`]: the initiator hung.
+#[derive(Debug)]
+struct Hung;
+
+impl std::fmt::Display for Hung {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no completion within {HANG:?}: the initiator hung")
+    }
+}
+
+impl std::error::Error for Hung {}
 
 fn fnv64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
@@ -260,11 +272,20 @@ fn stream_from(
 /// calls it stuck.
 const MAX_REBUILDS: usize = 100;
 
+/// Most rxe stalls one lossy phase may see before the test fails.
+const MAX_STALLS: usize = 2;
+
 /// [`stream`] that survives a queue pair failing on the lossy link (rxe
 /// gives up on a request after `retry_cnt` retransmissions of it): it
 /// rebuilds the connection with the peer and resumes at the first chunk
 /// that did not arrive. Writes and reads of the same bytes are idempotent,
 /// so resending is safe. Returns the time and the number of rebuilds.
+///
+/// rxe (Debian's 6.1 kernel) now and then stops retransmitting under loss:
+/// no completion comes and the queue pair stays in RTS. After [`HANG`]
+/// that is counted in `stalls` and handled as a failure with no known
+/// resume point (the attempt starts over); more than [`MAX_STALLS`] in one
+/// stream fails the test.
 #[allow(clippy::too_many_arguments)]
 fn stream_recovering(
     h: &Host,
@@ -279,9 +300,19 @@ fn stream_recovering(
     let t = Instant::now();
     let mut first = 0;
     for rebuilds in 0..=MAX_REBUILDS {
-        match stream_from(h, qp, write, local, remote, LOSSY_DEPTH, LOSSY_CHUNK, first)? {
-            None => return Ok((t.elapsed(), rebuilds)),
-            Some((at, e)) => {
+        match stream_from(h, qp, write, local, remote, LOSSY_DEPTH, LOSSY_CHUNK, first) {
+            Err(e) if e.downcast_ref::<Hung>().is_some() => {
+                let stalls = statuses.entry("rxe stall (no completion, QP still RTS)").or_default();
+                *stalls += 1;
+                ensure!(*stalls <= MAX_STALLS, "{e} ({} times in this phase)", *stalls);
+                println!("rxe stalled: {e}; rebuilding the queue pair and starting the attempt over at request {first}");
+                let got = say(ctl, "rebuild")?;
+                ensure!(got == "waiting", "peer is at {got:?}, not waiting to rebuild");
+                *qp = h.connect(ctl, cfg, vec![])?.0;
+            }
+            Err(e) => return Err(e),
+            Ok(None) => return Ok((t.elapsed(), rebuilds)),
+            Ok(Some((at, e))) => {
                 *statuses.entry(e.status.verbs_name()).or_default() += 1;
                 ensure!(e.status == WcStatus::RetryExceeded, "request {at} failed with {e}, not a retry exhaustion");
                 ensure!(qp.state()? == QpState::Error, "the queue pair is not in the error state after {e}");

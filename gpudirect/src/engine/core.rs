@@ -375,6 +375,7 @@ impl Core {
     }
 
     /// How the post `state` is in ended, or `None` while it is in flight.
+    #[cfg(feature = "tokio")]
     pub(crate) fn finished(&self, state: &ReqState) -> Option<Result<(), EngineError>> {
         match &*state.phase.lock() {
             Phase::Idle | Phase::Done => Some(Ok(())),
