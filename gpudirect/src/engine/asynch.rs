@@ -29,7 +29,7 @@ use crate::asynch::{watch, Watched};
 use crate::cq::CompletionQueue;
 use crate::error::Error;
 
-use super::core::Core;
+use super::core::{Core, Phase};
 use super::error::EngineError;
 use super::nic::Nic;
 
@@ -122,8 +122,10 @@ impl Core {
             let notified = self.progress.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(r) = self.finished(state) {
-                return r;
+            match &*state.phase.lock() {
+                Phase::Idle | Phase::Done => return Ok(()),
+                Phase::Failed(f) => return Err(f.to_error()),
+                Phase::Posted => {}
             }
             if self.reap_sends(nics)? > 0 {
                 continue;

@@ -256,9 +256,7 @@ impl Agent {
     /// to advertise; [`EngineError::Verbs`] opening the device or creating
     /// its queues; [`EngineError::Control`] binding the listener.
     pub fn new(config: AgentConfig) -> Result<Agent, EngineError> {
-        if config.name.is_empty() || config.name.len() > MAX_NAME {
-            return Err(EngineError::Config(format!("agent name {:?}: 1 to {MAX_NAME} bytes", config.name)));
-        }
+        meta::check_name(&config.name)?;
         if config.send_depth < 2 || config.srq_depth == 0 || config.max_connections == 0 {
             return Err(EngineError::Config("send_depth must be at least 2, srq_depth and max_connections at least 1".into()));
         }

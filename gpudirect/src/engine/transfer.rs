@@ -18,7 +18,7 @@ use super::desc::AgentMetadata;
 use super::error::EngineError;
 use super::memory::LocalRange;
 use super::peer::RemoteRange;
-use super::stats::TransferStats;
+use super::stats::{Counters, TransferStats};
 
 /// What a transfer does to the remote memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -269,23 +269,20 @@ impl TransferRequest {
     fn conn(&self, lane: &Lane) -> Result<Arc<super::conn::Conn>, EngineError> {
         let (conn, new) = self.core.pool.get(&self.peer, lane.nic, lane.remote_nic)?;
         if new {
-            self.state.own.connected();
-            self.state.peer.connected();
+            self.state.count(Counters::connected);
         }
         Ok(conn)
     }
 
     /// Counts a post that went out, all or part of it.
     fn counted_post(&self) {
-        self.state.own.posted(self.bytes);
-        self.state.peer.posted(self.bytes);
+        self.state.count(|c| c.posted(self.bytes));
     }
 
     /// Counts a post refused before anything went out.
     #[cold]
     fn refused(&self, e: EngineError) -> EngineError {
-        self.state.own.refused();
-        self.state.peer.refused();
+        self.state.count(Counters::refused);
         tracing::debug!("post refused: {e}");
         e
     }

@@ -133,7 +133,7 @@ impl EtcdRendezvous {
             return Ok(id);
         }
         let mut c = self.client.clone();
-        let secs = ttl.as_secs().max(2) as i64;
+        let secs = ttl.as_secs() as i64; // at least 2: with_lease clamps
         let id = self.run(self.timeout, async move { c.lease_grant(secs, None).await.map(|g| g.id()) })?;
         *held = Some(id);
         let (c, lease, every) = (self.client.clone(), self.lease.clone(), ttl / 3);

@@ -51,8 +51,9 @@ fn rdv_err(server: &str, reason: String) -> EngineError {
     EngineError::Rendezvous { server: server.to_owned(), reason }
 }
 
-/// Names as the metadata allows them, refused before anything is sent.
-fn check_name(name: &str) -> Result<(), EngineError> {
+/// Agent names as the metadata allows them, refused before anything is
+/// sent (or an agent of that name is made).
+pub(super) fn check_name(name: &str) -> Result<(), EngineError> {
     if name.is_empty() || name.len() > MAX_NAME {
         return Err(EngineError::Config(format!("agent name {name:?}: 1 to {MAX_NAME} bytes")));
     }
