@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use gpudirect::bootstrap::{with_port, Handshake, OobChannel};
 use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, Op, Registration};
+use gpudirect::topology::PathLevel;
 use gpudirect::{Gpu, GpuBuffer, GpuPolicy};
 
 #[derive(Parser, Debug)]
@@ -74,6 +75,10 @@ struct Args {
     /// With --gpu: require GPUDirect RDMA, prefer it, or stage through host memory.
     #[arg(long, default_value = "require", value_name = "require|prefer|host-staged", requires = "gpu")]
     gpu_policy: GpuPolicy,
+    /// With --gpu: the farthest PCIe path between the GPU and a NIC that
+    /// carries its memory.
+    #[arg(long, default_value = "PXB", value_name = "PIX|PXB|PHB|NODE|SYS", requires = "gpu")]
+    gpu_path_limit: PathLevel,
     /// Bound, in seconds, on each wait.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
@@ -128,6 +133,9 @@ fn memory(agent: &Agent, args: &Args, name: &str, len: usize) -> R<Registration>
     for (nic, loc) in reg.paths() {
         println!("{name}: {} bytes, {nic}: {loc}", reg.len());
     }
+    for (nic, why) in reg.skipped() {
+        println!("{name}: not on {nic}: {why}");
+    }
     Ok(reg)
 }
 
@@ -146,6 +154,7 @@ fn main() -> ExitCode {
 fn config(args: &Args, name: &str) -> AgentConfig {
     let mut c = AgentConfig::named(name);
     c.devices = args.devices.clone();
+    c.gpu_path_limit = args.gpu_path_limit;
     c
 }
 

@@ -30,6 +30,19 @@ pub enum EngineError {
     /// valid agent description.
     #[error(transparent)]
     Metadata(#[from] MetadataError),
+    /// No NIC of this agent may carry a GPU's memory under
+    /// [`GpuPolicy::Require`](crate::GpuPolicy::Require): every one is
+    /// farther from the GPU than
+    /// [`AgentConfig::gpu_path_limit`](super::AgentConfig::gpu_path_limit),
+    /// or cannot reach GPU memory at all. `why` names each NIC, its
+    /// distance and the fix.
+    #[error("no NIC of this agent may carry {gpu}'s memory zero-copy: {why}")]
+    GpuPlacement {
+        /// The GPU (`GPU0 (0000:18:00.0)`).
+        gpu: String,
+        /// Each NIC and why not.
+        why: String,
+    },
     /// No agent of that name has been loaded ([`Agent::load_remote`](super::Agent::load_remote)).
     #[error("no agent named {0:?} is known here: load its metadata first (Agent::load_remote)")]
     UnknownPeer(String),

@@ -19,10 +19,13 @@ use super::error::EngineError;
 
 pub(crate) struct RegInner {
     pub(crate) name: String,
-    /// Index `i` is the region on the agent's NIC `i`.
-    pub(crate) regions: Vec<MemoryRegion>,
+    /// Index `i` is the region on the agent's NIC `i`, `None` where the
+    /// memory is not registered (GPU memory on a NIC too far from it).
+    pub(crate) regions: Vec<Option<MemoryRegion>>,
     /// The device name of each NIC, for [`Registration::paths`].
     devices: Vec<String>,
+    /// The NICs without a region, and why.
+    skipped: Vec<(String, String)>,
 }
 
 /// Memory registered with an agent under a name: on each of its NICs, a
@@ -42,13 +45,36 @@ pub struct Registration {
 
 impl std::fmt::Debug for Registration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Registration").field("name", &self.inner.name).field("len", &self.len()).field("paths", &self.paths()).finish()
+        f.debug_struct("Registration")
+            .field("name", &self.inner.name)
+            .field("len", &self.len())
+            .field("paths", &self.paths())
+            .field("skipped", &self.inner.skipped)
+            .finish()
     }
 }
 
 impl Registration {
-    pub(crate) fn new(name: String, regions: Vec<MemoryRegion>, devices: Vec<String>) -> Registration {
-        Registration { inner: Arc::new(RegInner { name, regions, devices }) }
+    /// `regions` holds at least one region.
+    pub(crate) fn new(name: String, regions: Vec<Option<MemoryRegion>>, devices: Vec<String>, skipped: Vec<(String, String)>) -> Registration {
+        debug_assert!(regions.iter().any(Option::is_some));
+        Registration { inner: Arc::new(RegInner { name, regions, devices, skipped }) }
+    }
+
+    /// The region on the first NIC that has one (every registration has
+    /// one): the CPU's way to the bytes.
+    fn any(&self) -> &MemoryRegion {
+        self.inner.any()
+    }
+
+    /// Whether peers may target it: every registration but host-staged
+    /// GPU memory, whose peers' one-sided writes and reads would reach
+    /// its host mirror, not the GPU's bytes. Such memory is the local side
+    /// of transfers only (the source of writes, staged out before each
+    /// post; the destination of reads, staged in before the request
+    /// completes), and is left out of the agent's metadata.
+    pub fn is_targetable(&self) -> bool {
+        !self.any().is_host_staged()
     }
 
     /// The name peers target it by.
@@ -58,7 +84,7 @@ impl Registration {
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.inner.regions[0].len()
+        self.any().len()
     }
 
     /// Whether it is empty.
@@ -67,9 +93,21 @@ impl Registration {
     }
 
     /// Where the memory lives and, for GPU memory, the path each NIC's
-    /// registration took, per NIC (device name first).
+    /// registration took, for each NIC that carries it (device name
+    /// first).
     pub fn paths(&self) -> Vec<(String, Location)> {
-        self.inner.devices.iter().cloned().zip(self.inner.regions.iter().map(MemoryRegion::location)).collect()
+        let on = self.inner.devices.iter().zip(&self.inner.regions);
+        on.filter_map(|(d, r)| Some((d.clone(), r.as_ref()?.location()))).collect()
+    }
+
+    /// The agent's NICs that do not carry it, and why (GPU memory only:
+    /// a NIC farther from the GPU than the nearest, beyond
+    /// [`AgentConfig::gpu_path_limit`](super::AgentConfig::gpu_path_limit),
+    /// a software NIC, a failed zero-copy registration under
+    /// [`GpuPolicy::Prefer`](crate::GpuPolicy::Prefer), or host staging's
+    /// single mirror). Transfers of it use the other NICs only.
+    pub fn skipped(&self) -> &[(String, String)] {
+        &self.inner.skipped
     }
 
     /// The range `range` of it, for a transfer entry.
@@ -89,7 +127,7 @@ impl Registration {
     /// # Errors
     /// As [`MemoryRegion::write_at`].
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
-        self.inner.regions[0].write_at(offset, src)
+        self.any().write_at(offset, src)
     }
 
     /// Copies the memory at `offset` into `dst` (see
@@ -98,7 +136,7 @@ impl Registration {
     /// # Errors
     /// As [`MemoryRegion::read_at`].
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.inner.regions[0].read_at(offset, dst)
+        self.any().read_at(offset, dst)
     }
 
     /// Sets `range` to `byte`.
@@ -106,7 +144,7 @@ impl Registration {
     /// # Errors
     /// As [`MemoryRegion::fill`].
     pub fn fill(&self, range: impl RangeBounds<usize>, byte: u8) -> Result<()> {
-        self.inner.regions[0].fill(range, byte)
+        self.any().fill(range, byte)
     }
 
     fn desc(&self) -> MemoryDesc {
@@ -115,7 +153,7 @@ impl Registration {
             .regions
             .iter()
             .enumerate()
-            .map(|(i, r)| (i as u8, RemoteBuffer { addr: r.addr(), len: r.len() as u64, rkey: r.rkey() }))
+            .filter_map(|(i, r)| r.as_ref().map(|r| (i as u8, RemoteBuffer { addr: r.addr(), len: r.len() as u64, rkey: r.rkey() })))
             .collect();
         MemoryDesc { name: self.inner.name.clone(), len: self.len() as u64, keys }
     }
@@ -143,6 +181,18 @@ impl LocalRange {
     /// Its offset in the registration.
     pub fn offset(&self) -> usize {
         self.offset
+    }
+}
+
+impl RegInner {
+    fn any(&self) -> &MemoryRegion {
+        self.regions.iter().flatten().next().expect("a registration has a region on at least one NIC")
+    }
+
+    /// Its region on NIC `nic`, if it has one there.
+    #[inline]
+    pub(crate) fn on(&self, nic: usize) -> Option<&MemoryRegion> {
+        self.regions.get(nic)?.as_ref()
     }
 }
 
@@ -176,7 +226,8 @@ impl Registry {
 
     /// The descriptors of the registrations, for the metadata.
     pub(crate) fn descs(&self) -> Vec<MemoryDesc> {
-        self.0.lock().iter().map(|inner| Registration { inner: inner.clone() }.desc()).collect()
+        let v = self.0.lock();
+        v.iter().filter(|inner| !inner.any().is_host_staged()).map(|inner| Registration { inner: inner.clone() }.desc()).collect()
     }
 
     /// Makes what the NICs wrote into GPU registrations visible to GPU
@@ -185,10 +236,10 @@ impl Registry {
     pub(crate) fn flush_gpu_writes(&self) -> Result<()> {
         let live: Vec<_> = self.0.lock().clone();
         for r in live {
-            for region in &r.regions {
-                if matches!(region.location(), Location::Gpu { .. }) {
-                    region.flush_gpu_writes()?;
-                }
+            // One flush per GPU buffer: its regions on other NICs share it.
+            let region = r.any();
+            if matches!(region.location(), Location::Gpu { .. }) {
+                region.flush_gpu_writes()?;
             }
         }
         Ok(())

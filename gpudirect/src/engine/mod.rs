@@ -123,6 +123,7 @@ mod meta;
 mod nic;
 mod notify;
 mod peer;
+mod placement;
 mod stats;
 mod transfer;
 
@@ -138,6 +139,8 @@ use crate::mr::{AccessFlags, HostBuffer, MemoryRegion, Registerable};
 use crate::policy::GpuPolicy;
 use crate::qp::QpConfig;
 use crate::sync::Mutex;
+use crate::sysroot::SysRoot;
+use crate::topology::PathLevel;
 
 pub use desc::{AgentMetadata, MemoryDesc, MetadataError, NicDesc, MAX_MEMORIES, MAX_METADATA, MAX_NAME, MAX_NICS, METADATA_MAGIC, METADATA_VERSION};
 pub use error::EngineError;
@@ -155,6 +158,7 @@ pub use transfer::{Op, TransferRequest, TransferStatus};
 use self::core::Core;
 use conn::ConnPool;
 use nic::{Nic, NicSetup};
+use placement::Place;
 
 /// An agent's settings. [`named`](Self::named) gives the defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,13 +192,19 @@ pub struct AgentConfig {
     pub max_connections: usize,
     /// Bound on a connection setup and on waiting for send-queue room.
     pub timeout: Duration,
+    /// The farthest PCIe path GPU memory is registered over, in NCCL's
+    /// sense (as `NCCL_NET_GDR_LEVEL`): GPU memory goes on the NICs
+    /// nearest its GPU, and only while they are this near. Farther, under
+    /// [`GpuPolicy::Require`] registration fails naming the path; under
+    /// `Prefer` it is host-staged, and says so.
+    pub gpu_path_limit: PathLevel,
 }
 
 impl AgentConfig {
     /// The defaults for an agent named `name`: the first RDMA device,
     /// requests of 256 KiB and more sliced across rails, port 1, a control listener on any address and a free port, 128-deep
     /// send queues, 256 notification slots, 64 connections, 30 s setup
-    /// bound.
+    /// bound, GPU memory over paths up to PXB (NCCL's default).
     pub fn named(name: impl Into<String>) -> AgentConfig {
         AgentConfig {
             name: name.into(),
@@ -208,6 +218,7 @@ impl AgentConfig {
             srq_depth: 256,
             max_connections: 64,
             timeout: Duration::from_secs(30),
+            gpu_path_limit: PathLevel::Pxb,
         }
     }
 }
@@ -221,6 +232,7 @@ pub struct Agent {
     /// Where the control listener is bound (its own address, for waking it).
     listen_addr: SocketAddr,
     slice_threshold: u64,
+    gpu_path_limit: PathLevel,
     /// The rail the next unsliced request takes.
     next_rail: AtomicUsize,
     peers: Mutex<HashMap<String, Arc<AgentMetadata>>>,
@@ -325,7 +337,7 @@ impl Agent {
         };
         tracing::info!(agent = %config.name, %control, "engine agent started");
         let core = Arc::new(Core::new(pool));
-        Ok(Agent { core, control, listen_addr, slice_threshold: config.slice_threshold, next_rail: AtomicUsize::new(0), peers: Mutex::default(), stop, listener: Some(thread) })
+        Ok(Agent { core, control, listen_addr, slice_threshold: config.slice_threshold, gpu_path_limit: config.gpu_path_limit, next_rail: AtomicUsize::new(0), peers: Mutex::default(), stop, listener: Some(thread) })
     }
 
     /// The agent's name.
@@ -338,12 +350,12 @@ impl Agent {
         self.control
     }
 
-    fn add(&self, name: &str, regions: Vec<MemoryRegion>) -> Result<Registration, EngineError> {
+    fn add(&self, name: &str, regions: Vec<Option<MemoryRegion>>, skipped: Vec<(String, String)>) -> Result<Registration, EngineError> {
         if name.is_empty() || name.len() > MAX_NAME {
             return Err(EngineError::Config(format!("memory name {name:?}: 1 to {MAX_NAME} bytes")));
         }
         let devices = self.core.pool.nics.iter().map(|n| n.desc.device.clone()).collect();
-        let reg = Registration::new(name.to_owned(), regions, devices);
+        let reg = Registration::new(name.to_owned(), regions, devices, skipped);
         self.core.registry.add(&reg)?;
         Ok(reg)
     }
@@ -376,25 +388,111 @@ impl Agent {
         let first = MemoryRegion::register(&nics[0].pd, buf, access())?;
         let mut regions = Vec::with_capacity(nics.len());
         for n in &nics[1..] {
-            regions.push(first.register_in(&n.pd, access())?);
+            regions.push(Some(first.register_in(&n.pd, access())?));
         }
-        regions.insert(0, first);
-        self.add(name, regions)
+        regions.insert(0, Some(first));
+        self.add(name, regions, Vec::new())
     }
 
-    /// Registers GPU memory under `name`, by the path `policy` allows
-    /// ([`GpuPolicy::Require`]: zero-copy or an error naming why not), on
-    /// the agent's first NIC (per-NIC GPU registration, each NIC's path
-    /// judged on its own, is not there yet; transfers of it use that
-    /// rail). [`Registration::paths`] says which path each NIC got.
+    /// Registers GPU memory under `name` on the agent's NICs nearest its
+    /// GPU, each NIC's path judged on its own under `policy`:
+    ///
+    /// - The NICs: those at the shortest PCIe distance from the GPU among
+    ///   the agent's (two NICs under the GPU's switch both carry it, and
+    ///   large requests are sliced across them), within
+    ///   [`AgentConfig::gpu_path_limit`]. Farther NICs, software NICs
+    ///   (rxe, siw) and NICs beyond the limit are skipped, each with its
+    ///   reason ([`Registration::skipped`]). When the topology cannot
+    ///   place the GPU (no sysfs entry), every NIC is tried, with a warning.
+    /// - [`GpuPolicy::Require`] (the default): zero-copy on every chosen
+    ///   NIC, or an error naming the NIC, the cause and the fix.
+    /// - `Prefer`: a chosen NIC that cannot register it zero-copy is
+    ///   skipped (logged and reported); when none can, or none is near
+    ///   enough, the memory is host-staged through the nearest NIC, with a
+    ///   warning.
+    /// - `HostStaged`: staged through the nearest NIC only (one mirror).
+    ///
+    /// Host-staged memory is the local side of transfers only (the source
+    /// of writes, the destination of reads) and is left out of the
+    /// agent's metadata: a peer's one-sided access would reach its host
+    /// mirror, not the GPU ([`Registration::is_targetable`]).
+    ///
+    /// [`Registration::paths`] says which path each NIC got.
     ///
     /// # Errors
-    /// As [`MemoryRegion::register_gpu`], and
-    /// [`EngineError::DuplicateName`].
+    /// [`EngineError::GpuPlacement`] when no NIC is near enough (or can
+    /// reach GPU memory at all) under `Require`; [`EngineError::Verbs`]
+    /// with [`Error::Gdr`](crate::Error::Gdr) when a chosen NIC cannot
+    /// register it zero-copy under `Require`, and the errors of
+    /// [`MemoryRegion::register_gpu`]; [`EngineError::DuplicateName`].
     pub fn register_gpu(&self, name: &str, buf: GpuBuffer, policy: GpuPolicy) -> Result<Registration, EngineError> {
+        self.register_gpu_at(name, buf, policy, &SysRoot::live())
+    }
+
+    fn register_gpu_at(&self, name: &str, buf: GpuBuffer, policy: GpuPolicy, root: &SysRoot) -> Result<Registration, EngineError> {
         self.check_name(name)?;
-        let region = MemoryRegion::register_gpu(&self.core.pool.nics[0].pd, buf, access(), policy)?;
-        self.add(name, vec![region])
+        let nics = &self.core.pool.nics;
+        let devices: Vec<&str> = nics.iter().map(|n| n.desc.device.as_str()).collect();
+        let gpu = format!("GPU{} ({})", buf.gpu().ordinal(), buf.gpu().pci_bus_id().unwrap_or("no PCI address"));
+        let placement = placement::place(root, buf.gpu().pci_bus_id(), &devices, self.gpu_path_limit);
+        for note in &placement.notes {
+            tracing::warn!(agent = self.name(), memory = name, "{note}");
+        }
+        // Per NIC: its region, or why it has none.
+        let mut regions: Vec<Option<MemoryRegion>> = vec![None; nics.len()];
+        let mut why_not: Vec<Option<String>> = placement.places.iter().map(|p| if let Place::Skip(w) = p { Some(w.clone()) } else { None }).collect();
+        let stage = |buf: GpuBuffer, why: String, regions: &mut Vec<Option<MemoryRegion>>| -> Result<(), EngineError> {
+            let on = placement.stage_on;
+            tracing::warn!(agent = self.name(), memory = name, device = devices[on], "{gpu}: host-staged through {} (local side of transfers only, not in the metadata peers target): {why}", devices[on]);
+            regions[on] = Some(MemoryRegion::register_gpu(&nics[on].pd, buf, access(), GpuPolicy::HostStaged)?);
+            Ok(())
+        };
+        let chosen = placement.chosen();
+        if policy == GpuPolicy::HostStaged {
+            stage(buf, "GpuPolicy::HostStaged".into(), &mut regions)?;
+        } else if chosen.is_empty() {
+            let why = placement.why_none();
+            if policy == GpuPolicy::Require {
+                return Err(EngineError::GpuPlacement { gpu, why });
+            }
+            stage(buf, format!("no NIC near enough for zero-copy: {why}"), &mut regions)?;
+        } else {
+            let mut buf = Some(buf);
+            let mut first: Option<MemoryRegion> = None;
+            for &i in &chosen {
+                let got = match &first {
+                    None => MemoryRegion::register_gpu_zero_copy(&nics[i].pd, buf.take().expect("back after each failed try"), access(), root, None)
+                        .map_err(|(b, e)| {
+                            buf = Some(b);
+                            crate::Error::Gdr(e)
+                        }),
+                    Some(f) => f.register_gpu_in_at(&nics[i].pd, access(), root),
+                };
+                match got {
+                    Ok(r) => {
+                        first.get_or_insert_with(|| r.clone());
+                        regions[i] = Some(r);
+                    }
+                    Err(e) if policy == GpuPolicy::Require => return Err(e.into()),
+                    Err(e) => {
+                        tracing::warn!(agent = self.name(), memory = name, device = devices[i], "{gpu} not registered on {}: {e}", devices[i]);
+                        why_not[i] = Some(format!("zero-copy registration failed (GpuPolicy::Prefer skips it): {e}"));
+                    }
+                }
+            }
+            if let Some(b) = buf.take() {
+                stage(b, "no NIC could register it zero-copy".into(), &mut regions)?;
+            }
+        }
+        let staged_on = devices[placement.stage_on];
+        let skipped = regions
+            .iter()
+            .zip(why_not)
+            .zip(&devices)
+            .filter(|((r, _), _)| r.is_none())
+            .map(|((_, why), d)| (d.to_string(), why.unwrap_or_else(|| format!("the memory is host-staged through {staged_on} (one host mirror)"))))
+            .collect();
+        self.add(name, regions, skipped)
     }
 
     /// Takes the registration named `name` out of this agent's metadata.

@@ -73,7 +73,7 @@ pub(crate) struct Notify {
 
 /// The rails on which every entry's memory is registered at both ends.
 pub(crate) fn rails(nics: usize, peer: &AgentMetadata, entries: &[(LocalRange, RemoteRange)]) -> Result<Vec<usize>, EngineError> {
-    let usable = |rail: usize| entries.iter().all(|(l, r)| l.reg.inner.regions.len() > rail && r.mem.desc().on_nic(rail).is_some());
+    let usable = |rail: usize| entries.iter().all(|(l, r)| l.reg.inner.on(rail).is_some() && r.mem.desc().on_nic(rail).is_some());
     let found: Vec<usize> = (0..nics.min(peer.nics.len()).min(MAX_LANES)).filter(|&r| usable(r)).collect();
     if !found.is_empty() {
         return Ok(found);
@@ -82,11 +82,11 @@ pub(crate) fn rails(nics: usize, peer: &AgentMetadata, entries: &[(LocalRange, R
     Err(EngineError::NoRail {
         peer: peer.name.clone(),
         why: format!(
-            "this agent has {nics} NIC(s), {:?} has {}; local {:?} is registered on {} of ours, remote {:?} on NICs {:?} of theirs",
+            "this agent has {nics} NIC(s), {:?} has {}; local {:?} is registered on NICs {:?} of ours, remote {:?} on NICs {:?} of theirs",
             peer.name,
             peer.nics.len(),
             l.reg.name(),
-            l.reg.inner.regions.len(),
+            (0..nics).filter(|&i| l.reg.inner.on(i).is_some()).collect::<Vec<_>>(),
             r.mem.name(),
             r.mem.desc().keys.iter().map(|k| k.0).collect::<Vec<_>>()
         ),
@@ -306,7 +306,7 @@ impl TransferRequest {
         wrs.reserve(l.pieces.len() + 1);
         let wr = |local: &'a LocalRange, remote: &'a RemoteRange, at: u64, len: u64| -> Result<SendWr<'a>> {
             let start = local.offset + at as usize;
-            let slice = local.reg.inner.regions[l.nic].slice(start..start + len as usize)?;
+            let slice = local.reg.inner.on(l.nic).expect("rails() checked the region exists").slice(start..start + len as usize)?;
             let rb = remote.mem.desc().on_nic(l.remote_nic).expect("prepare checked the key exists");
             let wr = match self.op {
                 Op::Write => SendWr::write(slice, rb, remote.offset + at)?,

@@ -319,6 +319,16 @@ impl Drop for GpuBuffer {
 }
 
 impl GpuBuffer {
+    /// The same device memory under a second handle that never frees it,
+    /// for a registration of the memory on another NIC.
+    ///
+    /// # Safety
+    /// The caller keeps the memory allocated (e.g. by keeping this buffer,
+    /// or the region owning it, alive) for as long as the alias is used.
+    pub(crate) unsafe fn alias(&self) -> GpuBuffer {
+        GpuBuffer { gpu: self.gpu.clone(), ptr: self.ptr, len: self.len, owned: false }
+    }
+
     /// Allocates `len` bytes (rounded up to 64 KiB) on `gpu`.
     ///
     /// # Errors

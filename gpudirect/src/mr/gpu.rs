@@ -38,28 +38,86 @@ impl MemoryRegion {
         if policy == GpuPolicy::HostStaged {
             return MemoryRegion::register_gpu_staged(pd, buf, access);
         }
+        match MemoryRegion::register_gpu_zero_copy(pd, buf, access, root, None) {
+            Ok(mr) => Ok(mr),
+            Err((buf, err)) if policy == GpuPolicy::Prefer => {
+                tracing::warn!("falling back to host staging: {err}");
+                MemoryRegion::register_gpu_staged(pd, buf, access)
+            }
+            Err((_, err)) => Err(Error::Gdr(err)),
+        }
+    }
+
+    /// Registers this region's GPU memory again, zero-copy, in protection
+    /// domain `pd` (another NIC's), that NIC's path judged on its own: the
+    /// facts of [`crate::gdr`] are gathered for `pd`'s device and its
+    /// paths tried in order, as [`register_gpu`](Self::register_gpu) does
+    /// under [`GpuPolicy::Require`]. The two regions share one record of
+    /// who uses the bytes (as [`register_in`](Self::register_in)'s do), and
+    /// the GPU memory lives until every registration of it is gone.
+    ///
+    /// ```no_run
+    /// # fn f(a: &gpudirect::ProtectionDomain, b: &gpudirect::ProtectionDomain, gpu: &gpudirect::Gpu) -> gpudirect::Result<()> {
+    /// use gpudirect::{AccessFlags, GpuBuffer, GpuPolicy, MemoryRegion};
+    /// let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    /// let on_a = MemoryRegion::register_gpu(a, GpuBuffer::alloc(gpu, 1 << 20)?, access, GpuPolicy::Require)?;
+    /// let on_b = on_a.register_gpu_in(b, access)?;
+    /// println!("{} / {}", on_a.location(), on_b.location());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Gdr`] listing every cause when no zero-copy path works for
+    /// `pd`'s NIC; [`Error::InvalidArgument`] for host memory (use
+    /// [`register_in`](Self::register_in)) and for a host-staged region
+    /// (its one host mirror is staged through the NIC that registered it).
+    pub fn register_gpu_in(&self, pd: &ProtectionDomain, access: AccessFlags) -> Result<MemoryRegion> {
+        self.register_gpu_in_at(pd, access, &SysRoot::live())
+    }
+
+    /// [`register_gpu_in`](Self::register_gpu_in) reading the host's files under `root`.
+    ///
+    /// # Errors
+    /// As [`register_gpu_in`](Self::register_gpu_in).
+    pub fn register_gpu_in_at(&self, pd: &ProtectionDomain, access: AccessFlags, root: &SysRoot) -> Result<MemoryRegion> {
+        let alias = match &*self.inner.gpu {
+            None => return Err(Error::InvalidArgument("host memory: register it on another NIC with MemoryRegion::register_in".into())),
+            Some(g) if g.path == RegistrationPath::HostStaged => {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: its one host mirror is staged through the NIC that registered it; register the GPU memory zero-copy to use it on several NICs",
+                    self.location()
+                )))
+            }
+            // SAFETY: the alias never frees the memory, and the new region
+            // keeps this one (which owns it) as its backing.
+            Some(g) => unsafe { g.buf.alias() },
+        };
+        MemoryRegion::register_gpu_zero_copy(pd, alias, access, root, Some(self)).map_err(|(_, e)| Error::Gdr(e))
+    }
+
+    /// The zero-copy paths [`plan`] allows for `pd`'s NIC, tried in order;
+    /// the buffer back with every cause when none works. With `share`, the
+    /// region shares `share`'s record of users and keeps it as backing.
+    pub(crate) fn register_gpu_zero_copy(
+        pd: &ProtectionDomain,
+        buf: GpuBuffer,
+        access: AccessFlags,
+        root: &SysRoot,
+        share: Option<&MemoryRegion>,
+    ) -> std::result::Result<MemoryRegion, (GpuBuffer, Box<GdrError>)> {
         let facts = GdrFacts::gather(pd, buf.gpu().ordinal(), root);
         let Plan { try_paths, mut causes } = plan(&facts);
-        let mut buf = Some(buf);
+        let mut buf = buf;
         for path in try_paths {
-            let b = buf.take().expect("the buffer is put back after each failed try");
-            let retry = match MemoryRegion::register_gpu_direct_or_return(pd, b, path, access) {
+            match MemoryRegion::register_gpu_direct_or_return(pd, buf, path, access, share) {
                 Ok(mr) => return Ok(mr),
                 Err((b, e)) => {
                     causes.push(Cause::RegistrationFailed { path, call: call_of(&e, path), error: detail(&e) });
-                    b
+                    buf = b;
                 }
-            };
-            buf = Some(retry);
-        }
-        let err = GdrError { facts, causes };
-        match policy {
-            GpuPolicy::Prefer => {
-                tracing::warn!("falling back to host staging: {err}");
-                MemoryRegion::register_gpu_staged(pd, buf.expect("the buffer is back after the tries"), access)
             }
-            _ => Err(Error::Gdr(Box::new(err))),
         }
+        Err((buf, Box::new(GdrError { facts, causes })))
     }
 
     /// Registers GPU memory directly (zero-copy) by `path`:
@@ -71,29 +129,37 @@ impl MemoryRegion {
         buf: GpuBuffer,
         path: RegistrationPath,
         access: AccessFlags,
+        share: Option<&MemoryRegion>,
     ) -> std::result::Result<MemoryRegion, (GpuBuffer, Error)> {
         let iova = buf.device_ptr();
         let len = buf.len();
         let registered = match path {
             RegistrationPath::DmaBuf => buf.export_dma_buf().and_then(|(fd, offset, _)| {
                 // SAFETY: `fd` is a dma-buf exporting the buffer's pages;
-                // the region will own `buf`, so the memory outlives it. The
+                // the region will own `buf` (or, for an alias, the region
+                // that owns it), so the memory outlives it. The
                 // registration holds its own reference to the dma-buf, so
                 // `fd` may close when this returns.
                 unsafe { reg_dmabuf_mr(pd, offset, len, iova, fd.as_raw_fd(), access) }
             }),
             // SAFETY: a peer-memory client pins and maps the device range;
-            // the region will own `buf`, so the memory outlives it. The CPU
-            // never dereferences the address (accessors copy through CUDA).
+            // the region will own `buf` (or the region that owns it), so the
+            // memory outlives it. The CPU never dereferences the address
+            // (accessors copy through CUDA).
             RegistrationPath::PeerMemory => unsafe { reg_mr(pd, iova as *mut u8, len, access) },
             RegistrationPath::HostStaged => {
                 return Err((buf, Error::InvalidArgument("host staging is not a direct registration path".into())))
             }
         };
-        match registered {
-            Ok((mr, access)) => Ok(Self::finish(pd, mr, iova as *mut u8, len, access, Box::new(()), Some(GpuMemory { buf, path }))),
-            Err(e) => Err((buf, e)),
-        }
+        let (mr, access) = match registered {
+            Ok(r) => r,
+            Err(e) => return Err((buf, e)),
+        };
+        let gpu = Some(GpuMemory { buf, path });
+        Ok(match share {
+            None => Self::finish(pd, mr, iova as *mut u8, len, access, Box::new(()), gpu),
+            Some(owner) => Self::finish_shared(pd, mr, iova as *mut u8, len, access, Box::new(owner.clone()), gpu, owner.inner.claims.clone()),
+        })
     }
 
     /// Registers a pinned host mirror of `buf` for the NIC: the

@@ -277,13 +277,13 @@ impl MemoryRegion {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for GPU memory (each NIC's path to a GPU
-    /// is judged on its own; register it per NIC with
-    /// [`register_gpu`](Self::register_gpu)); as
+    /// is judged on its own: use
+    /// [`register_gpu_in`](Self::register_gpu_in)); as
     /// [`register`](Self::register) otherwise.
     pub fn register_in(&self, pd: &ProtectionDomain, access: AccessFlags) -> Result<MemoryRegion> {
         if self.inner.gpu.is_some() {
             return Err(Error::InvalidArgument(format!(
-                "{}: GPU memory is registered per NIC, each NIC's path judged on its own, not copied from another registration",
+                "{}: GPU memory is registered per NIC, each NIC's path judged on its own (MemoryRegion::register_gpu_in), not copied from another registration",
                 self.location()
             )));
         }

@@ -195,6 +195,21 @@ impl fmt::Display for PathLevel {
     }
 }
 
+impl std::str::FromStr for PathLevel {
+    type Err = String;
+    /// `PIX`, `PXB`, `PHB`, `NODE` or `SYS`, in either case.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_uppercase().as_str() {
+            "PIX" => Ok(PathLevel::Pix),
+            "PXB" => Ok(PathLevel::Pxb),
+            "PHB" => Ok(PathLevel::Phb),
+            "NODE" => Ok(PathLevel::Node),
+            "SYS" => Ok(PathLevel::Sys),
+            _ => Err(format!("unknown PCIe path level {s:?}: expected PIX, PXB, PHB, NODE or SYS")),
+        }
+    }
+}
+
 /// What a PCIe path of `level` is to NCCL.
 pub fn nccl_path_type(level: PathLevel) -> NcclPathType {
     match level {
@@ -226,6 +241,16 @@ impl GdrLimit {
             (Some(v), true) if v == self.limit.name() => format!("NCCL_NET_GDR_LEVEL={v}"),
             (Some(v), true) => format!("NCCL_NET_GDR_LEVEL={v} (= {})", self.limit),
             _ => format!("NCCL's default limit {}", self.limit),
+        }
+    }
+
+    /// The limit `level` set by hand (as `NCCL_NET_GDR_LEVEL=<level>` would).
+    pub fn at(level: PathLevel) -> GdrLimit {
+        GdrLimit {
+            limit: nccl_path_type(level),
+            env_value: None,
+            env_used: false,
+            explanation: format!("paths up to {level} get GPUDirect RDMA"),
         }
     }
 
