@@ -323,7 +323,7 @@ mod tests {
     use gpudirect::nccl::PathType as NcclPathType;
     use gpudirect::topology::{discover, pairs};
 
-    use crate::doctor::acs::tests::bridge_config;
+    use testkit::bridge_config;
     use testkit::Tree;
 
     fn machine(name: &str) -> SysRoot {

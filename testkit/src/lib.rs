@@ -136,6 +136,28 @@ impl Drop for Tree {
     }
 }
 
+/// A 4096-byte PCIe bridge config space: AER at 0x100, then (optionally) ACS.
+pub fn bridge_config(acs_ctrl: Option<u16>) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    b[0..4].copy_from_slice(&[0xb5, 0x10, 0x47, 0x87]);
+    b[0x06] = 0x10;
+    b[0x0b] = 0x06;
+    b[0x0a] = 0x04;
+    b[0x0e] = 0x01;
+    b[0x34] = 0x40;
+    b[0x40] = 0x10;
+    b[0x42] = 0x62; // PCIe v2, downstream port
+    let next = if acs_ctrl.is_some() { 0x148u32 } else { 0 };
+    b[0x100..0x104].copy_from_slice(&(0x0001 | (2 << 16) | (next << 20)).to_le_bytes());
+    if let Some(ctrl) = acs_ctrl {
+        b[0x148..0x14c].copy_from_slice(&(0x000d_u32 | (1 << 16)).to_le_bytes());
+        b[0x14c..0x14e].copy_from_slice(&0x005f_u16.to_le_bytes());
+        b[0x14e..0x150].copy_from_slice(&ctrl.to_le_bytes());
+    }
+    b
+}
+
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -194,6 +194,22 @@ impl RegInner {
     pub(crate) fn on(&self, nic: usize) -> Option<&MemoryRegion> {
         self.regions.get(nic)?.as_ref()
     }
+
+    /// Its region on NIC `nic`, which the caller checked it has (the post
+    /// path: a transfer's rails are NICs every entry is registered on).
+    #[inline(always)]
+    pub(crate) fn on_rail(&self, nic: usize) -> &MemoryRegion {
+        match self.regions.get(nic) {
+            Some(Some(r)) => r,
+            _ => not_on_rail(nic),
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn not_on_rail(nic: usize) -> ! {
+    panic!("a transfer's rail {nic} carries memory not registered on it: rails() checks every entry")
 }
 
 /// The registrations of an agent, in registration order.

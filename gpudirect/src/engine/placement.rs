@@ -3,14 +3,17 @@
 //! within the agent's limit ([`AgentConfig::gpu_path_limit`](super::AgentConfig::gpu_path_limit)).
 //! A NIC farther than the nearest ones would carry the GPU's bytes over
 //! the CPU's root complex or the inter-socket link at a fraction of the
-//! NIC's rate (why NCCL turns GPUDirect RDMA off for such pairs); a
-//! software NIC cannot reach GPU memory at all. Every NIC left out gets a
+//! NIC's rate (why NCCL turns GPUDirect RDMA off for such pairs); a NIC
+//! whose path a bridge's ACS redirects to the root complex is blocked
+//! ([`crate::topology::acs`]); a software NIC cannot reach GPU memory at
+//! all. Every NIC left out gets a
 //! reason the registration reports
 //! ([`Registration::skipped`](super::Registration::skipped)).
 //!
 //! Pure over a [`SysRoot`], so fixture machines test it.
 
 use crate::sysroot::SysRoot;
+use crate::topology::acs::redirecting_bridge;
 use crate::topology::{all_pairs, discover, GdrLimit, Pair, PathLevel};
 
 /// What one NIC of the agent is to the GPU's memory.
@@ -101,7 +104,15 @@ pub(crate) fn place(root: &SysRoot, gpu_bdf: Option<&str>, nics: &[&str], limit:
                 Ok(p) => p.nic == nic,
                 Err(why) => why.contains(&tag),
             }) {
-                Some(Ok(p)) => Ok(Some(p.clone())),
+                Some(Ok(p)) => match redirecting_bridge(root, p) {
+                    Some((bridge, ctrl)) => Err(format!(
+                        "{nic} is {} from {label} but blocked: ACS on bridge {bridge} (ACSCtl {ctrl:#06x}) redirects their \
+                         peer-to-peer traffic to the root complex, where GPUDirect RDMA slows down or fails; as root, \
+                         `setpci -s {bridge} ECAP_ACS+6.w=0000` at every boot (`gpudirect doctor` shows every bridge)",
+                        p.level
+                    )),
+                    None => Ok(Some(p.clone())),
+                },
                 Some(Err(why)) => {
                     notes.push(format!("{why}: its distance to {label} is unknown"));
                     Ok(None)
@@ -230,6 +241,27 @@ mod tests {
         let p = place(&root, Some(&first_gpu(&root)), &["mlx5_0"], PathLevel::Pxb);
         assert_eq!(levels(&p), [Some(PathLevel::Pxb)]);
         assert!(place(&root, Some(&first_gpu(&root)), &["mlx5_0"], PathLevel::Pix).chosen().is_empty());
+    }
+
+    /// The acs-redirect machine: GPU and NIC under one switch (PIX), but
+    /// the downstream port above each GPU redirects peer-to-peer: blocked,
+    /// with the bridge and the fix named. Read without root (64-byte
+    /// config), ACS cannot be judged and the NIC is used.
+    #[test]
+    fn a_nic_behind_an_acs_redirecting_bridge_is_blocked_and_the_fix_named() {
+        let root = machine("acs-redirect");
+        let topo = discover(&root);
+        for g in &topo.gpus {
+            let p = place(&root, Some(&g.bdf), &["mlx5_0"], PathLevel::Sys);
+            assert!(p.chosen().is_empty(), "{p:#?}");
+            let why = skip(&p, 0);
+            for needle in ["mlx5_0 is PIX from", "but blocked: ACS on bridge", "ECAP_ACS+6.w=0000"] {
+                assert!(why.contains(needle), "{needle:?} not in {why:?}");
+            }
+        }
+        let root = machine("nonroot-config64");
+        let p = place(&root, Some(&first_gpu(&root)), &["mlx5_0"], PathLevel::Pxb);
+        assert_eq!(p.chosen(), [0], "{p:#?}");
     }
 
     #[test]

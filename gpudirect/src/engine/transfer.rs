@@ -306,7 +306,7 @@ impl TransferRequest {
         wrs.reserve(l.pieces.len() + 1);
         let wr = |local: &'a LocalRange, remote: &'a RemoteRange, at: u64, len: u64| -> Result<SendWr<'a>> {
             let start = local.offset + at as usize;
-            let slice = local.reg.inner.on(l.nic).expect("rails() checked the region exists").slice(start..start + len as usize)?;
+            let slice = local.reg.inner.on_rail(l.nic).slice(start..start + len as usize)?;
             let rb = remote.mem.desc().on_nic(l.remote_nic).expect("prepare checked the key exists");
             let wr = match self.op {
                 Op::Write => SendWr::write(slice, rb, remote.offset + at)?,

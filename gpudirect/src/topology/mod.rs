@@ -45,6 +45,7 @@ use std::fmt;
 use crate::nccl::{gdr_level, PathType as NcclPathType};
 use crate::sysroot::SysRoot;
 
+pub mod acs;
 mod classify;
 mod discover;
 
