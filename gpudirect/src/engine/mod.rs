@@ -54,10 +54,12 @@
 //!   target acknowledged it placed). For GPU memory the target flushes
 //!   ([`MemoryRegion::flush_gpu_writes`](crate::MemoryRegion::flush_gpu_writes))
 //!   before handing notifications out.
-//! - **Memory is registered on every NIC** of the agent (host memory; GPU
-//!   memory on the first NIC for now), one record of who uses its bytes
-//!   shared by all the registrations
-//!   ([`MemoryRegion::register_in`](crate::MemoryRegion::register_in)).
+//! - **Memory is registered on every NIC that should carry it**: host
+//!   memory on all of the agent's, GPU memory on those nearest its GPU
+//!   (see GPU memory below), one record of who uses its bytes shared by
+//!   all the registrations
+//!   ([`MemoryRegion::register_in`](crate::MemoryRegion::register_in),
+//!   [`MemoryRegion::register_gpu_in`](crate::MemoryRegion::register_gpu_in)).
 //! - **Receive memory does not grow with peers.** Notifications land in
 //!   one shared receive queue per NIC ([`AgentConfig::srq_depth`] slots of
 //!   1 KiB).
@@ -109,9 +111,23 @@
 //! its end too); connections a post still holds are never evicted
 //! ([`EngineError::TooManyConnections`] when all are busy).
 //!
-//! # Not yet
-//! GPU memory is registered on the first NIC only, and NICs are not yet
-//! chosen by their distance to the GPU.
+//! # GPU memory
+//! [`Agent::register_gpu`] puts GPU memory on the agent's NICs nearest
+//! its GPU in the PCIe tree ([`crate::topology`]): every NIC at the
+//! shortest distance (two NICs under the GPU's switch both carry it, and
+//! large requests slice across them), each NIC's GPUDirect path judged
+//! on its own ([`crate::gdr`]), under a [`GpuPolicy`]. A NIC is not used,
+//! and [`Registration::skipped`] says why, when it is farther than the
+//! nearest, when its path is beyond [`AgentConfig::gpu_path_limit`] (PXB,
+//! NCCL's default: a path through the root complex or across sockets
+//! moves GPU bytes at a fraction of the NIC's rate), when a bridge's ACS
+//! redirects the path ([`crate::topology::acs`]), or when it is a software
+//! NIC. Under `Require` no usable NIC is an error
+//! ([`EngineError::GpuPlacement`]) naming each NIC, its distance and the
+//! fix; under `Prefer` the memory is host-staged through the nearest NIC,
+//! with a warning. Host-staged memory is the local side of transfers only
+//! ([`Registration::is_targetable`]). Which NIC carried what:
+//! [`Registration::paths`], [`Agent::nic_stats`].
 #[cfg(feature = "tokio")]
 mod asynch;
 mod conn;
