@@ -212,6 +212,34 @@ fn bad_requests_are_typed_errors() {
     assert_eq!((s.posts, s.completed, s.refused), (1, 1, 1), "the refused repost is counted: {s:?}");
 }
 
+/// Control connections that open and say nothing (a peer stuck mid-setup,
+/// a port scan) do not hold up the agents behind them: each request is
+/// served on its own thread, so a connection set up behind three silent
+/// ones takes milliseconds, not their 10 s bound each.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn silent_control_connections_do_not_hold_up_other_peers() {
+    let target = agent("stall-target");
+    let a = agent("stall-a");
+    target.alloc("dst", 4096).unwrap();
+    let src = a.alloc("src", 4096).unwrap();
+    src.write_at(0, &pattern(4096, 5)).unwrap();
+    let silent: Vec<std::net::TcpStream> = (0..3).map(|_| std::net::TcpStream::connect(target.control_addr()).unwrap()).collect();
+    // Let the listener take them first.
+    std::thread::sleep(Duration::from_millis(200));
+    let peer = a.load_remote(&md(&target)).unwrap();
+    let req = a.prepare(Op::Write, &[(src.range(..).unwrap(), peer.memory("dst").unwrap().range(..).unwrap())], Some(b"through")).unwrap();
+    let started = Instant::now();
+    req.post().unwrap();
+    req.wait(T).unwrap();
+    let took = started.elapsed();
+    println!("connection and write behind 3 silent control connections: {took:?}");
+    assert!(took < Duration::from_secs(5), "the setup waited behind the silent connections: {took:?}");
+    assert_eq!(target.wait_notification(T).unwrap().msg, b"through");
+    assert_eq!(a.peer_stats("stall-target").unwrap().connects, 1);
+    drop(silent);
+}
+
 /// A peer that goes away fails the transfers to it with PeerLost within
 /// the queue pair's retry bound, and only those; a peer of the same name
 /// started again is reached by the next transfer (a new connection).

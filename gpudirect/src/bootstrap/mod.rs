@@ -32,7 +32,9 @@ pub const MAX_BUFFERS: usize = 1024;
 
 
 pub(crate) mod error;
+mod serve;
 pub use error::BootstrapError;
+pub(crate) use serve::{serve_each, Server, WhenFull};
 
 impl From<Truncated> for BootstrapError {
     fn from(t: Truncated) -> Self {

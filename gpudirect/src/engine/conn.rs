@@ -21,13 +21,12 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::bootstrap::{serve_each, Server, WhenFull};
 use crate::bootstrap::{BootstrapError, Handshake, OobChannel};
-use crate::deadline::Deadline;
 use crate::qp::{QpConfig, QueuePair};
 use crate::sync::Mutex;
 use crate::wire::Reader;
@@ -39,9 +38,9 @@ use super::nic::Nic;
 const REQUEST_VERSION: u8 = 2;
 /// Longest control address text in a request (`[v6]:port`).
 const MAX_ADDR: usize = 64;
-/// Bound on serving one connection request: requests are served one at
-/// a time, so a peer that connects and stalls delays the others this long
-/// at most.
+/// Bound on serving one connection request: a peer that connects and
+/// stalls holds one of the listener's [`MAX_SERVING`] slots this long at
+/// most.
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One connected queue pair to a peer agent.
@@ -448,43 +447,23 @@ impl ConnPool {
     }
 }
 
-/// How long the listener sleeps in poll(2) before looking at its stop
-/// flag again, when nothing wakes it sooner (the agent's drop does).
-const IDLE_LOOK: Duration = Duration::from_millis(500);
+/// Connection requests served at once; more wait in the listen backlog
+/// until one is done.
+const MAX_SERVING: usize = 16;
 
-/// The control listener's loop, until `stop`: sleeps in poll(2) on the
-/// listening socket (an idle agent costs no CPU; many agents on one host
-/// would otherwise wake each other out of it), serves connection requests
-/// one at a time, each bounded.
+/// The control listener, until `stop`: each connection request served on
+/// a thread of its own, at most [`MAX_SERVING`] at once, each bounded by
+/// [`ACCEPT_TIMEOUT`] (a peer that connects and stalls, or a port scan,
+/// holds one slot, never the agents behind it). Returns once the requests
+/// in progress are done.
 pub(crate) fn serve(pool: Arc<ConnPool>, listener: TcpListener, stop: Arc<Mutex<bool>>) {
-    if let Err(e) = listener.set_nonblocking(true) {
-        tracing::error!("engine control listener: {e}; no connection requests will be served");
-        return;
-    }
-    while !*stop.lock() {
-        match listener.accept() {
-            Ok((s, _)) => {
-                // The agent's drop wakes us with a connection of its own.
-                if *stop.lock() {
-                    break;
-                }
-                if let Err(e) = pool.accept(s) {
-                    tracing::warn!("engine connection request not served: {e}");
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if let Err(errno) = Deadline::after(IDLE_LOOK).wait_readable(listener.as_raw_fd()) {
-                    tracing::warn!("engine control listener: poll: {errno}");
-                    std::thread::sleep(IDLE_LOOK);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                tracing::warn!("engine control listener: accept: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
+    let name = format!("gpudirect-engine-{}", pool.name);
+    let server = Server { name: &name, max: MAX_SERVING, when_full: WhenFull::Wait };
+    serve_each(&listener, &stop, &server, |s, from| {
+        if let Err(e) = pool.accept(s) {
+            tracing::warn!(%from, "engine connection request not served: {e}");
         }
-    }
+    });
 }
 
 #[cfg(test)]

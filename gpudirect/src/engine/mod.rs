@@ -72,7 +72,9 @@
 //!
 //! # Progress and threads
 //! The engine has one thread of its own, the control listener that sets up
-//! connections peers ask for. Completions are reaped by whoever calls
+//! connections peers ask for, each request on a short-lived thread of its
+//! own (at most 16 at once, each bounded by 10 s, so a peer that stalls
+//! mid-setup holds up no other). Completions are reaped by whoever calls
 //! [`TransferRequest::status`], [`TransferRequest::wait`],
 //! [`Agent::notifications`] or [`Agent::wait_notification`]; any thread
 //! may, at once. A target that does not poll stops taking notifications

@@ -12,12 +12,11 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::deadline::Deadline;
+use crate::bootstrap::{serve_each, Server, WhenFull};
 use crate::sync::Mutex;
 
 use super::super::desc::{AgentMetadata, MAX_METADATA};
@@ -102,43 +101,12 @@ type Store = Arc<Mutex<HashMap<String, Vec<u8>>>>;
 
 fn serve(listener: TcpListener, stop: Arc<Mutex<bool>>) {
     let store: Store = Arc::default();
-    let busy = Arc::new(Mutex::new(0usize));
-    while !*stop.lock() {
-        match listener.accept() {
-            Ok((s, from)) => {
-                if *stop.lock() {
-                    break;
-                }
-                {
-                    let mut n = busy.lock();
-                    if *n >= MAX_CLIENTS {
-                        tracing::warn!(%from, "rendezvous server: {MAX_CLIENTS} requests in progress; connection closed");
-                        continue;
-                    }
-                    *n += 1;
-                }
-                let (store, done) = (store.clone(), busy.clone());
-                let spawned = std::thread::Builder::new().name("gpudirect-rendezvous-req".into()).spawn(move || {
-                    if let Err(e) = answer(s, &store) {
-                        tracing::warn!(%from, "rendezvous request not served: {e}");
-                    }
-                    *done.lock() -= 1;
-                });
-                if let Err(e) = spawned {
-                    tracing::warn!(%from, "rendezvous server: cannot start a thread: {e}");
-                    *busy.lock() -= 1;
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                let _ = Deadline::after(Duration::from_millis(500)).wait_readable(listener.as_raw_fd());
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                tracing::warn!("rendezvous server: accept: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
+    let server = Server { name: "gpudirect-rendezvous", max: MAX_CLIENTS, when_full: WhenFull::Close };
+    serve_each(&listener, &stop, &server, |s, from| {
+        if let Err(e) = answer(s, &store) {
+            tracing::warn!(%from, "rendezvous request not served: {e}");
         }
-    }
+    });
 }
 
 /// Reads exactly `n` bytes.
