@@ -14,6 +14,16 @@ use testkit::{device, pattern};
 
 const T: Option<Duration> = Some(Duration::from_secs(20));
 
+/// Sets its flag when dropped: a test's helper threads stop also when an
+/// assertion panics (their scope would otherwise wait for them forever).
+struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 fn agent(name: &str) -> Agent {
     let mut c = AgentConfig::named(name);
     c.devices = vec![device()];
@@ -509,6 +519,7 @@ fn transfers_and_notifications_can_be_awaited() {
                 std::thread::yield_now();
             }
         });
+        let _stopper = StopOnDrop(&stop);
         rt.block_on(async {
             let nothing = tokio::time::timeout(Duration::from_millis(50), decode.notification()).await;
             assert!(nothing.is_err(), "no notification yet: {nothing:?}");
@@ -542,7 +553,6 @@ fn transfers_and_notifications_can_be_awaited() {
                 assert!(reqs.iter().all(|r| matches!(r.status(), Ok(TransferStatus::Done))));
             }
         });
-        stop.store(true, Ordering::Relaxed);
     });
     assert!(decode.notifications().unwrap().is_empty(), "nothing left over");
     let other = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -550,4 +560,131 @@ fn transfers_and_notifications_can_be_awaited() {
         Err(EngineError::Config(why)) => assert!(why.contains("runtime"), "{why}"),
         r => panic!("awaiting from a second runtime gave {r:?}"),
     }
+}
+
+/// The async waits under stress: 40 rounds of 8 writes with
+/// notifications, each request's task either awaiting its completion
+/// outright or through short timeouts that drop the future (cancel
+/// safety), while a blocking thread on each side reaps the same CQs (the
+/// prefill's send CQ through another request's `status`, the decode's
+/// notifications through `notifications`). Every notification is taken
+/// exactly once, by the awaiting task or the blocking thread, with its
+/// bytes in place; an outright completion await that lost its wakeup
+/// would hang its round past the 20 s bound (rounds take milliseconds).
+/// It found the first awaits of two tasks at once racing to register the
+/// completion channels (EEXIST from the reactor).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn awaits_under_cancellation_and_blocking_reapers_lose_nothing() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    const ROUNDS: u64 = 40;
+    const BLOCKS: usize = 8;
+    const BLOCK: usize = 16 * 1024;
+    const BOUND: Duration = Duration::from_secs(20);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let prefill = agent("stress-prefill");
+    let decode = agent("stress-decode");
+    let src = prefill.alloc("src", BLOCKS * BLOCK).unwrap();
+    let table = decode.alloc("t", BLOCKS * BLOCK).unwrap();
+    let remote = prefill.load_remote(&md(&decode)).unwrap().memory("t").unwrap();
+    let reqs: Vec<_> = (0..BLOCKS)
+        .map(|b| {
+            let (s, e) = (b * BLOCK, (b + 1) * BLOCK);
+            Arc::new(prefill.prepare(Op::Write, &[(src.range(s..e).unwrap(), remote.range(s as u64..e as u64).unwrap())], Some(format!("{b}").as_bytes())).unwrap())
+        })
+        .collect();
+    let idle = prefill.prepare(Op::Write, &[(src.range(..8).unwrap(), remote.range(..8).unwrap())], None).unwrap();
+    // Notifications taken by either consumer: (round, block).
+    let taken: Mutex<Vec<(u64, usize)>> = Mutex::new(Vec::new());
+    let round_now = std::sync::atomic::AtomicU64::new(0);
+    let check = |n: gpudirect::engine::Notification| {
+        let b: usize = std::str::from_utf8(&n.msg).unwrap().parse().unwrap();
+        let round = round_now.load(Ordering::SeqCst);
+        let mut got = vec![0; BLOCK];
+        table.read_at(b * BLOCK, &mut got).unwrap();
+        assert!(got == pattern(BLOCK, round * 100 + b as u64), "round {round} block {b}: bytes not in place at its notification");
+        taken.lock().unwrap().push((round, b));
+    };
+    let stop = AtomicBool::new(false);
+    let (mut by_task, mut by_thread) = (0usize, 0usize);
+    std::thread::scope(|s| {
+        let send_reaper = s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                idle.status().unwrap();
+                std::thread::yield_now();
+            }
+        });
+        let recv_reaper = s.spawn(|| {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                for note in decode.notifications().unwrap() {
+                    check(note);
+                    n += 1;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            n
+        });
+        let stopper = StopOnDrop(&stop);
+        rt.block_on(async {
+            let mut rng = testkit::Rng(15);
+            for round in 0..ROUNDS {
+                round_now.store(round, Ordering::SeqCst);
+                for b in 0..BLOCKS {
+                    src.write_at(b * BLOCK, &pattern(BLOCK, round * 100 + b as u64)).unwrap();
+                }
+                let started = std::time::Instant::now();
+                let tasks: Vec<_> = reqs
+                    .iter()
+                    .map(|r| {
+                        let r = r.clone();
+                        // Some tasks await outright, the others through
+                        // timeouts of 0 to 2 ms that drop the future.
+                        let slices = if rng.chance(2) { None } else { Some(Duration::from_micros(rng.below(2000))) };
+                        tokio::spawn(async move {
+                            r.post()?;
+                            match slices {
+                                None => tokio::time::timeout(BOUND, r.completed()).await.expect("an outright await hung"),
+                                Some(d) => loop {
+                                    if let Ok(done) = tokio::time::timeout(d, r.completed()).await {
+                                        break done;
+                                    }
+                                },
+                            }
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.unwrap().unwrap();
+                }
+                // The rest of the round's notifications, awaited here (or
+                // taken meanwhile by the blocking thread).
+                loop {
+                    let have = taken.lock().unwrap().iter().filter(|(r, _)| *r == round).count();
+                    if have == BLOCKS {
+                        break;
+                    }
+                    assert!(started.elapsed() < BOUND, "round {round}: {have} of {BLOCKS} notifications after {BOUND:?}");
+                    let wait = if rng.chance(2) { Duration::from_millis(50) } else { Duration::from_micros(rng.below(1000)) };
+                    if let Ok(n) = tokio::time::timeout(wait, decode.notification()).await {
+                        check(n.unwrap());
+                        by_task += 1;
+                    }
+                }
+                assert!(reqs.iter().all(|r| matches!(r.status(), Ok(TransferStatus::Done))), "round {round}");
+            }
+        });
+        drop(stopper);
+        send_reaper.join().unwrap();
+        by_thread = recv_reaper.join().unwrap();
+    });
+    let mut all = taken.into_inner().unwrap();
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!((n, all.len()), (ROUNDS as usize * BLOCKS, ROUNDS as usize * BLOCKS), "every notification once");
+    assert!(decode.notifications().unwrap().is_empty(), "nothing left over");
+    println!("{} notifications: {by_task} awaited, {by_thread} taken by the blocking thread", n);
+    assert_eq!(by_task + by_thread, n);
 }

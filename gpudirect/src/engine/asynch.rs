@@ -28,6 +28,7 @@ use tokio::sync::Notify;
 use crate::asynch::{watch, Watched};
 use crate::cq::CompletionQueue;
 use crate::error::Error;
+use crate::sync::Mutex;
 
 use super::core::{Core, Phase};
 use super::error::EngineError;
@@ -70,7 +71,13 @@ impl Drop for Waiting<'_> {
 /// Declared before the connection pool in [`Core`], so it is dropped
 /// (deregistered) while the CQs that own the descriptors are open.
 #[derive(Default)]
-pub(crate) struct Channels(OnceLock<(tokio::runtime::Id, Box<[NicFds]>)>);
+pub(crate) struct Channels {
+    bound: OnceLock<(tokio::runtime::Id, Box<[NicFds]>)>,
+    /// Held while registering: a descriptor goes into a reactor once
+    /// (a second registration of it fails with EEXIST), so two first
+    /// awaits on two worker threads must not both register.
+    init: Mutex<()>,
+}
 
 pub(crate) struct NicFds {
     send: AsyncFd<Watched>,
@@ -82,15 +89,17 @@ impl Channels {
         let here = tokio::runtime::Handle::try_current()
             .map_err(|e| Error::InvalidArgument(format!("awaiting the engine needs a tokio runtime with I/O enabled ({e})")))?
             .id();
-        if self.0.get().is_none() {
-            let fds = nics
-                .iter()
-                .map(|n| Ok(NicFds { send: watch(fd(&n.send_cq))?, recv: watch(fd(&n.recv_cq))? }))
-                .collect::<Result<Box<[_]>, Error>>()?;
-            // A task of another thread may have won the race: its fds stay.
-            let _ = self.0.set((here, fds));
+        if self.bound.get().is_none() {
+            let _init = self.init.lock();
+            if self.bound.get().is_none() {
+                let fds = nics
+                    .iter()
+                    .map(|n| Ok(NicFds { send: watch(fd(&n.send_cq))?, recv: watch(fd(&n.recv_cq))? }))
+                    .collect::<Result<Box<[_]>, Error>>()?;
+                let _ = self.bound.set((here, fds));
+            }
         }
-        let (bound, fds) = self.0.get().expect("set above");
+        let (bound, fds) = self.bound.get().expect("set above");
         if *bound != here {
             return Err(EngineError::Config(format!(
                 "this agent's completion channels are registered with tokio runtime {bound}, not {here}: await one agent from one runtime"
