@@ -461,7 +461,12 @@ impl Agent {
         let mut why_not: Vec<Option<String>> = placement.places.iter().map(|p| if let Place::Skip(w) = p { Some(w.clone()) } else { None }).collect();
         let stage = |buf: GpuBuffer, why: String, regions: &mut Vec<Option<MemoryRegion>>| -> Result<(), EngineError> {
             let on = placement.stage_on;
-            tracing::warn!(agent = self.name(), memory = name, device = devices[on], "{gpu}: host-staged through {} (local side of transfers only, not in the metadata peers target): {why}", devices[on]);
+            let line = format!("{gpu}: host-staged through {} (local side of transfers only, not in the metadata peers target): {why}", devices[on]);
+            if policy == GpuPolicy::HostStaged {
+                tracing::info!(agent = self.name(), memory = name, device = devices[on], "{line}");
+            } else {
+                tracing::warn!(agent = self.name(), memory = name, device = devices[on], "{line}");
+            }
             regions[on] = Some(MemoryRegion::register_gpu(&nics[on].pd, buf, access(), GpuPolicy::HostStaged)?);
             Ok(())
         };
