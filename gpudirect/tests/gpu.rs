@@ -258,6 +258,25 @@ fn host_staged_regions_stage_out_and_in_in_order() {
     assert_eq!(back, remote, "an RDMA read into the staged region was not staged in");
 }
 
+/// Each CUDA GPU is found in the PCIe tree by the bus id CUDA gives
+/// (`cuDeviceGetPCIBusId`): what the transfer engine's NIC choice and
+/// the doctor's GPU-to-NIC distances rest on. Needs no RDMA device.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_cuda_gpu_is_found_in_the_pcie_tree_by_its_bus_id() {
+    let root = SysRoot::live();
+    let topo = gpudirect::topology::discover(&root);
+    let n = gpu_count().unwrap();
+    assert!(n > 0);
+    for ordinal in 0..n {
+        let gpu = Gpu::open(ordinal).unwrap();
+        let bus = gpu.pci_bus_id().expect("CUDA gives every GPU a PCI bus id");
+        let found = topo.gpu_by_bus_id(bus).unwrap_or_else(|| panic!("GPU{ordinal} at {bus:?} is not among {:?}", topo.gpus));
+        println!("CUDA GPU{ordinal} {bus} = {} ({}, NUMA {:?}); nearest NICs: {:?}", found.label(), found.bdf, found.numa_node,
+            topo.nearest_nics(&root, found.index).iter().map(|p| p.label()).collect::<Vec<_>>());
+    }
+}
+
 /// The transfer engine's GPU registrations: every NIC of the agent either
 /// carries the memory (its path said) or is skipped with its reason, per
 /// policy; a host agent's write into the GPU memory, with a notification,

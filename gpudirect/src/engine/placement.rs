@@ -51,23 +51,6 @@ impl Placement {
     }
 }
 
-/// `DDDD:BB:DD.F` as numbers, so CUDA's `0000:3A:00.0` and sysfs's
-/// `0000:3a:00.0` (and NVML's eight-digit domains) compare equal.
-fn bdf_key(s: &str) -> Option<(u32, u8, u8, u8)> {
-    let (dom, rest) = s.trim().rsplit_once(':').and_then(|(head, dev_fn)| {
-        let (dom, bus) = head.rsplit_once(':')?;
-        Some((dom, (bus, dev_fn)))
-    })?;
-    let (bus, dev_fn) = rest;
-    let (dev, func) = dev_fn.split_once('.')?;
-    Some((
-        u32::from_str_radix(dom, 16).ok()?,
-        u8::from_str_radix(bus, 16).ok()?,
-        u8::from_str_radix(dev, 16).ok()?,
-        u8::from_str_radix(func, 16).ok()?,
-    ))
-}
-
 /// Where the memory of the GPU at PCI address `gpu_bdf` (CUDA's
 /// `cuDeviceGetPCIBusId`; `None` when CUDA gave none) goes among `nics`
 /// (the agent's devices, in rail order), with `limit` the farthest path
@@ -78,7 +61,7 @@ pub(crate) fn place(root: &SysRoot, gpu_bdf: Option<&str>, nics: &[&str], limit:
     let Some(bdf) = gpu_bdf else {
         return unknown("CUDA gave no PCI address for the GPU: its distance to the NICs is unknown, every NIC is tried".into());
     };
-    let Some(gpu) = bdf_key(bdf).and_then(|k| topo.gpus.iter().find(|g| bdf_key(&g.bdf) == Some(k))) else {
+    let Some(gpu) = topo.gpu_by_bus_id(bdf) else {
         return unknown(format!(
             "GPU {bdf} is not an NVIDIA GPU under /sys/bus/pci/devices: its distance to the NICs is unknown, every NIC is tried"
         ));
@@ -294,15 +277,5 @@ mod tests {
         let empty = testkit::Tree::new("placement");
         let p = place(&SysRoot::at(empty.path()), Some("0000:18:00.0"), &["mlx5_0"], PathLevel::Pxb);
         assert_eq!(p.places, [Place::Use(None)]);
-    }
-
-    #[test]
-    fn bus_ids_compare_as_numbers() {
-        assert_eq!(bdf_key("0000:3a:00.0"), bdf_key("0000:3A:00.0"));
-        assert_eq!(bdf_key("00000000:3a:00.0"), Some((0, 0x3a, 0, 0)));
-        assert_eq!(bdf_key("10000:01:00.1"), Some((0x10000, 1, 0, 1)));
-        for bad in ["", "3a:00.0", "0000:3a:00", "0000:zz:00.0", "0000:3a:00.0.1", ":::."] {
-            assert_eq!(bdf_key(bad), None, "{bad:?}");
-        }
     }
 }

@@ -325,7 +325,35 @@ impl Pair {
     }
 }
 
+/// `DDDD:BB:DD.F` as numbers, so CUDA's `0000:3A:00.0`, sysfs's
+/// `0000:3a:00.0` and NVML's `00000000:3a:00.0` compare equal.
+fn bdf_key(s: &str) -> Option<(u32, u8, u8, u8)> {
+    let (head, dev_fn) = s.trim().rsplit_once(':')?;
+    let (dom, bus) = head.rsplit_once(':')?;
+    let (dev, func) = dev_fn.split_once('.')?;
+    Some((
+        u32::from_str_radix(dom, 16).ok()?,
+        u8::from_str_radix(bus, 16).ok()?,
+        u8::from_str_radix(dev, 16).ok()?,
+        u8::from_str_radix(func, 16).ok()?,
+    ))
+}
+
+/// Whether two PCI bus ids name the same function, however each tool
+/// spells it (case, domain width, surrounding whitespace).
+pub fn same_bus_id(a: &str, b: &str) -> bool {
+    matches!((bdf_key(a), bdf_key(b)), (Some(x), Some(y)) if x == y)
+}
+
 impl PciTopology {
+    /// The GPU at PCI address `bus_id`, as CUDA's `cuDeviceGetPCIBusId`
+    /// (or [`Gpu::pci_bus_id`](crate::Gpu::pci_bus_id), NVML, sysfs)
+    /// spells it: how a CUDA ordinal finds its place in the tree (CUDA's
+    /// order need not be PCI order).
+    pub fn gpu_by_bus_id(&self, bus_id: &str) -> Option<&GpuDev> {
+        self.gpus.iter().find(|g| same_bus_id(&g.bdf, bus_id))
+    }
+
     /// The RDMA NICs nearest GPU `gpu_index` (PCI order, as nvidia-smi
     /// numbers GPUs), best first: by NCCL's view of the path (which decides
     /// whether NCCL uses GPUDirect RDMA), then nvidia-smi's, then NIC name.
@@ -334,5 +362,22 @@ impl PciTopology {
         let mut out: Vec<Pair> = pairs(root, self).into_iter().filter(|p| p.gpu_index == gpu_index).collect();
         out.sort_by_key(|p| (p.nccl_level, p.level, natural_key(&p.nic)));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_ids_compare_as_numbers() {
+        assert!(same_bus_id("0000:3a:00.0", "0000:3A:00.0"));
+        assert!(same_bus_id("00000000:3a:00.0", " 0000:3a:00.0\n"));
+        assert_eq!(bdf_key("10000:01:00.1"), Some((0x10000, 1, 0, 1)));
+        assert!(!same_bus_id("0000:3a:00.0", "0000:3a:00.1"));
+        for bad in ["", "3a:00.0", "0000:3a:00", "0000:zz:00.0", "0000:3a:00.0.1", ":::."] {
+            assert_eq!(bdf_key(bad), None, "{bad:?}");
+            assert!(!same_bus_id(bad, bad), "{bad:?} names nothing");
+        }
     }
 }
