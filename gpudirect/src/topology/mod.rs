@@ -5,7 +5,9 @@
 //! NCCL will or will not use GPUDirect RDMA for a pair.
 //!
 //! Everything is read from sysfs through a [`SysRoot`], so it runs
-//! unchanged against fixture trees.
+//! unchanged against fixture trees. [`acs`] reads the bridges on a pair's
+//! path and judges whether ACS redirects its peer-to-peer traffic;
+//! [`PciTopology::gpu_by_bus_id`] finds a CUDA device in the tree.
 //!
 //! # Classification
 //!
