@@ -6,8 +6,7 @@
 //! NIC's rate (why NCCL turns GPUDirect RDMA off for such pairs); a NIC
 //! whose path a bridge's ACS redirects to the root complex is blocked
 //! ([`crate::topology::acs`]); a software NIC cannot reach GPU memory at
-//! all. Every NIC left out gets a
-//! reason the registration reports
+//! all. Every NIC left out gets a reason the registration reports
 //! ([`Registration::skipped`](super::Registration::skipped)).
 //!
 //! Pure over a [`SysRoot`], so fixture machines test it.
