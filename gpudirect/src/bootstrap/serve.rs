@@ -112,33 +112,63 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
     use std::time::Instant;
 
-    fn echo_server(max: usize, when_full: WhenFull) -> (SocketAddr, std::thread::JoinHandle<usize>, std::sync::Arc<Mutex<bool>>) {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = std::sync::Arc::new(Mutex::new(false));
-        let t = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let served = AtomicUsize::new(0);
-                serve_each(&listener, &stop, &Server { name: "test-server", max, when_full }, |mut s, _| {
-                    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                    let mut b = [0u8; 1];
-                    if s.read_exact(&mut b).is_ok() {
-                        let _ = s.write_all(&b);
-                        served.fetch_add(1, Ordering::Relaxed);
-                    }
-                });
-                served.into_inner()
-            })
-        };
-        (addr, t, stop)
+    /// An echo server of one byte per connection; `entered` counts the
+    /// connections whose handler has started (so a test knows a silent
+    /// client holds a slot), the join gives how many were answered.
+    struct Echo {
+        addr: SocketAddr,
+        entered: Arc<AtomicUsize>,
+        stop: Arc<Mutex<bool>>,
+        thread: std::thread::JoinHandle<usize>,
+    }
+
+    impl Echo {
+        fn start(max: usize, when_full: WhenFull) -> Echo {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (entered, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(false)));
+            let thread = {
+                let (entered, stop) = (entered.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let served = AtomicUsize::new(0);
+                    serve_each(&listener, &stop, &Server { name: "test-server", max, when_full }, |mut s, _| {
+                        entered.fetch_add(1, Ordering::SeqCst);
+                        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                        let mut b = [0u8; 1];
+                        if s.read_exact(&mut b).is_ok() && s.write_all(&b).is_ok() {
+                            served.fetch_add(1, Ordering::SeqCst);
+                        }
+                    });
+                    served.into_inner()
+                })
+            };
+            Echo { addr, entered, stop, thread }
+        }
+
+        /// Until `n` handlers have started.
+        fn entered(&self, n: usize) {
+            let t = Instant::now();
+            while self.entered.load(Ordering::SeqCst) < n {
+                assert!(t.elapsed() < Duration::from_secs(10), "{} of {n} connections taken", self.entered.load(Ordering::SeqCst));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+
+        /// Stops it (after the connections in progress) and gives how
+        /// many were answered.
+        fn stop(self) -> usize {
+            *self.stop.lock() = true;
+            super::super::wake_listener(self.addr);
+            self.thread.join().unwrap()
+        }
     }
 
     fn ask(addr: SocketAddr, byte: u8) -> std::io::Result<u8> {
         let mut s = TcpStream::connect(addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.set_read_timeout(Some(Duration::from_secs(20)))?;
         s.write_all(&[byte])?;
         let mut b = [0u8; 1];
         s.read_exact(&mut b)?;
@@ -146,39 +176,43 @@ mod tests {
     }
 
     /// Silent clients hold their slots, not the server: a client behind
-    /// them is answered at once; past the limit one waits (Wait) for a
-    /// slot, or is closed (Close). Stopping waits for the connections in
-    /// progress.
+    /// them is answered at once.
     #[test]
-    fn silent_clients_hold_a_slot_each_and_nobody_else() {
+    fn a_client_behind_silent_ones_is_answered_at_once() {
         for when_full in [WhenFull::Wait, WhenFull::Close] {
-            let (addr, t, stop) = echo_server(3, when_full);
-            let silent: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
-            std::thread::sleep(Duration::from_millis(100));
+            let echo = Echo::start(3, when_full);
+            let silent: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(echo.addr).unwrap()).collect();
+            echo.entered(2);
             let at = Instant::now();
-            assert_eq!(ask(addr, 7).unwrap(), 7);
-            assert!(at.elapsed() < Duration::from_secs(2), "{when_full:?}: waited {:?} behind silent clients", at.elapsed());
-            let third = TcpStream::connect(addr).unwrap();
-            std::thread::sleep(Duration::from_millis(100));
-            // Every slot taken now.
+            assert_eq!(ask(echo.addr, 7).unwrap(), 7);
+            assert!(at.elapsed() < Duration::from_secs(5), "{when_full:?}: waited {:?} behind silent clients", at.elapsed());
+            drop(silent);
+            assert_eq!(echo.stop(), 1);
+        }
+    }
+
+    /// With every slot held, a new client waits in the backlog until one
+    /// frees (Wait), or is closed unanswered (Close).
+    #[test]
+    fn past_the_limit_a_client_waits_or_is_closed() {
+        for when_full in [WhenFull::Wait, WhenFull::Close] {
+            let echo = Echo::start(3, when_full);
+            let mut silent: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(echo.addr).unwrap()).collect();
+            echo.entered(3);
             match when_full {
-                WhenFull::Close => assert!(ask(addr, 8).is_err(), "a connection past the limit is closed"),
+                WhenFull::Close => assert!(ask(echo.addr, 8).is_err(), "a connection past the limit is closed"),
                 WhenFull::Wait => {
+                    let addr = echo.addr;
                     let waiter = std::thread::spawn(move || ask(addr, 9));
-                    std::thread::sleep(Duration::from_millis(200));
-                    drop(third);
+                    std::thread::sleep(Duration::from_millis(300));
+                    assert!(!waiter.is_finished(), "served while every slot was held");
+                    assert_eq!(echo.entered.load(Ordering::SeqCst), 3);
+                    silent.pop();
                     assert_eq!(waiter.join().unwrap().unwrap(), 9, "the waiting client is served once a slot frees");
-                    drop(silent);
-                    *stop.lock() = true;
-                    super::super::wake_listener(addr);
-                    assert_eq!(t.join().unwrap(), 2);
-                    continue;
                 }
             }
-            drop((silent, third));
-            *stop.lock() = true;
-            super::super::wake_listener(addr);
-            assert_eq!(t.join().unwrap(), 1);
+            drop(silent);
+            assert_eq!(echo.stop(), usize::from(when_full == WhenFull::Wait));
         }
     }
 }
