@@ -480,6 +480,37 @@ fn agents_meet_through_the_rendezvous_and_outlive_its_outage() {
     assert_eq!(c.wait_notification(T).unwrap().msg, b"after");
 }
 
+/// What the async tests share: a prefill agent with `blocks` blocks of
+/// `block` bytes, a decode agent with a table as large, one prepared
+/// write of block `b` into the table's block `b` with notification `"b"`
+/// per block, and an 8-byte write without one (for a thread to reap the
+/// prefill's send CQ through its `status`).
+struct BlockWrites {
+    prefill: Agent,
+    decode: Agent,
+    src: gpudirect::engine::Registration,
+    table: gpudirect::engine::Registration,
+    reqs: Vec<std::sync::Arc<gpudirect::engine::TransferRequest>>,
+    idle: gpudirect::engine::TransferRequest,
+}
+
+fn block_writes(prefix: &str, blocks: usize, block: usize) -> BlockWrites {
+    let prefill = agent(&format!("{prefix}prefill"));
+    let decode = agent(&format!("{prefix}decode"));
+    let src = prefill.alloc("src", blocks * block).unwrap();
+    let table = decode.alloc("t", blocks * block).unwrap();
+    let remote = prefill.load_remote(&md(&decode)).unwrap().memory("t").unwrap();
+    let reqs = (0..blocks)
+        .map(|b| {
+            let (s, e) = (b * block, (b + 1) * block);
+            let entry = (src.range(s..e).unwrap(), remote.range(s as u64..e as u64).unwrap());
+            std::sync::Arc::new(prefill.prepare(Op::Write, &[entry], Some(format!("{b}").as_bytes())).unwrap())
+        })
+        .collect();
+    let idle = prefill.prepare(Op::Write, &[(src.range(..8).unwrap(), remote.range(..8).unwrap())], None).unwrap();
+    BlockWrites { prefill, decode, src, table, reqs, idle }
+}
+
 /// Requests and notifications awaited under tokio (feature `tokio`):
 /// eight tasks post and await a request each while the target awaits
 /// their notifications and checks each block as its notification
@@ -491,23 +522,10 @@ fn agents_meet_through_the_rendezvous_and_outlive_its_outage() {
 #[ignore = "needs an RDMA device"]
 fn transfers_and_notifications_can_be_awaited() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
     const BLOCKS: usize = 8;
     const BLOCK: usize = 64 * 1024;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let prefill = agent("prefill");
-    let decode = agent("decode");
-    let src = prefill.alloc("src", BLOCKS * BLOCK).unwrap();
-    let table = decode.alloc("t", BLOCKS * BLOCK).unwrap();
-    let remote = prefill.load_remote(&md(&decode)).unwrap().memory("t").unwrap();
-    let reqs: Vec<_> = (0..BLOCKS)
-        .map(|b| {
-            let (s, e) = (b * BLOCK, (b + 1) * BLOCK);
-            let entry = (src.range(s..e).unwrap(), remote.range(s as u64..e as u64).unwrap());
-            Arc::new(prefill.prepare(Op::Write, &[entry], Some(format!("{b}").as_bytes())).unwrap())
-        })
-        .collect();
-    let idle = prefill.prepare(Op::Write, &[(src.range(..8).unwrap(), remote.range(..8).unwrap())], None).unwrap();
+    let BlockWrites { prefill: _prefill, decode, src, table, reqs, idle } = block_writes("", BLOCKS, BLOCK);
     let (stop, reaping) = (AtomicBool::new(false), AtomicBool::new(false));
     std::thread::scope(|s| {
         // Reaps the prefill NIC's send CQ the blocking way, from round 2.
@@ -577,24 +595,13 @@ fn transfers_and_notifications_can_be_awaited() {
 #[ignore = "needs an RDMA device"]
 fn awaits_under_cancellation_and_blocking_reapers_lose_nothing() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
     const ROUNDS: u64 = 40;
     const BLOCKS: usize = 8;
     const BLOCK: usize = 16 * 1024;
     const BOUND: Duration = Duration::from_secs(20);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let prefill = agent("stress-prefill");
-    let decode = agent("stress-decode");
-    let src = prefill.alloc("src", BLOCKS * BLOCK).unwrap();
-    let table = decode.alloc("t", BLOCKS * BLOCK).unwrap();
-    let remote = prefill.load_remote(&md(&decode)).unwrap().memory("t").unwrap();
-    let reqs: Vec<_> = (0..BLOCKS)
-        .map(|b| {
-            let (s, e) = (b * BLOCK, (b + 1) * BLOCK);
-            Arc::new(prefill.prepare(Op::Write, &[(src.range(s..e).unwrap(), remote.range(s as u64..e as u64).unwrap())], Some(format!("{b}").as_bytes())).unwrap())
-        })
-        .collect();
-    let idle = prefill.prepare(Op::Write, &[(src.range(..8).unwrap(), remote.range(..8).unwrap())], None).unwrap();
+    let BlockWrites { prefill: _prefill, decode, src, table, reqs, idle } = block_writes("stress-", BLOCKS, BLOCK);
     // Notifications taken by either consumer: (round, block).
     let taken: Mutex<Vec<(u64, usize)>> = Mutex::new(Vec::new());
     let round_now = std::sync::atomic::AtomicU64::new(0);

@@ -243,7 +243,7 @@ impl Registry {
     /// The descriptors of the registrations, for the metadata.
     pub(crate) fn descs(&self) -> Vec<MemoryDesc> {
         let v = self.0.lock();
-        v.iter().filter(|inner| !inner.any().is_host_staged()).map(|inner| Registration { inner: inner.clone() }.desc()).collect()
+        v.iter().map(|inner| Registration { inner: inner.clone() }).filter(Registration::is_targetable).map(|r| r.desc()).collect()
     }
 
     /// Makes what the NICs wrote into GPU registrations visible to GPU
