@@ -4,19 +4,20 @@
 //! (notifications) from its NIC's shared receive queue, so a connection
 //! costs a send queue and no receive memory.
 //!
-//! The setup, over the library's bootstrap exchange (bounded, versioned):
-//! the initiator creates its queue pair and sends its endpoint with a
-//! request (its agent name, both NIC indices); the target answers with its
-//! agent name; the target creates and connects its queue pair and answers
-//! with its endpoint (or a refusal with the reason); the initiator
-//! connects. The target is ready to receive before the initiator can send.
+//! The setup is the control protocol (`control`): both sides prove they
+//! hold the cluster's secret over fresh nonces before the target creates
+//! a queue pair, and the target checks the initiator is the agent (and
+//! run of it) whose metadata it loaded, if it loaded any. The target is
+//! ready to receive before the initiator can send.
 //!
 //! A NIC holds at most `max_connections`; making one more evicts the
 //! least recently used idle one (no post holds it: posts keep their
 //! connections until their completions are reaped) after a goodbye over
 //! the peer's control listener, which closes its end only if idle on its
-//! side too. Notifications already received on a closed connection still
-//! name their peer (`gone`).
+//! side too. A peer that does not answer the goodbye within the agent's
+//! timeout (crashed, partitioned) has its connection closed here anyway:
+//! eviction takes one timeout at most in all. Notifications already
+//! received on a closed connection still name their peer (`gone`).
 
 use std::collections::HashMap;
 use std::io;
@@ -26,18 +27,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::bootstrap::{serve_each, Server, WhenFull};
-use crate::bootstrap::{BootstrapError, Handshake, OobChannel};
+use crate::bootstrap::{BootstrapError, OobChannel};
+use crate::deadline::Deadline;
 use crate::qp::{QpConfig, QueuePair};
 use crate::sync::Mutex;
-use crate::wire::Reader;
+use crate::wire::Endpoint;
 
-use super::desc::{AgentMetadata, MAX_NAME};
+use super::auth::{AuthError, Key};
+use super::control::{self, Answer, Ask, Identity, NotProven, Request};
+use super::desc::AgentMetadata;
 use super::error::EngineError;
 use super::nic::Nic;
-
-const REQUEST_VERSION: u8 = 2;
-/// Longest control address text in a request (`[v6]:port`).
-const MAX_ADDR: usize = 64;
 /// Bound on serving one connection request: a peer that connects and
 /// stalls holds one of the listener's [`MAX_SERVING`] slots this long at
 /// most.
@@ -47,6 +47,8 @@ const ACCEPT_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) struct Conn {
     pub(crate) qp: QueuePair,
     pub(crate) peer: Arc<str>,
+    /// Which run of the peer it connects to.
+    instance: u64,
     /// The peer's control listener, for the goodbye.
     control: SocketAddr,
     pub(crate) nic: usize,
@@ -56,33 +58,16 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    fn new(qp: QueuePair, peer: &str, control: SocketAddr, nic: usize, remote_nic: usize) -> Conn {
-        Conn { qp, peer: peer.into(), control, nic, remote_nic, used: AtomicU64::new(0) }
+    fn new(qp: QueuePair, peer: &Identity, control: SocketAddr, nic: usize, remote_nic: usize) -> Conn {
+        Conn { qp, peer: peer.name.as_str().into(), instance: peer.instance, control, nic, remote_nic, used: AtomicU64::new(0) }
+    }
+
+    fn peer_identity(&self) -> Identity {
+        Identity { name: self.peer.to_string(), instance: self.instance }
     }
 }
 
-/// What a control request asks for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Ask {
-    /// A new connection (the initiator's endpoint is in the handshake).
-    Connect,
-    /// Close the connection from the initiator's queue pair `from` to the
-    /// target's `to`.
-    Close { from: u32, to: u32 },
-}
-
-/// A parsed control request.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Request {
-    name: String,
-    /// The initiator's control listener.
-    control: SocketAddr,
-    theirs: usize,
-    ours: usize,
-    ask: Ask,
-}
-
-type Key = (Arc<str>, usize, usize);
+type ConnKey = (Arc<str>, usize, usize);
 
 /// FNV-1a over a peer's name: a post looks its connection up by name, and
 /// SipHash cost it more than the rest of the lookup. Not keyed, so names
@@ -111,6 +96,15 @@ type PeerConns = Vec<((usize, usize), Arc<Conn>)>;
 /// The agent's NICs and its connections.
 pub(crate) struct ConnPool {
     pub(crate) name: Arc<str>,
+    /// This run of the agent (its metadata's instance).
+    pub(crate) instance: u64,
+    /// What proofs are made with: the cluster's secret, or none.
+    pub(crate) key: Key,
+    /// The peers' metadata loaded here, by name: a connection request
+    /// claiming one of these names must match it.
+    pub(crate) loaded: Mutex<HashMap<String, Arc<AgentMetadata>>>,
+    /// Control requests refused (unproven, not as loaded, malformed).
+    refused: AtomicU64,
     /// This agent's control listener, as peers reach it.
     control: SocketAddr,
     pub(crate) nics: Vec<Nic>,
@@ -129,7 +123,7 @@ pub(crate) struct ConnPool {
     /// two agents connecting to each other cannot deadlock.) A key's lock
     /// stays for the pool's life: one small lock per peer ever connected,
     /// and never one destroyed while another thread may still hold it.
-    connecting: Mutex<HashMap<Key, Arc<Mutex<()>>>>,
+    connecting: Mutex<HashMap<ConnKey, Arc<Mutex<()>>>>,
     /// The peers of connections closed or retired, by (local NIC, queue
     /// pair number), until the number is reused: completions of them
     /// still in a completion queue (a notification not yet polled) keep
@@ -154,59 +148,14 @@ fn control_err(peer: &str) -> impl FnOnce(BootstrapError) -> EngineError + '_ {
     move |source| EngineError::Control { peer: peer.to_owned(), source }
 }
 
-fn request(name: &str, control: SocketAddr, nic: usize, remote_nic: usize, ask: &Ask) -> Vec<u8> {
-    let addr = control.to_string();
-    let mut v = vec![REQUEST_VERSION, name.len() as u8];
-    v.extend_from_slice(name.as_bytes());
-    v.push(addr.len() as u8);
-    v.extend_from_slice(addr.as_bytes());
-    v.extend_from_slice(&[nic as u8, remote_nic as u8]);
-    if let Ask::Close { from, to } = ask {
-        v.push(1);
-        v.extend_from_slice(&from.to_be_bytes());
-        v.extend_from_slice(&to.to_be_bytes());
-    } else {
-        v.push(0);
-    }
-    v
-}
-
-/// A request from its bytes.
-fn parse_request(b: &[u8]) -> Result<Request, String> {
-    let mut r = Reader(b);
-    let bad = |t: crate::wire::Truncated| format!("request truncated in {}", t.field);
-    let v = r.u8("version").map_err(bad)?;
-    if v != REQUEST_VERSION {
-        return Err(format!("connection request version {v}, this agent speaks {REQUEST_VERSION}"));
-    }
-    let n = r.u8("name length").map_err(bad)? as usize;
-    let name = std::str::from_utf8(r.take("name", n).map_err(bad)?).map_err(|_| "agent name is not UTF-8".to_string())?;
-    if name.is_empty() || name.len() > MAX_NAME {
-        return Err("empty agent name".into());
-    }
-    let n = r.u8("address length").map_err(bad)? as usize;
-    if n > MAX_ADDR {
-        return Err(format!("control address of {n} bytes (at most {MAX_ADDR})"));
-    }
-    let text = std::str::from_utf8(r.take("control address", n).map_err(bad)?).map_err(|_| "control address is not UTF-8".to_string())?;
-    let control: SocketAddr = text.parse().map_err(|_| format!("control address {text:?} is not IP:port"))?;
-    let theirs = r.u8("initiator NIC").map_err(bad)? as usize;
-    let ours = r.u8("target NIC").map_err(bad)? as usize;
-    let ask = match r.u8("kind").map_err(bad)? {
-        0 => Ask::Connect,
-        1 => Ask::Close { from: r.u32("initiator queue pair").map_err(bad)?, to: r.u32("target queue pair").map_err(bad)? },
-        k => return Err(format!("request kind {k} (0: connect, 1: close)")),
-    };
-    if r.rest() != 0 {
-        return Err(format!("{} trailing bytes after the request", r.rest()));
-    }
-    Ok(Request { name: name.to_owned(), control, theirs, ours, ask })
-}
-
 impl ConnPool {
-    pub(crate) fn new(name: Arc<str>, control: SocketAddr, nics: Vec<Nic>, qp: QpConfig, timeout: Duration) -> ConnPool {
+    pub(crate) fn new(me: Identity, key: Key, control: SocketAddr, nics: Vec<Nic>, qp: QpConfig, timeout: Duration) -> ConnPool {
         ConnPool {
-            name,
+            name: me.name.as_str().into(),
+            instance: me.instance,
+            key,
+            loaded: Mutex::default(),
+            refused: AtomicU64::new(0),
             control,
             nics,
             qp,
@@ -225,7 +174,7 @@ impl ConnPool {
         if let Some(c) = self.sending_on(&peer.name, nic, remote_nic) {
             return Ok((c, false));
         }
-        let key: Key = (peer.name.as_str().into(), nic, remote_nic);
+        let key: ConnKey = (peer.name.as_str().into(), nic, remote_nic);
         let turn = self.connecting.lock().entry(key.clone()).or_default().clone();
         let _one = turn.lock();
         if let Some(c) = self.sending_on(&peer.name, nic, remote_nic) {
@@ -301,18 +250,26 @@ impl ConnPool {
     }
 
     /// Closes the least recently used idle connection of NIC `nic`, after
-    /// its peer agreed (or is gone).
+    /// its peer agreed, or did not answer within what is left of one
+    /// timeout (then it is closed here alone). Only a peer that answers
+    /// that the connection is busy on its side keeps it.
     fn evict_one(&self, nic: usize) -> Result<(), EngineError> {
+        let deadline = Deadline::after(self.timeout);
         let mut candidates: Vec<Arc<Conn>> = self.live.lock().iter().filter(|((i, _), _)| *i == nic).map(|(_, c)| c.clone()).collect();
         candidates.sort_by_key(|c| c.used.fetch_add(0, Ordering::Relaxed));
         for c in candidates {
             let Some(listed) = self.take_if_idle(&c) else { continue };
-            match self.goodbye(&c) {
-                Ok(()) => {
+            let left = deadline.left().unwrap_or(Duration::ZERO);
+            match self.goodbye(&c, left) {
+                Goodbye::Closed => {
                     tracing::info!(peer = %c.peer, nic, qp = c.qp.endpoint().qp_num, "engine connection evicted (least recently used, idle)");
                     return Ok(());
                 }
-                Err(why) => {
+                Goodbye::Silent(why) => {
+                    tracing::warn!(peer = %c.peer, nic, qp = c.qp.endpoint().qp_num, "engine connection evicted without its peer's goodbye ({why}): closed here");
+                    return Ok(());
+                }
+                Goodbye::Busy(why) => {
                     tracing::info!(peer = %c.peer, nic, "engine connection kept: its peer did not close it ({why})");
                     self.add_live(nic, c.clone());
                     if listed {
@@ -324,84 +281,127 @@ impl ConnPool {
         Err(EngineError::TooManyConnections { max: self.nics[nic].max_connections })
     }
 
-    /// Asks `conn`'s peer to close its end. A peer that is gone (refuses
-    /// the control connection) counts as closed.
-    fn goodbye(&self, conn: &Conn) -> Result<(), String> {
-        let mut oob = match OobChannel::connect(conn.control, self.timeout.min(ACCEPT_TIMEOUT)) {
-            Ok(o) => o,
-            Err(BootstrapError::Io { source, .. }) if source.kind() == io::ErrorKind::ConnectionRefused => return Ok(()),
-            Err(e) => return Err(e.to_string()),
-        };
-        let ask = Ask::Close { from: conn.qp.endpoint().qp_num, to: conn.qp.remote().qp_num };
-        let app = request(&self.name, self.control, conn.nic, conn.remote_nic, &ask);
-        let talk = |oob: &mut OobChannel| -> Result<Vec<u8>, BootstrapError> {
-            oob.exchange(&Handshake { app, ..Default::default() })?;
-            Ok(oob.exchange(&Handshake::default())?.app)
-        };
-        match talk(&mut oob).map_err(|e| e.to_string())?.split_first() {
-            Some((0, _)) => Ok(()),
-            Some((_, reason)) => Err(String::from_utf8_lossy(reason).into_owned()),
-            None => Err("an empty answer".into()),
+    /// Asks `conn`'s peer to close its end, within `within`.
+    fn goodbye(&self, conn: &Conn, within: Duration) -> Goodbye {
+        if within.is_zero() {
+            return Goodbye::Silent("no time left of the eviction's timeout".into());
         }
+        let bound = within.min(ACCEPT_TIMEOUT);
+        let mut oob = match OobChannel::connect(conn.control, bound) {
+            Ok(o) => o,
+            Err(BootstrapError::Io { source, .. }) if source.kind() == io::ErrorKind::ConnectionRefused => {
+                return Goodbye::Closed;
+            }
+            Err(e) => return Goodbye::Silent(e.to_string()),
+        };
+        let req = self.request(conn.nic, conn.remote_nic, Ask::Close { from: conn.qp.endpoint().qp_num, to: conn.qp.remote().qp_num });
+        match control::initiate(&mut oob, &self.key, &conn.peer_identity(), &req, None) {
+            Ok(Answer::Accepted(_)) => Goodbye::Closed,
+            Ok(Answer::Refused(reason)) => Goodbye::Busy(reason),
+            // Another run of the peer (or another agent) holds its address
+            // now: the one this connection went to is gone.
+            Err(EngineError::WrongPeer { .. }) => Goodbye::Closed,
+            Err(e) => Goodbye::Silent(e.to_string()),
+        }
+    }
+
+    fn request(&self, nic: usize, remote_nic: usize, ask: Ask) -> Request {
+        Request { from: Identity { name: self.name.to_string(), instance: self.instance }, control: self.control, theirs: nic, ours: remote_nic, ask }
     }
 
     fn connect(&self, peer: &AgentMetadata, nic: usize, remote_nic: usize) -> Result<Conn, EngineError> {
         let started = std::time::Instant::now();
         let prepared = self.create_qp(nic)?;
         let mut oob = OobChannel::connect(peer.control, self.timeout).map_err(control_err(&peer.name))?;
-        let app = request(&self.name, self.control, nic, remote_nic, &Ask::Connect);
-        let hello = oob.exchange(&Handshake { endpoint: Some(prepared.endpoint()), buffers: vec![], app }).map_err(control_err(&peer.name))?;
-        let got = String::from_utf8_lossy(&hello.app).into_owned();
-        if got != peer.name {
-            return Err(EngineError::WrongPeer { expected: peer.name.clone(), got });
-        }
-        let answer = oob.exchange(&Handshake::default()).map_err(control_err(&peer.name))?;
-        let remote = match (answer.endpoint, answer.app.split_first()) {
-            (Some(ep), Some((0, _))) => ep,
-            (_, Some((_, reason))) => {
-                return Err(EngineError::Refused { peer: peer.name.clone(), reason: String::from_utf8_lossy(reason).into_owned() })
-            }
-            _ => return Err(EngineError::Refused { peer: peer.name.clone(), reason: "an empty answer".into() }),
+        let them = Identity { name: peer.name.clone(), instance: peer.instance };
+        let req = self.request(nic, remote_nic, Ask::Connect);
+        let remote = match control::initiate(&mut oob, &self.key, &them, &req, Some(prepared.endpoint()))? {
+            Answer::Accepted(Some(ep)) => ep,
+            Answer::Accepted(None) => return Err(EngineError::Refused { peer: peer.name.clone(), reason: "an answer without an endpoint".into() }),
+            Answer::Refused(reason) => return Err(EngineError::Refused { peer: peer.name.clone(), reason }),
         };
         let qp = prepared.connect(&remote)?;
         tracing::info!(peer = %peer.name, nic, remote_nic, qp = qp.endpoint().qp_num, setup_us = started.elapsed().as_micros() as u64, "engine connected");
-        Ok(Conn::new(qp, &peer.name, peer.control, nic, remote_nic))
+        Ok(Conn::new(qp, &them, peer.control, nic, remote_nic))
+    }
+
+    /// Whether `req` (with `endpoint`) is the agent loaded here under its
+    /// name, when one is: the same run, control address and, for a
+    /// connect, the GID of the NIC it names. A name never loaded is any
+    /// member's to use: holding the secret is what the target checks.
+    fn as_loaded(&self, req: &Request, endpoint: Option<&Endpoint>) -> Result<(), AuthError> {
+        let name = &req.from.name;
+        let mismatch = |m: String| Err(AuthError::NotAsLoaded { name: name.clone(), mismatch: m });
+        if **name == *self.name {
+            return mismatch("it claims this agent's own name".into());
+        }
+        let Some(md) = self.loaded.lock().get(name).cloned() else { return Ok(()) };
+        if md.instance != req.from.instance {
+            return mismatch(format!("instance {:016x}, loaded {:016x}", req.from.instance, md.instance));
+        }
+        if md.control != req.control {
+            return mismatch(format!("control address {}, loaded {}", req.control, md.control));
+        }
+        if let Some(ep) = endpoint {
+            match md.nics.get(req.theirs) {
+                Some(n) if n.gid == ep.gid => {}
+                Some(n) => return mismatch(format!("its NIC {} sends from GID {}, loaded {} ({})", req.theirs, ep.gid, n.gid, n.device)),
+                None => return mismatch(format!("NIC {} asked for, its loaded metadata has {}", req.theirs, md.nics.len())),
+            }
+        }
+        Ok(())
     }
 
     /// Serves one control request on an accepted control stream.
     fn accept(&self, stream: TcpStream) -> Result<(), EngineError> {
         let from = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
         let mut oob = OobChannel::from_stream(stream, self.timeout.min(ACCEPT_TIMEOUT)).map_err(control_err(&from))?;
-        let hello = oob.exchange(&Handshake { app: self.name.as_bytes().to_vec(), ..Default::default() }).map_err(control_err(&from))?;
-        let refuse = |oob: &mut OobChannel, reason: String| -> Result<(), EngineError> {
-            let mut app = vec![1];
-            app.extend_from_slice(reason.as_bytes());
-            oob.exchange(&Handshake { app, ..Default::default() }).map_err(control_err(&from))?;
-            Err(EngineError::Refused { peer: from.clone(), reason })
+        let me = Identity { name: self.name.to_string(), instance: self.instance };
+        let proven = match control::receive(&mut oob, &self.key, &me) {
+            Ok(p) => p,
+            Err(NotProven::Failed(e)) => return Err(control_err(&from)(e)),
+            Err(NotProven::Refuse { session, reason, auth }) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                let _ = control::answer(&mut oob, &self.key, &session, Err(&reason));
+                return Err(match auth {
+                    Some(source) => EngineError::Auth { peer: from, source },
+                    None => EngineError::Refused { peer: from, reason },
+                });
+            }
         };
-        let req = match parse_request(&hello.app) {
-            Ok(r) if r.ours >= self.nics.len() => return refuse(&mut oob, format!("this agent has {} NIC(s), NIC {} was asked for", self.nics.len(), r.ours)),
-            Ok(r) => r,
-            Err(reason) => return refuse(&mut oob, reason),
+        let refuse = |oob: &mut OobChannel, err: EngineError| -> Result<(), EngineError> {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            let _ = control::answer(oob, &self.key, proven.session(), Err(&err.to_string()));
+            Err(err)
         };
-        if let Ask::Close { from: theirs_qpn, to } = req.ask {
-            return match self.close(&req, theirs_qpn, to) {
-                Ok(()) => oob.exchange(&Handshake { app: vec![0], ..Default::default() }).map(|_| ()).map_err(control_err(&req.name)),
-                Err(reason) => refuse(&mut oob, reason),
-            };
+        let req = &proven.req;
+        if req.ours >= self.nics.len() {
+            let reason = format!("this agent has {} NIC(s), NIC {} was asked for", self.nics.len(), req.ours);
+            return refuse(&mut oob, EngineError::Refused { peer: req.from.name.clone(), reason });
         }
-        let Some(ep) = hello.endpoint else { return refuse(&mut oob, "the request carries no endpoint".into()) };
+        if let Err(source) = self.as_loaded(req, proven.endpoint.as_ref()) {
+            return refuse(&mut oob, EngineError::Auth { peer: req.from.name.clone(), source });
+        }
+        if let Ask::Close { from: theirs_qpn, to } = req.ask {
+            let r = self.close(req, theirs_qpn, to);
+            return control::answer(&mut oob, &self.key, proven.session(), r.as_ref().map(|()| None).map_err(String::as_str)).map_err(control_err(&req.from.name));
+        }
+        let Some(ep) = proven.endpoint else {
+            return refuse(&mut oob, EngineError::Refused { peer: req.from.name.clone(), reason: "the request carries no endpoint".into() });
+        };
+        // Connections to an earlier run of this peer go nowhere now.
+        self.retire_other_runs(&req.from);
         let qp = match self.create_qp(req.ours).and_then(|p| Ok(p.connect(&ep)?)) {
             Ok(qp) => qp,
-            Err(e) => return refuse(&mut oob, e.to_string()),
+            Err(e) => return refuse(&mut oob, e),
         };
         let endpoint = qp.endpoint();
-        let conn = Arc::new(Conn::new(qp, &req.name, req.control, req.ours, req.theirs));
+        let conn = Arc::new(Conn::new(qp, &req.from, req.control, req.ours, req.theirs));
         self.add_live(req.ours, conn.clone());
         // Sends to that peer use it unless we set one up ourselves.
-        self.send_on(req.name.as_str().into(), (req.ours, req.theirs), conn, false);
-        oob.exchange(&Handshake { endpoint: Some(endpoint), app: vec![0], ..Default::default() }).map_err(control_err(&req.name))?;
-        tracing::info!(peer = %req.name, nic = req.ours, remote_nic = req.theirs, qp = endpoint.qp_num, "engine accepted a connection");
+        self.send_on(req.from.name.as_str().into(), (req.ours, req.theirs), conn, false);
+        control::answer(&mut oob, &self.key, proven.session(), Ok(Some(endpoint))).map_err(control_err(&req.from.name))?;
+        tracing::info!(peer = %req.from.name, nic = req.ours, remote_nic = req.theirs, qp = endpoint.qp_num, "engine accepted a connection");
         Ok(())
     }
 
@@ -409,17 +409,37 @@ impl ConnPool {
     /// `ours`: closes our end if it is idle here too.
     fn close(&self, req: &Request, theirs: u32, ours: u32) -> Result<(), String> {
         let conn = self.live.lock().get(&(req.ours, ours)).cloned();
-        let Some(conn) = conn.filter(|c| *c.peer == *req.name && c.qp.remote().qp_num == theirs) else {
+        let Some(conn) = conn.filter(|c| *c.peer == *req.from.name && c.instance == req.from.instance && c.qp.remote().qp_num == theirs) else {
             // Already retired here (it failed, or a close was answered
             // before): nothing to keep.
             return Ok(());
         };
         match self.take_if_idle(&conn) {
             Some(_) => {
-                tracing::info!(peer = %req.name, nic = req.ours, qp = ours, "engine connection closed at the peer's request");
+                tracing::info!(peer = %req.from.name, nic = req.ours, qp = ours, "engine connection closed at the peer's request");
                 Ok(())
             }
             None => Err(format!("connection {ours:#x} has transfers in flight here")),
+        }
+    }
+
+    /// Control requests this agent refused so far.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Retires every connection to `peer`'s name that goes to another run
+    /// of it: that process is gone (it restarted). Posts still holding
+    /// one fail on their own.
+    pub(crate) fn retire_other_runs(&self, peer: &Identity) {
+        let stale: Vec<(usize, u32)> =
+            self.live.lock().iter().filter(|(_, c)| *c.peer == *peer.name && c.instance != peer.instance).map(|(k, _)| *k).collect();
+        for (nic, qpn) in stale {
+            if let Some(conn) = self.live.lock().remove(&(nic, qpn)) {
+                self.gone.lock().insert((nic, qpn), conn.peer.clone());
+                unlist(&mut self.sending.lock(), &conn);
+                tracing::info!(peer = %peer.name, nic, qp = qpn, old = %format!("{:016x}", conn.instance), new = %format!("{:016x}", peer.instance), "engine connection to an earlier run of the peer retired");
+            }
         }
     }
 
@@ -447,6 +467,16 @@ impl ConnPool {
     }
 }
 
+/// How a goodbye went.
+enum Goodbye {
+    /// The peer closed its end, or is gone.
+    Closed,
+    /// The peer keeps it (transfers in flight on its side).
+    Busy(String),
+    /// No answer in time, or a failed exchange: close it here alone.
+    Silent(String),
+}
+
 /// Connection requests served at once; more wait in the listen backlog
 /// until one is done.
 const MAX_SERVING: usize = 16;
@@ -464,43 +494,4 @@ pub(crate) fn serve(pool: Arc<ConnPool>, listener: TcpListener, stop: Arc<Mutex<
             tracing::warn!(%from, "engine connection request not served: {e}");
         }
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn requests_round_trip_and_bad_ones_are_refused_with_a_reason() {
-        let at: SocketAddr = "192.0.2.7:4791".parse().unwrap();
-        let close = Ask::Close { from: 0x11, to: 0x2_0000 };
-        for ask in [Ask::Connect, close.clone()] {
-            let want = Request { name: "prefill-0".into(), control: at, theirs: 1, ours: 0, ask: ask.clone() };
-            assert_eq!(parse_request(&request("prefill-0", at, 1, 0, &ask)).unwrap(), want);
-        }
-        let v6: SocketAddr = "[2001:db8::1]:9".parse().unwrap();
-        assert_eq!(parse_request(&request("p", v6, 0, 0, &Ask::Connect)).unwrap().control, v6);
-        for good in [request("p", at, 0, 0, &Ask::Connect), request("p", at, 0, 0, &close)] {
-            for n in 0..good.len() {
-                assert!(parse_request(&good[..n]).is_err(), "{n} bytes");
-            }
-            let mut v = good.clone();
-            v[0] = 1;
-            assert!(parse_request(&v).unwrap_err().contains("version 1"));
-            v = good.clone();
-            v.push(1);
-            assert!(parse_request(&v).unwrap_err().contains("trailing"));
-        }
-        assert!(parse_request(&[2, 0, 0, 0]).unwrap_err().contains("empty"));
-        let mut v = request("p", at, 0, 0, &Ask::Connect);
-        *v.last_mut().unwrap() = 7;
-        assert!(parse_request(&v).unwrap_err().contains("kind 7"));
-        let mut v = vec![2, 1, b'p', 9];
-        v.extend_from_slice(b"localhost");
-        v.extend_from_slice(&[0, 0, 0]);
-        assert!(parse_request(&v).unwrap_err().contains("not IP:port"));
-        let mut v = vec![2, 1, b'p', 200];
-        v.extend_from_slice(&[b'1'; 200]);
-        assert!(parse_request(&v).unwrap_err().contains("at most 64"));
-    }
 }

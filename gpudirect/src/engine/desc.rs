@@ -5,10 +5,12 @@
 //! the blob NIXL calls local metadata: hand it to peers by any channel
 //! (a file, a key-value store, the bootstrap exchange).
 //!
-//! The form: `"GDAM"`, version (u16), a reserved u16, then the body,
-//! big-endian. Everything from a peer is untrusted: each count and length
-//! is checked against its limit and against the bytes present before
-//! anything is allocated for it.
+//! The form: `"GDAM"`, version (u16), a reserved u16, the instance (u64),
+//! then the body, big-endian, and last the seal (32 bytes), a proof made
+//! with the cluster's secret over everything before it. Everything from a
+//! peer is untrusted: each count and length is checked against its limit
+//! and against the bytes present before anything is allocated for it;
+//! the seal is checked by the agent that loads the metadata.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -24,7 +26,9 @@ use crate::wire::{Reader, RemoteBuffer, Truncated};
 /// Magic bytes opening an encoded [`AgentMetadata`].
 pub const METADATA_MAGIC: [u8; 4] = *b"GDAM";
 /// The metadata version this library writes and reads.
-pub const METADATA_VERSION: u16 = 1;
+pub const METADATA_VERSION: u16 = 2;
+/// Bytes of a metadata seal.
+pub const SEAL_LEN: usize = 32;
 /// Largest encoded metadata accepted, in bytes.
 pub const MAX_METADATA: usize = 1 << 20;
 /// Most NICs one agent describes.
@@ -144,17 +148,27 @@ impl MemoryDesc {
 pub struct AgentMetadata {
     /// The agent's name, unique among the agents that talk to each other.
     pub name: String,
+    /// Which run of the agent this is: random, new for every
+    /// [`Agent::new`](super::Agent::new). A process restarted under the
+    /// same name has another, so peers tell a restart from a reconnect.
+    pub instance: u64,
     /// Where its control listener accepts connection requests.
     pub control: SocketAddr,
     /// Its NICs, in its own order (memory keys index into it).
     pub nics: Vec<NicDesc>,
     /// The memory it registered.
     pub memories: Vec<MemoryDesc>,
+    /// The proof, made with the cluster's secret by the agent itself
+    /// ([`Agent::metadata`](super::Agent::metadata)), that an agent
+    /// holding the secret wrote every other field as they are:
+    /// [`Agent::load_remote`](super::Agent::load_remote) refuses metadata
+    /// whose seal does not verify. Zero: not sealed.
+    pub seal: [u8; SEAL_LEN],
 }
 
 impl fmt::Display for AgentMetadata {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "agent {:?} at {}, {} NIC(s), {} memory region(s)", self.name, self.control, self.nics.len(), self.memories.len())
+        write!(f, "agent {:?} (instance {:016x}) at {}, {} NIC(s), {} memory region(s)", self.name, self.instance, self.control, self.nics.len(), self.memories.len())
     }
 }
 
@@ -215,6 +229,16 @@ impl AgentMetadata {
     /// metadata breaks a limit the decoder enforces (so what encodes
     /// always decodes).
     pub fn encode(&self) -> Result<Vec<u8>, MetadataError> {
+        let mut out = self.encode_sealed_part()?;
+        out.extend_from_slice(&self.seal);
+        if out.len() > MAX_METADATA {
+            return Err(MetadataError::TooLarge { what: "size", len: out.len() as u64, max: MAX_METADATA as u64 });
+        }
+        Ok(out)
+    }
+
+    /// The bytes the seal covers: the binary form without the seal.
+    pub(crate) fn encode_sealed_part(&self) -> Result<Vec<u8>, MetadataError> {
         check_name(&self.name, "agent name")?;
         if self.nics.len() > MAX_NICS {
             return Err(MetadataError::TooLarge { what: "NIC count", len: self.nics.len() as u64, max: MAX_NICS as u64 });
@@ -226,6 +250,7 @@ impl AgentMetadata {
         out.extend_from_slice(&METADATA_MAGIC);
         out.extend_from_slice(&METADATA_VERSION.to_be_bytes());
         out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(&self.instance.to_be_bytes());
         put_name(&mut out, &self.name);
         match self.control.ip() {
             IpAddr::V4(a) => {
@@ -262,9 +287,6 @@ impl AgentMetadata {
                 out.extend_from_slice(&b.rkey.to_be_bytes());
             }
         }
-        if out.len() > MAX_METADATA {
-            return Err(MetadataError::TooLarge { what: "size", len: out.len() as u64, max: MAX_METADATA as u64 });
-        }
         Ok(out)
     }
 
@@ -291,6 +313,7 @@ impl AgentMetadata {
         if reserved != 0 {
             return Err(MetadataError::InvalidField { field: "reserved", value: reserved.into() });
         }
+        let instance = r.u64("instance")?;
         let agent = name(&mut r, "agent name")?;
         let ip = match r.u8("address family")? {
             4 => IpAddr::V4(Ipv4Addr::from(r.array::<4>("control address")?)),
@@ -353,10 +376,11 @@ impl AgentMetadata {
             }
             memories.push(MemoryDesc { name, len, keys });
         }
+        let seal = r.array::<SEAL_LEN>("seal")?;
         if r.rest() != 0 {
             return Err(MetadataError::TrailingBytes(r.rest()));
         }
-        Ok(AgentMetadata { name: agent, control: SocketAddr::new(ip, port), nics, memories })
+        Ok(AgentMetadata { name: agent, instance, control: SocketAddr::new(ip, port), nics, memories, seal })
     }
 
     /// The memory registered under `name`.
@@ -372,6 +396,7 @@ pub(crate) mod tests {
     pub(crate) fn sample() -> AgentMetadata {
         AgentMetadata {
             name: "decode-0".into(),
+            instance: 0x1234_5678_9abc_def0,
             control: "192.0.2.7:18600".parse().unwrap(),
             nics: vec![
                 NicDesc { device: "mlx5_0".into(), port: 1, lid: 0, gid: Gid([0xfe; 16]), mtu: Mtu::Mtu4096 },
@@ -388,6 +413,7 @@ pub(crate) mod tests {
                 },
                 MemoryDesc { name: "flags".into(), len: 4096, keys: vec![] },
             ],
+            seal: [0x5e; SEAL_LEN],
         }
     }
 
@@ -438,10 +464,10 @@ pub(crate) mod tests {
         assert!(matches!(AgentMetadata::decode(&x), Err(MetadataError::BadMagic(_))));
         let mut x = b.clone();
         x[5] = 9;
-        assert_eq!(AgentMetadata::decode(&x), Err(MetadataError::Version { got: 9, ours: 1 }));
-        // The address family follows the agent name (8 + 1 + 8 bytes).
+        assert_eq!(AgentMetadata::decode(&x), Err(MetadataError::Version { got: 9, ours: METADATA_VERSION }));
+        // The address family follows the instance and the agent name (8 + 8 + 1 + 8 bytes).
         let mut x = b.clone();
-        x[17] = 5;
+        x[25] = 5;
         assert_eq!(AgentMetadata::decode(&x), Err(MetadataError::InvalidField { field: "address family", value: 5 }));
         let mut dup = sample();
         dup.memories[1].name = "kv-table".into();
@@ -462,6 +488,7 @@ pub(crate) mod tests {
         let mut m = sample();
         m.memories.clear();
         let mut b = m.encode().unwrap();
+        b.truncate(b.len() - SEAL_LEN);
         let n = b.len();
         b[n - 4..].copy_from_slice(&(MAX_MEMORIES as u32).to_be_bytes());
         assert!(matches!(AgentMetadata::decode(&b), Err(MetadataError::Truncated { field: "memories", .. })));

@@ -8,6 +8,7 @@ use crate::bootstrap::BootstrapError;
 use crate::error::Error;
 use crate::wc::WcError;
 
+use super::auth::AuthError;
 use super::desc::MetadataError;
 
 /// Why an engine call failed.
@@ -60,7 +61,7 @@ pub enum EngineError {
     /// A work request of a transfer to `peer` failed: the peer died, its
     /// memory went away, or the link did. Only transfers to that peer
     /// fail; its connections are dropped and the next transfer reconnects.
-    #[error("transfer to agent {peer:?} failed: {completion}")]
+    #[error("transfer to agent {peer:?} failed: {completion}; the connection was retired: post again to reconnect (after the peer restarted, load its new metadata first)")]
     PeerLost {
         /// The peer agent.
         peer: String,
@@ -80,6 +81,17 @@ pub enum EngineError {
         total: usize,
         /// Why posting stopped.
         reason: String,
+    },
+    /// A peer, its request or its metadata was not believed: it does not
+    /// prove the cluster's secret, or does not match what was loaded for
+    /// it. Nothing was acted on.
+    #[error("agent {peer:?}: {source}")]
+    Auth {
+        /// The peer agent (or the address it came from).
+        peer: String,
+        /// Why it was not believed.
+        #[source]
+        source: AuthError,
     },
     /// The peer's agent refused the connection request.
     #[error("agent {peer:?} refused the connection: {reason}")]

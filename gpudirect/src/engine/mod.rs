@@ -132,7 +132,9 @@
 //! [`Registration::paths`], [`Agent::nic_stats`].
 #[cfg(feature = "tokio")]
 mod asynch;
+mod auth;
 mod conn;
+mod control;
 mod core;
 mod desc;
 mod error;
@@ -145,7 +147,6 @@ mod placement;
 mod stats;
 mod transfer;
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -160,13 +161,14 @@ use crate::sync::Mutex;
 use crate::sysroot::SysRoot;
 use crate::topology::PathLevel;
 
-pub use desc::{AgentMetadata, MemoryDesc, MetadataError, NicDesc, MAX_MEMORIES, MAX_METADATA, MAX_NAME, MAX_NICS, METADATA_MAGIC, METADATA_VERSION};
+pub use auth::{AuthError, ClusterSecret, MIN_SECRET, SECRET_ENV, SECRET_FILE_ENV};
+pub use desc::{AgentMetadata, MemoryDesc, MetadataError, NicDesc, MAX_MEMORIES, MAX_METADATA, MAX_NAME, MAX_NICS, METADATA_MAGIC, METADATA_VERSION, SEAL_LEN};
 pub use error::EngineError;
 pub use memory::{LocalRange, Registration};
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use meta::{EtcdRendezvous, DEFAULT_PREFIX};
-pub use meta::{Rendezvous, RendezvousServer, TcpRendezvous, MAX_ENTRIES};
+pub use meta::{Rendezvous, RendezvousConfig, RendezvousServer, TcpRendezvous, MAX_ENTRIES};
 pub use nic::NicStats;
 pub use notify::{Notification, MAX_NOTIFICATION};
 pub use peer::{Peer, RemoteMemory, RemoteRange};
@@ -216,13 +218,27 @@ pub struct AgentConfig {
     /// [`GpuPolicy::Require`] registration fails naming the path; under
     /// `Prefer` it is host-staged, and says so.
     pub gpu_path_limit: PathLevel,
+    /// The cluster's secret, the same on every agent of the job: peers
+    /// prove they hold it before they get a queue pair, and metadata
+    /// sealed with it is the only kind [`Agent::load_remote`] takes.
+    /// `None`: the secret in the file named by `GPUDIRECT_SECRET_FILE`
+    /// (or the text of `GPUDIRECT_SECRET`), else none, which is allowed
+    /// only with a loopback [`listen`](Self::listen) address or
+    /// [`insecure`](Self::insecure).
+    pub secret: Option<ClusterSecret>,
+    /// Listen on a network address without a secret. Anyone who reaches
+    /// the control port can then take a peer's name, and with it read and
+    /// write every memory region in this agent's metadata: for a
+    /// private test network only.
+    pub insecure: bool,
 }
 
 impl AgentConfig {
     /// The defaults for an agent named `name`: the first RDMA device,
     /// requests of 256 KiB and more sliced across rails, port 1, a control listener on any address and a free port, 128-deep
     /// send queues, 256 notification slots, 64 connections, 30 s setup
-    /// bound, GPU memory over paths up to PXB (NCCL's default).
+    /// bound, GPU memory over paths up to PXB (NCCL's default), the
+    /// cluster secret from the environment (see [`secret`](Self::secret)).
     pub fn named(name: impl Into<String>) -> AgentConfig {
         AgentConfig {
             name: name.into(),
@@ -237,6 +253,8 @@ impl AgentConfig {
             max_connections: 64,
             timeout: Duration::from_secs(30),
             gpu_path_limit: PathLevel::Pxb,
+            secret: None,
+            insecure: false,
         }
     }
 }
@@ -253,7 +271,6 @@ pub struct Agent {
     gpu_path_limit: PathLevel,
     /// The rail the next unsliced request takes.
     next_rail: AtomicUsize,
-    peers: Mutex<HashMap<String, Arc<AgentMetadata>>>,
     /// Set to stop the control listener; a lock, not an atomic, so that
     /// helgrind and drd see the hand-over (the valgrind build).
     stop: Arc<Mutex<bool>>,
@@ -283,10 +300,15 @@ impl Agent {
     ///
     /// # Errors
     /// [`EngineError::Config`] for a bad name, zero depths, or no address
-    /// to advertise; [`EngineError::Verbs`] opening the device or creating
+    /// to advertise; [`EngineError::Auth`] with
+    /// [`AuthError::Unprotected`] for a network listen address without a
+    /// cluster secret (nor `insecure`), [`AuthError::Secret`] for an
+    /// unusable one; [`EngineError::Verbs`] opening the device or creating
     /// its queues; [`EngineError::Control`] binding the listener.
     pub fn new(config: AgentConfig) -> Result<Agent, EngineError> {
         meta::check_name(&config.name)?;
+        let key = auth::Key::resolve(config.secret.as_ref(), config.insecure, "the control listener", Some(config.listen.ip()))
+            .map_err(|source| EngineError::Auth { peer: config.name.clone(), source })?;
         if config.send_depth < 2 || config.srq_depth == 0 || config.max_connections == 0 {
             return Err(EngineError::Config("send_depth must be at least 2, srq_depth and max_connections at least 1".into()));
         }
@@ -344,7 +366,8 @@ impl Agent {
             ..QpConfig::default()
         };
         let control = SocketAddr::new(ip, port);
-        let pool = Arc::new(ConnPool::new(config.name.as_str().into(), control, nics, qp, config.timeout));
+        let me = control::Identity { name: config.name.clone(), instance: u64::from_be_bytes(auth::random()) };
+        let pool = Arc::new(ConnPool::new(me, key, control, nics, qp, config.timeout));
         let stop = Arc::new(Mutex::new(false));
         let thread = {
             let (pool, stop) = (pool.clone(), stop.clone());
@@ -355,7 +378,7 @@ impl Agent {
         };
         tracing::info!(agent = %config.name, %control, "engine agent started");
         let core = Arc::new(Core::new(pool));
-        Ok(Agent { core, control, listen_addr, slice_threshold: config.slice_threshold, gpu_path_limit: config.gpu_path_limit, next_rail: AtomicUsize::new(0), peers: Mutex::default(), stop, listener: Some(thread) })
+        Ok(Agent { core, control, listen_addr, slice_threshold: config.slice_threshold, gpu_path_limit: config.gpu_path_limit, next_rail: AtomicUsize::new(0), stop, listener: Some(thread) })
     }
 
     /// The agent's name.
@@ -532,29 +555,51 @@ impl Agent {
         Ok(())
     }
 
-    /// This agent's metadata now: its name, control address, NICs and
-    /// live registrations. Give it ([`AgentMetadata::encode`]) to every
-    /// peer that targets this agent; again after registering more.
+    /// This agent's metadata now: its name, this run's instance, control
+    /// address, NICs and live registrations, sealed with the cluster's
+    /// secret. Give it ([`AgentMetadata::encode`]) to every peer that
+    /// targets this agent; again after registering more.
     pub fn metadata(&self) -> AgentMetadata {
-        AgentMetadata {
+        let mut md = AgentMetadata {
             name: self.name().to_owned(),
+            instance: self.core.pool.instance,
             control: self.control,
             nics: self.core.pool.nics.iter().map(|n| n.desc.clone()).collect(),
             memories: self.core.registry.descs(),
+            seal: [0; SEAL_LEN],
+        };
+        // What the engine made encodes (its names and counts are checked
+        // where they enter); unsealed metadata would be refused by peers.
+        if let Ok(bytes) = md.encode_sealed_part() {
+            md.seal = self.core.pool.key.tag(auth::Label::Metadata, &[&bytes]);
         }
+        md
     }
 
-    /// Learns a peer from its metadata (replacing what was known of it:
-    /// new transfers use the new metadata, connections stay).
+    /// Learns a peer from its metadata, once its seal proves an agent
+    /// holding the cluster's secret made it, replacing what was known of
+    /// it: new transfers use the new metadata. When it is another run of
+    /// the peer (a new [`AgentMetadata::instance`]: it restarted), the
+    /// connections to the old run are retired first, so the next
+    /// transfer goes to the new process.
     ///
     /// # Errors
-    /// [`EngineError::Config`] for this agent's own metadata.
+    /// [`EngineError::Config`] for this agent's own metadata;
+    /// [`EngineError::Auth`] with [`AuthError::BadProof`] when the seal
+    /// does not verify (another secret, none, or changed after sealing).
     pub fn load_remote(&self, md: &AgentMetadata) -> Result<Peer, EngineError> {
         if md.name == self.name() {
             return Err(EngineError::Config(format!("the metadata loaded is this agent's own ({:?})", md.name)));
         }
+        let pool = &self.core.pool;
+        let sealed = md.encode_sealed_part().is_ok_and(|b| pool.key.verify(auth::Label::Metadata, &[&b], &md.seal));
+        if !sealed {
+            let what = format!("the seal of the metadata of {:?}", md.name);
+            return Err(EngineError::Auth { peer: md.name.clone(), source: AuthError::BadProof { what } });
+        }
         let md = Arc::new(md.clone());
-        self.peers.lock().insert(md.name.clone(), md.clone());
+        pool.loaded.lock().insert(md.name.clone(), md.clone());
+        pool.retire_other_runs(&control::Identity { name: md.name.clone(), instance: md.instance });
         Ok(Peer { md })
     }
 
@@ -583,7 +628,7 @@ impl Agent {
     /// # Errors
     /// [`EngineError::UnknownPeer`].
     pub fn peer(&self, name: &str) -> Result<Peer, EngineError> {
-        let md = self.peers.lock().get(name).cloned().ok_or_else(|| EngineError::UnknownPeer(name.to_owned()))?;
+        let md = self.core.pool.loaded.lock().get(name).cloned().ok_or_else(|| EngineError::UnknownPeer(name.to_owned()))?;
         Ok(Peer { md })
     }
 
@@ -696,6 +741,13 @@ impl Agent {
     /// Connections alive now (set up by either side).
     pub fn connections(&self) -> usize {
         self.core.pool.connections()
+    }
+
+    /// Control requests this agent refused so far: unproven (no secret,
+    /// another one, a replay), not matching the metadata loaded for the
+    /// name they claim, or malformed. Each is also logged with its reason.
+    pub fn refused_requests(&self) -> u64 {
+        self.core.pool.refused()
     }
 }
 

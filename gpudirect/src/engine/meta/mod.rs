@@ -10,6 +10,7 @@
 
 #[cfg(feature = "etcd")]
 mod etcd;
+mod server;
 mod tcp;
 
 use std::time::Duration;
@@ -19,7 +20,8 @@ use super::error::EngineError;
 
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdRendezvous, DEFAULT_PREFIX};
-pub use tcp::{RendezvousServer, TcpRendezvous, MAX_ENTRIES};
+pub use server::{RendezvousConfig, RendezvousServer, MAX_ENTRIES};
+pub use tcp::TcpRendezvous;
 
 /// Where agents publish their metadata and look each other up by name.
 /// `Send + Sync`: one handle may serve every thread.

@@ -1,113 +1,38 @@
-//! The embedded rendezvous: a server one process hosts (a thread keeping
-//! name -> metadata blob in memory) and a client per agent, over plain
-//! TCP. Each request is one connection: `"GDRV"`, version, op (publish,
-//! lookup, withdraw), the name, the blob; the answer is a status and
-//! bytes. Every length is checked before anything is allocated for it,
-//! blobs are decoded as [`AgentMetadata`] before they are stored, and the
-//! server holds at most [`MAX_ENTRIES`] names. Each connection is served
-//! on a thread of its own, bounded by `SERVE_TIMEOUT`, at most
-//! `MAX_CLIENTS` at once (more are closed unanswered), so a client that
-//! stalls delays nobody else.
+//! The embedded rendezvous's protocol and client ([`TcpRendezvous`]);
+//! the server is `server`. Each request is one TCP connection: the server
+//! opens with `"GDRV"`, the version and a fresh nonce; the client sends
+//! `"GDRV"`, version, op (publish, lookup, withdraw), the name, the blob
+//! and its proof (the cluster's secret over the nonce and all of that);
+//! the answer is a status, bytes, and the server's proof over the nonce
+//! and them. Every length is checked before anything is allocated for it;
+//! blobs are decoded as [`AgentMetadata`] before they are stored, and
+//! again (as hostile input) by the client that looks them up.
 
-use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use crate::bootstrap::{serve_each, Server, WhenFull};
-use crate::sync::Mutex;
-
+use super::super::auth::{ClusterSecret, Key, Label, TAG};
 use super::super::desc::{AgentMetadata, MAX_METADATA};
 use super::super::error::EngineError;
 use super::{check_name, decode_for, rdv_err, Rendezvous};
 
-const MAGIC: [u8; 4] = *b"GDRV";
-const VERSION: u8 = 1;
-/// Most names a [`RendezvousServer`] holds.
-pub const MAX_ENTRIES: usize = 65536;
-/// Bound on serving one request.
-const SERVE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once.
-const MAX_CLIENTS: usize = 32;
-/// How often a lookup asks again while the name is not there.
+pub(super) const MAGIC: [u8; 4] = *b"GDRV";
+pub(super) const VERSION: u8 = 2;
+/// How often a lookup asks again while the name is not there, or the
+/// server is not up yet.
 const LOOKUP_EVERY: Duration = Duration::from_millis(50);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
+pub(super) enum Op {
     Publish = 1,
     Lookup = 2,
     Withdraw = 3,
 }
 
-const OK: u8 = 0;
-const NOT_FOUND: u8 = 1;
-const REFUSED: u8 = 2;
-
-/// A rendezvous server: hosts every agent's metadata, in memory, for as
-/// long as it lives. Start it in one process (any, an agent's or a
-/// launcher's); stops when dropped.
-pub struct RendezvousServer {
-    addr: SocketAddr,
-    stop: Arc<Mutex<bool>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl std::fmt::Debug for RendezvousServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RendezvousServer").field("addr", &self.addr).finish()
-    }
-}
-
-impl RendezvousServer {
-    /// Binds `addr` (port 0: a free one) and starts serving.
-    ///
-    /// # Errors
-    /// [`EngineError::Rendezvous`] when it cannot bind or start its thread.
-    pub fn bind(addr: impl ToSocketAddrs) -> Result<RendezvousServer, EngineError> {
-        let listener = TcpListener::bind(addr).map_err(|e| rdv_err("(bind)", format!("cannot bind the rendezvous server: {e}")))?;
-        let addr = listener.local_addr().map_err(|e| rdv_err("(bind)", e.to_string()))?;
-        listener.set_nonblocking(true).map_err(|e| rdv_err("(bind)", e.to_string()))?;
-        let stop = Arc::new(Mutex::new(false));
-        let thread = {
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name("gpudirect-rendezvous".into())
-                .spawn(move || serve(listener, stop))
-                .map_err(|e| rdv_err("(bind)", format!("cannot start the rendezvous thread: {e}")))?
-        };
-        tracing::info!(%addr, "rendezvous server started");
-        Ok(RendezvousServer { addr, stop, thread: Some(thread) })
-    }
-
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for RendezvousServer {
-    fn drop(&mut self) {
-        *self.stop.lock() = true;
-        crate::bootstrap::wake_listener(self.addr);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-type Store = Arc<Mutex<HashMap<String, Vec<u8>>>>;
-
-fn serve(listener: TcpListener, stop: Arc<Mutex<bool>>) {
-    let store: Store = Arc::default();
-    let server = Server { name: "gpudirect-rendezvous", max: MAX_CLIENTS, when_full: WhenFull::Close };
-    serve_each(&listener, &stop, &server, |s, from| {
-        if let Err(e) = answer(s, &store) {
-            tracing::warn!(%from, "rendezvous request not served: {e}");
-        }
-    });
-}
+pub(super) const OK: u8 = 0;
+pub(super) const NOT_FOUND: u8 = 1;
+pub(super) const REFUSED: u8 = 2;
 
 /// Reads exactly `n` bytes.
 fn take(s: &mut TcpStream, n: usize) -> io::Result<Vec<u8>> {
@@ -116,53 +41,25 @@ fn take(s: &mut TcpStream, n: usize) -> io::Result<Vec<u8>> {
     Ok(v)
 }
 
-fn answer(mut s: TcpStream, store: &Mutex<HashMap<String, Vec<u8>>>) -> io::Result<()> {
-    s.set_nonblocking(false)?;
-    s.set_read_timeout(Some(SERVE_TIMEOUT))?;
-    s.set_write_timeout(Some(SERVE_TIMEOUT))?;
-    let req = request(&mut s)?;
-    let mut store = store.lock();
-    let (status, body) = match req {
-        Err(why) => (REFUSED, why.into_bytes()),
-        Ok((Op::Publish, name, blob)) => match AgentMetadata::decode(&blob) {
-            Err(e) => (REFUSED, format!("not agent metadata: {e}").into_bytes()),
-            Ok(md) if md.name != name => (REFUSED, format!("metadata of {:?} published as {name:?}", md.name).into_bytes()),
-            Ok(_) if store.len() >= MAX_ENTRIES && !store.contains_key(&name) => {
-                (REFUSED, format!("the server holds its maximum of {MAX_ENTRIES} names").into_bytes())
-            }
-            Ok(_) => {
-                store.insert(name, blob);
-                (OK, Vec::new())
-            }
-        },
-        Ok((Op::Lookup, name, _)) => match store.get(&name) {
-            Some(b) => (OK, b.clone()),
-            None => (NOT_FOUND, Vec::new()),
-        },
-        Ok((Op::Withdraw, name, _)) => {
-            store.remove(&name);
-            (OK, Vec::new())
-        }
-    };
-    drop(store);
-    let mut out = vec![status];
-    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    out.extend_from_slice(&body);
-    s.write_all(&out)
+/// A request as read, not yet proven: `signed` is every byte its `tag`
+/// covers (with the server's nonce before them).
+pub(super) struct Incoming {
+    pub(super) op: Op,
+    pub(super) name: String,
+    pub(super) blob: Vec<u8>,
+    pub(super) signed: Vec<u8>,
+    pub(super) tag: Vec<u8>,
 }
-
-/// A request read: (op, name, blob), or why it is refused.
-type Parsed = Result<(Op, String, Vec<u8>), String>;
 
 /// One request, or why it is refused (the connection stays usable for
 /// the answer). An I/O error ends the connection.
-fn request(s: &mut TcpStream) -> io::Result<Parsed> {
+pub(super) fn read_request(s: &mut TcpStream) -> io::Result<Result<Incoming, String>> {
     let head = take(s, 7)?;
     if head[..4] != MAGIC {
         return Ok(Err("not a gpudirect rendezvous request".into()));
     }
     if head[4] != VERSION {
-        return Ok(Err(format!("rendezvous request version {}, this server speaks {VERSION}", head[4])));
+        return Ok(Err(format!("rendezvous request version {}, this server speaks {VERSION}: use the same gpudirect release everywhere", head[4])));
     }
     let op = match head[5] {
         1 => Op::Publish,
@@ -171,41 +68,60 @@ fn request(s: &mut TcpStream) -> io::Result<Parsed> {
         k => return Ok(Err(format!("rendezvous op {k} (1 publish, 2 lookup, 3 withdraw)"))),
     };
     let n = usize::from(head[6]);
-    let name = match String::from_utf8(take(s, n)?) {
+    let raw_name = take(s, n)?;
+    let name = match String::from_utf8(raw_name.clone()) {
         Ok(n) if !n.is_empty() => n,
         _ => return Ok(Err("the name is empty or not UTF-8".into())),
     };
-    let len = u32::from_be_bytes(take(s, 4)?.try_into().expect("4 bytes")) as usize;
+    let len_bytes = take(s, 4)?;
+    let len = u32::from_be_bytes(len_bytes[..].try_into().expect("4 bytes")) as usize;
     if len > MAX_METADATA {
         return Ok(Err(format!("a blob of {len} bytes (at most {MAX_METADATA})")));
     }
     if op != Op::Publish && len != 0 {
         return Ok(Err("only a publish carries a blob".into()));
     }
-    Ok(Ok((op, name, take(s, len)?)))
+    let blob = take(s, len)?;
+    let tag = take(s, TAG)?;
+    let mut signed = head;
+    signed.extend_from_slice(&raw_name);
+    signed.extend_from_slice(&len_bytes);
+    signed.extend_from_slice(&blob);
+    Ok(Ok(Incoming { op, name, blob, signed, tag }))
 }
 
-/// A client of a [`RendezvousServer`]: what agents publish to and look
-/// each other up in.
+/// A client of a [`RendezvousServer`](super::RendezvousServer): what
+/// agents publish to and look each other up in.
 #[derive(Clone, Debug)]
 pub struct TcpRendezvous {
     server: SocketAddr,
     timeout: Duration,
+    key: Key,
 }
 
 impl TcpRendezvous {
-    /// A client of the server at `server`; each request is bounded by
+    /// A client of the server at `server`, proving the environment's
+    /// cluster secret (`GPUDIRECT_SECRET_FILE`, `GPUDIRECT_SECRET`; none:
+    /// only a server without one answers); each request is bounded by
     /// `timeout` (connecting, sending, the answer).
     ///
     /// # Errors
-    /// [`EngineError::Rendezvous`] when `server` does not resolve.
+    /// [`EngineError::Rendezvous`] when `server` does not resolve;
+    /// [`EngineError::Auth`] for an unusable secret in the environment.
     pub fn new(server: impl ToSocketAddrs, timeout: Duration) -> Result<TcpRendezvous, EngineError> {
         let server = server
             .to_socket_addrs()
             .map_err(|e| rdv_err("(resolve)", e.to_string()))?
             .next()
             .ok_or_else(|| rdv_err("(resolve)", "the address resolves to nothing".into()))?;
-        Ok(TcpRendezvous { server, timeout })
+        let secret = ClusterSecret::from_env().map_err(|source| EngineError::Auth { peer: format!("rendezvous {server}"), source })?;
+        Ok(TcpRendezvous { server, timeout, key: Key::of(secret) })
+    }
+
+    /// The same client, proving `secret` instead.
+    pub fn with_secret(mut self, secret: ClusterSecret) -> TcpRendezvous {
+        self.key = Key::of(Some(secret));
+        self
     }
 
     /// One request; the answer's (status, bytes).
@@ -216,18 +132,34 @@ impl TcpRendezvous {
         let mut s = TcpStream::connect_timeout(&self.server, self.timeout).map_err(io)?;
         s.set_read_timeout(Some(self.timeout)).map_err(io)?;
         s.set_write_timeout(Some(self.timeout)).map_err(io)?;
+        let hello = take(&mut s, 5 + TAG).map_err(io)?;
+        if hello[..4] != MAGIC || hello[4] != VERSION {
+            return Err(rdv_err(&server, format!("not a gpudirect rendezvous v{VERSION} server (it opened with {:02x?})", &hello[..5])));
+        }
+        let nonce = &hello[5..];
         let mut out = MAGIC.to_vec();
         out.extend_from_slice(&[VERSION, op as u8, name.len() as u8]);
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(&(blob.len() as u32).to_be_bytes());
         out.extend_from_slice(blob);
+        let tag = self.key.tag(Label::RendezvousRequest, &[nonce, &out]);
+        out.extend_from_slice(&tag);
         s.write_all(&out).map_err(io)?;
-        let head = take(&mut s, 5).map_err(io)?;
-        let len = u32::from_be_bytes(head[1..5].try_into().expect("4 bytes")) as usize;
+        let mut answer = take(&mut s, 5).map_err(io)?;
+        let len = u32::from_be_bytes(answer[1..5].try_into().expect("4 bytes")) as usize;
         if len > MAX_METADATA {
             return Err(rdv_err(&server, format!("an answer of {len} bytes (at most {MAX_METADATA})")));
         }
-        Ok((head[0], take(&mut s, len).map_err(io)?))
+        answer.extend_from_slice(&take(&mut s, len).map_err(io)?);
+        let tag = take(&mut s, TAG).map_err(io)?;
+        if !self.key.verify(Label::RendezvousAnswer, &[nonce, &answer], &tag) {
+            if answer[0] == REFUSED {
+                // A server with another secret says why it refused.
+                return Err(rdv_err(&server, String::from_utf8_lossy(&answer[5..]).into_owned()));
+            }
+            return Err(rdv_err(&server, "its answer's proof did not verify: the server holds another cluster secret (or none)".into()));
+        }
+        Ok((answer[0], answer.split_off(5)))
     }
 
     fn check(&self, (status, body): (u8, Vec<u8>)) -> Result<Vec<u8>, EngineError> {
@@ -238,21 +170,32 @@ impl TcpRendezvous {
     }
 }
 
+/// Whether `e` says nothing listens at the server (yet).
+fn not_up(e: &EngineError) -> bool {
+    matches!(e, EngineError::Rendezvous { reason, .. } if reason.contains("refused"))
+}
+
 impl Rendezvous for TcpRendezvous {
     fn publish(&self, md: &AgentMetadata) -> Result<(), EngineError> {
         let blob = md.encode()?;
         self.call(Op::Publish, &md.name, &blob).and_then(|a| self.check(a)).map(drop)
     }
 
+    /// Waits up to `timeout` also for the server itself: a server not up
+    /// yet (connection refused) is asked again, as a name not there is.
     fn lookup(&self, name: &str, timeout: Duration) -> Result<AgentMetadata, EngineError> {
         let started = Instant::now();
         loop {
-            match self.call(Op::Lookup, name, &[])? {
-                (OK, blob) => return decode_for(name, &blob, &self.server.to_string()),
-                (NOT_FOUND, _) if started.elapsed() < timeout => std::thread::sleep(LOOKUP_EVERY.min(timeout)),
-                (NOT_FOUND, _) => return Err(EngineError::NotPublished { name: name.to_owned(), waited: timeout }),
-                other => return self.check(other).and(Err(rdv_err(&self.server.to_string(), "an unknown status".into()))),
+            let waited = started.elapsed();
+            match self.call(Op::Lookup, name, &[]) {
+                Ok((OK, blob)) => return decode_for(name, &blob, &self.server.to_string()),
+                Ok((NOT_FOUND, _)) if waited < timeout => {}
+                Ok((NOT_FOUND, _)) => return Err(EngineError::NotPublished { name: name.to_owned(), waited: timeout }),
+                Err(e) if not_up(&e) && waited < timeout => {}
+                Err(e) => return Err(e),
+                Ok(other) => return self.check(other).and(Err(rdv_err(&self.server.to_string(), "an unknown status".into()))),
             }
+            std::thread::sleep(LOOKUP_EVERY.min(timeout - waited));
         }
     }
 
@@ -263,6 +206,7 @@ impl Rendezvous for TcpRendezvous {
 
 #[cfg(test)]
 mod tests {
+    use super::super::server::{RendezvousConfig, RendezvousServer};
     use super::*;
     use crate::engine::desc::tests::sample;
 
@@ -270,15 +214,32 @@ mod tests {
         TcpRendezvous::new(s.addr(), Duration::from_secs(5)).unwrap()
     }
 
-    /// Raw bytes to the server; its (status, reason).
-    fn raw(s: &RendezvousServer, bytes: &[u8]) -> (u8, String) {
+    fn secret(b: u8) -> ClusterSecret {
+        ClusterSecret::new(vec![b; 32]).unwrap()
+    }
+
+    /// Raw bytes to the server, proven with `key` when `sign`; its
+    /// (status, reason).
+    fn raw(s: &RendezvousServer, bytes: &[u8], sign: Option<&Key>) -> (u8, String) {
         let mut c = TcpStream::connect(s.addr()).unwrap();
-        c.write_all(bytes).unwrap();
-        let mut head = [0; 5];
-        c.read_exact(&mut head).unwrap();
-        let mut body = vec![0; u32::from_be_bytes(head[1..].try_into().unwrap()) as usize];
-        c.read_exact(&mut body).unwrap();
+        let hello = take(&mut c, 5 + TAG).unwrap();
+        let mut out = bytes.to_vec();
+        if let Some(k) = sign {
+            out.extend_from_slice(&k.tag(Label::RendezvousRequest, &[&hello[5..], bytes]));
+        }
+        c.write_all(&out).unwrap();
+        let head = take(&mut c, 5).unwrap();
+        let body = take(&mut c, u32::from_be_bytes(head[1..].try_into().unwrap()) as usize).unwrap();
         (head[0], String::from_utf8_lossy(&body).into_owned())
+    }
+
+    fn req(magic: &[u8], version: u8, op: u8, name: &str, blob: &[u8]) -> Vec<u8> {
+        let mut v = magic.to_vec();
+        v.extend_from_slice(&[version, op, name.len() as u8]);
+        v.extend_from_slice(name.as_bytes());
+        v.extend_from_slice(&(blob.len() as u32).to_be_bytes());
+        v.extend_from_slice(blob);
+        v
     }
 
     #[test]
@@ -301,35 +262,28 @@ mod tests {
     fn bad_requests_are_refused_and_the_server_goes_on() {
         let server = RendezvousServer::bind("127.0.0.1:0").unwrap();
         let blob = sample().encode().unwrap();
-        let req = |magic: &[u8], version: u8, op: u8, name: &str, blob: &[u8]| {
-            let mut v = magic.to_vec();
-            v.extend_from_slice(&[version, op, name.len() as u8]);
-            v.extend_from_slice(name.as_bytes());
-            v.extend_from_slice(&(blob.len() as u32).to_be_bytes());
-            v.extend_from_slice(blob);
-            v
-        };
-        let cases: Vec<(Vec<u8>, &str)> = vec![
-            (req(b"HTTP", 1, 1, "decode-0", &blob), "not a gpudirect"),
-            (req(b"GDRV", 9, 1, "decode-0", &blob), "version 9"),
-            (req(b"GDRV", 1, 4, "decode-0", &blob), "op 4"),
-            (req(b"GDRV", 1, 1, "", &blob), "empty"),
-            (req(b"GDRV", 1, 1, "decode-0", b"garbage"), "not agent metadata"),
-            (req(b"GDRV", 1, 1, "someone-else", &blob), "published as"),
-            (req(b"GDRV", 1, 2, "decode-0", b"x"), "only a publish"),
+        let open = Key::of(None);
+        let cases: Vec<(Vec<u8>, Option<&Key>, &str)> = vec![
+            (req(b"HTTP", VERSION, 1, "decode-0", &blob), None, "not a gpudirect"),
+            (req(b"GDRV", 9, 1, "decode-0", &blob), None, "version 9"),
+            (req(b"GDRV", VERSION, 4, "decode-0", &blob), None, "op 4"),
+            (req(b"GDRV", VERSION, 1, "", &blob), None, "empty"),
+            (req(b"GDRV", VERSION, 1, "decode-0", b"garbage"), Some(&open), "not agent metadata"),
+            (req(b"GDRV", VERSION, 1, "someone-else", &blob), Some(&open), "published as"),
+            (req(b"GDRV", VERSION, 2, "decode-0", b"x"), None, "only a publish"),
         ];
-        for (bytes, why) in cases {
-            let (status, reason) = raw(&server, &bytes);
+        for (bytes, sign, why) in cases {
+            let (status, reason) = raw(&server, &bytes, sign);
             assert_eq!(status, REFUSED, "{why}");
             assert!(reason.contains(why), "{reason:?} should say {why:?}");
         }
         let mut huge = b"GDRV".to_vec();
-        huge.extend_from_slice(&[1, 1, 1, b'x']);
+        huge.extend_from_slice(&[VERSION, 1, 1, b'x']);
         huge.extend_from_slice(&u32::MAX.to_be_bytes());
-        assert!(raw(&server, &huge).1.contains("at most"), "a length is checked before allocating");
+        assert!(raw(&server, &huge, None).1.contains("at most"), "a length is checked before allocating");
         // A client that connects and stalls, then one that hangs up mid-way.
         let stalled = TcpStream::connect(server.addr()).unwrap();
-        drop(TcpStream::connect(server.addr()).map(|mut c| c.write_all(b"GDRV\x01")));
+        drop(TcpStream::connect(server.addr()).map(|mut c| c.write_all(b"GDRV\x02")));
         let rdv = client(&server);
         rdv.publish(&sample()).unwrap();
         assert_eq!(rdv.lookup("decode-0", Duration::ZERO).unwrap(), sample());
@@ -338,8 +292,82 @@ mod tests {
         assert!(matches!(rdv.lookup("", Duration::ZERO), Err(EngineError::Config(_))));
     }
 
+    /// Only holders of the server's secret are served: without it, with
+    /// another, or replaying a proof made for another connection's nonce.
+    #[test]
+    fn requests_without_the_secret_are_refused_before_acting() {
+        let config = RendezvousConfig { secret: Some(secret(1)), ..Default::default() };
+        let server = RendezvousServer::bind_with("127.0.0.1:0", config).unwrap();
+        let good = client(&server).with_secret(secret(1));
+        good.publish(&sample()).unwrap();
+        for bad in [client(&server), client(&server).with_secret(secret(2))] {
+            for e in [bad.withdraw("decode-0").unwrap_err(), bad.lookup("decode-0", Duration::ZERO).unwrap_err()] {
+                assert!(e.to_string().contains("did not verify"), "{e}");
+            }
+            let mut other = sample();
+            other.control = "192.0.2.66:1".parse().unwrap();
+            assert!(bad.publish(&other).is_err());
+        }
+        assert_eq!(good.lookup("decode-0", Duration::ZERO).unwrap(), sample(), "nothing changed");
+        // A proof for another nonce: the request of an earlier connection.
+        let bytes = req(b"GDRV", VERSION, 3, "decode-0", &[]);
+        let k = Key::of(Some(secret(1)));
+        let stale = k.tag(Label::RendezvousRequest, &[&[0u8; TAG], &bytes]);
+        let mut c = TcpStream::connect(server.addr()).unwrap();
+        take(&mut c, 5 + TAG).unwrap();
+        c.write_all(&[&bytes[..], &stale[..]].concat()).unwrap();
+        assert_eq!(take(&mut c, 1).unwrap()[0], REFUSED);
+        assert_eq!(good.lookup("decode-0", Duration::ZERO).unwrap(), sample());
+        // A network address needs a secret (or `insecure`).
+        match RendezvousServer::bind("0.0.0.0:0") {
+            Err(EngineError::Auth { source: crate::engine::AuthError::Unprotected { .. }, .. }) => {}
+            Ok(_) if ClusterSecret::from_env().unwrap().is_some() => {}
+            r => panic!("{r:?}"),
+        }
+    }
+
+    /// What one client may make the server hold is bounded, with the
+    /// limit named; a lease expires what is not published again.
+    #[test]
+    fn budgets_and_leases_bound_what_the_server_holds() {
+        let len = sample().encode().unwrap().len();
+        let config = RendezvousConfig { max_names_per_client: 3, max_bytes: 1 << 20, lease: Some(Duration::from_millis(600)), ..Default::default() };
+        let server = RendezvousServer::bind_with("127.0.0.1:0", config).unwrap();
+        let rdv = client(&server);
+        let named = |n: usize| {
+            let mut m = sample();
+            m.name = format!("agent-{n}");
+            m
+        };
+        for n in 0..3 {
+            rdv.publish(&named(n)).unwrap();
+        }
+        rdv.publish(&named(1)).unwrap();
+        let e = rdv.publish(&named(3)).unwrap_err().to_string();
+        assert!(e.contains("max_names_per_client"), "{e}");
+        rdv.withdraw("agent-0").unwrap();
+        rdv.publish(&named(3)).unwrap();
+        // The lease: kept alive by publishing again, gone without.
+        for _ in 0..4 {
+            std::thread::sleep(Duration::from_millis(250));
+            rdv.publish(&named(3)).unwrap();
+        }
+        assert!(rdv.lookup("agent-3", Duration::ZERO).is_ok(), "published again within the lease");
+        assert!(matches!(rdv.lookup("agent-1", Duration::ZERO), Err(EngineError::NotPublished { .. })), "expired");
+        // Bytes in all.
+        let config = RendezvousConfig { max_bytes: 2 * len, ..Default::default() };
+        let server = RendezvousServer::bind_with("127.0.0.1:0", config).unwrap();
+        let rdv = client(&server);
+        rdv.publish(&named(0)).unwrap();
+        rdv.publish(&named(1)).unwrap();
+        let e = rdv.publish(&named(2)).unwrap_err().to_string();
+        assert!(e.contains("max_bytes"), "{e}");
+        rdv.publish(&named(1)).unwrap();
+    }
+
     /// The server gone: requests fail with a typed error, within the
-    /// client's timeout; one started again at the same address serves.
+    /// client's timeout; one started again at the same address serves; a
+    /// lookup started before the server is up waits for it.
     #[test]
     fn an_outage_is_a_typed_error_and_a_restart_serves_again() {
         let server = RendezvousServer::bind("127.0.0.1:0").unwrap();
@@ -348,14 +376,22 @@ mod tests {
         rdv.publish(&sample()).unwrap();
         drop(server);
         let started = Instant::now();
-        match rdv.lookup("decode-0", Duration::from_secs(1)) {
+        match rdv.withdraw("decode-0") {
             Err(EngineError::Rendezvous { server, reason }) => assert!(server == addr.to_string() && !reason.is_empty()),
             r => panic!("{r:?}"),
         }
+        match rdv.lookup("decode-0", Duration::from_millis(300)) {
+            Err(EngineError::Rendezvous { reason, .. }) => assert!(reason.contains("refused"), "{reason}"),
+            r => panic!("{r:?}"),
+        }
         assert!(started.elapsed() < Duration::from_secs(5));
-        let again = RendezvousServer::bind(addr).unwrap();
-        rdv.publish(&sample()).unwrap();
-        assert_eq!(rdv.lookup("decode-0", Duration::ZERO).unwrap().name, "decode-0");
-        drop(again);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| rdv.lookup("decode-0", Duration::from_secs(10)));
+            std::thread::sleep(Duration::from_millis(300));
+            let again = RendezvousServer::bind(addr).unwrap();
+            rdv.publish(&sample()).unwrap();
+            assert_eq!(waiter.join().unwrap().unwrap().name, "decode-0", "the lookup waited for the server");
+            drop(again);
+        });
     }
 }

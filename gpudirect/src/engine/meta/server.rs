@@ -1,0 +1,278 @@
+//! The rendezvous server: name -> sealed metadata blob, in memory, for
+//! the agents of one cluster. Every request proves the cluster's secret
+//! over the server's fresh nonce before it is acted on (see `tcp`); what
+//! one client can make the server hold is bounded (names and bytes per
+//! client address, bytes in all), and with a lease an entry not published
+//! again within it expires, as etcd's leases do. Each connection is served
+//! on a thread of its own, bounded by `SERVE_TIMEOUT`, at most
+//! `MAX_CLIENTS` at once (more are closed unanswered), so a client that
+//! stalls delays nobody else.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::bootstrap::{serve_each, Server, WhenFull};
+use crate::sync::Mutex;
+
+use super::super::auth::{random, ClusterSecret, Key, Label, TAG};
+use super::super::desc::AgentMetadata;
+use super::super::error::EngineError;
+use super::rdv_err;
+use super::tcp::{read_request, Op, MAGIC, NOT_FOUND, OK, REFUSED, VERSION};
+
+/// Most names a [`RendezvousServer`] holds.
+pub const MAX_ENTRIES: usize = 65536;
+/// Bound on serving one request.
+const SERVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections served at once.
+const MAX_CLIENTS: usize = 32;
+
+/// A rendezvous server's settings; [`Default`] gives the defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RendezvousConfig {
+    /// The cluster's secret: only requests proving it are served. `None`:
+    /// the environment's (`GPUDIRECT_SECRET_FILE`, `GPUDIRECT_SECRET`),
+    /// else none, allowed only on a loopback address or with `insecure`.
+    pub secret: Option<ClusterSecret>,
+    /// Serve a network address without a secret (anyone who reaches it
+    /// can publish and withdraw any name).
+    pub insecure: bool,
+    /// An entry not published again within this long expires; `None`:
+    /// entries stay until withdrawn (or the server stops).
+    pub lease: Option<Duration>,
+    /// Bytes of metadata held in all (default 256 MiB).
+    pub max_bytes: usize,
+    /// Names one client address may hold (default 4096).
+    pub max_names_per_client: usize,
+    /// Bytes one client address may hold (default 64 MiB).
+    pub max_bytes_per_client: usize,
+}
+
+impl Default for RendezvousConfig {
+    fn default() -> RendezvousConfig {
+        RendezvousConfig { secret: None, insecure: false, lease: None, max_bytes: 256 << 20, max_names_per_client: 4096, max_bytes_per_client: 64 << 20 }
+    }
+}
+
+/// A rendezvous server: hosts every agent's metadata, in memory, for as
+/// long as it lives. Start it in one process (a launcher's, an agent's,
+/// or `gpudirect rendezvous --listen ADDR`); stops when dropped.
+pub struct RendezvousServer {
+    addr: SocketAddr,
+    stop: Arc<Mutex<bool>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RendezvousServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RendezvousServer").field("addr", &self.addr).finish()
+    }
+}
+
+impl RendezvousServer {
+    /// Binds `addr` (port 0: a free one) and starts serving, with the
+    /// [default settings](RendezvousConfig::default).
+    ///
+    /// # Errors
+    /// As [`bind_with`](Self::bind_with).
+    pub fn bind(addr: impl ToSocketAddrs) -> Result<RendezvousServer, EngineError> {
+        RendezvousServer::bind_with(addr, RendezvousConfig::default())
+    }
+
+    /// Binds `addr` (port 0: a free one) and starts serving under `config`.
+    ///
+    /// # Errors
+    /// [`EngineError::Auth`] for a network address without a secret (nor
+    /// `insecure`) or an unusable secret; [`EngineError::Rendezvous`] when
+    /// it cannot bind or start its thread.
+    pub fn bind_with(addr: impl ToSocketAddrs, config: RendezvousConfig) -> Result<RendezvousServer, EngineError> {
+        let listener = TcpListener::bind(addr).map_err(|e| rdv_err("(bind)", format!("cannot bind the rendezvous server: {e}")))?;
+        let addr = listener.local_addr().map_err(|e| rdv_err("(bind)", e.to_string()))?;
+        let key = Key::resolve(config.secret.as_ref(), config.insecure, "the rendezvous server", Some(addr.ip()))
+            .map_err(|source| EngineError::Auth { peer: format!("rendezvous {addr}"), source })?;
+        listener.set_nonblocking(true).map_err(|e| rdv_err("(bind)", e.to_string()))?;
+        let stop = Arc::new(Mutex::new(false));
+        let thread = {
+            let stop = stop.clone();
+            let store = Store { config, key, entries: HashMap::new(), bytes: 0, clients: HashMap::new(), swept: Instant::now() };
+            std::thread::Builder::new()
+                .name("gpudirect-rendezvous".into())
+                .spawn(move || serve(listener, stop, store))
+                .map_err(|e| rdv_err("(bind)", format!("cannot start the rendezvous thread: {e}")))?
+        };
+        tracing::info!(%addr, "rendezvous server started");
+        Ok(RendezvousServer { addr, stop, thread: Some(thread) })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for RendezvousServer {
+    fn drop(&mut self) {
+        *self.stop.lock() = true;
+        crate::bootstrap::wake_listener(self.addr);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Entry {
+    blob: Vec<u8>,
+    from: IpAddr,
+    at: Instant,
+}
+
+/// What one client address holds.
+#[derive(Default)]
+struct Held {
+    names: usize,
+    bytes: usize,
+}
+
+struct Store {
+    config: RendezvousConfig,
+    key: Key,
+    entries: HashMap<String, Entry>,
+    bytes: usize,
+    clients: HashMap<IpAddr, Held>,
+    swept: Instant,
+}
+
+impl Store {
+    fn remove(&mut self, name: &str) {
+        if let Some(e) = self.entries.remove(name) {
+            self.bytes -= e.blob.len();
+            if let Some(h) = self.clients.get_mut(&e.from) {
+                h.names -= 1;
+                h.bytes -= e.blob.len();
+                if h.names == 0 {
+                    self.clients.remove(&e.from);
+                }
+            }
+        }
+    }
+
+    /// Drops what outlived its lease (at most once a second: a sweep
+    /// walks every entry).
+    fn sweep(&mut self, now: Instant) {
+        let Some(lease) = self.config.lease else { return };
+        if now.duration_since(self.swept) < Duration::from_secs(1).min(lease) {
+            return;
+        }
+        self.swept = now;
+        let old: Vec<String> = self.entries.iter().filter(|(_, e)| now.duration_since(e.at) > lease).map(|(n, _)| n.clone()).collect();
+        for n in old {
+            tracing::info!(name = %n, "rendezvous entry expired (not published again within its lease)");
+            self.remove(&n);
+        }
+    }
+
+    fn live(&self, name: &str, now: Instant) -> Option<&Entry> {
+        let e = self.entries.get(name)?;
+        match self.config.lease {
+            Some(l) if now.duration_since(e.at) > l => None,
+            _ => Some(e),
+        }
+    }
+
+    fn publish(&mut self, name: String, blob: Vec<u8>, from: IpAddr, now: Instant) -> Result<(), String> {
+        let md = AgentMetadata::decode(&blob).map_err(|e| format!("not agent metadata: {e}"))?;
+        if md.name != name {
+            return Err(format!("metadata of {:?} published as {name:?}", md.name));
+        }
+        // Limits as if the old entry of that name were gone already.
+        let old = self.entries.get(&name).map(|e| (e.from, e.blob.len()));
+        let (mut names, mut bytes) = self.clients.get(&from).map_or((0, 0), |h| (h.names, h.bytes));
+        let mut total = self.bytes;
+        if let Some((f, len)) = old {
+            total -= len;
+            if f == from {
+                names -= 1;
+                bytes -= len;
+            }
+        }
+        let c = &self.config;
+        if old.is_none() && self.entries.len() >= MAX_ENTRIES {
+            return Err(format!("the server holds its maximum of {MAX_ENTRIES} names"));
+        }
+        if total + blob.len() > c.max_bytes {
+            return Err(format!("the server holds {total} bytes; {} more would pass its budget of {} (RendezvousConfig::max_bytes)", blob.len(), c.max_bytes));
+        }
+        if names + 1 > c.max_names_per_client {
+            return Err(format!("{from} holds {names} names, the most one client may (RendezvousConfig::max_names_per_client)"));
+        }
+        if bytes + blob.len() > c.max_bytes_per_client {
+            return Err(format!("{from} holds {bytes} bytes; {} more would pass the {} one client may (RendezvousConfig::max_bytes_per_client)", blob.len(), c.max_bytes_per_client));
+        }
+        self.remove(&name);
+        self.bytes += blob.len();
+        let h = self.clients.entry(from).or_default();
+        h.names += 1;
+        h.bytes += blob.len();
+        self.entries.insert(name, Entry { blob, from, at: now });
+        Ok(())
+    }
+}
+
+fn serve(listener: TcpListener, stop: Arc<Mutex<bool>>, store: Store) {
+    let store = Mutex::new(store);
+    let server = Server { name: "gpudirect-rendezvous", max: MAX_CLIENTS, when_full: WhenFull::Close };
+    serve_each(&listener, &stop, &server, |s, from| {
+        if let Err(e) = answer(s, from.ip(), &store) {
+            tracing::warn!(%from, "rendezvous request not served: {e}");
+        }
+    });
+}
+
+fn answer(mut s: TcpStream, from: IpAddr, store: &Mutex<Store>) -> std::io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(SERVE_TIMEOUT))?;
+    s.set_write_timeout(Some(SERVE_TIMEOUT))?;
+    let nonce: [u8; TAG] = random();
+    let mut hello = MAGIC.to_vec();
+    hello.push(VERSION);
+    hello.extend_from_slice(&nonce);
+    s.write_all(&hello)?;
+    let req = read_request(&mut s)?;
+    let key = store.lock().key.clone();
+    let (status, body) = match req {
+        Err(why) => (REFUSED, why.into_bytes()),
+        Ok(r) if !key.verify(Label::RendezvousRequest, &[&nonce, &r.signed], &r.tag) => (
+            REFUSED,
+            b"the request's proof did not verify: this client does not hold the rendezvous server's cluster secret (GPUDIRECT_SECRET_FILE, RendezvousConfig::secret, TcpRendezvous::with_secret)".to_vec(),
+        ),
+        Ok(r) => {
+            let now = Instant::now();
+            let mut store = store.lock();
+            store.sweep(now);
+            match r.op {
+                Op::Publish => match store.publish(r.name, r.blob, from, now) {
+                    Ok(()) => (OK, Vec::new()),
+                    Err(why) => (REFUSED, why.into_bytes()),
+                },
+                Op::Lookup => match store.live(&r.name, now) {
+                    Some(e) => (OK, e.blob.clone()),
+                    None => (NOT_FOUND, Vec::new()),
+                },
+                Op::Withdraw => {
+                    store.remove(&r.name);
+                    (OK, Vec::new())
+                }
+            }
+        }
+    };
+    let mut out = vec![status];
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    let tag = key.tag(Label::RendezvousAnswer, &[&nonce, &out]);
+    out.extend_from_slice(&tag);
+    s.write_all(&out)
+}
