@@ -8,9 +8,14 @@
 //! decode engine frees its blocks).
 //!
 //! ```text
-//! decode:   cargo run --release --example kv_transfer -- --decode -d mlx5_0,mlx5_1
-//! prefill:  cargo run --release --example kv_transfer -- --prefill --connect decodehost -d mlx5_0,mlx5_1
+//! head -c 32 /dev/urandom > secret   # once; the same file on both hosts
+//! decode:   GPUDIRECT_SECRET_FILE=secret cargo run --release --example kv_transfer -- --decode -d mlx5_0,mlx5_1
+//! prefill:  GPUDIRECT_SECRET_FILE=secret cargo run --release --example kv_transfer -- --prefill --connect decodehost -d mlx5_0,mlx5_1
 //! ```
+//!
+//! The agents listen on every address, so they need the cluster's secret
+//! (`GPUDIRECT_SECRET_FILE`, or `--secret-file`): without it the decode
+//! side's memory port would be open to anyone who reaches it.
 //!
 //! With several devices each layer's request (1 MiB by default) is
 //! sliced across them (`AgentConfig::slice_threshold`); the prefill side
@@ -30,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gpudirect::bootstrap::{with_port, Handshake, OobChannel};
-use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, Op, Registration};
+use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, ClusterSecret, Op, Registration};
 use gpudirect::topology::PathLevel;
 use gpudirect::{Gpu, GpuBuffer, GpuPolicy};
 
@@ -46,6 +51,10 @@ struct Args {
     /// The decode side's host (HOST or HOST:PORT), for the metadata exchange.
     #[arg(long, value_name = "HOST[:PORT]")]
     connect: Option<String>,
+    /// The file holding the cluster's secret (default: the file named by
+    /// GPUDIRECT_SECRET_FILE).
+    #[arg(long, value_name = "PATH")]
+    secret_file: Option<std::path::PathBuf>,
     /// TCP port of the metadata exchange.
     #[arg(long, default_value_t = 18600)]
     port: u16,
@@ -151,16 +160,18 @@ fn main() -> ExitCode {
     }
 }
 
-fn config(args: &Args, name: &str) -> AgentConfig {
+fn config(args: &Args, name: &str) -> R<AgentConfig> {
     let mut c = AgentConfig::named(name);
     c.devices = args.devices.clone();
     c.gpu_path_limit = args.gpu_path_limit;
-    c
+    // None: the agent reads GPUDIRECT_SECRET_FILE itself.
+    c.secret = args.secret_file.as_ref().map(ClusterSecret::from_file).transpose()?;
+    Ok(c)
 }
 
 fn decode(args: &Args) -> R<()> {
     let timeout = Duration::from_secs(args.timeout);
-    let agent = Agent::new(config(args, "decode-0"))?;
+    let agent = Agent::new(config(args, "decode-0")?)?;
     println!("decode agent at {}; metadata exchange on port {}", agent.control_addr(), args.port);
     let listener = TcpListener::bind(("0.0.0.0", args.port))?;
     let mut oob = OobChannel::accept(&listener, timeout)?;
@@ -206,7 +217,7 @@ fn decode(args: &Args) -> R<()> {
 fn prefill(args: &Args) -> R<()> {
     let timeout = Duration::from_secs(args.timeout);
     let shape = Shape { layers: args.layers, blocks: args.blocks, block: args.block_size, steps: args.steps };
-    let agent = Agent::new(config(args, "prefill-0"))?;
+    let agent = Agent::new(config(args, "prefill-0")?)?;
     let kv = memory(&agent, args, "kv", shape.bytes())?;
     let addr = with_port(args.connect.as_deref().unwrap_or_default(), args.port);
     let mut oob = OobChannel::connect(addr.as_str(), timeout)?;

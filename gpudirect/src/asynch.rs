@@ -11,7 +11,7 @@
 //! the events, and start over.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -24,28 +24,35 @@ use crate::event::AsyncEvent;
 use crate::sync::Mutex;
 use crate::wc::WorkCompletion;
 
-/// A descriptor tokio watches but does not own (its owner closes it).
-pub(crate) struct Watched(RawFd);
+/// What tokio watches: a duplicate of a channel's descriptor, its own.
+/// Dropping the `AsyncFd` deregisters it and only then closes it, whatever
+/// its owner struct's field order, so the owner's descriptor being closed
+/// first (and its number reused by another thread's file) can never make
+/// the deregistration remove someone else's registration.
+pub(crate) struct Watched(OwnedFd);
 
 impl AsRawFd for Watched {
     fn as_raw_fd(&self) -> RawFd {
-        self.0
+        self.0.as_raw_fd()
     }
 }
 
-/// Registers `fd` with the current runtime's reactor. The caller keeps
-/// the descriptor's owner (the CQ or context) alive, in the same struct,
-/// for as long as the returned `AsyncFd`.
+/// Registers a duplicate of `fd` with the current runtime's reactor
+/// (readiness is the open file's, so the duplicate is readable exactly
+/// when `fd` is). The caller keeps the descriptor's owner (the CQ or
+/// context) alive for as long as the returned `AsyncFd`.
 pub(crate) fn watch(fd: RawFd) -> Result<AsyncFd<Watched>> {
     let refused = |why: String| {
         Error::InvalidArgument(format!("watching a completion or event channel with tokio failed ({why}): it needs a tokio runtime with I/O enabled"))
     };
     // Registering outside a runtime would panic: refuse instead.
     tokio::runtime::Handle::try_current().map_err(|e| refused(e.to_string()))?;
-    // SAFETY: `fd` is open, and stays open and the same file for the
-    // `AsyncFd`'s life: the caller stores it next to the handle that owns
-    // the descriptor (a CQ's channel, a context), which is dropped after it.
-    unsafe { AsyncFd::register_with_interest(Watched(fd), Interest::READABLE) }.map_err(|e| refused(e.to_string()))
+    // SAFETY: `fd` is open for the duration of this call: the caller
+    // holds the handle that owns it (a CQ's channel, a context).
+    let own = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned().map_err(|e| refused(format!("dup: {e}")))?;
+    // SAFETY: `Watched` owns the duplicate; it stays open, the same file,
+    // until the `AsyncFd` drops it, which deregisters it first.
+    unsafe { AsyncFd::register_with_interest(Watched(own), Interest::READABLE) }.map_err(|e| refused(e.to_string()))
 }
 
 /// Waits until `fd` is readable, or `notified` fires first.
@@ -242,5 +249,44 @@ impl AsyncEvents {
                 None => guard.clear_ready(),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe2 writes.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) }, 0);
+        // SAFETY: pipe2 succeeded: both are open and ours alone.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    use std::os::fd::FromRawFd;
+
+    /// The owner's descriptor closed before its watch is dropped (the
+    /// order a struct's fields once gave), and its number taken at once by
+    /// another file that another watch registers: dropping the first watch
+    /// must not deregister the second, which still wakes.
+    #[test]
+    fn a_watch_dropped_after_its_owner_closed_leaves_a_reused_number_alone() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build().unwrap();
+        rt.block_on(async {
+            let (r1, _w1) = pipe();
+            let number = r1.as_raw_fd();
+            let first = watch(number).unwrap();
+            drop(r1);
+            let (r2, w2) = pipe();
+            assert_eq!(r2.as_raw_fd(), number, "the lowest free number is reused");
+            let second = watch(r2.as_raw_fd()).unwrap();
+            drop(first);
+            // SAFETY: writing one byte from a valid buffer to an open pipe.
+            assert_eq!(unsafe { libc::write(w2.as_raw_fd(), b"x".as_ptr().cast(), 1) }, 1);
+            let woke = tokio::time::timeout(Duration::from_secs(2), second.readable()).await;
+            assert!(woke.is_ok(), "the second watch lost its registration");
+        });
     }
 }

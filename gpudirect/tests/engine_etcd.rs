@@ -42,6 +42,7 @@ fn main() -> std::process::ExitCode {
 fn agent(name: &str) -> R<Agent> {
     let mut c = AgentConfig::named(name);
     c.devices = vec![std::env::var("GPUDIRECT_TEST_DEVICE").unwrap_or_else(|_| "rxe0".into())];
+    c.secret = Some(gpudirect::engine::ClusterSecret::new(testkit::SECRET.to_vec())?);
     Ok(Agent::new(c)?)
 }
 

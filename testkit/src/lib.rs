@@ -65,6 +65,10 @@ pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
 }
 
+/// The cluster secret of the engine tests that listen on a network
+/// address (two guests): public, so a secret of tests only.
+pub const SECRET: &[u8; 32] = b"gpudirect test bed: not a secret";
+
 /// The RDMA device under test, named by `GPUDIRECT_TEST_DEVICE`
 /// (`testbed/run` sets it).
 ///

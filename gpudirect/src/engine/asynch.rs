@@ -17,102 +17,15 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 use std::task::Poll;
 
-use tokio::io::unix::AsyncFd;
 use tokio::sync::futures::Notified;
-use tokio::sync::Notify;
 
-use crate::asynch::{watch, Watched};
-use crate::cq::CompletionQueue;
 use crate::error::Error;
-use crate::sync::Mutex;
 
 use super::core::{Core, Phase};
 use super::error::EngineError;
-use super::nic::Nic;
-
-/// Told when a reap found completions, for the tasks that sleep.
-#[derive(Default)]
-pub(crate) struct Progress {
-    /// Tasks between their look and their sleep, or asleep: with none,
-    /// a reap costs one load here.
-    waiting: AtomicUsize,
-    notify: Notify,
-}
-
-impl Progress {
-    pub(crate) fn tell(&self) {
-        if self.waiting.load(Ordering::SeqCst) > 0 {
-            self.notify.notify_waiters();
-        }
-    }
-}
-
-/// Counts a task as waiting while it lives.
-struct Waiting<'a>(&'a Progress);
-
-impl<'a> Waiting<'a> {
-    fn new(p: &'a Progress) -> Waiting<'a> {
-        p.waiting.fetch_add(1, Ordering::SeqCst);
-        Waiting(p)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Each NIC's completion channels, registered with one runtime's reactor.
-/// Declared before the connection pool in [`Core`], so it is dropped
-/// (deregistered) while the CQs that own the descriptors are open.
-#[derive(Default)]
-pub(crate) struct Channels {
-    bound: OnceLock<(tokio::runtime::Id, Box<[NicFds]>)>,
-    /// Held while registering: a descriptor goes into a reactor once
-    /// (a second registration of it fails with EEXIST), so two first
-    /// awaits on two worker threads must not both register.
-    init: Mutex<()>,
-}
-
-pub(crate) struct NicFds {
-    send: AsyncFd<Watched>,
-    recv: AsyncFd<Watched>,
-}
-
-impl Channels {
-    fn get(&self, nics: &[Nic]) -> Result<&[NicFds], EngineError> {
-        let here = tokio::runtime::Handle::try_current()
-            .map_err(|e| Error::InvalidArgument(format!("awaiting the engine needs a tokio runtime with I/O enabled ({e})")))?
-            .id();
-        if self.bound.get().is_none() {
-            let _init = self.init.lock();
-            if self.bound.get().is_none() {
-                let fds = nics
-                    .iter()
-                    .map(|n| Ok(NicFds { send: watch(fd(&n.send_cq))?, recv: watch(fd(&n.recv_cq))? }))
-                    .collect::<Result<Box<[_]>, Error>>()?;
-                let _ = self.bound.set((here, fds));
-            }
-        }
-        let (bound, fds) = self.bound.get().expect("set above");
-        if *bound != here {
-            return Err(EngineError::Config(format!(
-                "this agent's completion channels are registered with tokio runtime {bound}, not {here}: await one agent from one runtime"
-            )));
-        }
-        Ok(fds)
-    }
-}
-
-fn fd(cq: &CompletionQueue) -> std::os::fd::RawFd {
-    use std::os::fd::{AsFd, AsRawFd};
-    cq.as_fd().as_raw_fd()
-}
+use super::wake::{NicFds, Waiting};
 
 /// Which of a NIC's two CQs a wait sleeps on.
 #[derive(Clone, Copy)]

@@ -219,7 +219,7 @@ pub(crate) struct Proven {
 /// Why a request was not served: refused with a reason the initiator
 /// gets (`answer`), or the connection failed before (no answer).
 pub(crate) enum NotProven {
-    Refuse { session: Session, reason: String, auth: Option<AuthError> },
+    Refuse { session: Box<Session>, reason: String, auth: Option<AuthError> },
     Failed(BootstrapError),
 }
 
@@ -242,20 +242,20 @@ pub(crate) fn receive(oob: &mut OobChannel, key: &Key, me: &Identity) -> Result<
     let proof = key.tag(Label::Target, &[&session.initiator, &session.target, &session.identity]);
     let mut got = oob.exchange(&Handshake { app: proof.to_vec(), ..Default::default() }).map_err(NotProven::Failed)?;
     if session.initiator == [0; TAG] {
-        return Err(NotProven::Refuse { session, reason: format!("not a control-protocol v{VERSION} hello: use the same gpudirect release on every agent"), auth: None });
+        return Err(NotProven::Refuse { session: Box::new(session), reason: format!("not a control-protocol v{VERSION} hello: use the same gpudirect release on every agent"), auth: None });
     }
     if got.app.len() < TAG {
-        return Err(NotProven::Refuse { session, reason: "a request too short to carry its proof".into(), auth: None });
+        return Err(NotProven::Refuse { session: Box::new(session), reason: "a request too short to carry its proof".into(), auth: None });
     }
     let tag = got.app.split_off(got.app.len() - TAG);
     let verified = got.encode().is_ok_and(|b| key.verify(Label::Initiator, &[&session.initiator, &session.target, &session.identity, &b], &tag));
     if !verified {
         let auth = AuthError::BadProof { what: "the connection request".into() };
-        return Err(NotProven::Refuse { session, reason: auth.to_string(), auth: Some(auth) });
+        return Err(NotProven::Refuse { session: Box::new(session), reason: auth.to_string(), auth: Some(auth) });
     }
     match Request::parse(&got.app) {
         Ok(req) => Ok(Proven { req, endpoint: got.endpoint, session }),
-        Err(reason) => Err(NotProven::Refuse { session, reason, auth: None }),
+        Err(reason) => Err(NotProven::Refuse { session: Box::new(session), reason, auth: None }),
     }
 }
 

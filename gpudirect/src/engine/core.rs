@@ -161,9 +161,9 @@ impl Hasher for IdHasher {
 pub(crate) struct Core {
     /// First: dropped while `pool`'s CQs are open (their descriptors).
     #[cfg(feature = "tokio")]
-    pub(crate) channels: super::asynch::Channels,
+    pub(crate) channels: super::wake::Channels,
     #[cfg(feature = "tokio")]
-    pub(crate) progress: super::asynch::Progress,
+    pub(crate) progress: super::wake::Progress,
     pub(crate) pool: Arc<ConnPool>,
     pub(crate) registry: Registry,
     outstanding: Mutex<HashMap<u64, Outstanding, BuildHasherDefault<IdHasher>>>,
@@ -320,14 +320,21 @@ impl Core {
         for wc in &wcs[..got] {
             self.on_send(nic, wc);
         }
-        // Only a reaped completion makes a notification ready (or frees
-        // the room one that found its queue full waits for).
         if got > 0 {
-            self.post_ready();
-            #[cfg(feature = "tokio")]
-            self.progress.tell();
+            self.reaped();
         }
         Ok(got)
+    }
+
+    /// After send completions were reaped, by whichever path: the
+    /// notifications they made ready go out (or the room one that found
+    /// its queue full waits for is there), and the tasks that sleep on
+    /// requests look again (a request they await may be done, and the
+    /// channel event that would have woken them may be taken).
+    pub(crate) fn reaped(&self) {
+        self.post_ready();
+        #[cfg(feature = "tokio")]
+        self.progress.tell();
     }
 
     /// Reaps NIC `nic`'s notification receives into the queue, reposting

@@ -146,6 +146,8 @@ mod peer;
 mod placement;
 mod stats;
 mod transfer;
+#[cfg(feature = "tokio")]
+mod wake;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};

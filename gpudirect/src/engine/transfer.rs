@@ -259,7 +259,7 @@ impl TransferRequest {
             *self.scratch.lock() = recycle(wrs);
         }
         if reaped {
-            self.core.post_ready();
+            self.core.reaped();
         }
         self.counted_post();
         Ok(())

@@ -12,6 +12,7 @@ const ENGINE_LEN: usize = 8 << 20;
 fn engine_agent(name: &str) -> R<Agent> {
     let mut c = AgentConfig::named(name);
     c.devices = vec![device()];
+    c.secret = Some(gpudirect::engine::ClusterSecret::new(testkit::SECRET.to_vec())?);
     Ok(Agent::new(c)?)
 }
 

@@ -320,7 +320,7 @@ mod tests {
         assert_eq!(good.lookup("decode-0", Duration::ZERO).unwrap(), sample());
         // A network address needs a secret (or `insecure`).
         match RendezvousServer::bind("0.0.0.0:0") {
-            Err(EngineError::Auth { source: crate::engine::AuthError::Unprotected { .. }, .. }) => {}
+            Err(EngineError::Auth { source: crate::engine::auth::AuthError::Unprotected { .. }, .. }) => {}
             Ok(_) if ClusterSecret::from_env().unwrap().is_some() => {}
             r => panic!("{r:?}"),
         }
