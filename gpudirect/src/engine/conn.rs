@@ -105,6 +105,8 @@ pub(crate) struct ConnPool {
     pub(crate) loaded: Mutex<HashMap<String, Arc<AgentMetadata>>>,
     /// Control requests refused (unproven, not as loaded, malformed).
     refused: AtomicU64,
+    /// Queue pairs created so far (connection setups, either side).
+    created: AtomicU64,
     /// This agent's control listener, as peers reach it.
     control: SocketAddr,
     pub(crate) nics: Vec<Nic>,
@@ -156,6 +158,7 @@ impl ConnPool {
             key,
             loaded: Mutex::default(),
             refused: AtomicU64::new(0),
+            created: AtomicU64::new(0),
             control,
             nics,
             qp,
@@ -228,6 +231,7 @@ impl ConnPool {
         if live >= n.max_connections {
             self.evict_one(nic)?;
         }
+        self.created.fetch_add(1, Ordering::Relaxed);
         Ok(QueuePair::create_with_srq(&n.pd, &n.send_cq, &n.recv_cq, &n.srq, &self.qp)?)
     }
 
@@ -426,6 +430,12 @@ impl ConnPool {
     /// Control requests this agent refused so far.
     pub(crate) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Queue pairs this agent created so far.
+    #[cfg(test)]
+    pub(crate) fn qps_created(&self) -> u64 {
+        self.created.load(Ordering::Relaxed)
     }
 
     /// Retires every connection to `peer`'s name that goes to another run

@@ -148,6 +148,8 @@ mod stats;
 mod transfer;
 #[cfg(feature = "tokio")]
 mod wake;
+#[cfg(test)]
+mod device_tests;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,183 @@
+//! Engine tests on a real device (Soft-RoCE in the bed) that need the
+//! crate's insides: hostile clients of the control port speaking the real
+//! protocol with keys and claims of their choosing (no secret, another
+//! secret, a replayed handshake, the secret but a name whose loaded
+//! metadata says otherwise: each refused before any queue pair is
+//! created, the legitimate peer beside them going on), and the word a
+//! post's own reaping owes the tasks that sleep.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::bootstrap::{Handshake, OobChannel};
+use crate::wire::Endpoint;
+
+use super::auth::{AuthError, ClusterSecret, Key, Label, TAG};
+use super::control::{self, Answer, Ask, Identity, Request};
+use super::{Agent, AgentConfig, EngineError, Op};
+
+const T: Option<Duration> = Some(Duration::from_secs(20));
+
+fn secret(b: u8) -> ClusterSecret {
+    ClusterSecret::new(vec![b; 32]).unwrap()
+}
+
+fn agent(name: &str, s: Option<ClusterSecret>) -> Agent {
+    let mut c = AgentConfig::named(name);
+    c.devices = vec![testkit::device()];
+    c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    c.secret = s;
+    Agent::new(c).unwrap()
+}
+
+/// An endpoint on the target's device, as a real client would send.
+fn endpoint(of: &Agent) -> Endpoint {
+    let n = &of.core.pool.nics[0];
+    Endpoint { qp_num: 0x42, psn: 1, lid: n.desc.lid, gid: n.desc.gid, mtu: n.desc.mtu }
+}
+
+/// A client of `target`'s control port proving with `key`, claiming
+/// `claim` at `control`; what came of it.
+fn ask(target: &Agent, key: &Key, claim: Identity, control: SocketAddr, ep: Endpoint) -> Result<Answer, EngineError> {
+    let mut oob = OobChannel::connect(target.control_addr(), Duration::from_secs(5)).unwrap();
+    let expect = Identity { name: target.name().into(), instance: target.core.pool.instance };
+    let req = Request { from: claim, control, theirs: 0, ours: 0, ask: Ask::Connect };
+    control::initiate(&mut oob, key, &expect, &req, Some(ep))
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn hostile_clients_are_refused_before_any_queue_pair_and_the_legitimate_peer_goes_on() {
+    let s = secret(1);
+    let decode = agent("decode-0", Some(s.clone()));
+    let prefill = agent("prefill-0", Some(s.clone()));
+    let table = decode.alloc("t", 1 << 20).unwrap();
+    let src = prefill.alloc("s", 1 << 20).unwrap();
+    // The decode side knows its legitimate peer: its name is bound to it.
+    decode.load_remote(&prefill.metadata()).unwrap();
+    let remote = prefill.load_remote(&decode.metadata()).unwrap().memory("t").unwrap();
+    let req = prefill.prepare(Op::Write, &[(src.range(..).unwrap(), remote.range(..).unwrap())], Some(b"legit")).unwrap();
+    let write = |fill: u8| {
+        src.fill(.., fill).unwrap();
+        req.post().unwrap();
+        req.wait(T).unwrap();
+        let n = decode.wait_notification(T).unwrap();
+        assert_eq!((n.peer.as_str(), n.msg.as_slice()), ("prefill-0", &b"legit"[..]));
+        let mut got = vec![0; 1 << 20];
+        table.read_at(0, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == fill));
+    };
+    write(1);
+    let pool = &decode.core.pool;
+    let (qps, conns) = (pool.qps_created(), decode.connections());
+    let me = Identity { name: "prefill-0".into(), instance: prefill.core.pool.instance };
+    let at = prefill.control_addr();
+    let ep = endpoint(&decode);
+
+    // 1. No secret, and 2. another secret: the client does not even get
+    // the target's proof to verify, and the target refuses its request.
+    for key in [Key::of(None), Key::of(Some(secret(2)))] {
+        match ask(&decode, &key, me.clone(), at, ep) {
+            Err(EngineError::Auth { source: AuthError::BadProof { .. }, .. }) => {}
+            r => panic!("a client without the secret got {:?}", r.map(|_| ())),
+        }
+    }
+    // 3. A replayed request: proven with the secret, but for nonces of an
+    // earlier connection.
+    let mut oob = OobChannel::connect(decode.control_addr(), Duration::from_secs(5)).unwrap();
+    let mut hello = vec![control::VERSION];
+    hello.extend_from_slice(&[7; TAG]);
+    let first = oob.exchange(&Handshake { app: hello, ..Default::default() }).unwrap();
+    let identity = first.app[1 + TAG..].to_vec();
+    let req3 = Request { from: me.clone(), control: at, theirs: 0, ours: 0, ask: Ask::Connect };
+    let mut recorded = Handshake { endpoint: Some(ep), buffers: vec![], app: req3.bytes() };
+    let key = Key::of(Some(s.clone()));
+    let old_nonce = [9; TAG];
+    let tag = key.tag(Label::Initiator, &[&[7; TAG], &old_nonce, &identity, &recorded.encode().unwrap()]);
+    recorded.app.extend_from_slice(&tag);
+    oob.exchange(&recorded).unwrap();
+    let answer = oob.exchange(&Handshake::default()).unwrap();
+    assert_eq!(answer.app[0], 1, "a replay is refused");
+    assert!(String::from_utf8_lossy(&answer.app[1..]).contains("did not verify"));
+    // 4. The secret, but not the agent loaded under the name it claims:
+    // another instance, another control address, another GID.
+    let other_run = Identity { name: "prefill-0".into(), instance: me.instance ^ 1 };
+    let mut other_gid = ep;
+    other_gid.gid.0[15] ^= 0xff;
+    let cases = [
+        (other_run, at, ep, "instance"),
+        (me.clone(), SocketAddr::from(([127, 0, 0, 9], at.port())), ep, "control address"),
+        (me.clone(), at, other_gid, "GID"),
+        (Identity { name: "decode-0".into(), instance: 5 }, at, ep, "own name"),
+    ];
+    for (claim, control, ep, what) in cases {
+        match ask(&decode, &key, claim, control, ep) {
+            Ok(Answer::Refused(reason)) => assert!(reason.contains(what) && reason.contains("does not match"), "{what}: {reason}"),
+            r => panic!("{what}: {:?}", r.map(|_| ())),
+        }
+    }
+    assert_eq!(pool.qps_created(), qps, "no queue pair was created for any of them");
+    assert_eq!(decode.connections(), conns);
+    // The first two end on the client's side first: let their server
+    // threads finish counting.
+    let counted = std::time::Instant::now();
+    while decode.refused_requests() < 7 && counted.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(decode.refused_requests(), 7);
+    // The legitimate peer beside them: writes and notifications as before,
+    // and nothing else was delivered.
+    write(2);
+    assert!(decode.notifications().unwrap().is_empty());
+    // Metadata sealed with another secret (or changed after sealing) is
+    // not loaded; a peer without the secret cannot load ours.
+    let stranger = agent("stranger", Some(secret(3)));
+    match stranger.load_remote(&decode.metadata()) {
+        Err(EngineError::Auth { source: AuthError::BadProof { what }, .. }) => assert!(what.contains("seal"), "{what}"),
+        r => panic!("{r:?}"),
+    }
+    let mut md = decode.metadata();
+    md.control = SocketAddr::from(([192, 0, 2, 66], 1));
+    assert!(matches!(prefill.load_remote(&md), Err(EngineError::Auth { .. })), "a redirected control address");
+}
+
+/// A post that falls back to posting as room frees reaps completions
+/// (some may finish requests that tasks await, and its channel waits take
+/// the events that would wake them): it must tell the sleeping tasks, as
+/// every other reap does. Checked directly: a task's registered wake-up
+/// is ready after such a post. (Before, it was not: a task could sleep on
+/// a done request.)
+#[cfg(feature = "tokio")]
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_posts_fallback_reaping_tells_the_sleeping_tasks() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let mut c = AgentConfig::named("prefill");
+    c.devices = vec![testkit::device()];
+    c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    c.send_depth = 8;
+    let prefill = Agent::new(c).unwrap();
+    let decode = agent("decode", None);
+    let src = prefill.alloc("src", 64 * 4096).unwrap();
+    decode.alloc("t", 64 * 4096).unwrap();
+    let t = prefill.load_remote(&decode.metadata()).unwrap().memory("t").unwrap();
+    let entries: Vec<_> = (0..64u64).map(|i| (src.range(i as usize * 4096..(i as usize + 1) * 4096).unwrap(), t.range(i * 4096..(i + 1) * 4096).unwrap())).collect();
+    let long = prefill.prepare(Op::Write, &entries, None).unwrap();
+    long.post().unwrap();
+    long.wait(T).unwrap();
+    let progress = &prefill.core.progress;
+    for round in 0..5 {
+        // A task between its look and its sleep, as `completed` has it.
+        let _waiting = super::wake::Waiting::new(progress);
+        let notified = progress.notify.notified();
+        let mut notified = std::pin::pin!(notified);
+        notified.as_mut().enable();
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(notified.as_mut().poll(&mut cx).is_pending());
+        // 64 requests into an 8-deep queue: posted as room frees.
+        long.post().unwrap();
+        assert_eq!(notified.as_mut().poll(&mut cx), Poll::Ready(()), "round {round}: the post reaped and told nobody");
+        long.wait(T).unwrap();
+    }
+}
