@@ -1,6 +1,7 @@
 //! `gpudirect`: says whether GPUDirect RDMA works on this machine and why
-//! not (`doctor`), what an NCCL log says about it (`nccl-log`), and
-//! measures bandwidth and latency the way perftest does (`bw`, `lat`).
+//! not (`doctor`), what an NCCL log says about it (`nccl-log`), measures
+//! bandwidth and latency the way perftest does (`bw`, `lat`), and serves
+//! the transfer engine's rendezvous for a job (`rendezvous`).
 //!
 //! Logs (the library's, through `tracing`) go to stderr: warnings by
 //! default, more with `RUST_LOG=info` or `RUST_LOG=debug`.
@@ -9,7 +10,7 @@
 //! 2 when the tool itself could not run; `nccl-log` 0 when the log shows
 //! GPUDirect RDMA used, 1 when not or only partly, 3 when the log cannot
 //! tell, 2 when the log could not be read; `bw` and `lat` 0 on success, 1
-//! on any error.
+//! on any error; `rendezvous` runs until stopped, 2 when it cannot start.
 
 mod doctor;
 mod nccl_log;
@@ -53,6 +54,27 @@ enum Command {
     Bw(perf::bw::BwArgs),
     /// Latency per message size, measured as perftest's ib_write_lat / ib_send_lat.
     Lat(perf::lat::LatArgs),
+    /// Serve the transfer engine's rendezvous (agents publish their
+    /// metadata and look each other up by name) until stopped.
+    Rendezvous {
+        /// Address to listen on (IP:PORT).
+        #[arg(long, default_value = "127.0.0.1:18700")]
+        listen: String,
+        /// The file holding the cluster's secret (default: the file named
+        /// by GPUDIRECT_SECRET_FILE). Needed for a non-loopback address.
+        #[arg(long, value_name = "PATH")]
+        secret_file: Option<PathBuf>,
+        /// Serve a network address without a secret: anyone who reaches it
+        /// may publish and withdraw any name.
+        #[arg(long)]
+        insecure: bool,
+        /// Drop an entry not published again within this many seconds.
+        #[arg(long, value_name = "SECS")]
+        lease: Option<u64>,
+        /// Metadata held in all, in MiB.
+        #[arg(long, default_value_t = 256, value_name = "MIB")]
+        max_mib: usize,
+    },
     /// Explain an NCCL_DEBUG=INFO log: was GPUDirect RDMA used?
     NcclLog {
         /// The log file, or - for standard input.
@@ -90,6 +112,7 @@ fn main() -> ExitCode {
             }
             ExitCode::from(if report.verdict.available { 0 } else { 1 })
         }
+        Command::Rendezvous { listen, secret_file, insecure, lease, max_mib } => rendezvous(&listen, secret_file, insecure, lease, max_mib),
         Command::Bw(a) => perf_result(perf::bw::run(&a), a.common.json, "bw"),
         Command::Lat(a) => perf_result(perf::lat::run(&a), a.common.json, "lat"),
         Command::NcclLog { file, json } => {
@@ -114,6 +137,38 @@ fn main() -> ExitCode {
                 nccl_log::Verdict::Partial | nccl_log::Verdict::NotUsed => 1,
                 nccl_log::Verdict::Unknown => 3,
             })
+        }
+    }
+}
+
+/// Serves the rendezvous until the process is stopped; 2 when it cannot start.
+fn rendezvous(listen: &str, secret_file: Option<PathBuf>, insecure: bool, lease: Option<u64>, max_mib: usize) -> ExitCode {
+    use gpudirect::engine::{ClusterSecret, RendezvousConfig, RendezvousServer};
+    let secret = match secret_file.map(ClusterSecret::from_file).transpose() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("gpudirect rendezvous: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let config = RendezvousConfig {
+        secret,
+        insecure,
+        lease: lease.map(std::time::Duration::from_secs),
+        max_bytes: max_mib.saturating_mul(1 << 20),
+        ..RendezvousConfig::default()
+    };
+    match RendezvousServer::bind_with(listen, config) {
+        Ok(server) => {
+            println!("gpudirect rendezvous listening on {}", server.addr());
+            let _ = std::io::stdout().flush();
+            loop {
+                std::thread::park();
+            }
+        }
+        Err(e) => {
+            eprintln!("gpudirect rendezvous: {e}");
+            ExitCode::from(2)
         }
     }
 }
@@ -169,5 +224,6 @@ mod tests {
         assert!(e.to_string().contains("possible values: write, send"), "{e}");
         assert!(parse(&["bw", "--op", "read", "nodeA"]).is_ok());
         assert!(matches!(parse(&["doctor", "-d", "mlx5_0"]).unwrap().command, Command::Doctor { .. }));
+        assert!(matches!(parse(&["rendezvous", "--listen", "0.0.0.0:7000", "--lease", "30"]).unwrap().command, Command::Rendezvous { lease: Some(30), .. }));
     }
 }
