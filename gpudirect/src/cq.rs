@@ -344,6 +344,37 @@ impl CompletionQueue {
     /// Puts reaped completions back, ahead of everything not yet handed
     /// out, for the next polls: what a reaper that stopped part-way did not
     /// hand to anyone is not lost.
+    /// Drops every completion of queue pair `qp_num` still in the device's
+    /// queue (the fault hook's emulation of a provider that purges them at
+    /// destroy; what this side already took stays).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fn purge(&self, qp_num: u32) {
+        let mut st = self.inner.state.lock();
+        let mut wcs = [WorkCompletion::default(); 64];
+        while let Ok(n) = self.reap(&mut st, &mut wcs) {
+            if n == 0 {
+                break;
+            }
+            let kept: Vec<_> = wcs[..n].iter().filter(|wc| wc.qp_num != qp_num).copied().collect();
+            st.backlog.extend(kept);
+        }
+    }
+
+    /// Takes every completion in the device's queue into this side's
+    /// backlog, where the next polls find them in order: what a queue pair
+    /// about to be destroyed completed survives a provider that purges a
+    /// destroyed queue pair's completions.
+    pub(crate) fn stash_all(&self) {
+        let mut st = self.inner.state.lock();
+        let mut wcs = [WorkCompletion::default(); 64];
+        while let Ok(n) = self.reap(&mut st, &mut wcs) {
+            if n == 0 {
+                break;
+            }
+            st.backlog.extend(wcs[..n].iter().copied());
+        }
+    }
+
     pub(crate) fn unread(&self, wcs: &[WorkCompletion]) {
         let mut st = self.inner.state.lock();
         for wc in wcs.iter().rev() {

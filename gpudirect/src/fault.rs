@@ -3,7 +3,7 @@
 //! on): makes a verb that cannot be made to fail on demand report a
 //! failure, so the path that handles it runs for real. Not for production.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 static DEREG_MR_FAILURES: AtomicU32 = AtomicU32::new(0);
 
@@ -18,4 +18,28 @@ pub fn fail_next_dereg_mr(n: u32) {
 /// Whether this deregistration is to fail (and counts it).
 pub(crate) fn take_dereg_mr_failure() -> bool {
     DEREG_MR_FAILURES.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+}
+
+static PURGE_ON_DESTROY: AtomicBool = AtomicBool::new(false);
+static SRQ_POST_FAILURES: AtomicU32 = AtomicU32::new(0);
+
+/// While `on`, destroying a queue pair also removes its completions not
+/// yet polled from its completion queues, as mlx5 does (rxe keeps them):
+/// what a destroyed queue pair had received and nobody had reaped is gone.
+pub fn purge_on_destroy(on: bool) {
+    PURGE_ON_DESTROY.store(on, Ordering::SeqCst);
+}
+
+pub(crate) fn purging() -> bool {
+    PURGE_ON_DESTROY.load(Ordering::SeqCst)
+}
+
+/// The next `n` receive posts to shared receive queues fail with `ENOMEM`
+/// before reaching the device, as `ibv_post_srq_recv` may.
+pub fn fail_next_srq_post(n: u32) {
+    SRQ_POST_FAILURES.store(n, Ordering::SeqCst);
+}
+
+pub(crate) fn take_srq_post_failure() -> bool {
+    SRQ_POST_FAILURES.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
 }

@@ -166,6 +166,10 @@ impl SharedReceiveQueue {
     /// posted); [`Error::Verb`] from `ibv_post_srq_recv` (the receives
     /// before the refused one were posted).
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        #[cfg(feature = "fault-injection")]
+        if crate::fault::take_srq_post_failure() {
+            return Err(Error::Verb { verb: "ibv_post_srq_recv", errno: crate::error::Errno(libc::ENOMEM) });
+        }
         let inner = &self.inner;
         let gather = RecvWr::check_batch(wrs, &inner.pd, inner.config.max_sge, "SrqConfig::max_sge")?;
         let srq = inner.srq.as_ptr();

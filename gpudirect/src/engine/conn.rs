@@ -55,11 +55,29 @@ pub(crate) struct Conn {
     remote_nic: usize,
     /// The pool's use count at its last use: the least recent is evicted.
     used: AtomicU64,
+    /// Its NIC's receive queue's completions, kept at its end.
+    recv_cq: crate::cq::CompletionQueue,
+}
+
+impl Drop for Conn {
+    /// Its receives come from the NIC's shared receive queue: what it
+    /// received and nobody reaped yet (a notification, and the slot to
+    /// post again) must outlive it, and a provider may remove a destroyed
+    /// queue pair's completions (mlx5 does). So it stops receiving (error
+    /// state), and what completed is taken into the queue's backlog before
+    /// the queue pair is destroyed; the next reap hands it out.
+    fn drop(&mut self) {
+        if let Err(e) = self.qp.move_to_error() {
+            tracing::debug!(peer = %self.peer, qp = self.qp.endpoint().qp_num, "engine connection to the error state: {e}");
+        }
+        self.recv_cq.stash_all();
+    }
 }
 
 impl Conn {
-    fn new(qp: QueuePair, peer: &Identity, control: SocketAddr, nic: usize, remote_nic: usize) -> Conn {
-        Conn { qp, peer: peer.name.as_str().into(), instance: peer.instance, control, nic, remote_nic, used: AtomicU64::new(0) }
+    fn new(qp: QueuePair, peer: &Identity, control: SocketAddr, nic: (usize, &Nic), remote_nic: usize) -> Conn {
+        let recv_cq = nic.1.recv_cq.clone();
+        Conn { qp, peer: peer.name.as_str().into(), instance: peer.instance, control, nic: nic.0, remote_nic, used: AtomicU64::new(0), recv_cq }
     }
 
     fn peer_identity(&self) -> Identity {
@@ -326,7 +344,7 @@ impl ConnPool {
         };
         let qp = prepared.connect(&remote)?;
         tracing::info!(peer = %peer.name, nic, remote_nic, qp = qp.endpoint().qp_num, setup_us = started.elapsed().as_micros() as u64, "engine connected");
-        Ok(Conn::new(qp, &them, peer.control, nic, remote_nic))
+        Ok(Conn::new(qp, &them, peer.control, (nic, &self.nics[nic]), remote_nic))
     }
 
     /// Whether `req` (with `endpoint`) is the agent loaded here under its
@@ -400,7 +418,7 @@ impl ConnPool {
             Err(e) => return refuse(&mut oob, e),
         };
         let endpoint = qp.endpoint();
-        let conn = Arc::new(Conn::new(qp, &req.from, req.control, req.ours, req.theirs));
+        let conn = Arc::new(Conn::new(qp, &req.from, req.control, (req.ours, &self.nics[req.ours]), req.theirs));
         self.add_live(req.ours, conn.clone());
         // Sends to that peer use it unless we set one up ourselves.
         self.send_on(req.from.name.as_str().into(), (req.ours, req.theirs), conn, false);

@@ -168,6 +168,9 @@ pub(crate) struct Core {
     pub(crate) registry: Registry,
     outstanding: Mutex<HashMap<u64, Outstanding, BuildHasherDefault<IdHasher>>>,
     notes: Mutex<VecDeque<Notification>>,
+    /// Notifications received whose GPU flush failed: handed out only
+    /// after a flush succeeds, before any received later.
+    unflushed: Mutex<Vec<Notification>>,
     /// Notifications whose post's data is complete, to go out (by id).
     ready: Mutex<Vec<(u64, Deferred)>>,
     next_id: AtomicU64,
@@ -186,6 +189,7 @@ impl Core {
             registry: Registry::default(),
             outstanding: Mutex::default(),
             notes: Mutex::default(),
+            unflushed: Mutex::default(),
             ready: Mutex::default(),
             next_id: AtomicU64::new(1),
             peers: Mutex::default(),
@@ -338,9 +342,14 @@ impl Core {
     }
 
     /// Reaps NIC `nic`'s notification receives into the queue, reposting
-    /// each slot; GPU memory is flushed before any is handed out.
+    /// each slot; GPU memory is flushed before any is handed out. A batch
+    /// is finished whatever fails in it: every notification decoded is
+    /// kept (queued, or held until a flush succeeds), every slot reposted
+    /// or kept to be reposted at the next reap; then the first error is
+    /// returned.
     pub(crate) fn progress_recv(&self, nic: usize, wait: Option<Duration>) -> Result<usize, EngineError> {
         let n = &self.pool.nics[nic];
+        let mut first_err: Option<EngineError> = n.repost_held().err().map(EngineError::from);
         let mut wcs = [WorkCompletion::default(); 32];
         let got = reap(&n.recv_cq, &mut wcs, wait)?;
         let mut fresh = Vec::new();
@@ -348,7 +357,6 @@ impl Core {
             let slot = wc.wr_id as usize;
             if wc.status == WcStatus::Success {
                 let mut buf = vec![0; (wc.byte_len as usize).min(SLOT)];
-                // The slot goes back to the queue whatever happens here.
                 let read = n.slots.read_at(slot * SLOT, &mut buf).map_err(|e| e.to_string());
                 let peer = self.pool.peer_of(nic, wc.qp_num);
                 match (read.and_then(|()| notify::decode(&buf)), peer) {
@@ -357,19 +365,34 @@ impl Core {
                     (Ok(_), None) => tracing::warn!(nic, qp = wc.qp_num, "dropped a notification from a connection no longer known"),
                 }
             } else if let Err(e) = wc.ok() {
-                // A receive fails when its message does not fit a slot:
-                // that queue pair is in error now.
+                // A receive fails when its message does not fit a slot
+                // (that queue pair is in error now), or is flushed from a
+                // queue pair moved to error before it closed.
                 self.lose(nic, wc.qp_num, e);
             }
-            n.repost(slot)?;
+            // The slot goes back to the queue whatever happened above.
+            if let Err(e) = n.repost(slot) {
+                first_err.get_or_insert(e.into());
+            }
         }
-        if !fresh.is_empty() {
-            self.registry.flush_gpu_writes()?;
-            self.notes.lock().extend(fresh);
-            #[cfg(feature = "tokio")]
-            self.progress.tell();
+        let held = !self.unflushed.lock().is_empty();
+        if !fresh.is_empty() || held {
+            match self.registry.flush_gpu_writes() {
+                Ok(()) => {
+                    let mut notes = self.notes.lock();
+                    notes.extend(self.unflushed.lock().drain(..));
+                    notes.extend(fresh);
+                    drop(notes);
+                    #[cfg(feature = "tokio")]
+                    self.progress.tell();
+                }
+                Err(e) => {
+                    self.unflushed.lock().extend(fresh);
+                    first_err.get_or_insert(e.into());
+                }
+            }
         }
-        Ok(got)
+        first_err.map_or(Ok(got), Err)
     }
 
     /// Reaps every NIC's notification receives; how many it found.

@@ -14,6 +14,7 @@ use crate::pd::ProtectionDomain;
 use crate::port::{Mtu, PortAttr};
 use crate::srq::{SharedReceiveQueue, SrqConfig};
 use crate::wr::RecvWr;
+use crate::sync::Mutex;
 
 use super::desc::NicDesc;
 use super::notify::SLOT;
@@ -49,6 +50,8 @@ pub(crate) struct Nic {
     pub(crate) srq: SharedReceiveQueue,
     /// `srq_depth` receive slots of [`SLOT`] bytes.
     pub(crate) slots: MemoryRegion,
+    /// Slots whose repost failed, to be posted again at the next reap.
+    held: Mutex<Vec<usize>>,
     pub(crate) desc: NicDesc,
     pub(crate) gid: GidChoice,
     pub(crate) max_connections: usize,
@@ -88,7 +91,7 @@ impl Nic {
             gid: gid.entry.gid,
             mtu: port.active_mtu.unwrap_or(Mtu::Mtu1024),
         };
-        let nic = Nic { pd, send_cq, recv_cq, srq, slots, desc, gid, max_connections, bytes: AtomicU64::new(0), posts: AtomicU64::new(0) };
+        let nic = Nic { pd, send_cq, recv_cq, srq, slots, held: Mutex::default(), desc, gid, max_connections, bytes: AtomicU64::new(0), posts: AtomicU64::new(0) };
         // The receives go in only once the receive CQ is attached, which
         // the first queue pair does; posting into an SRQ before is fine.
         let wrs = (0..s.srq_depth as usize)
@@ -111,7 +114,29 @@ impl Nic {
     }
 
     /// Gives receive slot `slot` back to the shared receive queue.
+    /// Posts receive slot `slot` again; one that fails is kept for
+    /// [`repost_held`](Self::repost_held), so no slot is lost to a failure.
     pub(crate) fn repost(&self, slot: usize) -> Result<()> {
+        let r = self.post_slot(slot);
+        if r.is_err() {
+            self.held.lock().push(slot);
+        }
+        r
+    }
+
+    /// Posts again the slots whose repost failed before.
+    pub(crate) fn repost_held(&self) -> Result<()> {
+        let held = std::mem::take(&mut *self.held.lock());
+        let mut first = Ok(());
+        for slot in held {
+            if let Err(e) = self.repost(slot) {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+
+    fn post_slot(&self, slot: usize) -> Result<()> {
         self.srq.post_recv(&[RecvWr::new(self.slots.slice(slot * SLOT..(slot + 1) * SLOT)?).wr_id(slot as u64)])
     }
 }

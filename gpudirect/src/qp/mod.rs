@@ -77,6 +77,12 @@ pub(crate) fn destroy_qp(
 ) -> bool {
     // SAFETY: the QP came from ibv_create_qp and is destroyed once, here.
     let ret = unsafe { sys::ibv_destroy_qp(qp.as_ptr()) };
+    #[cfg(feature = "fault-injection")]
+    if ret == 0 && crate::fault::purging() {
+        for cq in cqs {
+            cq.purge(qp_num);
+        }
+    }
     for cq in cqs {
         cq.unregister(qp_num, tracker);
     }
@@ -537,6 +543,22 @@ impl QueuePair {
     /// As [`PreparedQueuePair::post_recv`].
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         self.inner.post_recv(wrs)
+    }
+
+    /// Moves the queue pair to the error state (`ibv_modify_qp` to
+    /// `IBV_QPS_ERR`): it sends and receives nothing more, and its work
+    /// requests not yet completed complete flushed. Before destroying a
+    /// queue pair whose receives come from a shared receive queue, this,
+    /// then reaping its completions, keeps what it received (a provider
+    /// may drop a destroyed queue pair's completions not yet polled).
+    ///
+    /// # Errors
+    /// [`Error::Verb`] from `ibv_modify_qp`.
+    pub fn move_to_error(&self) -> Result<()> {
+        // SAFETY: an all-zero ibv_qp_attr is valid; only qp_state is read.
+        let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = sys::IBV_QPS_ERR;
+        modify_qp(self.inner.qp, &mut attr, sys::IBV_QP_STATE)
     }
 
     /// The current state (`ibv_query_qp`); [`QpState::Error`] after a
