@@ -57,6 +57,8 @@ pub(crate) struct Conn {
     used: AtomicU64,
     /// Its NIC's receive queue's completions, kept at its end.
     recv_cq: crate::cq::CompletionQueue,
+    /// Held by a post that goes out in pieces as room frees.
+    pub(crate) posting: Mutex<()>,
 }
 
 impl Drop for Conn {
@@ -77,7 +79,7 @@ impl Drop for Conn {
 impl Conn {
     fn new(qp: QueuePair, peer: &Identity, control: SocketAddr, nic: (usize, &Nic), remote_nic: usize) -> Conn {
         let recv_cq = nic.1.recv_cq.clone();
-        Conn { qp, peer: peer.name.as_str().into(), instance: peer.instance, control, nic: nic.0, remote_nic, used: AtomicU64::new(0), recv_cq }
+        Conn { qp, peer: peer.name.as_str().into(), instance: peer.instance, control, nic: nic.0, remote_nic, used: AtomicU64::new(0), recv_cq, posting: Mutex::new(()) }
     }
 
     fn peer_identity(&self) -> Identity {

@@ -224,7 +224,8 @@ impl TransferRequest {
         let mut total = 0;
         let mut reaped = false;
         for (i, lane) in self.lanes.iter().enumerate() {
-            let qp = &conns.as_slice()[i].qp;
+            let conn = &conns.as_slice()[i];
+            let qp = &conn.qp;
             let wrs = match self.requests(id, i) {
                 Ok(w) => w,
                 Err(e) if i == 0 => {
@@ -236,13 +237,20 @@ impl TransferRequest {
             let core = &self.core;
             let nic = lane.nic;
             // One batch when the send queue has room (nothing is posted when
-            // it has not); else as room frees, reaping meanwhile.
+            // it has not); else as room frees, reaping meanwhile, one
+            // request at a time per connection: a batch always ends
+            // signaled, but pieces of two threads' requests side by side
+            // could fill the queue with unsignaled ones that no completion
+            // would ever free.
             let posted = match qp.post_send(&wrs) {
-                Err(crate::error::Error::QueueFull { .. }) => qp.post_send_all(&wrs, Some(core.pool.timeout), |wc| {
-                    core.on_send(nic, &wc);
-                    reaped = true;
-                    Ok(())
-                }),
+                Err(crate::error::Error::QueueFull { .. }) => {
+                    let _turn = conn.posting.lock();
+                    qp.post_send_all(&wrs, Some(core.pool.timeout), |wc| {
+                        core.on_send(nic, &wc);
+                        reaped = true;
+                        Ok(())
+                    })
+                }
                 r => r.map_err(|error| crate::qp::PartialPost { posted: 0, error }),
             };
             match posted {

@@ -506,7 +506,7 @@ impl QpInner {
             }
             if !signaled_pending {
                 return Err(fail(Error::InvalidArgument(format!(
-                    "the send queue ({} deep) is full of unsignaled requests, and only a signaled request's                      completion frees their room: signal at least one request in every {}",
+                    "the send queue ({} deep) is full of unsignaled requests, and only a signaled request's completion frees their room: signal at least one request in every {}",
                     self.config.max_send_wr, self.config.max_send_wr
                 ))));
             }
