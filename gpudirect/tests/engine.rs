@@ -283,6 +283,9 @@ fn a_dead_peer_fails_only_its_transfers_and_a_restarted_one_is_reconnected() {
     }
     assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
     assert!(matches!(lost.status(), Err(EngineError::PeerLost { .. })), "the failure is reported until the next post");
+    let (events, dropped) = a.peer_events();
+    assert!(matches!(&events[..], [gpudirect::engine::PeerEvent::Lost { peer, .. }] if peer == "doomed"), "{events:?}");
+    assert_eq!(dropped, 0);
     let s = lost.stats();
     assert_eq!((s.posts, s.completed, s.failed, s.connects), (2, 1, 1, 1), "{s:?}");
     ok.wait(T).unwrap();

@@ -11,7 +11,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
-use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, AuthError, EngineError, Op};
+use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, AuthError, EngineError, Op, PeerEvent};
 use testkit::device;
 
 const T: Option<Duration> = Some(Duration::from_secs(20));
@@ -110,6 +110,8 @@ fn a_restart_is_seen_when_its_metadata_is_loaded() {
     assert_ne!(new_md.instance, old_md.instance, "every run has its own instance");
     let t = prefill.load_remote(&new_md).unwrap().memory("t").unwrap();
     assert_eq!(prefill.connections(), 0, "the connection to the old run is retired at the load");
+    let replaced = PeerEvent::Replaced { peer: "decode-0".into(), old: old_md.instance, new: new_md.instance };
+    assert_eq!(prefill.peer_events(), (vec![replaced], 0), "the restart is told");
     src.fill(.., 0x5a).unwrap();
     let req = prefill.prepare(Op::Write, &[(src.range(..).unwrap(), t.range(..).unwrap())], Some(b"two")).unwrap();
     let started = Instant::now();
@@ -136,6 +138,7 @@ fn a_restart_is_seen_when_its_metadata_is_loaded() {
     }
     assert_eq!(new.refused_requests(), 1);
     new.load_remote(&md(&again)).unwrap();
+    assert!(new.peer_events().0.iter().any(|e| matches!(e, PeerEvent::Replaced { peer, .. } if peer == "prefill-0")));
     req.post().unwrap();
     req.wait(T).unwrap();
     assert_eq!(new.wait_notification(T).unwrap().msg, b"three");

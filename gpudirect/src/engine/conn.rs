@@ -37,6 +37,7 @@ use super::auth::{AuthError, Key};
 use super::control::{self, Answer, Ask, Identity, NotProven, Request};
 use super::desc::AgentMetadata;
 use super::error::EngineError;
+use super::events::{Events, PeerEvent};
 use super::nic::Nic;
 /// Bound on serving one connection request: a peer that connects and
 /// stalls holds one of the listener's [`MAX_SERVING`] slots this long at
@@ -127,6 +128,8 @@ pub(crate) struct ConnPool {
     refused: AtomicU64,
     /// Queue pairs created so far (connection setups, either side).
     created: AtomicU64,
+    /// What happened to peers, for `Agent::peer_events`.
+    pub(crate) events: Mutex<Events>,
     /// This agent's control listener, as peers reach it.
     control: SocketAddr,
     pub(crate) nics: Vec<Nic>,
@@ -179,6 +182,7 @@ impl ConnPool {
             loaded: Mutex::default(),
             refused: AtomicU64::new(0),
             created: AtomicU64::new(0),
+            events: Mutex::default(),
             control,
             nics,
             qp,
@@ -414,7 +418,9 @@ impl ConnPool {
             return refuse(&mut oob, EngineError::Refused { peer: req.from.name.clone(), reason: "the request carries no endpoint".into() });
         };
         // Connections to an earlier run of this peer go nowhere now.
-        self.retire_other_runs(&req.from);
+        if let Some(old) = self.retire_other_runs(&req.from) {
+            self.replaced(&req.from.name, old, req.from.instance);
+        }
         let qp = match self.create_qp(req.ours).and_then(|p| Ok(p.connect(&ep)?)) {
             Ok(qp) => qp,
             Err(e) => return refuse(&mut oob, e),
@@ -461,16 +467,25 @@ impl ConnPool {
     /// Retires every connection to `peer`'s name that goes to another run
     /// of it: that process is gone (it restarted). Posts still holding
     /// one fail on their own.
-    pub(crate) fn retire_other_runs(&self, peer: &Identity) {
+    /// Returns the earlier run's instance when there were any.
+    pub(crate) fn retire_other_runs(&self, peer: &Identity) -> Option<u64> {
         let stale: Vec<(usize, u32)> =
             self.live.lock().iter().filter(|(_, c)| *c.peer == *peer.name && c.instance != peer.instance).map(|(k, _)| *k).collect();
+        let mut old = None;
         for (nic, qpn) in stale {
             if let Some(conn) = self.live.lock().remove(&(nic, qpn)) {
                 self.gone.lock().insert((nic, qpn), conn.peer.clone());
                 unlist(&mut self.sending.lock(), &conn);
                 tracing::info!(peer = %peer.name, nic, qp = qpn, old = %format!("{:016x}", conn.instance), new = %format!("{:016x}", peer.instance), "engine connection to an earlier run of the peer retired");
+                old = Some(conn.instance);
             }
         }
+        old
+    }
+
+    /// Records that `peer` is now run `new`, replacing run `old`.
+    pub(crate) fn replaced(&self, peer: &str, old: u64, new: u64) {
+        self.events.lock().push(PeerEvent::Replaced { peer: peer.to_owned(), old, new });
     }
 
     /// The peer a completion on local NIC `nic`, queue pair `qpn`, is from
@@ -484,10 +499,11 @@ impl ConnPool {
 
     /// Drops a failed connection; the next transfer to its peer sets up a
     /// new one. The caller has failed the requests outstanding on it.
-    pub(crate) fn retire(&self, nic: usize, qpn: u32) {
+    pub(crate) fn retire(&self, nic: usize, qpn: u32, completion: crate::wc::WcError) {
         let Some(conn) = self.live.lock().remove(&(nic, qpn)) else { return };
         self.gone.lock().insert((nic, qpn), conn.peer.clone());
         unlist(&mut self.sending.lock(), &conn);
+        self.events.lock().push(PeerEvent::Lost { peer: conn.peer.to_string(), completion });
         tracing::warn!(peer = %conn.peer, nic, qp = qpn, "engine connection failed; retired (the next transfer reconnects)");
     }
 

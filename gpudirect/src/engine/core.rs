@@ -309,7 +309,7 @@ impl Core {
         for o in failed {
             o.state.end(Phase::Failed(Failure::Lost { peer: peer.clone(), completion }));
         }
-        self.pool.retire(nic, qpn);
+        self.pool.retire(nic, qpn, completion);
     }
 
     /// Reaps NIC `nic`'s send completions: what is there (`wait` `None`),

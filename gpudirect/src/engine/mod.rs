@@ -138,6 +138,7 @@ mod control;
 mod core;
 mod desc;
 mod error;
+mod events;
 mod memory;
 mod meta;
 mod nic;
@@ -168,6 +169,7 @@ use crate::topology::PathLevel;
 pub use auth::{AuthError, ClusterSecret, MIN_SECRET, SECRET_ENV, SECRET_FILE_ENV};
 pub use desc::{AgentMetadata, MemoryDesc, MetadataError, NicDesc, MAX_MEMORIES, MAX_METADATA, MAX_NAME, MAX_NICS, METADATA_MAGIC, METADATA_VERSION, SEAL_LEN};
 pub use error::EngineError;
+pub use events::{PeerEvent, MAX_PEER_EVENTS};
 pub use memory::{LocalRange, Registration};
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
@@ -602,8 +604,11 @@ impl Agent {
             return Err(EngineError::Auth { peer: md.name.clone(), source: AuthError::BadProof { what } });
         }
         let md = Arc::new(md.clone());
-        pool.loaded.lock().insert(md.name.clone(), md.clone());
-        pool.retire_other_runs(&control::Identity { name: md.name.clone(), instance: md.instance });
+        let before = pool.loaded.lock().insert(md.name.clone(), md.clone()).map(|b| b.instance);
+        let retired = pool.retire_other_runs(&control::Identity { name: md.name.clone(), instance: md.instance });
+        if let Some(old) = retired.or(before).filter(|&old| old != md.instance) {
+            pool.replaced(&md.name, old, md.instance);
+        }
         Ok(Peer { md })
     }
 
@@ -745,6 +750,14 @@ impl Agent {
     /// Connections alive now (set up by either side).
     pub fn connections(&self) -> usize {
         self.core.pool.connections()
+    }
+
+    /// What happened to peers since the last call, oldest first: a
+    /// connection lost ([`PeerEvent::Lost`]), a peer restarted
+    /// ([`PeerEvent::Replaced`]), and how many events were dropped
+    /// unread (at most [`MAX_PEER_EVENTS`] are kept).
+    pub fn peer_events(&self) -> (Vec<PeerEvent>, u64) {
+        self.core.pool.events.lock().take()
     }
 
     /// Control requests this agent refused so far: unproven (no secret,
