@@ -344,3 +344,108 @@ fn long_lists_from_many_threads_never_wedge_a_connection() {
     println!("{} long posts from {THREADS} threads on one 6-deep queue in {:?}", THREADS * ROUNDS, started.elapsed());
     assert_eq!(a.connections(), 1);
 }
+
+/// Black-hole control address for an agent: reached at 127.0.0.`last`,
+/// where a listener nobody serves sits on the agent's port.
+fn silent_agent(name: &str, last: u8) -> (Agent, TcpListener) {
+    let mut c = config(name);
+    let probe = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = probe.local_addr().unwrap().port();
+    drop(probe);
+    c.listen = SocketAddr::from(([127, 0, 0, 1], port));
+    c.advertise = Some([127, 0, 0, last].into());
+    let a = Agent::new(c).unwrap();
+    let hole = TcpListener::bind(SocketAddr::from(([127, 0, 0, last], port))).unwrap();
+    (a, hole)
+}
+
+/// The calls that can wait on the network have awaitable forms that
+/// leave the runtime's one worker free: a connection setup to a peer
+/// that never answers, and a lookup in a rendezvous that is not up, each
+/// waiting out its timeout while a ticking task keeps running. A peer
+/// connected ahead is posted to without a connection setup.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn awaited_setup_and_lookup_leave_a_one_worker_runtime_running() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let mut c = config("a");
+    c.timeout = Duration::from_secs(2);
+    let a = Agent::new(c).unwrap();
+    let (ghost, _hole) = silent_agent("ghost", 7);
+    let ghost_peer = a.load_remote(&md(&ghost)).unwrap();
+    let b = agent("b");
+    b.alloc("t", 4096).unwrap();
+    let b_peer = a.load_remote(&md(&b)).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let ticks = Arc::new(AtomicU64::new(0));
+    rt.block_on(async {
+        let t = ticks.clone();
+        let ticker = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                t.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let before = ticks.load(Ordering::Relaxed);
+        let started = Instant::now();
+        let r = a.connect_async(&ghost_peer).await;
+        let (took, ticked) = (started.elapsed(), ticks.load(Ordering::Relaxed) - before);
+        println!("setup to a silent peer: {r:?} after {took:?}, {ticked} ticks meanwhile");
+        assert!(r.is_err() && took >= Duration::from_secs(2) && ticked >= 50, "{r:?} {took:?} {ticked}");
+        let nobody = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let rdv: Arc<dyn gpudirect::engine::Rendezvous> = Arc::new(gpudirect::engine::TcpRendezvous::new(nobody, Duration::from_millis(200)).unwrap());
+        let before = ticks.load(Ordering::Relaxed);
+        let started = Instant::now();
+        let r = a.lookup_async("b", rdv, Duration::from_secs(1)).await;
+        let ticked = ticks.load(Ordering::Relaxed) - before;
+        println!("lookup with no rendezvous up: {:?} after {:?}, {ticked} ticks meanwhile", r.as_ref().err(), started.elapsed());
+        assert!(matches!(r, Err(EngineError::Rendezvous { .. })) && ticked >= 25, "{ticked}");
+        a.connect_async(&b_peer).await.unwrap();
+        ticker.abort();
+    });
+    assert_eq!(a.connections(), 1);
+    let src = a.alloc("s", 4096).unwrap();
+    let req = a.prepare(Op::Write, &[(src.range(..).unwrap(), b_peer.memory("t").unwrap().range(..).unwrap())], Some(b"ready")).unwrap();
+    req.post().unwrap();
+    req.wait(T).unwrap();
+    assert_eq!(req.stats().connects, 0, "connected ahead: the post made no connection");
+    assert_eq!(b.wait_notification(T).unwrap().msg, b"ready");
+}
+
+/// Dropping a posted request (there is no cancelling an RDMA work
+/// request) and every handle to its memory, even deregistering it: the
+/// write runs to completion from memory that stays registered until its
+/// completion is reaped, and its bytes land. Likewise a read's local
+/// destination.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_posted_request_dropped_with_its_memory_completes_safely() {
+    const LEN: usize = 4 << 20;
+    let (a, b) = (agent("a"), agent("b"));
+    let table = b.alloc("t", 2 * LEN).unwrap();
+    table.write_at(LEN, &testkit::pattern(LEN, 11)).unwrap();
+    let peer = a.load_remote(&md(&b)).unwrap();
+    let t = peer.memory("t").unwrap();
+    let src = a.alloc("src", LEN).unwrap();
+    src.write_at(0, &testkit::pattern(LEN, 7)).unwrap();
+    let dst = a.alloc("dst", LEN).unwrap();
+    let write = a.prepare(Op::Write, &[(src.range(..).unwrap(), t.range(..LEN as u64).unwrap())], None).unwrap();
+    let read = a.prepare(Op::Read, &[(dst.range(..).unwrap(), t.range(LEN as u64..).unwrap())], None).unwrap();
+    write.post().unwrap();
+    read.post().unwrap();
+    drop((write, read, src, dst));
+    a.deregister("src").unwrap();
+    a.deregister("dst").unwrap();
+    // A request behind them on the same queue pair: its notification
+    // arrives after their data (RC order), and its completion reaps theirs.
+    let flag = a.alloc("flag", 8).unwrap();
+    let after = a.prepare(Op::Write, &[(flag.range(..).unwrap(), t.range(..8).unwrap())], Some(b"after")).unwrap();
+    after.post().unwrap();
+    after.wait(T).unwrap();
+    assert_eq!(b.wait_notification(T).unwrap().msg, b"after");
+    let mut got = vec![0; LEN];
+    table.read_at(0, &mut got).unwrap();
+    assert!(got[8..] == testkit::pattern(LEN, 7)[8..], "the dropped write's bytes landed");
+    assert_eq!(a.peer_stats("b").unwrap().failed, 0);
+}

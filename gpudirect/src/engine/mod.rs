@@ -133,6 +133,7 @@
 #[cfg(feature = "tokio")]
 mod asynch;
 mod auth;
+mod config;
 mod conn;
 mod control;
 mod core;
@@ -166,6 +167,7 @@ use crate::sync::Mutex;
 use crate::sysroot::SysRoot;
 use crate::topology::PathLevel;
 
+pub use config::AgentConfig;
 pub use auth::{AuthError, ClusterSecret, MIN_SECRET, SECRET_ENV, SECRET_FILE_ENV};
 pub use desc::{AgentMetadata, MemoryDesc, MetadataError, NicDesc, MAX_MEMORIES, MAX_METADATA, MAX_NAME, MAX_NICS, METADATA_MAGIC, METADATA_VERSION, SEAL_LEN};
 pub use error::EngineError;
@@ -185,85 +187,6 @@ use self::core::Core;
 use conn::ConnPool;
 use nic::{Nic, NicSetup};
 use placement::Place;
-
-/// An agent's settings. [`named`](Self::named) gives the defaults.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AgentConfig {
-    /// The agent's name, unique among the agents that talk to each other.
-    pub name: String,
-    /// The RDMA devices to use, in rail order: a transfer goes from this
-    /// agent's NIC `i` to the peer's NIC `i`, so agents list the NICs of
-    /// one network (rail) at the same index. Empty: the first device.
-    pub devices: Vec<String>,
-    /// Requests of at least this many bytes are sliced evenly across every
-    /// rail that reaches their memory on both ends; smaller ones go whole
-    /// on one rail, the agent's requests taking the rails in turn.
-    pub slice_threshold: u64,
-    /// Port number on each device (from 1).
-    pub port: u8,
-    /// GID index override; `None` chooses as [`choose_gid`](crate::choose_gid) does.
-    pub gid_index: Option<u32>,
-    /// Where the control listener binds. Port 0 picks a free one.
-    pub listen: SocketAddr,
-    /// The address peers reach the control listener at. `None`: the
-    /// listen address, or, when that is unspecified (`0.0.0.0`), the IPv4
-    /// address of the NIC's RoCE GID (on InfiniBand, set it).
-    pub advertise: Option<IpAddr>,
-    /// Send queue depth of each connection.
-    pub send_depth: u32,
-    /// Notification receives kept posted per NIC, shared by every peer.
-    pub srq_depth: u32,
-    /// Connections the agent may hold per NIC (sizes its completion
-    /// queue); at the limit the least recently used idle one is evicted.
-    pub max_connections: usize,
-    /// Bound on a connection setup and on waiting for send-queue room.
-    pub timeout: Duration,
-    /// The farthest PCIe path GPU memory is registered over, in NCCL's
-    /// sense (as `NCCL_NET_GDR_LEVEL`): GPU memory goes on the NICs
-    /// nearest its GPU, and only while they are this near. Farther, under
-    /// [`GpuPolicy::Require`] registration fails naming the path; under
-    /// `Prefer` it is host-staged, and says so.
-    pub gpu_path_limit: PathLevel,
-    /// The cluster's secret, the same on every agent of the job: peers
-    /// prove they hold it before they get a queue pair, and metadata
-    /// sealed with it is the only kind [`Agent::load_remote`] takes.
-    /// `None`: the secret in the file named by `GPUDIRECT_SECRET_FILE`
-    /// (or the text of `GPUDIRECT_SECRET`), else none, which is allowed
-    /// only with a loopback [`listen`](Self::listen) address or
-    /// [`insecure`](Self::insecure).
-    pub secret: Option<ClusterSecret>,
-    /// Listen on a network address without a secret. Anyone who reaches
-    /// the control port can then take a peer's name, and with it read and
-    /// write every memory region in this agent's metadata: for a
-    /// private test network only.
-    pub insecure: bool,
-}
-
-impl AgentConfig {
-    /// The defaults for an agent named `name`: the first RDMA device,
-    /// requests of 256 KiB and more sliced across rails, port 1, a control listener on any address and a free port, 128-deep
-    /// send queues, 256 notification slots, 64 connections, 30 s setup
-    /// bound, GPU memory over paths up to PXB (NCCL's default), the
-    /// cluster secret from the environment (see [`secret`](Self::secret)).
-    pub fn named(name: impl Into<String>) -> AgentConfig {
-        AgentConfig {
-            name: name.into(),
-            devices: Vec::new(),
-            slice_threshold: 256 << 10,
-            port: 1,
-            gid_index: None,
-            listen: SocketAddr::from(([0, 0, 0, 0], 0)),
-            advertise: None,
-            send_depth: 128,
-            srq_depth: 256,
-            max_connections: 64,
-            timeout: Duration::from_secs(30),
-            gpu_path_limit: PathLevel::Pxb,
-            secret: None,
-            insecure: false,
-        }
-    }
-}
 
 /// A transfer engine agent: one per process, owning its NICs' verbs
 /// objects, its registered memory, its connections and a control listener.
@@ -632,6 +555,46 @@ impl Agent {
         self.load_remote(&rendezvous.lookup(name, timeout)?)
     }
 
+    /// The lookup and load of [`lookup`](Self::lookup), awaited (feature
+    /// `tokio`): the lookup, which may wait up to `timeout`, runs on
+    /// tokio's blocking pool, so no worker thread waits for it.
+    ///
+    /// # Errors
+    /// As [`lookup`](Self::lookup); [`EngineError::Config`] outside a
+    /// tokio runtime.
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub async fn lookup_async(&self, name: &str, rendezvous: Arc<dyn Rendezvous>, timeout: Duration) -> Result<Peer, EngineError> {
+        let n = name.to_owned();
+        let md = blocking(move || rendezvous.lookup(&n, timeout)).await?;
+        self.load_remote(&md)
+    }
+
+    /// Sets up the connections to `peer` now, on every rail both have
+    /// (this agent's NIC `i` to the peer's NIC `i`), instead of at the
+    /// first post: afterwards a post to it waits on nothing but room in
+    /// its send queue. Connections there already are kept.
+    ///
+    /// # Errors
+    /// The connection errors of [`TransferRequest::post`].
+    pub fn connect(&self, peer: &Peer) -> Result<(), EngineError> {
+        connect_rails(&self.core.pool, &peer.md)
+    }
+
+    /// [`connect`](Self::connect), awaited (feature `tokio`): the setup,
+    /// which may take up to [`AgentConfig::timeout`] per rail against a
+    /// peer that does not answer, runs on tokio's blocking pool.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect); [`EngineError::Config`] outside a
+    /// tokio runtime.
+    #[cfg(feature = "tokio")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+    pub async fn connect_async(&self, peer: &Peer) -> Result<(), EngineError> {
+        let (pool, md) = (self.core.pool.clone(), peer.md.clone());
+        blocking(move || connect_rails(&pool, &md)).await
+    }
+
     /// A peer loaded before.
     ///
     /// # Errors
@@ -766,6 +729,22 @@ impl Agent {
     pub fn refused_requests(&self) -> u64 {
         self.core.pool.refused()
     }
+}
+
+/// Connections from each of this agent's NICs to the peer's of the same
+/// index, made where missing.
+fn connect_rails(pool: &ConnPool, md: &AgentMetadata) -> Result<(), EngineError> {
+    for rail in 0..pool.nics.len().min(md.nics.len()) {
+        pool.get(md, rail, rail)?;
+    }
+    Ok(())
+}
+
+/// Runs `f` on tokio's blocking pool and awaits it.
+#[cfg(feature = "tokio")]
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, EngineError> + Send + 'static) -> Result<T, EngineError> {
+    let handle = tokio::runtime::Handle::try_current().map_err(|e| EngineError::Config(format!("awaiting this needs a tokio runtime ({e})")))?;
+    handle.spawn_blocking(f).await.map_err(|e| EngineError::Config(format!("the blocking task failed: {e}")))?
 }
 
 /// What engine memory grants peers: writes and reads.

@@ -1,0 +1,87 @@
+//! An agent's settings: plain data, with the defaults in one place.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use crate::topology::PathLevel;
+
+use super::auth::ClusterSecret;
+
+/// An agent's settings. [`named`](Self::named) gives the defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// The agent's name, unique among the agents that talk to each other.
+    pub name: String,
+    /// The RDMA devices to use, in rail order: a transfer goes from this
+    /// agent's NIC `i` to the peer's NIC `i`, so agents list the NICs of
+    /// one network (rail) at the same index. Empty: the first device.
+    pub devices: Vec<String>,
+    /// Requests of at least this many bytes are sliced evenly across every
+    /// rail that reaches their memory on both ends; smaller ones go whole
+    /// on one rail, the agent's requests taking the rails in turn.
+    pub slice_threshold: u64,
+    /// Port number on each device (from 1).
+    pub port: u8,
+    /// GID index override; `None` chooses as [`choose_gid`](crate::choose_gid) does.
+    pub gid_index: Option<u32>,
+    /// Where the control listener binds. Port 0 picks a free one.
+    pub listen: SocketAddr,
+    /// The address peers reach the control listener at. `None`: the
+    /// listen address, or, when that is unspecified (`0.0.0.0`), the IPv4
+    /// address of the NIC's RoCE GID (on InfiniBand, set it).
+    pub advertise: Option<IpAddr>,
+    /// Send queue depth of each connection.
+    pub send_depth: u32,
+    /// Notification receives kept posted per NIC, shared by every peer.
+    pub srq_depth: u32,
+    /// Connections the agent may hold per NIC (sizes its completion
+    /// queue); at the limit the least recently used idle one is evicted.
+    pub max_connections: usize,
+    /// Bound on a connection setup and on waiting for send-queue room.
+    pub timeout: Duration,
+    /// The farthest PCIe path GPU memory is registered over, in NCCL's
+    /// sense (as `NCCL_NET_GDR_LEVEL`): GPU memory goes on the NICs
+    /// nearest its GPU, and only while they are this near. Farther, under
+    /// [`GpuPolicy::Require`] registration fails naming the path; under
+    /// `Prefer` it is host-staged, and says so.
+    pub gpu_path_limit: PathLevel,
+    /// The cluster's secret, the same on every agent of the job: peers
+    /// prove they hold it before they get a queue pair, and metadata
+    /// sealed with it is the only kind [`Agent::load_remote`] takes.
+    /// `None`: the secret in the file named by `GPUDIRECT_SECRET_FILE`
+    /// (or the text of `GPUDIRECT_SECRET`), else none, which is allowed
+    /// only with a loopback [`listen`](Self::listen) address or
+    /// [`insecure`](Self::insecure).
+    pub secret: Option<ClusterSecret>,
+    /// Listen on a network address without a secret. Anyone who reaches
+    /// the control port can then take a peer's name, and with it read and
+    /// write every memory region in this agent's metadata: for a
+    /// private test network only.
+    pub insecure: bool,
+}
+
+impl AgentConfig {
+    /// The defaults for an agent named `name`: the first RDMA device,
+    /// requests of 256 KiB and more sliced across rails, port 1, a control listener on any address and a free port, 128-deep
+    /// send queues, 256 notification slots, 64 connections, 30 s setup
+    /// bound, GPU memory over paths up to PXB (NCCL's default), the
+    /// cluster secret from the environment (see [`secret`](Self::secret)).
+    pub fn named(name: impl Into<String>) -> AgentConfig {
+        AgentConfig {
+            name: name.into(),
+            devices: Vec::new(),
+            slice_threshold: 256 << 10,
+            port: 1,
+            gid_index: None,
+            listen: SocketAddr::from(([0, 0, 0, 0], 0)),
+            advertise: None,
+            send_depth: 128,
+            srq_depth: 256,
+            max_connections: 64,
+            timeout: Duration::from_secs(30),
+            gpu_path_limit: PathLevel::Pxb,
+            secret: None,
+            insecure: false,
+        }
+    }
+}
