@@ -42,12 +42,12 @@ pub struct AgentConfig {
     /// The farthest PCIe path GPU memory is registered over, in NCCL's
     /// sense (as `NCCL_NET_GDR_LEVEL`): GPU memory goes on the NICs
     /// nearest its GPU, and only while they are this near. Farther, under
-    /// [`GpuPolicy::Require`] registration fails naming the path; under
+    /// [`GpuPolicy::Require`](crate::GpuPolicy::Require) registration fails naming the path; under
     /// `Prefer` it is host-staged, and says so.
     pub gpu_path_limit: PathLevel,
     /// The cluster's secret, the same on every agent of the job: peers
     /// prove they hold it before they get a queue pair, and metadata
-    /// sealed with it is the only kind [`Agent::load_remote`] takes.
+    /// sealed with it is the only kind [`Agent::load_remote`](super::Agent::load_remote) takes.
     /// `None`: the secret in the file named by `GPUDIRECT_SECRET_FILE`
     /// (or the text of `GPUDIRECT_SECRET`), else none, which is allowed
     /// only with a loopback [`listen`](Self::listen) address or

@@ -3,8 +3,8 @@
 //! lists of ranges with a notification the target sees only after every
 //! byte of its transfer is in place. What NIXL and Mooncake's transfer
 //! engine give C++ users, over this crate's verbs, failing closed where
-//! GPUDirect RDMA is not possible. Design and order of work:
-//! `docs/design/transfer-engine.md`.
+//! GPUDirect RDMA is not possible, and reachable only by the holders of
+//! the cluster's secret.
 //!
 //! # One step of a KV-cache mover
 //! ```no_run
@@ -12,7 +12,8 @@
 //! use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, Op};
 //!
 //! # fn main() -> Result<(), gpudirect::engine::EngineError> {
-//! // Prefill side.
+//! // Prefill side. Every agent of the job reads the cluster's secret from
+//! // the file GPUDIRECT_SECRET_FILE names (or AgentConfig::secret).
 //! let agent = Agent::new(AgentConfig::named("prefill-0"))?;
 //! let kv = agent.alloc("kv", 64 << 20)?;
 //! # let blob_from_decode_side: Vec<u8> = Vec::new();
@@ -42,7 +43,39 @@
 //!   channel.
 //! - Transfers: [`TransferRequest`] ([`Op`], [`TransferStatus`]);
 //!   [`Notification`]s.
+//! - Trust: [`ClusterSecret`], [`AuthError`]; what happened to peers:
+//!   [`PeerEvent`].
 //! - Errors: [`EngineError`].
+//!
+//! # Who can reach an agent
+//! An agent's control port hands out queue pairs, and a queue pair to an
+//! agent can read and write every memory region in its metadata. So the
+//! port serves only holders of the cluster's secret ([`ClusterSecret`]:
+//! [`AgentConfig::secret`], or the file `GPUDIRECT_SECRET_FILE` names):
+//! both sides of a control connection prove it (HMAC-SHA-256 over fresh
+//! nonces from both, so a recorded exchange does not verify again)
+//! before the target creates a queue pair or acts on anything. A peer
+//! also has to be what the agent loaded under its name, when it loaded
+//! it: the same run ([`AgentMetadata::instance`]), control address and
+//! GIDs ([`AuthError::NotAsLoaded`] otherwise). Metadata carries a seal
+//! made with the secret ([`AgentMetadata::seal`]):
+//! [`load_remote`](Agent::load_remote) refuses any other, so whoever can
+//! write the rendezvous or etcd but lacks the secret cannot point an
+//! agent elsewhere; the [`RendezvousServer`] serves only requests proven
+//! with it. Without a secret an agent listens only on loopback, unless
+//! [`AgentConfig::insecure`] says otherwise by name. What this does not
+//! protect (RDMA keys and bytes cross the fabric in the clear; members
+//! are trusted): `docs/reliability.md`, "Threat model".
+//!
+//! # Restarts and lost peers
+//! Every [`Agent::new`] is a new run with its own instance id. Loading
+//! the metadata of a new run of a known peer retires the connections to
+//! the old one first, so the next transfer goes to the new process; a
+//! connection from a new run does the same on the target. A connection
+//! that fails is retired, its transfers fail with
+//! [`EngineError::PeerLost`], and the next transfer reconnects.
+//! [`Agent::peer_events`] tells both ([`PeerEvent::Lost`],
+//! [`PeerEvent::Replaced`]) without waiting for a transfer to fail.
 //!
 //! # Guarantees
 //! - **A notification arrives after its data.** A transfer on one rail
@@ -68,7 +101,8 @@
 //!   connection is dropped and the next transfer reconnects.
 //! - **Peer bytes are untrusted**: metadata, connection requests and
 //!   notifications are bounded and checked; bad ones are typed errors (or,
-//!   for a notification, dropped with a warning), never a panic.
+//!   for a notification, dropped with a warning), never a panic; and only
+//!   holders of the cluster's secret get a connection (below).
 //!
 //! # Progress and threads
 //! The engine has one thread of its own, the control listener that sets up
@@ -85,10 +119,24 @@
 //! With the `tokio` feature, `TransferRequest::completed` and
 //! `Agent::notification` are the same waits as futures: they reap, arm
 //! the completion channels and sleep on tokio's reactor, and wake too when
-//! another thread or task reaps what they wait for. Both are cancel-safe
-//! (a dropped future takes nothing); bound them with
-//! `tokio::time::timeout`. An agent's channels belong to the runtime of
-//! its first await.
+//! another thread or task reaps what they wait for (every path that
+//! reaps tells them). Both are cancel-safe (a dropped future takes
+//! nothing); bound them with `tokio::time::timeout`. An agent's channels
+//! belong to the runtime of its first await.
+//!
+//! What may block, for async code: [`TransferRequest::post`] waits only
+//! for a connection setup (the first post to a peer, up to
+//! [`AgentConfig::timeout`]) and, for a request longer than its send
+//! queue has room for, for that room; [`Agent::lookup`] waits up to its
+//! timeout. Connect ahead with `Agent::connect_async` and look peers up
+//! with `Agent::lookup_async` (both run on tokio's blocking pool); then a
+//! post of a request that fits its queue returns at once.
+//!
+//! A posted request cannot be cancelled (RDMA has no way to take back a
+//! work request). Dropping it, and every handle to its memory, is safe:
+//! its work requests run to completion, and the memory they touch stays
+//! registered until their completions are reaped, by any later reap of
+//! the agent; its notification is still delivered.
 //!
 //! # Many NICs
 //! [`AgentConfig::devices`] lists the NICs in rail order: this agent's
@@ -110,8 +158,12 @@
 //! Made on first use, one per (peer, rail), through the peer's control
 //! listener. A NIC holds at most [`AgentConfig::max_connections`]; one
 //! more evicts the least recently used idle connection (its peer closes
-//! its end too); connections a post still holds are never evicted
-//! ([`EngineError::TooManyConnections`] when all are busy).
+//! its end too; a peer that does not answer within [`AgentConfig::timeout`]
+//! has it closed here alone, so eviction takes one timeout at most);
+//! connections a post still holds are never evicted
+//! ([`EngineError::TooManyConnections`] when all are busy). A connection
+//! closed for any reason first stops receiving and keeps what it received
+//! (notifications, and their receive slots) for the next reap.
 //!
 //! # GPU memory
 //! [`Agent::register_gpu`] puts GPU memory on the agent's NICs nearest
