@@ -79,7 +79,9 @@ fn peers_that_do_not_answer_the_goodbye_are_evicted_within_one_timeout() {
     req.wait(T).unwrap();
     let took = started.elapsed();
     println!("post to a healthy peer with both slots held by silent ones: {took:?}");
-    assert!(took < Duration::from_millis(4500), "eviction took {took:?}, more than one 3 s timeout");
+    // One 3 s timeout and a setup; under valgrind a setup takes seconds.
+    let slack = if std::env::var_os("GPUDIRECT_SOUNDNESS_QUICK").is_some() { 8000 } else { 1500 };
+    assert!(took < Duration::from_millis(3000 + slack), "eviction took {took:?}, more than one 3 s timeout");
     assert_eq!(healthy.wait_notification(T).unwrap().msg, b"through");
     assert_eq!(hub.connections(), 2);
     drop(holes);
@@ -304,7 +306,8 @@ fn a_failed_repost_loses_no_notification_and_no_slot() {
 #[ignore = "needs an RDMA device"]
 fn long_lists_from_many_threads_never_wedge_a_connection() {
     const THREADS: usize = 8;
-    const ROUNDS: usize = 40;
+    // Fewer under helgrind and drd (testbed/sanitize --threads).
+    let rounds: usize = if std::env::var_os("GPUDIRECT_SOUNDNESS_QUICK").is_some() { 4 } else { 40 };
     const ENTRIES: usize = 40;
     let mut c = config("a");
     c.send_depth = 6;
@@ -328,20 +331,20 @@ fn long_lists_from_many_threads_never_wedge_a_connection() {
     std::thread::scope(|s| {
         for r in &reqs {
             s.spawn(move || {
-                for round in 0..ROUNDS {
+                for round in 0..rounds {
                     r.post().unwrap_or_else(|e| panic!("round {round}: {e}"));
                     r.wait(T).unwrap_or_else(|e| panic!("round {round}: {e}"));
                 }
             });
         }
         let mut seen = [0; THREADS];
-        for _ in 0..THREADS * ROUNDS {
+        for _ in 0..THREADS * rounds {
             let n = b.wait_notification(T).unwrap();
             seen[std::str::from_utf8(&n.msg).unwrap().parse::<usize>().unwrap()] += 1;
         }
-        assert_eq!(seen, [ROUNDS; THREADS]);
+        assert_eq!(seen, [rounds; THREADS]);
     });
-    println!("{} long posts from {THREADS} threads on one 6-deep queue in {:?}", THREADS * ROUNDS, started.elapsed());
+    println!("{} long posts from {THREADS} threads on one 6-deep queue in {:?}", THREADS * rounds, started.elapsed());
     assert_eq!(a.connections(), 1);
 }
 
