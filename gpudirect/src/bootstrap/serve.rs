@@ -64,7 +64,19 @@ where
     let serving = Mutex::new(0usize);
     let handle = &handle;
     std::thread::scope(|scope| {
+        // Joined by hand, not only by the scope's end: pthread_join is
+        // what helgrind and drd see as the serving thread's writes
+        // happening before the owner's teardown (the scope's own wait is
+        // an atomic count they do not model).
+        let mut running: Vec<std::thread::ScopedJoinHandle<'_, ()>> = Vec::new();
         while !*stop.lock() {
+            if running.iter().any(|h| h.is_finished()) {
+                let (done, live): (Vec<_>, Vec<_>) = running.drain(..).partition(|h| h.is_finished());
+                for h in done {
+                    let _ = h.join();
+                }
+                running = live;
+            }
             let full = *serving.lock() >= server.max;
             if full && server.when_full == WhenFull::Wait {
                 std::thread::sleep(SLOT_LOOK);
@@ -87,8 +99,9 @@ where
                         handle(s, from);
                     });
                     // Not spawned: the closure, its stream and its slot are dropped.
-                    if let Err(e) = spawned {
-                        tracing::warn!(%from, "{name}: cannot start a thread: {e}; connection closed");
+                    match spawned {
+                        Ok(h) => running.push(h),
+                        Err(e) => tracing::warn!(%from, "{name}: cannot start a thread: {e}; connection closed"),
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -103,6 +116,9 @@ where
                     std::thread::sleep(Duration::from_millis(50));
                 }
             }
+        }
+        for h in running {
+            let _ = h.join();
         }
     });
 }

@@ -473,7 +473,10 @@ impl ConnPool {
             self.live.lock().iter().filter(|(_, c)| *c.peer == *peer.name && c.instance != peer.instance).map(|(k, _)| *k).collect();
         let mut old = None;
         for (nic, qpn) in stale {
-            if let Some(conn) = self.live.lock().remove(&(nic, qpn)) {
+            // Out of the `live` lock before `sending` is taken (the order
+            // elsewhere is sending, then live).
+            let removed = self.live.lock().remove(&(nic, qpn));
+            if let Some(conn) = removed {
                 self.gone.lock().insert((nic, qpn), conn.peer.clone());
                 unlist(&mut self.sending.lock(), &conn);
                 tracing::info!(peer = %peer.name, nic, qp = qpn, old = %format!("{:016x}", conn.instance), new = %format!("{:016x}", peer.instance), "engine connection to an earlier run of the peer retired");
