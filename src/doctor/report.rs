@@ -29,8 +29,16 @@ pub struct Report {
 /// Whether GPUDirect RDMA works here, for which pair, by which path.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Verdict {
-    /// GPUDirect RDMA can be used between at least one GPU and one NIC.
+    /// GPUDirect RDMA will be used between at least one GPU and one NIC:
+    /// the machine allows it and NCCL, in the environment judged, will
+    /// use it.
     pub available: bool,
+    /// The machine allows it for at least one pair, whatever the
+    /// environment says.
+    pub hardware_allows: bool,
+    /// When the machine allows it and the environment stops NCCL from
+    /// using it: the variable, what NCCL makes of it and the fix.
+    pub environment: Option<String>,
     /// The sentence printed first.
     pub line: String,
     /// `dma-buf` or `peer memory` when available.
@@ -59,6 +67,8 @@ struct Candidate {
     level: Option<PathLevel>,
     /// NCCL's default `NCCL_NET_GDR_LEVEL` would use GDR for this pair.
     nccl_default: Option<bool>,
+    /// dma-buf is the only registration path for the pair.
+    dma_buf_only: bool,
     /// The PCIe bridges between the two.
     bridges: Vec<String>,
     /// Failures that block the pair whatever its registration path.
@@ -88,12 +98,13 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
             let Ok(dma_buf) = d.dma_buf else { continue };
             let facts = GdrFacts { gpu: g.clone(), nic: NicFacts { device: d.name.clone(), dma_buf }, host: host.clone() };
             let p = plan(&facts);
+            let dma_buf_only = p.try_paths == [RegistrationPath::DmaBuf];
             let path = p.try_paths.first().copied().ok_or(GdrError { facts, causes: p.causes });
             let pair = pairs.iter().find(|pr| Some(&pr.gpu) == g.pci_bus_id.as_ref() && pr.nic == d.name);
             let level = pair.map(|pr| pr.level);
             let nccl_default = pair.map(|pr| pr.gdr_by_default);
             let bridges = pair.map(|pr| pr.bridges.clone()).unwrap_or_default();
-            candidates.push(Candidate { gpu: g.clone(), nic: d.name.clone(), path, level, nccl_default, bridges, blocked: vec![] });
+            candidates.push(Candidate { gpu: g.clone(), nic: d.name.clone(), path, level, nccl_default, dma_buf_only, bridges, blocked: vec![] });
         }
     }
     let mut left = PathsLeft::default();
@@ -121,12 +132,26 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
             .map(|f| f.summary.clone())
             .collect();
     }
-    let verdict = decide(&candidates, &rdma, &gpus);
+    let verdict = decide(&candidates, &rdma, &gpus, &m.env);
     Report { schema: SCHEMA_VERSION, verdict, findings }
 }
 
-fn decide(cands: &[Candidate], rdma: &Result<Vec<super::probes::RdmaDevice>, String>, gpus: &Result<Vec<GpuFacts>, String>) -> Verdict {
-    let not = |why: String| Verdict { available: false, line: format!("GPUDirect RDMA: not available: {why}"), path: None, gpu: None, nic: None, topology: None };
+fn decide(
+    cands: &[Candidate],
+    rdma: &Result<Vec<super::probes::RdmaDevice>, String>,
+    gpus: &Result<Vec<GpuFacts>, String>,
+    vars: &[(String, String)],
+) -> Verdict {
+    let not = |why: String| Verdict {
+        available: false,
+        hardware_allows: false,
+        environment: None,
+        line: format!("GPUDirect RDMA: not available: {why}"),
+        path: None,
+        gpu: None,
+        nic: None,
+        topology: None,
+    };
     match (rdma, gpus) {
         (Err(e), _) => return not(format!("no RDMA device can be used ({e})")),
         (Ok(v), _) if v.is_empty() => return not("no RDMA device is visible".into()),
@@ -134,24 +159,55 @@ fn decide(cands: &[Candidate], rdma: &Result<Vec<super::probes::RdmaDevice>, Str
         (_, Ok(v)) if v.is_empty() => return not("CUDA sees no GPU".into()),
         _ => {}
     }
-    let best = cands
-        .iter()
-        .filter(|c| c.path.is_ok() && c.blocked.is_empty())
-        .min_by_key(|c| (c.level.unwrap_or(PathLevel::Sys), c.path.as_ref().map(|p| *p != RegistrationPath::DmaBuf).unwrap_or(true)));
-    if let Some(c) = best {
+    let rank = |c: &&Candidate| (c.level.unwrap_or(PathLevel::Sys), c.path.as_ref().map(|p| *p != RegistrationPath::DmaBuf).unwrap_or(true));
+    let stops = |c: &Candidate| env::nccl_stops(vars, &env::PairInEnv { nic: &c.nic, level: c.level, dma_buf_only: c.dma_buf_only });
+    let usable = || cands.iter().filter(|c| c.path.is_ok() && c.blocked.is_empty());
+    let pair_of = |c: &Candidate| {
         let path = c.path.as_ref().map(|p| p.to_string()).unwrap_or_default();
-        let level = c.level.map(|l| l.to_string());
-        let mut line = format!("GPUDirect RDMA: available via {path} for {} <-> {}", c.gpu.label, c.nic);
-        match c.level {
-            Some(l) => {
-                line.push_str(&format!(" ({l})"));
-                if c.nccl_default == Some(false) {
-                    line.push_str(&format!("; NCCL's default NCCL_NET_GDR_LEVEL (PXB) will not use it across {l}"));
-                }
-            }
-            None => line.push_str(" (PCIe path unknown)"),
+        let level = c.level.map_or_else(|| "PCIe path unknown".to_owned(), |l| l.to_string());
+        (path, level)
+    };
+    // The best pair NCCL will use in this environment.
+    if let Some(c) = usable().filter(|c| stops(c).is_none()).min_by_key(rank) {
+        let (path, level) = pair_of(c);
+        let mut line = format!("GPUDirect RDMA: available via {path} for {} <-> {} ({level})", c.gpu.label, c.nic);
+        let limit_set = gpudirect::topology::gdr_limit(vars).env_used;
+        if let (Some(l), Some(false), false) = (c.level, c.nccl_default, limit_set) {
+            line.push_str(&format!("; NCCL's default NCCL_NET_GDR_LEVEL (PXB) will not use it across {l}"));
         }
-        return Verdict { available: true, line, path: Some(path), gpu: Some(c.gpu.label.clone()), nic: Some(c.nic.clone()), topology: level };
+        if let Some(nearest) = usable().min_by_key(rank).filter(|n| n.nic != c.nic || n.gpu.ordinal != c.gpu.ordinal) {
+            if let Some(why) = stops(nearest) {
+                line.push_str(&format!("; not on the nearer {} <-> {}: {why}", nearest.gpu.label, nearest.nic));
+            }
+        }
+        return Verdict {
+            available: true,
+            hardware_allows: true,
+            environment: None,
+            line,
+            path: Some(path),
+            gpu: Some(c.gpu.label.clone()),
+            nic: Some(c.nic.clone()),
+            topology: c.level.map(|l| l.to_string()),
+        };
+    }
+    // The machine allows it, the environment stops NCCL from using it.
+    if let Some(c) = usable().min_by_key(rank) {
+        let (path, level) = pair_of(c);
+        let why = stops(c).unwrap_or_default();
+        return Verdict {
+            available: false,
+            hardware_allows: true,
+            line: format!(
+                "GPUDirect RDMA: the hardware allows it for {} <-> {} ({path}, {level}), but NCCL with this environment will not use it: {why}",
+                c.gpu.label, c.nic
+            ),
+            environment: Some(why),
+            path: Some(path),
+            gpu: Some(c.gpu.label.clone()),
+            nic: Some(c.nic.clone()),
+            topology: c.level.map(|l| l.to_string()),
+        };
     }
     // Not available: name the first reason of the closest pair.
     let Some(c) = cands.iter().min_by_key(|c| c.level.unwrap_or(PathLevel::Sys)) else {
@@ -164,6 +220,8 @@ fn decide(cands: &[Candidate], rdma: &Result<Vec<super::probes::RdmaDevice>, Str
     };
     Verdict {
         available: false,
+        hardware_allows: false,
+        environment: None,
         line: format!("GPUDirect RDMA: not available for {} <-> {}: {why}", c.gpu.label, c.nic),
         path: None,
         gpu: Some(c.gpu.label.clone()),
@@ -269,6 +327,72 @@ mod tests {
         // Selecting the other GPU picks its own switch's NIC.
         let r = run(&machine("dgx-pix"), &p, &Options { gpu: Some(1), device: None });
         assert!(r.verdict.line.ends_with("GPU1 (NVIDIA H100, 0000:3a:00.0) <-> mlx5_1 (PIX)"), "{}", r.verdict.line);
+    }
+
+    /// The first line is what NCCL will do in the job's environment: the
+    /// hardware of dgx-pix allows dma-buf GPUDirect RDMA on both GPUs'
+    /// own NICs, and each form of environment either leaves it on or
+    /// says which variable stops it and how to undo it (exit 1).
+    #[test]
+    fn the_verdict_is_what_nccl_does_in_the_jobs_environment() {
+        let p = Fake { nics: vec![("mlx5_0", CAPABLE), ("mlx5_1", CAPABLE)], gpus: vec![("0000:18:00.0", true), ("0000:3a:00.0", true)], host: None };
+        let gpu0 = "GPU0 (NVIDIA H100, 0000:18:00.0) <-> mlx5_0";
+        let stopped = |why: &str| format!("GPUDirect RDMA: the hardware allows it for {gpu0} (dma-buf, PIX), but NCCL with this environment will not use it: {why}");
+        let cases: Vec<(Vec<(&str, &str)>, Result<String, String>)> = vec![
+            (vec![], Ok(format!("GPUDirect RDMA: available via dma-buf for {gpu0} (PIX)"))),
+            (vec![("NCCL_IB_DISABLE", "1")], Err(stopped("NCCL_IB_DISABLE=1 turns NCCL's InfiniBand/RoCE transport off"))),
+            (vec![("NCCL_IB_DISABLE", "yes")], Ok(format!("GPUDirect RDMA: available via dma-buf for {gpu0} (PIX)"))),
+            (vec![("NCCL_IB_DISABLE", "1"), ("NCCL_IB_DISABLE", "0")], Ok(format!("GPUDirect RDMA: available via dma-buf for {gpu0} (PIX)"))),
+            (vec![("NCCL_NET", "Socket")], Err(stopped("NCCL_NET=Socket selects a TCP socket transport"))),
+            (vec![("NCCL_NET", "IB")], Ok(format!("GPUDirect RDMA: available via dma-buf for {gpu0} (PIX)"))),
+            (vec![("NCCL_NET_GDR_LEVEL", "LOC")], Err(stopped("NCCL_NET_GDR_LEVEL=LOC allows GPUDirect RDMA only up to LOC, and this pair is PIX"))),
+            (vec![("NCCL_NET_GDR_LEVEL", "0")], Err(stopped("NCCL_NET_GDR_LEVEL=0 (= LOC) allows GPUDirect RDMA only up to LOC"))),
+            (vec![("NCCL_NET_GDR_LEVEL", "PIX")], Ok(format!("GPUDirect RDMA: available via dma-buf for {gpu0} (PIX)"))),
+            (vec![("NCCL_IB_HCA", "=mlx5_1:1")], Ok(
+                "GPUDirect RDMA: available via dma-buf for GPU1 (NVIDIA H100, 0000:3a:00.0) <-> mlx5_1 (PIX); not on the nearer GPU0 (NVIDIA H100, 0000:18:00.0) <-> mlx5_0: NCCL_IB_HCA==mlx5_1:1 leaves out mlx5_0".into(),
+            )),
+            (vec![("NCCL_IB_HCA", "mlx5")], Ok(format!("GPUDirect RDMA: available via dma-buf for {gpu0} (PIX)"))),
+            (vec![("NCCL_IB_HCA", "^mlx5")], Err(stopped("NCCL_IB_HCA=^mlx5 leaves out mlx5_0"))),
+            (vec![("NCCL_IB_HCA", "mlx5_0:2,mlx5_1:2")], Err(stopped("NCCL_IB_HCA=mlx5_0:2,mlx5_1:2 leaves out mlx5_0"))),
+        ];
+        for (vars, want) in cases {
+            let m = Machine { root: SysRoot::at(testkit::machine("dgx-pix")), env: vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() };
+            let r = run(&m, &p, &Options::default());
+            let v = &r.verdict;
+            match &want {
+                Ok(line) => {
+                    assert!(v.available && v.hardware_allows && v.environment.is_none(), "{vars:?}: {}", v.line);
+                    assert!(v.line.starts_with(line.as_str()), "{vars:?}:\n got {}\nwant {line}", v.line);
+                }
+                Err(line) => {
+                    assert!(!v.available && v.hardware_allows, "{vars:?}: {}", v.line);
+                    assert!(v.line.starts_with(line.as_str()), "{vars:?}:\n got {}\nwant {line}", v.line);
+                    assert!(v.environment.as_deref().is_some_and(|e| v.line.ends_with(e)), "{vars:?}");
+                    assert!(v.line.contains("unset") || v.line.contains("set NCCL_IB_HCA"), "the fix is named: {}", v.line);
+                }
+            }
+        }
+    }
+
+    /// With dma-buf the only path (no nvidia-peermem), NCCL_DMABUF_ENABLE=0
+    /// stops NCCL; with nvidia-peermem loaded as well, NCCL falls back to
+    /// peer memory and keeps GPUDirect RDMA.
+    #[test]
+    fn dmabuf_enable_0_stops_nccl_only_where_dma_buf_is_the_only_path() {
+        let host = |peermem: bool| HostFacts {
+            kernel_release: Some("6.8.0-45-generic".into()),
+            peer_memory_found: if peermem { vec!["/sys/module/nvidia_peermem/version".into()] } else { vec![] },
+            peer_memory_api: Some(peermem),
+        };
+        let env = vec![("NCCL_DMABUF_ENABLE".to_string(), "0".to_string())];
+        let m = Machine { root: SysRoot::at(testkit::machine("dgx-pix")), env };
+        let only = Fake { nics: vec![("mlx5_0", CAPABLE)], gpus: vec![("0000:18:00.0", true)], host: Some(host(false)) };
+        let r = run(&m, &only, &Options::default());
+        assert!(!r.verdict.available && r.verdict.hardware_allows, "{}", r.verdict.line);
+        assert!(r.verdict.line.ends_with("NCCL_DMABUF_ENABLE=0 turns dma-buf off, the only registration path here (nvidia-peermem is not loaded): unset it"), "{}", r.verdict.line);
+        let both = Fake { nics: vec![("mlx5_0", CAPABLE)], gpus: vec![("0000:18:00.0", true)], host: Some(host(true)) };
+        let r = run(&m, &both, &Options::default());
+        assert!(r.verdict.available, "{}", r.verdict.line);
     }
 
     #[test]

@@ -27,8 +27,8 @@ mod nccl;
 mod ucx;
 
 use nccl::{
-    debug, debug_subsys, dmabuf, gdr_c2c, gdr_level, gdr_read, gid_index, ib_cuda_support, ib_disable, ib_hca, net,
-    net_plugin, p2p_disable, socket_ifname,
+    debug, debug_subsys, dmabuf, gdr_c2c, gdr_level, gdr_read, gid_index, hca_selects, ib_cuda_support, ib_disable,
+    ib_hca, net, net_plugin, p2p_disable, socket_ifname,
 };
 use ucx::{ucx_gdr, ucx_net_devices, ucx_tls};
 
@@ -98,6 +98,59 @@ fn with_int_note(v: Verdict, raw: &str, read: Int) -> Verdict {
         Some(n) => v.note(n),
         None => v,
     }
+}
+
+/// A GPU and NIC pair as the verdict weighs it against the environment.
+pub struct PairInEnv<'a> {
+    /// The NIC's RDMA device name.
+    pub nic: &'a str,
+    /// Their PCIe relation, when the topology knows it.
+    pub level: Option<gpudirect::topology::PathLevel>,
+    /// dma-buf is the only registration path here (no peer memory).
+    pub dma_buf_only: bool,
+}
+
+/// Why NCCL, run with the environment `vars`, will not use GPUDirect RDMA
+/// for `pair` although the machine allows it: the variable, what NCCL
+/// makes of it and the fix; `None` when the environment leaves it on. The
+/// one judge of that, for the verdict; each variable's own finding says
+/// the same at length. The last assignment of a name wins.
+pub fn nccl_stops(vars: &[(String, String)], pair: &PairInEnv<'_>) -> Option<String> {
+    let get = |name: &str| vars.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    if let Some(v) = get("NCCL_NET").filter(|v| gpudirect::nccl::is_tcp_network(v)) {
+        return Some(format!("NCCL_NET={v} selects a TCP socket transport, which stages every transfer through host memory (unset it)"));
+    }
+    if let Some(v) = get("NCCL_IB_DISABLE").filter(|v| gpudirect::nccl::ib_disabled(v)) {
+        return Some(format!("NCCL_IB_DISABLE={v} turns NCCL's InfiniBand/RoCE transport off: it uses sockets, through host memory (unset it)"));
+    }
+    if let Some(v) = get("NCCL_IB_HCA").filter(|v| !hca_selects(v, pair.nic)) {
+        return Some(format!(
+            "NCCL_IB_HCA={v} leaves out {} (set NCCL_IB_HCA=={}:1, or add it, or unset NCCL_IB_HCA)",
+            pair.nic, pair.nic
+        ));
+    }
+    let limit = gpudirect::topology::gdr_limit(vars);
+    if limit.env_used {
+        let stops = match pair.level {
+            Some(level) => !limit.allows(level),
+            None => limit.limit.forbids_every_nic(),
+        };
+        if stops {
+            let what = match pair.level {
+                Some(level) => format!("allows GPUDirect RDMA only up to {}, and this pair is {level}", limit.limit),
+                None => format!("allows GPUDirect RDMA only up to {}, shorter than any PCIe path", limit.limit),
+            };
+            return Some(format!("{} {what} (unset it: NCCL's default is PXB)", limit.describe()));
+        }
+    }
+    if pair.dma_buf_only {
+        if let Some(v) = get("NCCL_DMABUF_ENABLE").filter(|v| gpudirect::nccl::param_int(v).used() == Some(0)) {
+            return Some(format!(
+                "NCCL_DMABUF_ENABLE={v} turns dma-buf off, the only registration path here (nvidia-peermem is not loaded): unset it"
+            ));
+        }
+    }
+    None
 }
 
 /// Explains every `NCCL_*` and `UCX_*` variable that matters to GPUDirect

@@ -155,6 +155,21 @@ fn nccl_list(value: &str) -> (bool, bool, Vec<(String, Option<String>)>) {
     (exclude, exact, entries)
 }
 
+/// Whether an `NCCL_IB_HCA` value lets NCCL use the device `nic` (its
+/// port 1, or any port when the entry names none).
+pub(super) fn hca_selects(value: &str, nic: &str) -> bool {
+    let (exclude, exact, entries) = nccl_list(value);
+    if entries.is_empty() {
+        // An empty exclusion list matches every HCA; an empty list is no filter.
+        return !exclude;
+    }
+    let listed = entries.iter().any(|(n, port)| {
+        let named = if exact { n == nic } else { nic.starts_with(n.as_str()) };
+        named && port.as_deref().is_none_or(|p| p == "1")
+    });
+    listed != exclude
+}
+
 pub(super) fn ib_hca(value: &str) -> Verdict {
     let (exclude, exact, entries) = nccl_list(value);
     let listed: Vec<String> = entries
