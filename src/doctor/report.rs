@@ -338,7 +338,9 @@ mod tests {
         let p = Fake { nics: vec![("mlx5_0", CAPABLE), ("mlx5_1", CAPABLE)], gpus: vec![("0000:18:00.0", true), ("0000:3a:00.0", true)], host: None };
         let gpu0 = "GPU0 (NVIDIA H100, 0000:18:00.0) <-> mlx5_0";
         let stopped = |why: &str| format!("GPUDirect RDMA: the hardware allows it for {gpu0} (dma-buf, PIX), but NCCL with this environment will not use it: {why}");
-        let cases: Vec<(Vec<(&str, &str)>, Result<String, String>)> = vec![
+        // (environment, Ok(first line) when NCCL keeps it, Err(first line) when not)
+        type Case<'a> = (Vec<(&'a str, &'a str)>, Result<String, String>);
+        let cases: Vec<Case> = vec![
             (vec![], Ok(format!("GPUDirect RDMA: available via dma-buf for {gpu0} (PIX)"))),
             (vec![("NCCL_IB_DISABLE", "1")], Err(stopped("NCCL_IB_DISABLE=1 turns NCCL's InfiniBand/RoCE transport off"))),
             (vec![("NCCL_IB_DISABLE", "yes")], Ok(format!("GPUDirect RDMA: available via dma-buf for {gpu0} (PIX)"))),
