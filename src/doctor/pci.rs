@@ -52,7 +52,23 @@ pub fn check(root: &SysRoot, topo: &PciTopology, env: &[(String, String)]) -> Ve
             ),
         }
     }
-    out.extend(topology_findings(topo, &placed, &limit));
+    // A limit below every PCIe path (LOC) is one mistake, not one per
+    // pair: env.nccl_net_gdr_level and the verdict name it with its fix.
+    // Each pair is judged at NCCL's default instead, so that it says what
+    // the hardware gives once the variable is gone, and nothing false
+    // ("no closer NIC" beside a PIX one).
+    if limit.env_used && limit.limit.forbids_every_nic() {
+        let at_default = gdr_limit(&[]);
+        let note = format!(
+            "{} turns GPUDirect RDMA off on every pair (see env.nccl_net_gdr_level); this pair is judged at {}, as it \
+             would be with the variable unset",
+            limit.describe(),
+            at_default.describe()
+        );
+        out.extend(topology_findings(topo, &placed, &at_default).into_iter().map(|f| f.evidence(note.clone())));
+    } else {
+        out.extend(topology_findings(topo, &placed, &limit));
+    }
     out.extend(acs_findings(root, &placed));
     out.push(iommu_finding(root, topo));
     out.extend(bandwidth_findings(root, topo, &placed, &limit));
@@ -554,7 +570,8 @@ mod tests {
             }
         }
         let (_, _, f) = run("phb-root-complex", &[("NCCL_NET_GDR_LEVEL", "0")]);
-        assert!(one(&f, "topology.path", "<-> mlx5_0").summary.contains("NCCL_NET_GDR_LEVEL=0 (= LOC)"));
+        let t = one(&f, "topology.path", "<-> mlx5_0");
+        assert!(t.evidence.iter().any(|e| e.starts_with("NCCL_NET_GDR_LEVEL=0 (= LOC) turns GPUDirect RDMA off on every pair")), "{t:#?}");
         assert_eq!(one(&f, "acs.path", "").status, Status::Ok);
         let io = one(&f, "iommu.mode", "");
         assert_eq!(io.status, Status::Ok);
@@ -566,12 +583,24 @@ mod tests {
         assert!(b.evidence.iter().any(|e| e.contains("GPUs lower the link speed when idle")));
     }
 
+    /// A limit below every PCIe path is one finding (env.nccl_net_gdr_level,
+    /// and the verdict), not a failure per pair: each pair is judged as
+    /// with the variable unset, and says so; none claims a GPU has no
+    /// closer NIC beside a PIX one, none sends the user to move cards.
     #[test]
-    fn env_limit_below_pix_is_blamed() {
-        let (_, _, f) = run("acs-redirect", &[("NCCL_NET_GDR_LEVEL", "LOC")]);
-        let t = one(&f, "topology.path", "GPU0");
-        assert_eq!(t.status, Status::Fail);
-        assert!(t.fix.as_deref().unwrap().contains("Unset NCCL_NET_GDR_LEVEL (now LOC)"));
+    fn a_limit_below_every_pcie_path_is_not_blamed_on_each_pair() {
+        for machine_name in ["acs-redirect", "dgx-pix"] {
+            for value in ["LOC", "0", "NVL"] {
+                let (_, _, with) = run(machine_name, &[("NCCL_NET_GDR_LEVEL", value)]);
+                let (_, _, without) = run(machine_name, &[]);
+                let paths = |f: &[Finding]| f.iter().filter(|x| x.check.starts_with("topology.path.")).map(|x| (x.check.clone(), x.status, x.summary.clone())).collect::<Vec<_>>();
+                assert_eq!(paths(&with), paths(&without), "{machine_name}, {value}: each pair judged as with the variable unset");
+                for x in with.iter().filter(|x| x.check.starts_with("topology.path.")) {
+                    assert!(x.evidence.iter().any(|e| e.contains("turns GPUDirect RDMA off on every pair")), "{x:#?}");
+                    assert!(!x.summary.contains("no closer NIC"), "{x:#?}");
+                }
+            }
+        }
     }
 
     #[test]
