@@ -49,6 +49,15 @@ enum Command {
         /// fixture trees and offline analysis of a copied tree).
         #[arg(long, hide = true, default_value = "/")]
         root: PathBuf,
+        /// Judge the job's environment from this file instead of the
+        /// doctor's own: KEY=VALUE lines, or a job script's `export` lines
+        /// (nothing in it is run).
+        #[arg(long, value_name = "FILE", conflicts_with = "pid")]
+        env_file: Option<PathBuf>,
+        /// Judge the environment of the running process PID
+        /// (/proc/PID/environ), e.g. a training job's rank.
+        #[arg(long, value_name = "PID")]
+        pid: Option<u32>,
     },
     /// Bandwidth per message size, measured as perftest's ib_*_bw.
     Bw(perf::bw::BwArgs),
@@ -97,15 +106,19 @@ fn init_logging() {
 fn main() -> ExitCode {
     init_logging();
     match Cli::parse().command {
-        Command::Doctor { json, gpu, device, root } => {
+        Command::Doctor { json, gpu, device, root, env_file, pid } => {
             if !root.join("proc").is_dir() && !root.join("sys").is_dir() {
                 eprintln!("gpudirect doctor: {} has neither proc/ nor sys/: nothing to examine", root.display());
                 return ExitCode::from(2);
             }
-            let machine = doctor::Machine {
-                root: SysRoot::at(root),
-                env: std::env::vars().filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("UCX_")).collect(),
+            let job = match job_env(&root, env_file.as_deref(), pid) {
+                Ok(j) => j,
+                Err(e) => {
+                    eprintln!("gpudirect doctor: {e}");
+                    return ExitCode::from(2);
+                }
             };
+            let machine = doctor::Machine::with_job(SysRoot::at(root), job);
             let report = doctor::report::run(&machine, &doctor::probes::LiveProbes, &doctor::report::Options { gpu, device });
             if let Err(code) = emit(&report, json, "doctor") {
                 return code;
@@ -139,6 +152,28 @@ fn main() -> ExitCode {
             })
         }
     }
+}
+
+/// The job's environment as NCCL will see it: the variables of the env
+/// file, of process `pid`, or of this process, then NCCL's configuration
+/// files (under `root`).
+fn job_env(root: &std::path::Path, env_file: Option<&std::path::Path>, pid: Option<u32>) -> Result<doctor::jobenv::JobEnv, String> {
+    use doctor::jobenv;
+    let (vars, origin) = match (env_file, pid) {
+        (Some(f), _) => {
+            let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read the env file {}: {e}", f.display()))?;
+            (jobenv::parse_env_file(&text), f.display().to_string())
+        }
+        (None, Some(pid)) => {
+            let path = root.join(format!("proc/{pid}/environ"));
+            let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {} ({e}): is process {pid} running, and yours (or are you root)?", path.display()))?;
+            (jobenv::parse_environ(&bytes), format!("process {pid}"))
+        }
+        (None, None) => (std::env::vars().collect(), "the environment".to_owned()),
+    };
+    let home = vars.iter().rev().find(|(k, _)| k == "HOME").map(|(_, v)| PathBuf::from(v)).or_else(|| std::env::var_os("HOME").map(PathBuf::from));
+    let judged: Vec<(String, String)> = vars.into_iter().filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("UCX_")).collect();
+    Ok(jobenv::resolve(judged, &origin, root, home.as_deref()))
 }
 
 /// Serves the rendezvous until the process is stopped; 2 when it cannot start.

@@ -74,14 +74,34 @@ impl Finding {
 pub struct Machine {
     /// Where sysfs/procfs/dev are read.
     pub root: SysRoot,
-    /// The environment variables to judge (normally the process's).
+    /// The environment variables to judge: the job's, as NCCL will see
+    /// them ([`jobenv`]); a later name wins.
     pub env: Vec<(String, String)>,
+    /// Where each variable came from (`the environment`, a file); a name
+    /// not listed came from the environment.
+    pub env_origins: Vec<(String, String)>,
+    /// What was read to build `env`, and what could not be.
+    pub env_notes: Vec<String>,
+}
+
+impl Machine {
+    /// The machine at `root`, judged with the variables `env` of the
+    /// environment and nothing else.
+    pub fn new(root: SysRoot, env: Vec<(String, String)>) -> Machine {
+        Machine { root, env, env_origins: Vec::new(), env_notes: Vec::new() }
+    }
+
+    /// The machine at `root`, judged with the job environment `job`.
+    pub fn with_job(root: SysRoot, job: jobenv::JobEnv) -> Machine {
+        Machine { root, env: job.vars, env_origins: job.origins, env_notes: job.notes }
+    }
 }
 
 pub mod acs;
 pub mod bandwidth;
 pub mod env;
 pub mod iommu;
+pub mod jobenv;
 pub mod pci;
 pub mod probes;
 pub mod report;

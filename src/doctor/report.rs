@@ -117,7 +117,7 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
     findings.extend(stack::cuda(root, &gpus, &left));
     findings.extend(stack::host(&host, &left));
     findings.extend(pci::check(root, &topo, &m.env));
-    findings.extend(env::check(&m.env));
+    findings.extend(env::check(&m.env, &m.env_origins, &m.env_notes));
 
     // What the registration facts cannot see blocks a pair whatever its
     // path: the NIC's port and GID, the device nodes, ACS on its bridges.
@@ -308,7 +308,7 @@ mod tests {
     }
 
     fn machine(name: &str) -> Machine {
-        Machine { root: SysRoot::at(testkit::machine(name)), env: vec![] }
+        Machine::new(SysRoot::at(testkit::machine(name)), vec![])
     }
 
     const CAPABLE: DmaBufProbe = DmaBufProbe::Supported(Errno(libc::EBADF));
@@ -358,7 +358,7 @@ mod tests {
             (vec![("NCCL_IB_HCA", "mlx5_0:2,mlx5_1:2")], Err(stopped("NCCL_IB_HCA=mlx5_0:2,mlx5_1:2 leaves out mlx5_0"))),
         ];
         for (vars, want) in cases {
-            let m = Machine { root: SysRoot::at(testkit::machine("dgx-pix")), env: vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() };
+            let m = Machine::new(SysRoot::at(testkit::machine("dgx-pix")), vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
             let r = run(&m, &p, &Options::default());
             let v = &r.verdict;
             match &want {
@@ -387,7 +387,7 @@ mod tests {
             peer_memory_api: Some(peermem),
         };
         let env = vec![("NCCL_DMABUF_ENABLE".to_string(), "0".to_string())];
-        let m = Machine { root: SysRoot::at(testkit::machine("dgx-pix")), env };
+        let m = Machine::new(SysRoot::at(testkit::machine("dgx-pix")), env);
         let only = Fake { nics: vec![("mlx5_0", CAPABLE)], gpus: vec![("0000:18:00.0", true)], host: Some(host(false)) };
         let r = run(&m, &only, &Options::default());
         assert!(!r.verdict.available && r.verdict.hardware_allows, "{}", r.verdict.line);

@@ -157,15 +157,28 @@ pub fn nccl_stops(vars: &[(String, String)], pair: &PairInEnv<'_>) -> Option<Str
 /// RDMA; unknown ones of those families are listed as not judged. With none
 /// set, one finding says the defaults apply. The last assignment of a name
 /// wins, as in a process environment built from a list.
-pub fn check(vars: &[(String, String)]) -> Vec<Finding> {
+///
+/// `origins` says where each came from (`/etc/nccl.conf`; unlisted: the
+/// environment), `notes` what was read to find them (a finding of their
+/// own when there are any).
+pub fn check(vars: &[(String, String)], origins: &[(String, String)], notes: &[String]) -> Vec<Finding> {
     let mut set: BTreeMap<&str, &str> = BTreeMap::new();
     for (k, v) in vars {
         if k.starts_with("NCCL_") || k.starts_with("UCX_") {
             set.insert(k.as_str(), v.as_str());
         }
     }
+    let origin = |name: &str| origins.iter().rev().find(|(n, _)| n == name).map_or("the environment", |(_, o)| o.as_str());
+    let mut sources = Vec::new();
+    if !notes.is_empty() {
+        let mut f = Finding::new("env.sources", Status::Ok, "the job's environment: the process's variables, then NCCL's configuration files in NCCL's order");
+        for n in notes {
+            f = f.evidence(n.clone());
+        }
+        sources.push(f);
+    }
     if set.is_empty() {
-        return vec![Finding::new(
+        return sources.into_iter().chain([Finding::new(
             "env.defaults",
             Status::Ok,
             "no NCCL_* or UCX_* variable is set: NCCL and UCX decide on GPUDirect RDMA themselves",
@@ -175,10 +188,11 @@ pub fn check(vars: &[(String, String)]) -> Vec<Finding> {
              Enabled for HCA ...\" and channel lines ending in /GDRDMA)",
         )
         .evidence(
-            "NCCL also reads NCCL_CONF_FILE or ~/.nccl.conf, then /etc/nccl.conf; this check sees only the environment",
-        )];
+            "NCCL also reads NCCL_CONF_FILE or ~/.nccl.conf, then /etc/nccl.conf; env.sources lists what was read",
+        )])
+        .collect();
     }
-    let mut out = Vec::new();
+    let mut out = sources;
     let mut unjudged = Vec::new();
     for (name, value) in &set {
         match judge(name, value, &set) {
@@ -188,7 +202,7 @@ pub fn check(vars: &[(String, String)]) -> Vec<Finding> {
                     v.status,
                     format!("{name}={value} ({}): {}", v.kind.word(), v.meaning),
                 )
-                .evidence(format!("set in the environment: {name}={value:?}"));
+                .evidence(format!("set by {}: {name}={value:?}", origin(name)));
                 for n in v.notes {
                     f = f.evidence(n);
                 }
@@ -288,7 +302,7 @@ mod tests {
     }
 
     fn judged(name: &str, value: &str) -> Finding {
-        let f = check(&vars(&[(name, value)]));
+        let f = check(&vars(&[(name, value)]), &[], &[]);
         assert_eq!(f.len(), 1, "{f:#?}");
         assert_eq!(f[0].check, format!("env.{}", name.to_ascii_lowercase()));
         f[0].clone()
@@ -296,7 +310,7 @@ mod tests {
 
     #[test]
     fn nothing_set_means_defaults() {
-        let f = check(&vars(&[("PATH", "/usr/bin"), ("CUDA_VISIBLE_DEVICES", "0")]));
+        let f = check(&vars(&[("PATH", "/usr/bin"), ("CUDA_VISIBLE_DEVICES", "0")]), &[], &[]);
         assert_eq!(f.len(), 1);
         assert_eq!((f[0].check.as_str(), f[0].status), ("env.defaults", Status::Ok));
         assert!(f[0].evidence.iter().any(|e| e.contains("NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET")));
@@ -411,9 +425,9 @@ mod tests {
 
     #[test]
     fn debug_reads_the_subsystems_next_to_it() {
-        let f = check(&vars(&[("NCCL_DEBUG", "INFO")]));
+        let f = check(&vars(&[("NCCL_DEBUG", "INFO")]), &[], &[]);
         assert!(f[0].evidence.iter().any(|e| e.contains("add NCCL_DEBUG_SUBSYS=INIT,NET")), "{f:#?}");
-        let f = check(&vars(&[("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET")]));
+        let f = check(&vars(&[("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET")]), &[], &[]);
         let d = f.iter().find(|f| f.check == "env.nccl_debug").unwrap();
         assert!(d.evidence.iter().any(|e| e.contains("includes NET")), "{d:#?}");
         assert!(subsys_shows_net("ALL") && subsys_shows_net("^INIT") && !subsys_shows_net("INIT,GRAPH"));
@@ -421,7 +435,7 @@ mod tests {
 
     #[test]
     fn unknown_variables_are_listed_not_judged() {
-        let f = check(&vars(&[("NCCL_ALGO", "Ring"), ("UCX_LOG_LEVEL", "debug"), ("NCCL_IB_DISABLE", "1")]));
+        let f = check(&vars(&[("NCCL_ALGO", "Ring"), ("UCX_LOG_LEVEL", "debug"), ("NCCL_IB_DISABLE", "1")]), &[], &[]);
         assert_eq!(f.len(), 2, "{f:#?}");
         let u = f.iter().find(|f| f.check == "env.unjudged").unwrap();
         assert_eq!(u.status, Status::Skipped);
@@ -432,7 +446,7 @@ mod tests {
 
     #[test]
     fn last_assignment_wins_and_order_is_stable() {
-        let f = check(&vars(&[("NCCL_IB_DISABLE", "1"), ("UCX_TLS", "rc,cuda_copy"), ("NCCL_IB_DISABLE", "0")]));
+        let f = check(&vars(&[("NCCL_IB_DISABLE", "1"), ("UCX_TLS", "rc,cuda_copy"), ("NCCL_IB_DISABLE", "0")]), &[], &[]);
         let names: Vec<&str> = f.iter().map(|f| f.check.as_str()).collect();
         assert_eq!(names, ["env.nccl_ib_disable", "env.ucx_tls"]);
         assert_eq!(f[0].status, Status::Ok);
@@ -467,7 +481,7 @@ mod tests {
             let len = rng.index(24);
             let value: String = (0..len).map(|_| alphabet[rng.index(alphabet.len())]).collect();
             let name = names[rng.index(names.len())];
-            let f = check(&vars(&[(name, &value)]));
+            let f = check(&vars(&[(name, &value)]), &[], &[]);
             assert!(!f.is_empty());
             findings += f.len();
         }

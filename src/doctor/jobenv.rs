@@ -1,0 +1,160 @@
+//! The environment of the job, as NCCL will see it: the variables of a
+//! process (this one, another by its pid, or a job script's), then the
+//! NCCL configuration files in NCCL's own order. NCCL reads the user's
+//! file (`NCCL_CONF_FILE` when set and not empty, else `~/.nccl.conf`)
+//! and then `/etc/nccl.conf`, each `NAME=VALUE` line set only if the name
+//! is not set yet, so the process environment wins over the user's file,
+//! which wins over the system's. A line starting with `#` is a comment;
+//! the name is everything before the first `=`, spaces included, so
+//! `NCCL_IB_DISABLE = 1` sets a variable NCCL never reads.
+
+use std::path::{Path, PathBuf};
+
+/// Variables, each with where it came from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobEnv {
+    /// `(name, value)` in the order judged; a later name wins.
+    pub vars: Vec<(String, String)>,
+    /// `(name, origin)`: `the environment`, a file's path.
+    pub origins: Vec<(String, String)>,
+    /// What was read and what could not be, for the report.
+    pub notes: Vec<String>,
+}
+
+impl JobEnv {
+    /// Where `name` came from (`the environment` when not recorded).
+    pub fn origin(&self, name: &str) -> &str {
+        self.origins.iter().rev().find(|(n, _)| n == name).map_or("the environment", |(_, o)| o.as_str())
+    }
+}
+
+/// `KEY=VALUE` lines of an env file or a job script: blank lines and
+/// `#` comments skipped, a leading `export ` dropped, one pair of
+/// matching quotes around the value removed (no expansion: `$X` stays as
+/// written). Lines that assign nothing (commands, functions) are skipped.
+pub fn parse_env_file(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let line = line.strip_prefix("export ").map_or(line, str::trim_start);
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((name, value)) = line.split_once('=') else { continue };
+        let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            continue;
+        }
+        let value = value.trim_end();
+        let unquoted = ['"', '\''].iter().find_map(|q| value.strip_prefix(*q).and_then(|v| v.strip_suffix(*q))).unwrap_or(value);
+        out.push((name.to_owned(), unquoted.to_owned()));
+    }
+    out
+}
+
+/// The variables of `/proc/PID/environ` (NUL-separated `NAME=VALUE`).
+pub fn parse_environ(bytes: &[u8]) -> Vec<(String, String)> {
+    bytes
+        .split(|&b| b == 0)
+        .filter_map(|e| {
+            let s = String::from_utf8_lossy(e);
+            let (n, v) = s.split_once('=')?;
+            (!n.is_empty()).then(|| (n.to_owned(), v.to_owned()))
+        })
+        .collect()
+}
+
+/// A NCCL configuration file's assignments, read as NCCL reads them.
+pub fn parse_nccl_conf(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(n, v)| (n.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// `process` (in order, a later name winning) completed by the NCCL
+/// configuration files under `root` (`/` normally): the user's file, in
+/// `home` unless `NCCL_CONF_FILE` names one, then `/etc/nccl.conf`.
+pub fn resolve(process: Vec<(String, String)>, process_origin: &str, root: &Path, home: Option<&Path>) -> JobEnv {
+    let mut env = JobEnv::default();
+    for (n, v) in process {
+        env.origins.push((n.clone(), process_origin.to_owned()));
+        env.vars.push((n, v));
+    }
+    let conf_file = env.vars.iter().rev().find(|(n, _)| n == "NCCL_CONF_FILE").map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
+    let user: Option<PathBuf> = match conf_file {
+        Some(f) => Some(PathBuf::from(f)),
+        None => home.map(|h| h.join(".nccl.conf")),
+    };
+    for file in user.into_iter().chain(std::iter::once(PathBuf::from("/etc/nccl.conf"))) {
+        let at = root.join(file.strip_prefix("/").unwrap_or(&file));
+        match std::fs::read_to_string(&at) {
+            Ok(text) => {
+                let shown = file.display().to_string();
+                let mut took = 0;
+                for (n, v) in parse_nccl_conf(&text) {
+                    if env.vars.iter().any(|(k, _)| *k == n) {
+                        env.notes.push(format!("{shown}: {n}={v} is not used: {n} is already set by {}", env.origin(&n)));
+                        continue;
+                    }
+                    if n.trim() != n {
+                        env.notes.push(format!("{shown}: {n:?} has spaces around its name: NCCL sets a variable of that exact name, which it never reads"));
+                    }
+                    env.origins.push((n.clone(), shown.clone()));
+                    env.vars.push((n, v));
+                    took += 1;
+                }
+                env.notes.push(format!("{shown}: read, {took} variable(s) taken"));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => env.notes.push(format!("{}: not present", file.display())),
+            Err(e) => env.notes.push(format!("{}: cannot be read ({e})", file.display())),
+        }
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_files_and_scripts_are_read_without_running_them() {
+        let script = "#!/bin/bash\n# job\nexport NCCL_IB_DISABLE=1\nNCCL_NET_GDR_LEVEL='LOC'\n  export NCCL_IB_HCA=\"=mlx5_1:1\"\npython train.py --lr=3\nNCCL_SOCKET_IFNAME=$IFACE\n";
+        assert_eq!(
+            parse_env_file(script),
+            vec![
+                ("NCCL_IB_DISABLE".into(), "1".into()),
+                ("NCCL_NET_GDR_LEVEL".into(), "LOC".into()),
+                ("NCCL_IB_HCA".into(), "=mlx5_1:1".into()),
+                ("NCCL_SOCKET_IFNAME".into(), "$IFACE".into()),
+            ]
+        );
+        assert_eq!(parse_environ(b"A=1\0NCCL_NET=Socket\0junk\0=x\0"), vec![("A".into(), "1".into()), ("NCCL_NET".into(), "Socket".into())]);
+    }
+
+    #[test]
+    fn nccl_conf_files_fill_in_below_the_environment_in_ncclss_order() {
+        let root = std::env::temp_dir().join(format!("gpudirect-jobenv-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::create_dir_all(root.join("home/u")).unwrap();
+        std::fs::write(root.join("etc/nccl.conf"), "NCCL_IB_DISABLE=1\nNCCL_DEBUG=WARN\n#NCCL_NET=Socket\n").unwrap();
+        std::fs::write(root.join("home/u/.nccl.conf"), "NCCL_DEBUG=INFO\nNCCL_IB_HCA = mlx5_0\n").unwrap();
+        let e = resolve(vec![("NCCL_NET_GDR_LEVEL".into(), "PIX".into())], "the environment", &root, Some(Path::new("/home/u")));
+        let get = |n: &str| e.vars.iter().rev().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+        assert_eq!((get("NCCL_IB_DISABLE"), get("NCCL_DEBUG"), get("NCCL_NET")), (Some("1"), Some("INFO"), None), "the user's file wins over /etc's");
+        assert_eq!(e.origin("NCCL_IB_DISABLE"), "/etc/nccl.conf");
+        assert_eq!(e.origin("NCCL_DEBUG"), "/home/u/.nccl.conf");
+        assert_eq!(e.origin("NCCL_NET_GDR_LEVEL"), "the environment");
+        assert!(e.notes.iter().any(|n| n.contains("NCCL_DEBUG=WARN is not used")), "{:?}", e.notes);
+        assert!(e.notes.iter().any(|n| n.contains("spaces around its name")), "{:?}", e.notes);
+        // The environment wins over both; NCCL_CONF_FILE replaces ~/.nccl.conf.
+        std::fs::write(root.join("job.conf"), "NCCL_NET=Socket\n").unwrap();
+        let e = resolve(vec![("NCCL_IB_DISABLE".into(), "0".into()), ("NCCL_CONF_FILE".into(), "/job.conf".into())], "process 7", &root, Some(Path::new("/home/u")));
+        let get = |n: &str| e.vars.iter().rev().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+        assert_eq!((get("NCCL_IB_DISABLE"), get("NCCL_NET"), get("NCCL_DEBUG")), (Some("0"), Some("Socket"), Some("WARN")));
+        assert_eq!(e.origin("NCCL_IB_DISABLE"), "process 7");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

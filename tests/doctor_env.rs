@@ -1,0 +1,55 @@
+//! `gpudirect doctor` judging a job's environment other than its own: a
+//! job script (`--env-file`) and a running process (`--pid`), with where
+//! each variable came from in the findings.
+
+use std::process::Command;
+
+fn doctor_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpudirect"))
+        .arg("doctor")
+        .arg("--json")
+        .args(args)
+        .env_remove("NCCL_IB_DISABLE")
+        .env_remove("NCCL_NET")
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(2), "the doctor could not run: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn finding<'a>(report: &'a serde_json::Value, check: &str) -> &'a serde_json::Value {
+    report["findings"].as_array().unwrap().iter().find(|f| f["check"] == check).unwrap_or_else(|| panic!("no {check} in {report:#}"))
+}
+
+#[test]
+fn a_job_script_is_judged_without_running_it() {
+    let script = std::env::temp_dir().join(format!("gpudirect-job-{}.sh", std::process::id()));
+    std::fs::write(&script, "#!/bin/sh\nexport NCCL_IB_DISABLE=1\nNCCL_NET_GDR_LEVEL='LOC'\npython train.py\n").unwrap();
+    let r = doctor_json(&["--env-file", script.to_str().unwrap()]);
+    let f = finding(&r, "env.nccl_ib_disable");
+    assert_eq!(f["status"], "fail");
+    assert!(f["evidence"][0].as_str().unwrap().starts_with(&format!("set by {}", script.display())), "{f:#}");
+    assert_eq!(finding(&r, "env.nccl_net_gdr_level")["status"], "fail");
+    std::fs::remove_file(&script).unwrap();
+}
+
+#[test]
+fn a_running_process_is_judged_by_its_pid() {
+    let mut job = Command::new("sleep").arg("30").env("NCCL_NET", "Socket").spawn().unwrap();
+    let r = doctor_json(&["--pid", &job.id().to_string()]);
+    let _ = job.kill();
+    let _ = job.wait();
+    let f = finding(&r, "env.nccl_net");
+    assert_eq!(f["status"], "fail");
+    assert!(f["evidence"][0].as_str().unwrap().starts_with(&format!("set by process {}", job.id())), "{f:#}");
+}
+
+#[test]
+fn a_missing_process_or_file_is_an_error_naming_it() {
+    for args in [["--pid", "999999999"], ["--env-file", "/nonexistent/job.sh"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpudirect")).arg("doctor").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(args[1]), "{err}");
+    }
+}
