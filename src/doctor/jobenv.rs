@@ -108,7 +108,8 @@ pub fn resolve(process: Vec<(String, String)>, process_origin: &str, root: &Path
                 }
                 env.notes.push(format!("{shown}: read, {took} variable(s) taken"));
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => env.notes.push(format!("{}: not present", file.display())),
+            // Most machines have neither file: nothing worth a line.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => env.notes.push(format!("{}: cannot be read ({e})", file.display())),
         }
     }
