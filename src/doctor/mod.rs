@@ -87,6 +87,7 @@ pub struct Machine {
 impl Machine {
     /// The machine at `root`, judged with the variables `env` of the
     /// environment and nothing else.
+    #[cfg(test)]
     pub fn new(root: SysRoot, env: Vec<(String, String)>) -> Machine {
         Machine { root, env, env_origins: Vec::new(), env_notes: Vec::new() }
     }
