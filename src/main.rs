@@ -54,6 +54,9 @@ enum Command {
         /// (nothing in it is run).
         #[arg(long, value_name = "FILE", conflicts_with = "pid")]
         env_file: Option<PathBuf>,
+        /// Every finding with its evidence, not only the problems.
+        #[arg(long, short = 'v')]
+        verbose: bool,
         /// Judge the environment of the running process PID
         /// (/proc/PID/environ), e.g. a training job's rank.
         #[arg(long, value_name = "PID")]
@@ -106,7 +109,7 @@ fn init_logging() {
 fn main() -> ExitCode {
     init_logging();
     match Cli::parse().command {
-        Command::Doctor { json, gpu, device, root, env_file, pid } => {
+        Command::Doctor { json, gpu, device, root, env_file, pid, verbose } => {
             if !root.join("proc").is_dir() && !root.join("sys").is_dir() {
                 eprintln!("gpudirect doctor: {} has neither proc/ nor sys/: nothing to examine", root.display());
                 return ExitCode::from(2);
@@ -120,7 +123,9 @@ fn main() -> ExitCode {
             };
             let machine = doctor::Machine::with_job(SysRoot::at(root), job);
             let report = doctor::report::run(&machine, &doctor::probes::LiveProbes, &doctor::report::Options { gpu, device });
-            if let Err(code) = emit(&report, json, "doctor") {
+            if !json && !verbose {
+                let _ = std::io::stdout().lock().write_all(doctor::report::Brief(&report).to_string().as_bytes());
+            } else if let Err(code) = emit(&report, json, "doctor") {
                 return code;
             }
             ExitCode::from(if report.verdict.available { 0 } else { 1 })

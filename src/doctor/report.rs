@@ -230,6 +230,7 @@ fn decide(
     }
 }
 
+/// Every finding with its evidence (`--verbose`).
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "{}", self.verdict.line)?;
@@ -243,6 +244,28 @@ impl std::fmt::Display for Report {
             }
         }
         Ok(())
+    }
+}
+
+/// What is worth reading when it matters: the verdict, then only the
+/// problems (failures, then warnings) with their fixes, then how many
+/// checks passed. The default text output.
+pub struct Brief<'a>(pub &'a Report);
+
+impl std::fmt::Display for Brief<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = self.0;
+        writeln!(f, "{}", r.verdict.line)?;
+        for status in [Status::Fail, Status::Warn] {
+            for x in r.findings.iter().filter(|x| x.status == status) {
+                writeln!(f, "[{:<7}] {}: {}", x.status.to_string(), x.check, x.summary)?;
+                if let Some(fix) = &x.fix {
+                    writeln!(f, "            fix: {fix}")?;
+                }
+            }
+        }
+        let quiet = r.findings.iter().filter(|x| !matches!(x.status, Status::Fail | Status::Warn)).count();
+        writeln!(f, "({quiet} other checks passed or did not apply; --verbose shows every finding with its evidence)")
     }
 }
 
@@ -395,6 +418,24 @@ mod tests {
         let both = Fake { nics: vec![("mlx5_0", CAPABLE)], gpus: vec![("0000:18:00.0", true)], host: Some(host(true)) };
         let r = run(&m, &both, &Options::default());
         assert!(r.verdict.available, "{}", r.verdict.line);
+    }
+
+    /// The default text: the verdict, the problems with their fixes, and
+    /// a count of the rest; `--verbose` (Display) keeps everything.
+    #[test]
+    fn the_brief_output_shows_the_verdict_and_only_the_problems() {
+        let p = Fake { nics: vec![("mlx5_0", CAPABLE), ("mlx5_1", CAPABLE)], gpus: vec![("0000:18:00.0", true), ("0000:3a:00.0", true)], host: None };
+        let env = vec![("NCCL_IB_DISABLE".to_string(), "1".to_string())];
+        let r = run(&Machine::new(SysRoot::at(testkit::machine("dgx-pix")), env), &p, &Options::default());
+        let brief = Brief(&r).to_string();
+        let lines: Vec<&str> = brief.lines().collect();
+        assert_eq!(lines[0], r.verdict.line);
+        assert!(lines.iter().any(|l| l.starts_with("[fail   ] env.nccl_ib_disable")), "{brief}");
+        assert!(!brief.contains("evidence:") && !brief.contains("[ok     ]"), "{brief}");
+        let problems = r.findings.iter().filter(|x| matches!(x.status, Status::Fail | Status::Warn)).count();
+        assert!(lines.last().unwrap().starts_with(&format!("({} other checks", r.findings.len() - problems)), "{brief}");
+        let full = r.to_string();
+        assert!(full.lines().count() > brief.lines().count() && full.contains("evidence:"));
     }
 
     #[test]
