@@ -24,6 +24,7 @@ use gpudirect::nccl::Int;
 use super::{Finding, Status};
 
 mod nccl;
+mod tuning;
 mod ucx;
 
 use nccl::{
@@ -31,6 +32,9 @@ use nccl::{
     ib_hca, net, net_plugin, p2p_disable, socket_ifname,
 };
 use ucx::{ucx_gdr, ucx_net_devices, ucx_tls};
+
+/// Overrides in one job from which the configuration as a whole is named.
+const MANY_OVERRIDES: usize = 4;
 
 /// What setting a variable does to the decision NCCL/UCX would make.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -194,9 +198,13 @@ pub fn check(vars: &[(String, String)], origins: &[(String, String)], notes: &[S
     }
     let mut out = sources;
     let mut unjudged = Vec::new();
+    let mut overrides = Vec::new();
     for (name, value) in &set {
         match judge(name, value, &set) {
             Some(v) => {
+                if v.kind == Kind::Overrides && !name.starts_with("UCX_") {
+                    overrides.push(format!("{name}={value}"));
+                }
                 let mut f = Finding::new(
                     format!("env.{}", name.to_ascii_lowercase()),
                     v.status,
@@ -213,6 +221,24 @@ pub fn check(vars: &[(String, String)], origins: &[(String, String)], notes: &[S
             }
             None => unjudged.push(format!("{name}={value}")),
         }
+    }
+    if overrides.len() >= MANY_OVERRIDES {
+        let mut f = Finding::new(
+            "env.overrides",
+            Status::Warn,
+            format!(
+                "{} variables override choices NCCL makes per machine and message size: a configuration nobody has measured as a whole",
+                overrides.len()
+            ),
+        )
+        .fix(
+            "Each was right for some machine once: measure this job's collectives (nccl-tests, or the job's own step time) with \
+             none of them, then add back only those that still help.",
+        );
+        for o in overrides {
+            f = f.evidence(o);
+        }
+        out.push(f);
     }
     if !unjudged.is_empty() {
         let mut f = Finding::new(
@@ -288,7 +314,7 @@ fn judge(name: &str, value: &str, all: &BTreeMap<&str, &str>) -> Option<Verdict>
         "UCX_IB_GPU_DIRECT_RDMA" => ucx_gdr(value),
         "UCX_TLS" => ucx_tls(value),
         "UCX_NET_DEVICES" => ucx_net_devices(value),
-        _ => return None,
+        other => return tuning::judge(other, value),
     })
 }
 
@@ -433,14 +459,59 @@ mod tests {
         assert!(subsys_shows_net("ALL") && subsys_shows_net("^INIT") && !subsys_shows_net("INIT,GRAPH"));
     }
 
+    /// The tuning variables the field sets most are judged by kind; none
+    /// claims to touch GPUDirect RDMA; a tiny buffer and a disabled
+    /// shared-memory transport warn with a fix.
+    #[test]
+    fn tuning_variables_are_judged_by_kind() {
+        let cases = [
+            ("NCCL_ALGO", "Ring", "overrides", Status::Ok),
+            ("NCCL_PROTO", "^LL128", "overrides", Status::Ok),
+            ("NCCL_MIN_NCHANNELS", "16", "overrides", Status::Ok),
+            ("NCCL_MAX_NCHANNELS", "0x8", "overrides", Status::Ok),
+            ("NCCL_BUFFSIZE", "8388608", "overrides", Status::Ok),
+            ("NCCL_BUFFSIZE", "65536", "overrides", Status::Warn),
+            ("NCCL_CROSS_NIC", "0", "configures", Status::Ok),
+            ("NCCL_IB_QPS_PER_CONNECTION", "4", "overrides", Status::Ok),
+            ("NCCL_IB_TC", "106", "configures", Status::Ok),
+            ("NCCL_IB_SL", "3", "configures", Status::Ok),
+            ("NCCL_SHM_DISABLE", "1", "overrides", Status::Warn),
+            ("NCCL_SHM_DISABLE", "0", "overrides", Status::Ok),
+        ];
+        for (name, value, kind, status) in cases {
+            let f = judged(name, value);
+            assert_eq!(f.status, status, "{name}={value}: {f:#?}");
+            assert!(f.summary.contains(&format!("({kind}")), "{name}={value}: {}", f.summary);
+            assert_eq!(f.fix.is_some(), status == Status::Warn, "{name}={value}");
+        }
+        assert!(judged("NCCL_MAX_NCHANNELS", "0x8").evidence.iter().any(|e| e.contains("0x is hex")));
+        assert!(judged("NCCL_CROSS_NIC", "0").summary.contains("rail-optimized"));
+    }
+
+    /// Four or more overrides at once are named as a configuration nobody
+    /// measured as a whole, each listed; three are not.
+    #[test]
+    fn many_overrides_are_named_together() {
+        let some = [("NCCL_ALGO", "Ring"), ("NCCL_PROTO", "Simple"), ("NCCL_BUFFSIZE", "8388608")];
+        assert!(!check(&vars(&some), &[], &[]).iter().any(|f| f.check == "env.overrides"));
+        let mut many = some.to_vec();
+        many.push(("NCCL_MIN_NCHANNELS", "32"));
+        many.push(("NCCL_IB_TC", "106"));
+        let f = check(&vars(&many), &[], &[]);
+        let o = f.iter().find(|f| f.check == "env.overrides").unwrap();
+        assert_eq!(o.status, Status::Warn);
+        assert!(o.summary.starts_with("4 variables override"), "{}", o.summary);
+        assert_eq!(o.evidence.len(), 4, "NCCL_IB_TC configures, it is not counted: {:?}", o.evidence);
+    }
+
     #[test]
     fn unknown_variables_are_listed_not_judged() {
-        let f = check(&vars(&[("NCCL_ALGO", "Ring"), ("UCX_LOG_LEVEL", "debug"), ("NCCL_IB_DISABLE", "1")]), &[], &[]);
+        let f = check(&vars(&[("NCCL_LAUNCH_MODE", "GROUP"), ("UCX_LOG_LEVEL", "debug"), ("NCCL_IB_DISABLE", "1")]), &[], &[]);
         assert_eq!(f.len(), 2, "{f:#?}");
         let u = f.iter().find(|f| f.check == "env.unjudged").unwrap();
         assert_eq!(u.status, Status::Skipped);
         assert!(u.summary.contains("not judged"));
-        assert_eq!(u.evidence, ["NCCL_ALGO=Ring", "UCX_LOG_LEVEL=debug"]);
+        assert_eq!(u.evidence, ["NCCL_LAUNCH_MODE=GROUP", "UCX_LOG_LEVEL=debug"]);
         assert_eq!(f.iter().find(|f| f.check == "env.nccl_ib_disable").unwrap().status, Status::Fail);
     }
 
