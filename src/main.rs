@@ -36,6 +36,8 @@ struct Cli {
 enum Command {
     /// Check whether GPUDirect RDMA works on this machine, and why not.
     Doctor {
+        #[command(subcommand)]
+        action: Option<DoctorAction>,
         /// Machine-readable output (schema documented in docs/doctor-json.md).
         #[arg(long)]
         json: bool,
@@ -97,6 +99,20 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum DoctorAction {
+    /// What changed between two `doctor --json` reports that matters to
+    /// the verdict (before and after a maintenance window, a good node and
+    /// a bad one): the verdict, then findings that got worse, the cause
+    /// first. Exit 1 when the verdict changed, 0 when not.
+    Diff {
+        /// The earlier report (JSON).
+        before: PathBuf,
+        /// The later report (JSON).
+        after: PathBuf,
+    },
+}
+
 /// The library reports through `tracing`: its warnings (a region staged
 /// through host memory, a teardown that failed) show by default, on
 /// stderr so `--json` output stays clean; `RUST_LOG=debug` adds the choices
@@ -109,7 +125,23 @@ fn init_logging() {
 fn main() -> ExitCode {
     init_logging();
     match Cli::parse().command {
-        Command::Doctor { json, gpu, device, root, env_file, pid, verbose } => {
+        Command::Doctor { action: Some(DoctorAction::Diff { before, after }), .. } => {
+            let read = |p: &PathBuf| -> Result<serde_json::Value, String> {
+                let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", p.display()))
+            };
+            match read(&before).and_then(|a| read(&after).and_then(|b| doctor::diff::diff(&a, &b))) {
+                Ok(d) => {
+                    let _ = std::io::stdout().lock().write_all((d.lines.join("\n") + "\n").as_bytes());
+                    ExitCode::from(u8::from(d.verdict_changed))
+                }
+                Err(e) => {
+                    eprintln!("gpudirect doctor diff: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Doctor { action: None, json, gpu, device, root, env_file, pid, verbose } => {
             if !root.join("proc").is_dir() && !root.join("sys").is_dir() {
                 eprintln!("gpudirect doctor: {} has neither proc/ nor sys/: nothing to examine", root.display());
                 return ExitCode::from(2);

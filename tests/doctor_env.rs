@@ -53,3 +53,32 @@ fn a_missing_process_or_file_is_an_error_naming_it() {
         assert!(err.contains(args[1]), "{err}");
     }
 }
+
+/// `doctor diff` over two real reports of this machine: one judged with a
+/// job script that disables NCCL's IB transport. The new failure leads;
+/// the verdict (this machine's hardware) did not change: exit 0.
+#[test]
+fn diff_names_what_got_worse_between_two_reports() {
+    let dir = std::env::temp_dir().join(format!("gpudirect-diff-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("job.sh");
+    std::fs::write(&script, "export NCCL_IB_DISABLE=1\n").unwrap();
+    let before = doctor_json(&[]);
+    let after = doctor_json(&["--env-file", script.to_str().unwrap()]);
+    std::fs::write(dir.join("a.json"), before.to_string()).unwrap();
+    std::fs::write(dir.join("b.json"), after.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpudirect"))
+        .args(["doctor", "diff"])
+        .args([dir.join("a.json"), dir.join("b.json")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("verdict unchanged: GPUDirect RDMA"), "{text}");
+    assert!(lines[1].starts_with("new    [fail] env.nccl_ib_disable: NCCL_IB_DISABLE=1"), "{text}");
+    let bad = Command::new(env!("CARGO_BIN_EXE_gpudirect")).args(["doctor", "diff"]).arg(&script).arg(dir.join("b.json")).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("is not JSON"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

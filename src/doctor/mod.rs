@@ -100,6 +100,7 @@ impl Machine {
 
 pub mod acs;
 pub mod bandwidth;
+pub mod diff;
 pub mod env;
 pub mod iommu;
 pub mod jobenv;
