@@ -80,7 +80,7 @@ pub fn diff(a: &Value, b: &Value) -> Result<Diff, String> {
             better.push(format!("gone   [{status}] {check}: {summary}"));
         }
     }
-    worse.sort_by(|x, y| y.0.cmp(&x.0));
+    worse.sort_by_key(|w| std::cmp::Reverse(w.0));
     lines.extend(worse.into_iter().map(|(_, l)| l));
     lines.extend(better);
     if lines.len() == 1 {
