@@ -384,6 +384,7 @@ mod tests {
             let m = Machine::new(SysRoot::at(testkit::machine("dgx-pix")), vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
             let r = run(&m, &p, &Options::default());
             let v = &r.verdict;
+            println!("{vars:?}: {}", v.line);
             match &want {
                 Ok(line) => {
                     assert!(v.available && v.hardware_allows && v.environment.is_none(), "{vars:?}: {}", v.line);
