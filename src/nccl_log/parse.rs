@@ -251,9 +251,15 @@ impl NetVia {
 /// Recognises `Ring 00 : 45 -> 46 [send] via NET/Socket/0` (2.4),
 /// `Channel 00 : 3[4a000] -> 6[44000] [send] via NET/IB/0/GDRDMA` (2.5-2.11)
 /// and `Channel 00/0 : 0[0] -> 1[0] [receive] via NET/IB/4` (2.12+), with or
-/// without a prefix. Ring-order lines (`Channel 00/02 :    0   1   2`) and
-/// anything else are rejected.
+/// without a prefix, and CollNet's `CollNet 00/0 : 0 [receive] via
+/// COLLNET/SHARP/1/GDRDMA` (one rank: its side of the SHARP tree). Ring-order
+/// lines (`Channel 00/02 :    0   1   2`) and anything else are rejected.
 pub(super) fn parse_connection(msg: &str) -> Option<ConnLine> {
+    if let Some(at) = msg.find("CollNet ") {
+        if let Some(conn) = parse_collnet_at(&msg[at + "CollNet ".len()..]) {
+            return Some(conn);
+        }
+    }
     for keyword in ["Channel ", "Ring "] {
         let mut from = 0;
         while let Some(found) = msg[from..].find(keyword) {
@@ -265,6 +271,37 @@ pub(super) fn parse_connection(msg: &str) -> Option<ConnLine> {
         }
     }
     None
+}
+
+/// `CC/S : RANK [dir] via COLLNET/<plugin>/<dev>[/GDRDMA]`: the rank's
+/// connection to the in-network reduction, through NIC `dev`.
+fn parse_collnet_at(s: &str) -> Option<ConnLine> {
+    let (channel, rest) = take_number(s)?;
+    let (sub, rest) = match rest.strip_prefix('/') {
+        Some(r) => {
+            let (n, r) = take_number(r)?;
+            (Some(n), r)
+        }
+        None => (None, rest),
+    };
+    let rest = rest.trim_start().strip_prefix(':')?.trim_start();
+    let (rank, rest) = take_number(rest)?;
+    let mut rest = rest.trim_start();
+    let mut direction = Direction::Unspecified;
+    for (tag, dir) in [("[send]", Direction::Send), ("[receive]", Direction::Receive), ("[recv]", Direction::Receive)] {
+        if let Some(r) = rest.strip_prefix(tag) {
+            direction = dir;
+            rest = r.trim_start();
+            break;
+        }
+    }
+    let via = rest.strip_prefix("via ")?.trim();
+    if !via.starts_with("COLLNET/") {
+        return None;
+    }
+    let (via, transport, net) = classify_via(via);
+    net.as_ref().and_then(|n| n.dev)?;
+    Some(ConnLine { channel, sub, from_rank: rank, from_gpu: None, to_rank: rank, to_gpu: None, direction, via, transport, net })
 }
 
 fn parse_connection_at(s: &str) -> Option<ConnLine> {
@@ -324,7 +361,9 @@ fn parse_connection_at(s: &str) -> Option<ConnLine> {
 /// what kind it is. Plugin names may contain spaces (`NET/AWS Libfabric/0`),
 /// so the NET form is parsed by structure, not by whitespace.
 fn classify_via(via: &str) -> (String, Transport, Option<NetVia>) {
-    if let Some(body) = via.strip_prefix("NET/") {
+    // CollNet's path has the NET form behind its own prefix: the plugin
+    // (SHARP), the NIC index, and `/GDRDMA` when GPU memory is registered.
+    if let Some(body) = via.strip_prefix("NET/").or_else(|| via.strip_prefix("COLLNET/")) {
         let name_end = body.find('/').unwrap_or(body.len());
         let name = body[..name_end].trim();
         if !name.is_empty() && name.len() <= 64 {

@@ -61,6 +61,23 @@ fn prefixes_are_split_in_all_known_shapes() {
     );
 }
 
+/// CollNet's lines (the SHARP plugin): one rank, the NIC index, and
+/// `/GDRDMA` exactly when the rank's GPU memory is registered with it.
+#[test]
+fn collnet_lines_are_network_connections() {
+    let c = parse::parse_connection("CollNet 00/0 : 6 [receive] via COLLNET/SHARP/1/GDRDMA").unwrap();
+    assert_eq!((c.channel, c.sub, c.from_rank, c.to_rank, c.direction), (0, Some(0), 6, 6, Direction::Receive));
+    assert_eq!((c.transport, c.via.as_str()), (Transport::Net, "COLLNET/SHARP/1/GDRDMA"));
+    let net = c.net.unwrap();
+    assert_eq!((net.name.as_str(), net.dev), ("SHARP", Some(1)));
+    assert!(net.gdr());
+    let c = parse::parse_connection("CollNet 01/0 : 2 [send] via COLLNET/SHARP/5").unwrap();
+    assert!(!c.net.unwrap().gdr());
+    // Cut off before the NIC index, or not a CollNet path: not a connection.
+    assert!(parse::parse_connection("CollNet 00/0 : 0 [receive] via COLLNET/SHARP/").is_none());
+    assert!(parse::parse_connection("CollNet 00/0 : 0 [receive] via P2P/IPC").is_none());
+}
+
 #[test]
 fn connection_formats_of_every_era() {
     let c = parse::parse_connection("Ring 00 : 45 -> 46 [send] via NET/Socket/0").unwrap();

@@ -67,7 +67,7 @@ fn verdict_word(v: Verdict) -> String {
 #[test]
 fn every_fixture_gets_its_expected_verdict() {
     let all = fixtures();
-    // 20 real excerpts (19 from public issue threads, one from a public
+    // 21 real excerpts (20 from public issue threads, one from a public
     // write-up) plus our synthetic ones.
     assert!(all.len() >= 28, "only {} fixtures found", all.len());
     assert!(
