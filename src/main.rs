@@ -153,7 +153,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let machine = doctor::Machine::with_job(SysRoot::at(root), job);
+            let machine = doctor::Machine { root: SysRoot::at(root), job };
             let report = doctor::report::run(&machine, &doctor::probes::LiveProbes, &doctor::report::Options { gpu, device });
             if !json && !verbose {
                 let _ = std::io::stdout().lock().write_all(doctor::report::Brief(&report).to_string().as_bytes());

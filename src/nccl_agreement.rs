@@ -8,7 +8,8 @@ use crate::nccl_log::{explain, Verdict};
 
 /// The doctor's finding for one variable.
 fn doctor(name: &str, value: &str) -> Status {
-    let f = env::check(&[(name.to_string(), value.to_string())], &[], &[]);
+    let job = crate::doctor::jobenv::JobEnv { vars: vec![(name.to_string(), value.to_string())], ..Default::default() };
+    let f = env::check(&job);
     let id = format!("env.{}", name.to_ascii_lowercase());
     f.iter().find(|f| f.check == id).unwrap_or_else(|| panic!("no {id} in {f:#?}")).status
 }

@@ -75,13 +75,8 @@ pub struct Machine {
     /// Where sysfs/procfs/dev are read.
     pub root: SysRoot,
     /// The environment variables to judge: the job's, as NCCL will see
-    /// them ([`jobenv`]); a later name wins.
-    pub env: Vec<(String, String)>,
-    /// Where each variable came from (`the environment`, a file); a name
-    /// not listed came from the environment.
-    pub env_origins: Vec<(String, String)>,
-    /// What was read to build `env`, and what could not be.
-    pub env_notes: Vec<String>,
+    /// them, with where each came from ([`jobenv`]).
+    pub job: jobenv::JobEnv,
 }
 
 impl Machine {
@@ -89,12 +84,7 @@ impl Machine {
     /// environment and nothing else.
     #[cfg(test)]
     pub fn new(root: SysRoot, env: Vec<(String, String)>) -> Machine {
-        Machine { root, env, env_origins: Vec::new(), env_notes: Vec::new() }
-    }
-
-    /// The machine at `root`, judged with the job environment `job`.
-    pub fn with_job(root: SysRoot, job: jobenv::JobEnv) -> Machine {
-        Machine { root, env: job.vars, env_origins: job.origins, env_notes: job.notes }
+        Machine { root, job: jobenv::JobEnv { vars: env, ..Default::default() } }
     }
 }
 

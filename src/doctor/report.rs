@@ -116,8 +116,8 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
     let mut findings = stack::rdma(root, &rdma, &left);
     findings.extend(stack::cuda(root, &gpus, &left));
     findings.extend(stack::host(&host, &left));
-    findings.extend(pci::check(root, &topo, &m.env));
-    findings.extend(env::check(&m.env, &m.env_origins, &m.env_notes));
+    findings.extend(pci::check(root, &topo, &m.job.vars));
+    findings.extend(env::check(&m.job));
 
     // What the registration facts cannot see blocks a pair whatever its
     // path: the NIC's port and GID, the device nodes, ACS on its bridges.
@@ -132,7 +132,7 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
             .map(|f| f.summary.clone())
             .collect();
     }
-    let verdict = decide(&candidates, &rdma, &gpus, &m.env);
+    let verdict = decide(&candidates, &rdma, &gpus, &m.job.vars);
     Report { schema: SCHEMA_VERSION, verdict, findings }
 }
 

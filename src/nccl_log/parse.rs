@@ -276,25 +276,9 @@ pub(super) fn parse_connection(msg: &str) -> Option<ConnLine> {
 /// `CC/S : RANK [dir] via COLLNET/<plugin>/<dev>[/GDRDMA]`: the rank's
 /// connection to the in-network reduction, through NIC `dev`.
 fn parse_collnet_at(s: &str) -> Option<ConnLine> {
-    let (channel, rest) = take_number(s)?;
-    let (sub, rest) = match rest.strip_prefix('/') {
-        Some(r) => {
-            let (n, r) = take_number(r)?;
-            (Some(n), r)
-        }
-        None => (None, rest),
-    };
-    let rest = rest.trim_start().strip_prefix(':')?.trim_start();
+    let (channel, sub, rest) = take_channel(s)?;
     let (rank, rest) = take_number(rest)?;
-    let mut rest = rest.trim_start();
-    let mut direction = Direction::Unspecified;
-    for (tag, dir) in [("[send]", Direction::Send), ("[receive]", Direction::Receive), ("[recv]", Direction::Receive)] {
-        if let Some(r) = rest.strip_prefix(tag) {
-            direction = dir;
-            rest = r.trim_start();
-            break;
-        }
-    }
+    let (direction, rest) = take_direction(rest);
     let via = rest.strip_prefix("via ")?.trim();
     if !via.starts_with("COLLNET/") {
         return None;
@@ -304,7 +288,8 @@ fn parse_collnet_at(s: &str) -> Option<ConnLine> {
     Some(ConnLine { channel, sub, from_rank: rank, from_gpu: None, to_rank: rank, to_gpu: None, direction, via, transport, net })
 }
 
-fn parse_connection_at(s: &str) -> Option<ConnLine> {
+/// `CC[/S] :`, a channel and its optional sub-channel, and the rest.
+fn take_channel(s: &str) -> Option<(u64, Option<u64>, &str)> {
     let (channel, rest) = take_number(s)?;
     let (sub, rest) = match rest.strip_prefix('/') {
         Some(r) => {
@@ -313,25 +298,32 @@ fn parse_connection_at(s: &str) -> Option<ConnLine> {
         }
         None => (None, rest),
     };
-    let rest = rest.trim_start().strip_prefix(':')?.trim_start();
-    let (from_rank, rest) = take_number(rest)?;
-    let (from_gpu, rest) = take_bracket(rest);
-    let rest = rest.trim_start().strip_prefix("->")?.trim_start();
-    let (to_rank, rest) = take_number(rest)?;
-    let (to_gpu, rest) = take_bracket(rest);
-    let mut rest = rest.trim_start();
-    let mut direction = Direction::Unspecified;
+    Some((channel, sub, rest.trim_start().strip_prefix(':')?.trim_start()))
+}
+
+/// An optional `[send]` / `[receive]` / `[recv]` tag, and the rest.
+fn take_direction(s: &str) -> (Direction, &str) {
+    let rest = s.trim_start();
     for (tag, dir) in [
         ("[send]", Direction::Send),
         ("[receive]", Direction::Receive),
         ("[recv]", Direction::Receive),
     ] {
         if let Some(r) = rest.strip_prefix(tag) {
-            direction = dir;
-            rest = r.trim_start();
-            break;
+            return (dir, r.trim_start());
         }
     }
+    (Direction::Unspecified, rest)
+}
+
+fn parse_connection_at(s: &str) -> Option<ConnLine> {
+    let (channel, sub, rest) = take_channel(s)?;
+    let (from_rank, rest) = take_number(rest)?;
+    let (from_gpu, rest) = take_bracket(rest);
+    let rest = rest.trim_start().strip_prefix("->")?.trim_start();
+    let (to_rank, rest) = take_number(rest)?;
+    let (to_gpu, rest) = take_bracket(rest);
+    let (direction, rest) = take_direction(rest);
     let via = rest.strip_prefix("via ")?.trim();
     if via.is_empty() {
         return None;

@@ -21,6 +21,8 @@ use std::collections::BTreeMap;
 
 use gpudirect::nccl::Int;
 
+use super::jobenv::JobEnv;
+
 use super::{Finding, Status};
 
 mod nccl;
@@ -162,21 +164,19 @@ pub fn nccl_stops(vars: &[(String, String)], pair: &PairInEnv<'_>) -> Option<Str
 /// set, one finding says the defaults apply. The last assignment of a name
 /// wins, as in a process environment built from a list.
 ///
-/// `origins` says where each came from (`/etc/nccl.conf`; unlisted: the
-/// environment), `notes` what was read to find them (a finding of their
-/// own when there are any).
-pub fn check(vars: &[(String, String)], origins: &[(String, String)], notes: &[String]) -> Vec<Finding> {
+/// Each finding says where its variable came from ([`JobEnv::origin`]);
+/// what was read to find them is a finding of its own when there is any.
+pub fn check(job: &JobEnv) -> Vec<Finding> {
     let mut set: BTreeMap<&str, &str> = BTreeMap::new();
-    for (k, v) in vars {
+    for (k, v) in &job.vars {
         if k.starts_with("NCCL_") || k.starts_with("UCX_") {
             set.insert(k.as_str(), v.as_str());
         }
     }
-    let origin = |name: &str| origins.iter().rev().find(|(n, _)| n == name).map_or("the environment", |(_, o)| o.as_str());
     let mut sources = Vec::new();
-    if !notes.is_empty() {
+    if !job.notes.is_empty() {
         let mut f = Finding::new("env.sources", Status::Ok, "the job's environment: the process's variables, then NCCL's configuration files in NCCL's order");
-        for n in notes {
+        for n in &job.notes {
             f = f.evidence(n.clone());
         }
         sources.push(f);
@@ -210,7 +210,7 @@ pub fn check(vars: &[(String, String)], origins: &[(String, String)], notes: &[S
                     v.status,
                     format!("{name}={value} ({}): {}", v.kind.word(), v.meaning),
                 )
-                .evidence(format!("set by {}: {name}={value:?}", origin(name)));
+                .evidence(format!("set by {}: {name}={value:?}", job.origin(name)));
                 for n in v.notes {
                     f = f.evidence(n);
                 }
@@ -323,12 +323,16 @@ mod tests {
     use super::*;
     use nccl::subsys_shows_net;
 
+    fn job(pairs: &[(&str, &str)]) -> JobEnv {
+        JobEnv { vars: vars(pairs), ..Default::default() }
+    }
+
     fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     fn judged(name: &str, value: &str) -> Finding {
-        let f = check(&vars(&[(name, value)]), &[], &[]);
+        let f = check(&job(&[(name, value)]));
         assert_eq!(f.len(), 1, "{f:#?}");
         assert_eq!(f[0].check, format!("env.{}", name.to_ascii_lowercase()));
         f[0].clone()
@@ -336,7 +340,7 @@ mod tests {
 
     #[test]
     fn nothing_set_means_defaults() {
-        let f = check(&vars(&[("PATH", "/usr/bin"), ("CUDA_VISIBLE_DEVICES", "0")]), &[], &[]);
+        let f = check(&job(&[("PATH", "/usr/bin"), ("CUDA_VISIBLE_DEVICES", "0")]));
         assert_eq!(f.len(), 1);
         assert_eq!((f[0].check.as_str(), f[0].status), ("env.defaults", Status::Ok));
         assert!(f[0].evidence.iter().any(|e| e.contains("NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET")));
@@ -451,9 +455,9 @@ mod tests {
 
     #[test]
     fn debug_reads_the_subsystems_next_to_it() {
-        let f = check(&vars(&[("NCCL_DEBUG", "INFO")]), &[], &[]);
+        let f = check(&job(&[("NCCL_DEBUG", "INFO")]));
         assert!(f[0].evidence.iter().any(|e| e.contains("add NCCL_DEBUG_SUBSYS=INIT,NET")), "{f:#?}");
-        let f = check(&vars(&[("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET")]), &[], &[]);
+        let f = check(&job(&[("NCCL_DEBUG", "INFO"), ("NCCL_DEBUG_SUBSYS", "INIT,NET")]));
         let d = f.iter().find(|f| f.check == "env.nccl_debug").unwrap();
         assert!(d.evidence.iter().any(|e| e.contains("includes NET")), "{d:#?}");
         assert!(subsys_shows_net("ALL") && subsys_shows_net("^INIT") && !subsys_shows_net("INIT,GRAPH"));
@@ -493,11 +497,11 @@ mod tests {
     #[test]
     fn many_overrides_are_named_together() {
         let some = [("NCCL_ALGO", "Ring"), ("NCCL_PROTO", "Simple"), ("NCCL_BUFFSIZE", "8388608")];
-        assert!(!check(&vars(&some), &[], &[]).iter().any(|f| f.check == "env.overrides"));
+        assert!(!check(&job(&some)).iter().any(|f| f.check == "env.overrides"));
         let mut many = some.to_vec();
         many.push(("NCCL_MIN_NCHANNELS", "32"));
         many.push(("NCCL_IB_TC", "106"));
-        let f = check(&vars(&many), &[], &[]);
+        let f = check(&job(&many));
         let o = f.iter().find(|f| f.check == "env.overrides").unwrap();
         assert_eq!(o.status, Status::Warn);
         assert!(o.summary.starts_with("4 variables override"), "{}", o.summary);
@@ -506,7 +510,7 @@ mod tests {
 
     #[test]
     fn unknown_variables_are_listed_not_judged() {
-        let f = check(&vars(&[("NCCL_LAUNCH_MODE", "GROUP"), ("UCX_LOG_LEVEL", "debug"), ("NCCL_IB_DISABLE", "1")]), &[], &[]);
+        let f = check(&job(&[("NCCL_LAUNCH_MODE", "GROUP"), ("UCX_LOG_LEVEL", "debug"), ("NCCL_IB_DISABLE", "1")]));
         assert_eq!(f.len(), 2, "{f:#?}");
         let u = f.iter().find(|f| f.check == "env.unjudged").unwrap();
         assert_eq!(u.status, Status::Skipped);
@@ -517,7 +521,7 @@ mod tests {
 
     #[test]
     fn last_assignment_wins_and_order_is_stable() {
-        let f = check(&vars(&[("NCCL_IB_DISABLE", "1"), ("UCX_TLS", "rc,cuda_copy"), ("NCCL_IB_DISABLE", "0")]), &[], &[]);
+        let f = check(&job(&[("NCCL_IB_DISABLE", "1"), ("UCX_TLS", "rc,cuda_copy"), ("NCCL_IB_DISABLE", "0")]));
         let names: Vec<&str> = f.iter().map(|f| f.check.as_str()).collect();
         assert_eq!(names, ["env.nccl_ib_disable", "env.ucx_tls"]);
         assert_eq!(f[0].status, Status::Ok);
@@ -552,7 +556,7 @@ mod tests {
             let len = rng.index(24);
             let value: String = (0..len).map(|_| alphabet[rng.index(alphabet.len())]).collect();
             let name = names[rng.index(names.len())];
-            let f = check(&vars(&[(name, &value)]), &[], &[]);
+            let f = check(&job(&[(name, &value)]));
             assert!(!f.is_empty());
             findings += f.len();
         }
