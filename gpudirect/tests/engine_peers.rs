@@ -46,22 +46,9 @@ fn peers_that_do_not_answer_the_goodbye_are_evicted_within_one_timeout() {
     let hub = Agent::new(c).unwrap();
     let src = hub.alloc("src", 4096).unwrap();
     hub.alloc("t", 4096).unwrap();
-    let mut holes = Vec::new();
-    let ghosts: Vec<Agent> = (0..2u8)
-        .map(|i| {
-            // Reached at 127.0.0.(5+i), where a listener nobody serves sits
-            // on the agent's port: connections complete, nothing answers.
-            let mut c = config(&format!("ghost-{i}"));
-            let probe = TcpListener::bind("127.0.0.1:0").unwrap();
-            let port = probe.local_addr().unwrap().port();
-            drop(probe);
-            c.listen = SocketAddr::from(([127, 0, 0, 1], port));
-            c.advertise = Some([127, 0, 0, 5 + i].into());
-            let g = Agent::new(c).unwrap();
-            holes.push(TcpListener::bind(SocketAddr::from(([127, 0, 0, 5 + i], port))).unwrap());
-            g
-        })
-        .collect();
+    // Reached at 127.0.0.5 and .6, where nobody serves: connections
+    // complete, nothing answers.
+    let (ghosts, holes): (Vec<Agent>, Vec<TcpListener>) = (0..2u8).map(|i| silent_agent(&format!("ghost-{i}"), 5 + i)).unzip();
     for g in &ghosts {
         let mine = g.alloc("m", 4096).unwrap();
         let t = g.load_remote(&md(&hub)).unwrap().memory("t").unwrap();

@@ -126,15 +126,27 @@ impl TcpRendezvous {
 
     /// One request; the answer's (status, bytes).
     fn call(&self, op: Op, name: &str, blob: &[u8]) -> Result<(u8, Vec<u8>), EngineError> {
+        self.try_call(op, name, blob).map_err(|e| match e {
+            Call::NotUp(e) => rdv_err(&self.server.to_string(), e.to_string()),
+            Call::Failed(e) => e,
+        })
+    }
+
+    /// [`call`](Self::call), telling a server that is not up (nothing
+    /// listens: the connection is refused) from every other failure.
+    fn try_call(&self, op: Op, name: &str, blob: &[u8]) -> Result<(u8, Vec<u8>), Call> {
         check_name(name)?;
         let server = self.server.to_string();
         let io = |e: io::Error| rdv_err(&server, e.to_string());
-        let mut s = TcpStream::connect_timeout(&self.server, self.timeout).map_err(io)?;
+        let mut s = TcpStream::connect_timeout(&self.server, self.timeout).map_err(|e| match e.kind() {
+            io::ErrorKind::ConnectionRefused => Call::NotUp(e),
+            _ => Call::Failed(io(e)),
+        })?;
         s.set_read_timeout(Some(self.timeout)).map_err(io)?;
         s.set_write_timeout(Some(self.timeout)).map_err(io)?;
         let hello = take(&mut s, 5 + TAG).map_err(io)?;
         if hello[..4] != MAGIC || hello[4] != VERSION {
-            return Err(rdv_err(&server, format!("not a gpudirect rendezvous v{VERSION} server (it opened with {:02x?})", &hello[..5])));
+            return Err(Call::Failed(rdv_err(&server, format!("not a gpudirect rendezvous v{VERSION} server (it opened with {:02x?})", &hello[..5]))));
         }
         let nonce = &hello[5..];
         let mut out = MAGIC.to_vec();
@@ -148,16 +160,16 @@ impl TcpRendezvous {
         let mut answer = take(&mut s, 5).map_err(io)?;
         let len = u32::from_be_bytes(answer[1..5].try_into().expect("4 bytes")) as usize;
         if len > MAX_METADATA {
-            return Err(rdv_err(&server, format!("an answer of {len} bytes (at most {MAX_METADATA})")));
+            return Err(Call::Failed(rdv_err(&server, format!("an answer of {len} bytes (at most {MAX_METADATA})"))));
         }
         answer.extend_from_slice(&take(&mut s, len).map_err(io)?);
         let tag = take(&mut s, TAG).map_err(io)?;
         if !self.key.verify(Label::RendezvousAnswer, &[nonce, &answer], &tag) {
             if answer[0] == REFUSED {
                 // A server with another secret says why it refused.
-                return Err(rdv_err(&server, String::from_utf8_lossy(&answer[5..]).into_owned()));
+                return Err(Call::Failed(rdv_err(&server, String::from_utf8_lossy(&answer[5..]).into_owned())));
             }
-            return Err(rdv_err(&server, "its answer's proof did not verify: the server holds another cluster secret (or none)".into()));
+            return Err(Call::Failed(rdv_err(&server, "its answer's proof did not verify: the server holds another cluster secret (or none)".into())));
         }
         Ok((answer[0], answer.split_off(5)))
     }
@@ -170,9 +182,17 @@ impl TcpRendezvous {
     }
 }
 
-/// Whether `e` says nothing listens at the server (yet).
-fn not_up(e: &EngineError) -> bool {
-    matches!(e, EngineError::Rendezvous { reason, .. } if reason.contains("refused"))
+/// Why a request failed: nothing listens at the server (yet), or any
+/// other failure.
+enum Call {
+    NotUp(io::Error),
+    Failed(EngineError),
+}
+
+impl From<EngineError> for Call {
+    fn from(e: EngineError) -> Call {
+        Call::Failed(e)
+    }
 }
 
 impl Rendezvous for TcpRendezvous {
@@ -187,12 +207,13 @@ impl Rendezvous for TcpRendezvous {
         let started = Instant::now();
         loop {
             let waited = started.elapsed();
-            match self.call(Op::Lookup, name, &[]) {
+            match self.try_call(Op::Lookup, name, &[]) {
                 Ok((OK, blob)) => return decode_for(name, &blob, &self.server.to_string()),
                 Ok((NOT_FOUND, _)) if waited < timeout => {}
                 Ok((NOT_FOUND, _)) => return Err(EngineError::NotPublished { name: name.to_owned(), waited: timeout }),
-                Err(e) if not_up(&e) && waited < timeout => {}
-                Err(e) => return Err(e),
+                Err(Call::NotUp(_)) if waited < timeout => {}
+                Err(Call::NotUp(e)) => return Err(rdv_err(&self.server.to_string(), e.to_string())),
+                Err(Call::Failed(e)) => return Err(e),
                 Ok(other) => return self.check(other).and(Err(rdv_err(&self.server.to_string(), "an unknown status".into()))),
             }
             std::thread::sleep(LOOKUP_EVERY.min(timeout - waited));
