@@ -89,6 +89,12 @@ struct Args {
     /// Seconds to wait for the peer (bootstrap and each message).
     #[arg(long, default_value_t = 60)]
     timeout: u64,
+    /// Local ACK timeout of the queue pair, as perftest's `-u`: each try
+    /// waits 4.096 us x 2^N, and the peer counts as gone after 7 tries.
+    /// Raise it on paths whose round trip nears the default's 67 ms (14),
+    /// such as emulated guests. Not used with --cm (rdma_cm sets its own).
+    #[arg(long, short = 'u', default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    qp_timeout: u8,
     /// Use memory of this CUDA GPU instead of host memory.
     #[arg(long, value_name = "N")]
     gpu: Option<usize>,
@@ -378,6 +384,7 @@ fn run(args: Args) -> Res<()> {
         max_send_wr: 16,
         max_recv_wr: 16,
         access: qp_access,
+        timeout: args.qp_timeout,
         ..QpConfig::default()
     };
     let qp = QueuePair::create(&pd, &cq, &cq, &config)?;
