@@ -61,8 +61,22 @@ enum Command {
         verbose: bool,
         /// Judge the environment of the running process PID
         /// (/proc/PID/environ), e.g. a training job's rank.
-        #[arg(long, value_name = "PID")]
+        #[arg(long, value_name = "PID", conflicts_with = "from")]
         pid: Option<u32>,
+        /// Also write everything the judgement read (files, config space,
+        /// the verbs' and CUDA's answers, the job's environment) to FILE,
+        /// for `--from` on another machine.
+        #[arg(long, value_name = "FILE")]
+        capture: Option<PathBuf>,
+        /// Judge a capture written by `--capture` instead of this machine.
+        /// The captured environment is judged, with this shell's NCCL_ and
+        /// UCX_ variables laid over it (or `--env-file` instead of it).
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["root", "answers"])]
+        from: Option<PathBuf>,
+        /// Probe answers (a capture's rdma, gpus and host fields) instead
+        /// of asking verbs and CUDA: with --root, for fixture trees.
+        #[arg(long, hide = true, value_name = "FILE")]
+        answers: Option<PathBuf>,
     },
     /// Bandwidth per message size, measured as perftest's ib_*_bw.
     Bw(perf::bw::BwArgs),
@@ -101,14 +115,14 @@ enum Command {
 
 #[derive(Subcommand)]
 enum DoctorAction {
-    /// What changed between two `doctor --json` reports that matters to
+    /// What changed between two `doctor --json` reports (or captures) that matters to
     /// the verdict (before and after a maintenance window, a good node and
     /// a bad one): the verdict, then findings that got worse, the cause
     /// first. Exit 1 when the verdict changed, 0 when not.
     Diff {
-        /// The earlier report (JSON).
+        /// The earlier report (`--json`) or capture (`--capture`).
         before: PathBuf,
-        /// The later report (JSON).
+        /// The later report or capture.
         after: PathBuf,
     },
 }
@@ -128,7 +142,14 @@ fn main() -> ExitCode {
         Command::Doctor { action: Some(DoctorAction::Diff { before, after }), .. } => {
             let read = |p: &PathBuf| -> Result<serde_json::Value, String> {
                 let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-                serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", p.display()))
+                let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", p.display()))?;
+                if v.get("format").is_none() {
+                    return Ok(v);
+                }
+                // A capture: judged as `--from` would, in its own environment.
+                let from = DoctorSources { from: Some(p.clone()), shell_over_capture: false, ..DoctorSources::default() };
+                let report = judge_machine(&from, &doctor::report::Options::default())?;
+                serde_json::to_value(&report).map_err(|e| e.to_string())
             };
             match read(&before).and_then(|a| read(&after).and_then(|b| doctor::diff::diff(&a, &b))) {
                 Ok(d) => {
@@ -141,20 +162,15 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Doctor { action: None, json, gpu, device, root, env_file, pid, verbose } => {
-            if !root.join("proc").is_dir() && !root.join("sys").is_dir() {
-                eprintln!("gpudirect doctor: {} has neither proc/ nor sys/: nothing to examine", root.display());
-                return ExitCode::from(2);
-            }
-            let job = match job_env(&root, env_file.as_deref(), pid) {
-                Ok(j) => j,
+        Command::Doctor { action: None, json, gpu, device, root, env_file, pid, verbose, capture, from, answers } => {
+            let sources = DoctorSources { shell_over_capture: true, root, env_file, pid, capture, from, answers };
+            let report = match judge_machine(&sources, &doctor::report::Options { gpu, device }) {
+                Ok(r) => r,
                 Err(e) => {
                     eprintln!("gpudirect doctor: {e}");
                     return ExitCode::from(2);
                 }
             };
-            let machine = doctor::Machine { root: SysRoot::at(root), job };
-            let report = doctor::report::run(&machine, &doctor::probes::LiveProbes, &doctor::report::Options { gpu, device });
             if !json && !verbose {
                 let _ = std::io::stdout().lock().write_all(doctor::report::Brief(&report).to_string().as_bytes());
             } else if let Err(code) = emit(&report, json, "doctor") {
@@ -189,6 +205,78 @@ fn main() -> ExitCode {
             })
         }
     }
+}
+
+/// Where the doctor reads the machine and the job from.
+#[derive(Default)]
+struct DoctorSources {
+    /// Lay this shell's NCCL_/UCX_ variables over a capture's environment.
+    shell_over_capture: bool,
+    root: PathBuf,
+    env_file: Option<PathBuf>,
+    pid: Option<u32>,
+    capture: Option<PathBuf>,
+    from: Option<PathBuf>,
+    answers: Option<PathBuf>,
+}
+
+/// Judges this machine (or the one under `root`, or a capture), writing a
+/// capture when asked.
+fn judge_machine(s: &DoctorSources, opts: &doctor::report::Options) -> Result<doctor::report::Report, String> {
+    use doctor::capture::{Answers, Capture, Recorder, Unpacked};
+    use doctor::probes::{LiveProbes, Probes};
+    // Held until the judgement is done: dropping it removes the unpacked tree.
+    let mut unpacked = None;
+    let (root, job, probes): (SysRoot, doctor::jobenv::JobEnv, Box<dyn Probes>) = if let Some(from) = &s.from {
+        let c = Capture::read(from).map_err(|e| e.to_string())?;
+        let u = Unpacked::new(&c).map_err(|e| e.to_string())?;
+        let job = match &s.env_file {
+            Some(_) => job_env(u.root().root(), s.env_file.as_deref(), None)?,
+            None if s.shell_over_capture => over_capture(c.env.clone(), std::env::vars()),
+            None => c.env.clone(),
+        };
+        let root = u.root();
+        unpacked = Some(u);
+        (root, job, Box::new(c.answers))
+    } else {
+        if !s.root.join("proc").is_dir() && !s.root.join("sys").is_dir() {
+            return Err(format!("{} has neither proc/ nor sys/: nothing to examine", s.root.display()));
+        }
+        let probes: Box<dyn Probes> = match &s.answers {
+            Some(a) => Box::new(Answers::read(a).map_err(|e| e.to_string())?),
+            None => Box::new(LiveProbes),
+        };
+        (SysRoot::at(&s.root), job_env(&s.root, s.env_file.as_deref(), s.pid)?, probes)
+    };
+    let Some(out) = &s.capture else {
+        let report = doctor::report::run(&doctor::Machine { root, job }, probes.as_ref(), opts);
+        drop(unpacked);
+        return Ok(report);
+    };
+    let recorder = Recorder::new(probes.as_ref());
+    let machine = doctor::Machine { root: root.recording(), job };
+    let report = doctor::report::run(&machine, &recorder, opts);
+    let capture = recorder.capture(&machine.root, &machine.job);
+    capture.write(out).map_err(|e| e.to_string())?;
+    eprintln!(
+        "gpudirect doctor: wrote {} ({} files, the verbs' and CUDA's answers, {} variables); judge it anywhere with --from",
+        out.display(),
+        capture.files.len(),
+        capture.env.vars.len()
+    );
+    drop(unpacked);
+    Ok(report)
+}
+
+/// The captured environment with this shell's NCCL_ and UCX_ variables
+/// laid over it: what a support engineer tries against a customer's
+/// capture (`NCCL_IB_DISABLE=1 gpudirect doctor --from c.json`).
+fn over_capture(mut env: doctor::jobenv::JobEnv, own: impl Iterator<Item = (String, String)>) -> doctor::jobenv::JobEnv {
+    for (k, v) in own.filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("UCX_")) {
+        env.origins.push((k.clone(), "this shell, over the capture".to_owned()));
+        env.vars.push((k, v));
+    }
+    env
 }
 
 /// The job's environment as NCCL will see it: the variables of the env

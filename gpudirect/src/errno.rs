@@ -8,6 +8,8 @@ use std::fmt;
 /// Displays as its symbolic name and its meaning, e.g.
 /// `EOPNOTSUPP (Operation not supported)`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct Errno(pub i32);
 
 impl Errno {

@@ -49,6 +49,7 @@ impl fmt::Debug for Gid {
 /// What kind of GID a table entry is (`ibv_gid_entry::gid_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum GidType {
     /// InfiniBand.
     Ib,
@@ -84,6 +85,7 @@ impl fmt::Display for GidType {
 
 /// One valid entry of a port's GID table.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct GidEntry {
     /// Index in the port's table: the `sgid_index` a queue pair uses.
     pub index: u32,

@@ -114,7 +114,10 @@
 //!   build needs `librdmacm-dev`); at run time the `rdma_ucm` module.
 //! - `serde` (default): `Serialize` on the plain data types, and
 //!   `Deserialize` on the wire types ([`Endpoint`], [`RemoteBuffer`],
-//!   [`Gid`], [`Mtu`], [`bootstrap::Handshake`]).
+//!   [`Gid`], [`Mtu`], [`bootstrap::Handshake`]) and on the facts a
+//!   diagnosis rests on ([`PortAttr`], [`GidEntry`], [`gdr::GpuFacts`],
+//!   [`gdr::HostFacts`], [`gdr::DmaBufProbe`]), so a tool can save them and
+//!   judge them on another machine.
 //!
 //! The minimum supported Rust version is 1.88.
 //!

@@ -61,6 +61,7 @@ impl fmt::Display for Mtu {
 /// What the port's link runs: InfiniBand or Ethernet (RoCE).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum LinkLayer {
     /// InfiniBand: addressed by LID.
     InfiniBand,
@@ -73,6 +74,7 @@ pub enum LinkLayer {
 /// Logical port state (`enum ibv_port_state`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum PortState {
     /// Link down.
     Down,
@@ -88,6 +90,7 @@ pub enum PortState {
 
 /// Attributes of one port (`ibv_query_port`).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PortAttr {
     /// Port number, from 1.
     pub port: u8,

@@ -8,9 +8,15 @@
 //! make a reader see the real `/`. Reads are bounded and open regular files
 //! only (never a FIFO or device node, which could block or have side
 //! effects).
+//!
+//! A root can also record what it is asked ([`SysRoot::recording`]), so a
+//! tool can copy exactly the files a judgement read (the doctor's
+//! `--capture`) and judge them again elsewhere.
 
+use std::collections::BTreeMap;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// The most [`SysRoot::read`] returns: sysfs attributes are a page at most;
 /// this keeps a fixture (or a misbehaving file) from being read whole.
@@ -23,10 +29,23 @@ const MAX_SYMLINK_HOPS: usize = 40;
 
 /// A root under which `/sys`, `/proc` and `/dev` are read: `/` on a live
 /// machine, a fixture directory in tests.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// Two roots are equal when they read the same directory, recording or not.
+#[derive(Clone, Debug)]
 pub struct SysRoot {
     root: PathBuf,
+    /// Shared by clones, so a recording root handed down by value still
+    /// records into one place.
+    seen: Option<Arc<Mutex<BTreeMap<String, Access>>>>,
 }
+
+impl PartialEq for SysRoot {
+    fn eq(&self, other: &SysRoot) -> bool {
+        self.root == other.root
+    }
+}
+
+impl Eq for SysRoot {}
 
 impl Default for SysRoot {
     fn default() -> Self {
@@ -34,15 +53,55 @@ impl Default for SysRoot {
     }
 }
 
+/// What a [`recording`](SysRoot::recording) root was asked about one
+/// machine path, the most a reader needed of it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Access {
+    /// Whether it exists, is a directory, or where its links lead.
+    Stat,
+    /// The directory's entry names.
+    List,
+    /// The first line [`any_line`](SysRoot::any_line) accepted (`None`:
+    /// none was), not the whole file: `/proc/kallsyms` is megabytes.
+    Line(Option<String>),
+    /// The file's bytes, up to [`TEXT_LIMIT`].
+    Read,
+}
+
 impl SysRoot {
     /// The running machine (`/`).
     pub fn live() -> SysRoot {
-        SysRoot { root: PathBuf::from("/") }
+        SysRoot::at("/")
     }
 
     /// A fixture tree laid out like `/`.
     pub fn at(root: impl Into<PathBuf>) -> SysRoot {
-        SysRoot { root: root.into() }
+        SysRoot { root: root.into(), seen: None }
+    }
+
+    /// This root, recording from now on every machine path asked about
+    /// through it or its clones ([`recorded`](Self::recorded)).
+    pub fn recording(self) -> SysRoot {
+        SysRoot { seen: Some(Arc::default()), ..self }
+    }
+
+    /// What a [`recording`](Self::recording) root was asked, per machine
+    /// path as asked (before links were followed); empty when not
+    /// recording.
+    pub fn recorded(&self) -> BTreeMap<String, Access> {
+        self.seen.as_ref().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).clone()).unwrap_or_default()
+    }
+
+    /// Notes `access` to `machine_path`, keeping the most any reader
+    /// needed (a read covers a stat).
+    fn note(&self, machine_path: &str, access: Access) {
+        if let Some(seen) = &self.seen {
+            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+            let slot = seen.entry(machine_path.to_owned()).or_insert(Access::Stat);
+            if access > *slot {
+                *slot = access;
+            }
+        }
     }
 
     /// Where an absolute machine path (`/sys/...`) lives under this root,
@@ -60,6 +119,7 @@ impl SysRoot {
     /// Resolves a machine path component by component inside the root (see
     /// the module docs). `None` on a symlink loop or a non-UTF-8 target.
     pub fn resolve(&self, machine_path: &str) -> Option<String> {
+        self.note(machine_path, Access::Stat);
         let mut pending: Vec<String> =
             machine_path.split('/').filter(|c| !c.is_empty() && *c != ".").rev().map(str::to_owned).collect();
         let mut done: Vec<String> = Vec::new();
@@ -107,6 +167,7 @@ impl SysRoot {
     /// The I/O error of opening or reading it; an error when it is not a
     /// regular file or its links loop.
     pub fn read_bytes(&self, machine_path: &str, limit: u64) -> io::Result<Vec<u8>> {
+        self.note(machine_path, Access::Read);
         let mut buf = Vec::new();
         self.open_regular(machine_path)?.take(limit).read_to_end(&mut buf)?;
         Ok(buf)
@@ -131,10 +192,13 @@ impl SysRoot {
     pub fn any_line(&self, machine_path: &str, mut pred: impl FnMut(&str) -> bool) -> io::Result<bool> {
         let reader = BufReader::new(self.open_regular(machine_path)?.take(STREAM_LIMIT));
         for line in reader.split(b'\n') {
-            if pred(&String::from_utf8_lossy(&line?)) {
+            let line = String::from_utf8_lossy(&line?).into_owned();
+            if pred(&line) {
+                self.note(machine_path, Access::Line(Some(line)));
                 return Ok(true);
             }
         }
+        self.note(machine_path, Access::Line(None));
         Ok(false)
     }
 
@@ -154,6 +218,7 @@ impl SysRoot {
     /// # Errors
     /// The I/O error of reading the directory.
     pub fn list_dir(&self, machine_path: &str) -> io::Result<Vec<String>> {
+        self.note(machine_path, Access::List);
         let resolved = self.resolve(machine_path).ok_or_else(|| io::Error::other("symlink loop or unreadable link"))?;
         let mut names: Vec<String> = std::fs::read_dir(self.path(&resolved))?
             .filter_map(Result::ok)
@@ -195,5 +260,25 @@ mod tests {
         assert!(root.is_dir("/sys/link") && root.exists("/sys/link/attr") && !root.exists("/sys/a/up/passwd"));
         assert_eq!(root.list_dir("/sys/link").unwrap(), ["attr", "up"]);
         assert!(root.any_line("/sys/a/attr", |l| l == "42").unwrap());
+    }
+
+    #[test]
+    fn a_recording_root_and_its_clones_note_what_each_reader_needed() {
+        let tree = testkit::Tree::new("sysroot-recording");
+        tree.file("/sys/a/attr", "42\n").file("/proc/kallsyms", "1 T x\n2 T ib_register_peer_memory_client\n3 T y\n");
+        let root = SysRoot::at(tree.path()).recording();
+        let clone = root.clone();
+        assert!(clone.exists("/sys/a/attr"));
+        assert_eq!(root.read("/sys/a/attr").unwrap(), "42");
+        assert!(root.any_line("/proc/kallsyms", |l| l.ends_with("peer_memory_client")).unwrap());
+        assert!(!root.any_line("/sys/a/attr", |l| l == "7").unwrap());
+        assert_eq!(root.list_dir("/sys/a").unwrap(), ["attr"]);
+        assert!(!root.exists("/sys/missing"));
+        let seen = root.recorded();
+        assert_eq!(seen["/sys/a/attr"], Access::Read, "the read outranks the stat and the failed line search");
+        assert_eq!(seen["/proc/kallsyms"], Access::Line(Some("2 T ib_register_peer_memory_client".into())));
+        assert_eq!((seen["/sys/a"].clone(), seen["/sys/missing"].clone()), (Access::List, Access::Stat));
+        assert_eq!(root, SysRoot::at(tree.path()), "recording does not change which tree is read");
+        assert!(SysRoot::at(tree.path()).recorded().is_empty());
     }
 }

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 /// Variables, each with where it came from.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct JobEnv {
     /// `(name, value)` in the order judged; a later name wins.
     pub vars: Vec<(String, String)>,

@@ -90,6 +90,7 @@ impl Machine {
 
 pub mod acs;
 pub mod bandwidth;
+pub mod capture;
 pub mod diff;
 pub mod env;
 pub mod iommu;

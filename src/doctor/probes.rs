@@ -1,12 +1,14 @@
 //! The live probes (verbs and CUDA) behind one trait, so the file-based
 //! checks run on machines with neither and tests can inject answers.
 
+use serde::{Deserialize, Serialize};
+
 use gpudirect::gdr::{DmaBufProbe, GpuFacts, HostFacts};
 use gpudirect::sysroot::SysRoot;
-use gpudirect::{Context, GidChoice, GidEntry, PortAttr, ProtectionDomain};
+use gpudirect::{Context, GidEntry, PortAttr, ProtectionDomain};
 
 /// What the verbs say about one RDMA device.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RdmaDevice {
     /// Kernel name (`mlx5_0`, `rxe0`).
     pub name: String,
@@ -17,9 +19,25 @@ pub struct RdmaDevice {
     /// Port 1's valid GID entries.
     pub gids: Vec<GidEntry>,
     /// The GID a connection on port 1 would use, or why none.
-    pub chosen_gid: Result<GidChoice, String>,
+    pub chosen_gid: Result<ChosenGid, String>,
     /// The dma-buf probe's answer, or why it could not run.
     pub dma_buf: Result<DmaBufProbe, String>,
+}
+
+/// The GID a connection would use, and why (the library's
+/// [`GidChoice`](gpudirect::GidChoice), owned so a capture can hold it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChosenGid {
+    /// The entry.
+    pub entry: GidEntry,
+    /// Why that one.
+    pub reason: String,
+}
+
+impl std::fmt::Display for ChosenGid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} [{}]", self.entry, self.reason)
+    }
 }
 
 /// Live answers the doctor needs.
@@ -61,7 +79,10 @@ impl Probes for LiveProbes {
                         fw_ver: ctx.attr().fw_ver.clone(),
                         ports,
                         gids: ctx.gid_table(1).unwrap_or_default(),
-                        chosen_gid: ctx.choose_gid(1, None).map_err(|e| e.to_string()),
+                        chosen_gid: ctx
+                            .choose_gid(1, None)
+                            .map(|c| ChosenGid { entry: c.entry, reason: c.reason.to_owned() })
+                            .map_err(|e| e.to_string()),
                         dma_buf,
                     }
                 }

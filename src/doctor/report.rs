@@ -259,6 +259,10 @@ impl std::fmt::Display for Brief<'_> {
         for status in [Status::Fail, Status::Warn] {
             for x in r.findings.iter().filter(|x| x.status == status) {
                 writeln!(f, "[{:<7}] {}: {}", x.status.to_string(), x.check, x.summary)?;
+                // Where a variable came from is half of what to change.
+                if let Some(origin) = x.evidence.iter().find(|e| x.check.starts_with("env.") && e.starts_with("set by ")) {
+                    writeln!(f, "            {origin}")?;
+                }
                 if let Some(fix) = &x.fix {
                     writeln!(f, "            fix: {fix}")?;
                 }

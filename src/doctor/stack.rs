@@ -29,6 +29,9 @@ pub fn judged(check: String, j: &Judgement, left: bool) -> Finding {
     let (status, suffix) = match (j.known, j.rules_out()) {
         (false, _) => (Status::Skipped, String::new()),
         (true, []) => (Status::Ok, String::new()),
+        // dma-buf is the path NVIDIA recommends and needs no peer-memory
+        // module: losing peer memory where dma-buf remains is no problem.
+        (true, [RegistrationPath::PeerMemory]) if left => (Status::Ok, ": not needed, dma-buf is possible".to_string()),
         (true, [p]) => {
             let other = if *p == RegistrationPath::DmaBuf { RegistrationPath::PeerMemory } else { RegistrationPath::DmaBuf };
             if left {
@@ -209,7 +212,8 @@ mod tests {
     use super::*;
     use gpudirect::gdr::{DmaBufProbe, ModuleFlavour};
     use testkit::Tree;
-    use gpudirect::{Errno, Gid, GidChoice, GidEntry, PortAttr};
+    use gpudirect::{Errno, Gid, GidEntry, PortAttr};
+    use super::super::probes::ChosenGid;
 
     /// A fixture tree, read as a machine root.
     fn root_of(t: &Tree) -> SysRoot {
@@ -223,7 +227,7 @@ mod tests {
             fw_ver: "0.0.0".into(),
             ports: vec![PortAttr { port: 1, state: PortState::Active, max_mtu: Some(Mtu::Mtu4096), active_mtu: Some(mtu), lid: 0, link_layer: LinkLayer::Ethernet, gid_table_len: 64 }],
             gids: vec![entry.clone()],
-            chosen_gid: Ok(GidChoice { entry, reason: "RoCE v2, IPv4-mapped" }),
+            chosen_gid: Ok(ChosenGid { entry, reason: "RoCE v2, IPv4-mapped".into() }),
             dma_buf: Ok(dma_buf),
         }
     }
@@ -330,11 +334,11 @@ mod tests {
         assert_eq!(find(&f, "peermem.client").status, Status::Fail);
         assert_eq!(find(&f, "peermem.client").fix.as_deref(), Some("`modprobe nvidia-peermem`"));
         assert_eq!(find(&f, "dmabuf.kernel").status, Status::Fail);
-        // No peer memory where dma-buf works: a warning.
+        // No peer memory where dma-buf works: nothing to fix.
         let h = HostFacts { kernel_release: Some("6.8.0-45-generic".into()), ..h };
         let f = host(&h, &PathsLeft { gpus: vec![0], nics: vec!["mlx5_0".into()] });
-        assert_eq!(find(&f, "peermem.client").status, Status::Warn);
-        assert_eq!(find(&f, "peermem.client").summary, "no peer-memory client is loaded: rules out peer memory; dma-buf is still possible");
+        assert_eq!(find(&f, "peermem.client").status, Status::Ok);
+        assert_eq!(find(&f, "peermem.client").summary, "no peer-memory client is loaded: not needed, dma-buf is possible");
         let h = HostFacts { kernel_release: Some("6.8.0-45-generic".into()), peer_memory_found: vec!["/sys/module/nvidia_peermem/version".into()], peer_memory_api: Some(true) };
         let f = host(&h, &PathsLeft::default());
         assert_eq!(find(&f, "peermem.client").status, Status::Ok);

@@ -8,6 +8,7 @@ use crate::sysroot::SysRoot;
 
 /// Which NVIDIA kernel module is loaded (`/proc/driver/nvidia/version`).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum ModuleFlavour {
     /// The open kernel module: can export dma-buf (Turing and newer).
     Open,
@@ -56,6 +57,7 @@ impl std::fmt::Display for ModuleFlavour {
 /// rejects the bad descriptor (`EBADF`); one that cannot says
 /// `EOPNOTSUPP` or `EPROTONOSUPPORT`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum DmaBufProbe {
     /// The provider can register dma-buf memory; the errno it gave.
     Supported(Errno),
@@ -75,6 +77,7 @@ impl DmaBufProbe {
 
 /// The GPU side of the facts.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct GpuFacts {
     /// CUDA ordinal.
     pub ordinal: usize,
@@ -105,6 +108,7 @@ pub struct NicFacts {
 
 /// The host side of the facts.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct HostFacts {
     /// Kernel release (`/proc/sys/kernel/osrelease`).
     pub kernel_release: Option<String>,

@@ -1,0 +1,171 @@
+//! `gpudirect doctor --capture` and `--from`: every fixture machine, with
+//! capable probe answers, captured and judged again from the capture alone
+//! gives the same JSON; the job's environment laid over a capture changes
+//! the first line and the exit code; a hostile capture writes nothing
+//! outside its own tree.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use gpudirect::sysroot::SysRoot;
+use gpudirect::topology;
+use serde_json::{json, Value};
+
+fn doctor(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpudirect"));
+    c.arg("doctor").args(args);
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("UCX_")) {
+        c.env_remove(k);
+    }
+    c.envs(env.iter().copied());
+    c.output().unwrap()
+}
+
+fn scratch(what: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gpudirect-capture-test-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// What verbs and CUDA would answer on a capable machine with the
+/// fixture's GPUs and NICs: CUDA 12.8 with the open module, every NIC
+/// able to register dma-buf, RoCE ports with a RoCE v2 IPv4-mapped GID.
+fn capable_answers(machine: &Path) -> Value {
+    let topo = topology::discover(&SysRoot::at(machine));
+    let gpus: Vec<Value> = topo
+        .gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            json!({"ordinal": i, "label": format!("GPU{i} (NVIDIA H100, {})", g.bdf), "pci_bus_id": g.bdf, "cuda_unavailable": null,
+                   "driver_version": 12080, "gdr_supported": true, "dma_buf_supported": true, "module": "Open"})
+        })
+        .collect();
+    let nics: Vec<Value> = topo
+        .nics
+        .iter()
+        .map(|n| {
+            let ethernet = n.ports.first().and_then(|p| p.link_layer.as_deref()) == Some("Ethernet");
+            let mut gid = [0u8; 16];
+            gid[10..].copy_from_slice(&[0xff, 0xff, 192, 0, 2, 1]);
+            let entry = json!({"index": 3, "gid": gid, "gid_type": "RoceV2", "netdev": n.netdevs.first()});
+            json!({"name": n.name, "fw_ver": "28.39.1002",
+                   "ports": [{"port": 1, "state": "Active", "max_mtu": "Mtu4096", "active_mtu": "Mtu4096", "lid": if ethernet { 0 } else { 7 },
+                              "link_layer": if ethernet { "Ethernet" } else { "InfiniBand" }, "gid_table_len": 8}],
+                   "gids": if ethernet { vec![entry.clone()] } else { vec![] },
+                   "chosen_gid": if ethernet { json!({"Ok": {"entry": entry, "reason": "RoCE v2, IPv4-mapped"}}) } else { json!({"Err": "InfiniBand: LID-addressed"}) },
+                   "dma_buf": {"Ok": {"Supported": libc::EBADF}}})
+        })
+        .collect();
+    let rdma = if nics.is_empty() { json!({"Err": "no RDMA device: /sys/class/infiniband is empty"}) } else { json!({"Ok": nics}) };
+    let gpus = if gpus.is_empty() { json!({"Err": "CUDA is not available"}) } else { json!({"Ok": gpus}) };
+    json!({"rdma": rdma, "gpus": gpus, "host": {"kernel_release": "6.8.0-45-generic", "peer_memory_found": [], "peer_memory_api": false}})
+}
+
+fn fixtures() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(testkit::machine(""))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn json_of(out: &Output) -> Value {
+    assert_ne!(out.status.code(), Some(2), "the doctor could not run: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Captures `name` with capable answers; the path of the capture and the
+/// report of the capturing run.
+fn capture_fixture(dir: &Path, name: &str, env: &[(&str, &str)]) -> (PathBuf, Value) {
+    let tag = if env.is_empty() { name.to_owned() } else { format!("{name}-env") };
+    let answers = dir.join(format!("{tag}.answers.json"));
+    std::fs::write(&answers, capable_answers(&testkit::machine(name)).to_string()).unwrap();
+    let capture = dir.join(format!("{tag}.capture.json"));
+    let root = testkit::machine(name);
+    let out = doctor(
+        &["--json", "--root", root.to_str().unwrap(), "--answers", answers.to_str().unwrap(), "--capture", capture.to_str().unwrap()],
+        env,
+    );
+    (capture, json_of(&out))
+}
+
+#[test]
+fn every_fixture_judged_from_its_capture_gives_the_same_json() {
+    let dir = scratch("roundtrip");
+    let names = fixtures();
+    assert!(names.len() >= 8, "{names:?}");
+    for name in &names {
+        let (capture, live) = capture_fixture(&dir, name, &[]);
+        let from = json_of(&doctor(&["--json", "--from", capture.to_str().unwrap()], &[]));
+        assert_eq!(live, from, "{name}: the capture judged elsewhere differs");
+        // A capture of a capture is the same capture.
+        let again = dir.join(format!("{name}.again.json"));
+        json_of(&doctor(&["--json", "--from", capture.to_str().unwrap(), "--capture", again.to_str().unwrap()], &[]));
+        let (a, b): (Value, Value) = (
+            serde_json::from_slice(&std::fs::read(&capture).unwrap()).unwrap(),
+            serde_json::from_slice(&std::fs::read(&again).unwrap()).unwrap(),
+        );
+        assert_eq!(a["files"], b["files"], "{name}: capturing the unpacked tree changed it");
+        let files = a["files"].as_array().unwrap().len();
+        println!("{name}: {files} entries, {} bytes, verdict: {}", std::fs::metadata(&capture).unwrap().len(), live["verdict"]["line"]);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The first example: on a machine whose hardware allows
+/// GPUDirect RDMA, `NCCL_IB_DISABLE=1 gpudirect doctor --from <capture>`
+/// says on its first line that NCCL will not use it and why, and exits 1;
+/// the healthy run prints the verdict and nothing that is not a problem.
+#[test]
+fn the_environment_over_a_capture_decides_the_first_line() {
+    let dir = scratch("env");
+    let (capture, _) = capture_fixture(&dir, "dgx-pix", &[]);
+    let c = capture.to_str().unwrap();
+    let healthy = doctor(&["--from", c], &[]);
+    let text = String::from_utf8_lossy(&healthy.stdout);
+    assert_eq!(healthy.status.code(), Some(0), "{text}");
+    assert_eq!(
+        text.lines().next(),
+        Some("GPUDirect RDMA: available via dma-buf for GPU0 (NVIDIA H100, 0000:18:00.0) <-> mlx5_0 (PIX)"),
+        "{text}"
+    );
+    assert!(!text.contains("[fail") && !text.contains("[ok"), "only problems and what is worth knowing:\n{text}");
+    let disabled = doctor(&["--from", c], &[("NCCL_IB_DISABLE", "1")]);
+    let text = String::from_utf8_lossy(&disabled.stdout);
+    assert_eq!(disabled.status.code(), Some(1), "{text}");
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.starts_with("GPUDirect RDMA: the hardware allows it for GPU0 (NVIDIA H100, 0000:18:00.0) <-> mlx5_0 (dma-buf, PIX), but NCCL with this environment will not use it: NCCL_IB_DISABLE=1"),
+        "{first}"
+    );
+    assert!(text.contains("this shell, over the capture"), "the variable's origin is named:\n{text}");
+    // The capture keeps the environment it was taken with.
+    let (captured_off, _) = capture_fixture(&dir, "dgx-pix", &[("NCCL_NET", "Socket")]);
+    let out = doctor(&["--from", captured_off.to_str().unwrap()], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.lines().next().unwrap().contains("will not use it: NCCL_NET=Socket selects a TCP socket transport"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `doctor diff` takes captures as well as reports: judged each in its own
+/// environment, the change of variable is the cause named first.
+#[test]
+fn diff_judges_two_captures() {
+    let dir = scratch("diff");
+    let (good, _) = capture_fixture(&dir, "dgx-pix", &[]);
+    let (bad, _) = capture_fixture(&dir, "dgx-pix", &[("NCCL_NET", "Socket")]);
+    let out = Command::new(env!("CARGO_BIN_EXE_gpudirect")).args(["doctor", "diff"]).arg(&good).arg(&bad).env("NCCL_IB_DISABLE", "1").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "the verdict changed:\n{text}{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("verdict: GPUDirect RDMA: available via dma-buf"), "{text}");
+    assert!(lines.iter().any(|l| l.starts_with("new    [fail] env.nccl_net: NCCL_NET=Socket")), "{text}");
+    assert!(!text.contains("NCCL_IB_DISABLE"), "this shell's variables are not laid over captures being compared:\n{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
