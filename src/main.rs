@@ -63,6 +63,10 @@ enum Command {
         /// (/proc/PID/environ), e.g. a training job's rank.
         #[arg(long, value_name = "PID", conflicts_with = "from")]
         pid: Option<u32>,
+        /// Judge the variables an NCCL_DEBUG=INFO log of the job shows NCCL
+        /// read ("NAME set by environment to VALUE" lines).
+        #[arg(long, value_name = "LOG", conflicts_with_all = ["env_file", "pid"])]
+        nccl_log: Option<PathBuf>,
         /// Also write everything the judgement read (files, config space,
         /// the verbs' and CUDA's answers, the job's environment) to FILE,
         /// for `--from` on another machine.
@@ -162,8 +166,8 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Doctor { action: None, json, gpu, device, root, env_file, pid, verbose, capture, from, answers } => {
-            let sources = DoctorSources { shell_over_capture: true, root, env_file, pid, capture, from, answers };
+        Command::Doctor { action: None, json, gpu, device, root, env_file, pid, nccl_log, verbose, capture, from, answers } => {
+            let sources = DoctorSources { shell_over_capture: true, root, env_file, pid, nccl_log, capture, from, answers };
             let report = match judge_machine(&sources, &doctor::report::Options { gpu, device }) {
                 Ok(r) => r,
                 Err(e) => {
@@ -215,6 +219,7 @@ struct DoctorSources {
     root: PathBuf,
     env_file: Option<PathBuf>,
     pid: Option<u32>,
+    nccl_log: Option<PathBuf>,
     capture: Option<PathBuf>,
     from: Option<PathBuf>,
     answers: Option<PathBuf>,
@@ -230,10 +235,11 @@ fn judge_machine(s: &DoctorSources, opts: &doctor::report::Options) -> Result<do
     let (root, job, probes): (SysRoot, doctor::jobenv::JobEnv, Box<dyn Probes>) = if let Some(from) = &s.from {
         let c = Capture::read(from).map_err(|e| e.to_string())?;
         let u = Unpacked::new(&c).map_err(|e| e.to_string())?;
-        let job = match &s.env_file {
-            Some(_) => job_env(u.root().root(), s.env_file.as_deref(), None)?,
-            None if s.shell_over_capture => over_capture(c.env.clone(), std::env::vars()),
-            None => c.env.clone(),
+        let job = match (&s.nccl_log, &s.env_file) {
+            (Some(log), _) => job_from_log(log)?,
+            (None, Some(_)) => job_env(u.root().root(), s.env_file.as_deref(), None)?,
+            (None, None) if s.shell_over_capture => over_capture(c.env.clone(), std::env::vars()),
+            (None, None) => c.env.clone(),
         };
         let root = u.root();
         unpacked = Some(u);
@@ -246,7 +252,11 @@ fn judge_machine(s: &DoctorSources, opts: &doctor::report::Options) -> Result<do
             Some(a) => Box::new(Answers::read(a).map_err(|e| e.to_string())?),
             None => Box::new(LiveProbes),
         };
-        (SysRoot::at(&s.root), job_env(&s.root, s.env_file.as_deref(), s.pid)?, probes)
+        let job = match &s.nccl_log {
+            Some(log) => job_from_log(log)?,
+            None => job_env(&s.root, s.env_file.as_deref(), s.pid)?,
+        };
+        (SysRoot::at(&s.root), job, probes)
     };
     let Some(out) = &s.capture else {
         let report = doctor::report::run(&doctor::Machine { root, job }, probes.as_ref(), opts);
@@ -266,6 +276,19 @@ fn judge_machine(s: &DoctorSources, opts: &doctor::report::Options) -> Result<do
     );
     drop(unpacked);
     Ok(report)
+}
+
+/// The variables an NCCL log shows NCCL read.
+fn job_from_log(log: &std::path::Path) -> Result<doctor::jobenv::JobEnv, String> {
+    let f = std::fs::File::open(log).map_err(|e| format!("cannot read the NCCL log {}: {e}", log.display()))?;
+    let report = nccl_log::explain_reader(std::io::BufReader::new(f)).map_err(|e| format!("cannot read the NCCL log {}: {e}", log.display()))?;
+    if report.environment.is_empty() {
+        return Err(format!(
+            "{} has no \"set by environment to\" line: NCCL prints them with NCCL_DEBUG=INFO for the variables it read; judge the job's script with --env-file instead",
+            log.display()
+        ));
+    }
+    Ok(doctor::jobenv::from_nccl_log(&report.environment, &log.display().to_string()))
 }
 
 /// The captured environment with this shell's NCCL_ and UCX_ variables

@@ -82,3 +82,22 @@ fn diff_names_what_got_worse_between_two_reports() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("is not JSON"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A real log (nccl-tests on an RTX 4090 pair, NCCL 2.25.1) shows NCCL read
+/// `NCCL_IB_DISABLE=1`: judged as the job's environment, the finding says
+/// the log and line it came from.
+#[test]
+fn an_nccl_logs_set_by_environment_lines_are_the_jobs_environment() {
+    let log = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/nccl-logs/nccltests284-rtx4090-init-using-network-socket-2.25.1.txt");
+    let r = doctor_json(&["--nccl-log", log]);
+    let f = finding(&r, "env.nccl_ib_disable");
+    assert_eq!(f["status"], "fail", "{f:#}");
+    assert!(f["evidence"][0].as_str().unwrap().starts_with(&format!("set by the NCCL log {log} (line ")), "{f:#}");
+    // A log without such lines is refused, naming what to do instead.
+    let empty = std::env::temp_dir().join(format!("gpudirect-empty-{}.log", std::process::id()));
+    std::fs::write(&empty, "h:1:1 [0] NCCL INFO Bootstrap : Using eth0\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpudirect")).args(["doctor", "--nccl-log"]).arg(&empty).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--env-file"), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_file(&empty).unwrap();
+}

@@ -74,6 +74,21 @@ pub fn parse_nccl_conf(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The variables an NCCL log shows NCCL read (`NAME set by environment to
+/// VALUE`, printed at `NCCL_DEBUG=INFO`), each with its line: what that
+/// run saw, the configuration files' lines included (NCCL sets those into
+/// its environment before reading its parameters), so no file is read
+/// again.
+pub fn from_nccl_log(settings: &[crate::nccl_log::EnvSetting], shown: &str) -> JobEnv {
+    let mut env = JobEnv::default();
+    for s in settings {
+        env.origins.push((s.name.clone(), format!("the NCCL log {shown} (line {})", s.line)));
+        env.vars.push((s.name.clone(), s.value.clone()));
+    }
+    env.notes.push(format!("{shown}: {} variable(s) NCCL reported as set by the environment", settings.len()));
+    env
+}
+
 /// `process` (in order, a later name winning) completed by the NCCL
 /// configuration files under `root` (`/` normally): the user's file, in
 /// `home` unless `NCCL_CONF_FILE` names one, then `/etc/nccl.conf`.
@@ -133,6 +148,14 @@ mod tests {
             ]
         );
         assert_eq!(parse_environ(b"A=1\0NCCL_NET=Socket\0junk\0=x\0"), vec![("A".into(), "1".into()), ("NCCL_NET".into(), "Socket".into())]);
+    }
+
+    #[test]
+    fn an_nccl_log_names_what_nccl_read_and_where() {
+        let log = "h:1:1 [0] NCCL INFO Bootstrap : Using eth0\nh:1:1 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 1.\nh:1:1 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth0\n";
+        let e = from_nccl_log(&crate::nccl_log::explain(log).environment, "job.log");
+        assert_eq!(e.vars, vec![("NCCL_IB_DISABLE".into(), "1".into()), ("NCCL_SOCKET_IFNAME".into(), "eth0".into())]);
+        assert_eq!(e.origin("NCCL_IB_DISABLE"), "the NCCL log job.log (line 2)");
     }
 
     #[test]
