@@ -132,8 +132,58 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
             .map(|f| f.summary.clone())
             .collect();
     }
+    findings.extend(nic_per_gpu(&candidates, &m.job.vars));
     let verdict = decide(&candidates, &rdma, &gpus, &m.job.vars);
     Report { schema: SCHEMA_VERSION, verdict, findings }
+}
+
+/// Orders pairs nearest first, dma-buf before peer memory.
+fn nearness(c: &&Candidate) -> (PathLevel, bool) {
+    (c.level.unwrap_or(PathLevel::Sys), c.path.as_ref().map(|p| *p != RegistrationPath::DmaBuf).unwrap_or(true))
+}
+
+/// Per GPU: the NIC NCCL will use with this environment (the nearest one
+/// `NCCL_IB_HCA` lets it open, as NCCL's topology search prefers) and the
+/// one it should (the nearest usable), with the `NCCL_IB_HCA` value that
+/// gives every GPU its own when they differ.
+fn nic_per_gpu(cands: &[Candidate], vars: &[(String, String)]) -> Vec<Finding> {
+    let usable: Vec<&Candidate> = cands.iter().filter(|c| c.path.is_ok() && c.blocked.is_empty()).collect();
+    let mut gpus: Vec<usize> = usable.iter().map(|c| c.gpu.ordinal).collect();
+    gpus.dedup();
+    let nearest = |g: usize| usable.iter().filter(|c| c.gpu.ordinal == g).min_by_key(|c| nearness(c)).copied();
+    let mut wanted: Vec<String> = gpus.iter().filter_map(|g| nearest(*g)).map(|c| format!("{}:1", c.nic)).collect();
+    wanted.sort();
+    wanted.dedup();
+    let value = format!("NCCL_IB_HCA=={}", wanted.join(","));
+    let level = |c: &Candidate| c.level.map_or_else(|| "PCIe path unknown".to_owned(), |l| l.to_string());
+    let mut out = Vec::new();
+    for g in gpus {
+        let Some(should) = nearest(g) else { continue };
+        let check = format!("nccl.nic.gpu{g}");
+        let how = "NCCL picks, per GPU, the NIC it reaches by the shortest PCIe path among those NCCL_IB_HCA lets it open";
+        if env::transport_off(vars) {
+            out.push(Finding::new(check, Status::Skipped, format!("{}: NCCL will use no RDMA NIC: its RDMA transport is off (see the verdict)", should.gpu.label)));
+            continue;
+        }
+        let will = usable.iter().filter(|c| c.gpu.ordinal == g && env::hca_allows(vars, &c.nic)).min_by_key(|c| nearness(c)).copied();
+        let stops = |c: &Candidate| env::nccl_stops(vars, &env::PairInEnv { nic: &c.nic, level: c.level, dma_buf_only: c.dma_buf_only });
+        let f = match will {
+            None => Finding::new(check, Status::Fail, format!("{}: NCCL_IB_HCA lets NCCL open none of the NICs this GPU can use", should.gpu.label))
+                .fix(format!("set {value}")),
+            Some(w) if w.nic != should.nic => Finding::new(
+                check,
+                Status::Warn,
+                format!("{}: NCCL will use {} ({}), not the nearest {} ({}), which NCCL_IB_HCA leaves out", w.gpu.label, w.nic, level(w), should.nic, level(should)),
+            )
+            .fix(format!("set {value}: every GPU's nearest NIC")),
+            Some(w) => match stops(w) {
+                Some(why) => Finding::new(check, Status::Fail, format!("{}: NCCL will use {} ({}) without GPUDirect RDMA: {why}", w.gpu.label, w.nic, level(w))),
+                None => Finding::new(check, Status::Ok, format!("{}: NCCL will use {} ({}), the nearest NIC, with GPUDirect RDMA", w.gpu.label, w.nic, level(w))),
+            },
+        };
+        out.push(f.evidence(how));
+    }
+    out
 }
 
 fn decide(
@@ -159,7 +209,7 @@ fn decide(
         (_, Ok(v)) if v.is_empty() => return not("CUDA sees no GPU".into()),
         _ => {}
     }
-    let rank = |c: &&Candidate| (c.level.unwrap_or(PathLevel::Sys), c.path.as_ref().map(|p| *p != RegistrationPath::DmaBuf).unwrap_or(true));
+    let rank = nearness;
     let stops = |c: &Candidate| env::nccl_stops(vars, &env::PairInEnv { nic: &c.nic, level: c.level, dma_buf_only: c.dma_buf_only });
     let usable = || cands.iter().filter(|c| c.path.is_ok() && c.blocked.is_empty());
     let pair_of = |c: &Candidate| {
@@ -402,6 +452,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Per GPU, the NIC NCCL will use and the one it should: on dgx-pix each
+    /// GPU has its own PIX NIC; `NCCL_IB_HCA` naming one of them sends the
+    /// other GPU across the host bridges (warn, with the value that gives
+    /// each its own); a GDR level below PIX keeps the NIC but not GPUDirect
+    /// RDMA (fail); with the transport off there is no NIC to name.
+    #[test]
+    fn each_gpu_gets_the_nic_nccl_will_use_and_the_one_it_should() {
+        let p = Fake { nics: vec![("mlx5_0", CAPABLE), ("mlx5_1", CAPABLE)], gpus: vec![("0000:18:00.0", true), ("0000:3a:00.0", true)], host: None };
+        let judge = |vars: &[(&str, &str)]| {
+            let m = Machine::new(SysRoot::at(testkit::machine("dgx-pix")), vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+            let r = run(&m, &p, &Options::default());
+            let get = |g: usize| r.findings.iter().find(|f| f.check == format!("nccl.nic.gpu{g}")).cloned().unwrap_or_else(|| panic!("no nccl.nic.gpu{g}: {r}"));
+            (get(0), get(1))
+        };
+        let (g0, g1) = judge(&[]);
+        assert_eq!((g0.status, g1.status), (Status::Ok, Status::Ok));
+        assert_eq!(g0.summary, "GPU0 (NVIDIA H100, 0000:18:00.0): NCCL will use mlx5_0 (PIX), the nearest NIC, with GPUDirect RDMA");
+        let (g0, g1) = judge(&[("NCCL_IB_HCA", "=mlx5_1:1")]);
+        assert_eq!(g0.status, Status::Warn, "{g0:?}");
+        assert!(g0.summary.contains("NCCL will use mlx5_1 (NODE), not the nearest mlx5_0 (PIX)"), "{}", g0.summary);
+        assert_eq!(g0.fix.as_deref(), Some("set NCCL_IB_HCA==mlx5_0:1,mlx5_1:1: every GPU's nearest NIC"));
+        assert_eq!(g1.status, Status::Ok);
+        let (g0, _) = judge(&[("NCCL_NET_GDR_LEVEL", "LOC")]);
+        assert_eq!(g0.status, Status::Fail);
+        assert!(g0.summary.contains("NCCL will use mlx5_0 (PIX) without GPUDirect RDMA: NCCL_NET_GDR_LEVEL=LOC"), "{}", g0.summary);
+        let (g0, _) = judge(&[("NCCL_IB_DISABLE", "1")]);
+        assert_eq!(g0.status, Status::Skipped);
+        let (g0, _) = judge(&[("NCCL_IB_HCA", "^mlx5")]);
+        assert_eq!((g0.status, g0.fix.as_deref()), (Status::Fail, Some("set NCCL_IB_HCA==mlx5_0:1,mlx5_1:1")));
     }
 
     /// With dma-buf the only path (no nvidia-peermem), NCCL_DMABUF_ENABLE=0

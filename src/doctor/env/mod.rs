@@ -116,6 +116,18 @@ pub struct PairInEnv<'a> {
     pub dma_buf_only: bool,
 }
 
+/// Whether NCCL, run with `vars`, may open `nic` at all (`NCCL_IB_HCA`).
+pub fn hca_allows(vars: &[(String, String)], nic: &str) -> bool {
+    vars.iter().rev().find(|(k, _)| k == "NCCL_IB_HCA").is_none_or(|(_, v)| hca_selects(v, nic))
+}
+
+/// Whether `vars` turn NCCL's RDMA transport off for every NIC
+/// (`NCCL_NET` naming sockets, `NCCL_IB_DISABLE`).
+pub fn transport_off(vars: &[(String, String)]) -> bool {
+    let get = |name: &str| vars.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+    get("NCCL_NET").is_some_and(gpudirect::nccl::is_tcp_network) || get("NCCL_IB_DISABLE").is_some_and(gpudirect::nccl::ib_disabled)
+}
+
 /// Why NCCL, run with the environment `vars`, will not use GPUDirect RDMA
 /// for `pair` although the machine allows it: the variable, what NCCL
 /// makes of it and the fix; `None` when the environment leaves it on. The
