@@ -192,13 +192,22 @@ fn main() -> ExitCode {
             } else {
                 std::fs::File::open(&file).and_then(|f| nccl_log::explain_reader(std::io::BufReader::with_capacity(1 << 20, f)))
             };
-            let report = match read {
+            let mut report = match read {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("gpudirect nccl-log: cannot read {file}: {e}");
                     return ExitCode::from(2);
                 }
             };
+            // One judge per fact: the log's variables get the doctor's verdicts.
+            if !report.environment.is_empty() {
+                let env = doctor::jobenv::from_nccl_log(&report.environment, &file);
+                report.environment_judged = doctor::env::check(&env)
+                    .into_iter()
+                    .filter(|f| f.check != "env.sources")
+                    .map(|f| nccl_log::EnvJudgement { check: f.check, status: f.status.to_string(), summary: f.summary })
+                    .collect();
+            }
             if let Err(code) = emit(&report, json, "nccl-log") {
                 return code;
             }

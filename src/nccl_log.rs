@@ -57,9 +57,14 @@
 //!   lines ([`GdrSupport`]), with the registration path (`mechanism`:
 //!   `DMABUF`, `nvidia-peermem`) and the per-GPU `read` flag when printed.
 //! - `environment`: `NAME set by environment to VALUE` lines ([`EnvSetting`]).
+//! - `environment_judged`: those variables judged by the doctor's rules
+//!   ([`EnvJudgement`]: `check`, `status`, `summary`), filled in by the
+//!   command; empty when the log shows none.
 //! - `ranks`: per-rank summary of its connections ([`RankSummary`]).
 //! - `connections`: every distinct connection line ([`Connection`]), the
-//!   per-rank, per-channel transports.
+//!   per-rank, per-channel transports; `channel` is `null` for a fragment
+//!   whose head was cut off (`9[1a000] -> 2[6b000] [send] via ...`, or a
+//!   launcher such as Ray interleaving workers' output mid-line).
 //! - `misleading`: lines that look like evidence but are not ([`Misleading`]).
 //! - `warnings`: distinct `NCCL WARN` lines ([`LogLine`], at most 200).
 //! - `causes`: what to check next, most specific first.
@@ -216,6 +221,17 @@ pub struct EnvSetting {
     pub value: String,
 }
 
+/// One variable of the log's environment as the doctor judges it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EnvJudgement {
+    /// The doctor's finding id (`env.nccl_ib_disable`).
+    pub check: String,
+    /// `ok`, `warn`, `fail` or `skipped`.
+    pub status: String,
+    /// The doctor's one-line judgement.
+    pub summary: String,
+}
+
 /// One side of one channel connection, as NCCL printed it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Connection {
@@ -227,8 +243,9 @@ pub struct Connection {
     pub pid: Option<u64>,
     /// CUDA device of the logging thread (`[n]` in the prefix).
     pub device: Option<u64>,
-    /// Channel (or 2.4 ring) number.
-    pub channel: u64,
+    /// Channel (or 2.4 ring) number; `null` for a fragment of a line
+    /// whose head was cut off (`9[1a000] -> 2[6b000] [send] via ...`).
+    pub channel: Option<u64>,
     /// The number after `/` in `Channel 00/1` (connection index, 2.12+).
     pub sub: Option<u64>,
     /// Sending rank.
@@ -323,6 +340,10 @@ pub struct Report {
     pub gdr_support: Vec<GdrSupport>,
     /// Settings NCCL reported taking from the environment.
     pub environment: Vec<EnvSetting>,
+    /// Those settings judged by the doctor's rules (the same judge as
+    /// `gpudirect doctor`'s `env.*` findings), when the caller judged them:
+    /// this module reads logs and judges nothing of the environment itself.
+    pub environment_judged: Vec<EnvJudgement>,
     /// Per-rank summaries, ordered by rank.
     pub ranks: Vec<RankSummary>,
     /// Every distinct connection line, in input order.
@@ -402,6 +423,7 @@ fn report(scan: Scan) -> Report {
         plugin_dmabuf: scan.plugin_dmabuf.map(|(s, _)| s),
         gdr_support: scan.support,
         environment: scan.env,
+        environment_judged: Vec::new(),
         ranks,
         connections: scan.conns,
         misleading: scan.misleading,
@@ -433,9 +455,9 @@ impl Connection {
             d => format!(" [{}]", d.word()),
         };
         format!(
-            "line {}: channel {:02}{sub} : {}{} -> {}{}{dir} via {}",
+            "line {}: channel {}{sub} : {}{} -> {}{}{dir} via {}",
             self.line,
-            self.channel,
+            self.channel.map_or_else(|| "?".to_owned(), |c| format!("{c:02}")),
             self.from_rank,
             gpu(&self.from_gpu),
             self.to_rank,
@@ -482,8 +504,12 @@ fn summarise_ranks(conns: &[Connection]) -> Vec<RankSummary> {
 
 const HEAD_USED: &str = "GPUDirect RDMA was used";
 const HEAD_PARTIAL: &str = "GPUDirect RDMA was partially used";
+/// What "not used" costs is said with it: every byte crosses PCIe twice
+/// (GPU to host, host to NIC) and shares host memory bandwidth.
 const HEAD_NOT_USED: &str =
-    "GPUDirect RDMA was NOT used: inter-node traffic went through host memory";
+    "GPUDirect RDMA was NOT used: inter-node traffic went through host memory, crossing PCIe twice: expect about half the multi-node bandwidth";
+/// The cost of a partial use, appended to its headline.
+const PARTIAL_COST: &str = "the ranks without it move about half as much, and each collective waits for them";
 const HEAD_UNKNOWN: &str = "cannot tell from this log whether GPUDirect RDMA was used";
 
 fn describe_support(s: &GdrSupport) -> String {

@@ -219,7 +219,8 @@ fn take_bracket(s: &str) -> (Option<String>, &str) {
 /// One connection line as printed by NCCL, before the line's prefix is known.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct ConnLine {
-    pub channel: u64,
+    /// `None` for a fragment whose `Channel NN :` head was cut off.
+    pub channel: Option<u64>,
     pub sub: Option<u64>,
     pub from_rank: u64,
     pub from_gpu: Option<String>,
@@ -254,6 +255,8 @@ impl NetVia {
 /// without a prefix, and CollNet's `CollNet 00/0 : 0 [receive] via
 /// COLLNET/SHARP/1/GDRDMA` (one rank: its side of the SHARP tree). Ring-order
 /// lines (`Channel 00/02 :    0   1   2`) and anything else are rejected.
+/// A fragment whose head was cut off (a paste, or a launcher that
+/// interleaves workers' output mid-line) is read from its ranks on.
 pub(super) fn parse_connection(msg: &str) -> Option<ConnLine> {
     if let Some(at) = msg.find("CollNet ") {
         if let Some(conn) = parse_collnet_at(&msg[at + "CollNet ".len()..]) {
@@ -270,13 +273,65 @@ pub(super) fn parse_connection(msg: &str) -> Option<ConnLine> {
             from = start;
         }
     }
-    None
+    // A line that names its channel but did not parse is corrupt, not cut.
+    if msg.contains("Channel ") || msg.contains("Ring ") {
+        return None;
+    }
+    parse_fragment(msg)
+}
+
+/// `9[1a000] -> 2[6b000] [send] via NET/IB/0/GDRDMA`, `l 23/0 : 4[4] -> 5[5]
+/// via P2P/IPC/read`: the sending rank is the last word before the first
+/// `->`, and the channel is read when what precedes it still ends in
+/// `NN[/N] :`. Only a transport NCCL prints (`NET/`, `P2P`, `SHM`,
+/// `COLLNET/`) makes it a connection: an arrow in other text is not one.
+fn parse_fragment(msg: &str) -> Option<ConnLine> {
+    let arrow = msg.find("->")?;
+    let before = msg[..arrow].trim_end();
+    let word = before.rfind(char::is_whitespace).map_or(0, |i| i + 1);
+    let (from_rank, rest) = take_number(&before[word..])?;
+    let (from_gpu, rest) = take_bracket(rest);
+    if !rest.is_empty() {
+        return None;
+    }
+    let head = before[..word].trim_end();
+    let (channel, sub) = match head.strip_suffix(':') {
+        Some(h) => {
+            let h = h.trim_end();
+            let last = &h[h.rfind(char::is_whitespace).map_or(0, |i| i + 1)..];
+            let mut parts = last.splitn(2, '/');
+            // Digits left of the colon are a channel, and one that does not
+            // parse (too large) makes the line corrupt; other words are what
+            // came before the cut.
+            let number = |t: &str| take_number(t).filter(|(_, r)| r.is_empty()).map(|(n, _)| n);
+            if last.is_empty() || !last.bytes().all(|b| b.is_ascii_digit() || b == b'/') {
+                (None, None)
+            } else {
+                let channel = number(parts.next()?)?;
+                let sub = match parts.next() {
+                    Some(t) => Some(number(t)?),
+                    None => None,
+                };
+                (Some(channel), sub)
+            }
+        }
+        None => (None, None),
+    };
+    let mut conn = parse_connection_at(&format!("0 : {from_rank} {}", &msg[arrow..]))?;
+    if !matches!(conn.transport, Transport::Net | Transport::P2p | Transport::Shm) {
+        return None;
+    }
+    conn.from_gpu = from_gpu;
+    conn.channel = channel;
+    conn.sub = sub;
+    Some(conn)
 }
 
 /// `CC/S : RANK [dir] via COLLNET/<plugin>/<dev>[/GDRDMA]`: the rank's
 /// connection to the in-network reduction, through NIC `dev`.
 fn parse_collnet_at(s: &str) -> Option<ConnLine> {
     let (channel, sub, rest) = take_channel(s)?;
+    let channel = Some(channel);
     let (rank, rest) = take_number(rest)?;
     let (direction, rest) = take_direction(rest);
     let via = rest.strip_prefix("via ")?.trim();
@@ -318,6 +373,7 @@ fn take_direction(s: &str) -> (Direction, &str) {
 
 fn parse_connection_at(s: &str) -> Option<ConnLine> {
     let (channel, sub, rest) = take_channel(s)?;
+    let channel = Some(channel);
     let (from_rank, rest) = take_number(rest)?;
     let (from_gpu, rest) = take_bracket(rest);
     let rest = rest.trim_start().strip_prefix("->")?.trim_start();

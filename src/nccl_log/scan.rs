@@ -67,7 +67,7 @@ struct Seen {
 
 /// A connection line's identity: host, pid, channel, sub-channel, ranks,
 /// direction and transport.
-type ConnKey = (Option<String>, Option<u64>, u64, Option<u64>, u64, u64, Direction, String);
+type ConnKey = (Option<String>, Option<u64>, Option<u64>, Option<u64>, u64, u64, Direction, String);
 
 impl Scan {
     /// Scans a log line by line from `reader`, holding at most

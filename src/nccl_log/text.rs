@@ -82,6 +82,9 @@ impl fmt::Display for Report {
             for e in &self.environment {
                 writeln!(f, "  {}={} (line {})", e.name, e.value, e.line)?;
             }
+            for j in self.environment_judged.iter().filter(|j| j.status == "warn" || j.status == "fail") {
+                writeln!(f, "  [{}] {}", j.status, j.summary)?;
+            }
         }
         if !self.ranks.is_empty() {
             writeln!(f, "\nConnections per rank:")?;
@@ -149,7 +152,7 @@ impl Report {
             .unwrap_or_default();
         writeln!(f, "  rank {}{host}{gpu}:", r.rank)?;
         // One row per (direction, peer, transport), listing its channels.
-        let mut rows: BTreeMap<Row, BTreeSet<u64>> = BTreeMap::new();
+        let mut rows: BTreeMap<Row, BTreeSet<Option<u64>>> = BTreeMap::new();
         for c in self
             .connections
             .iter()
@@ -175,11 +178,13 @@ impl Report {
             } else {
                 ""
             };
-            writeln!(
-                f,
-                "    {arrow:<18} via {via:<22} channels {}{note}",
-                channel_ranges(&channels)
-            )?;
+            let known: BTreeSet<u64> = channels.iter().flatten().copied().collect();
+            let shown = match (known.is_empty(), channels.contains(&None)) {
+                (true, _) => "unknown (the line was cut before it)".to_owned(),
+                (false, true) => format!("{} and one cut before its channel", channel_ranges(&known)),
+                (false, false) => channel_ranges(&known),
+            };
+            writeln!(f, "    {arrow:<18} via {via:<22} channels {shown}{note}")?;
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use gpudirect::nccl::is_tcp_network;
 
 use super::{
     describe_support, quote, CompletionError, Connection, Direction, GdrSupport, Scan,
-    Verdict, HEAD_NOT_USED, HEAD_PARTIAL, HEAD_UNKNOWN, HEAD_USED, SETTLE_SUBSYS,
+    Verdict, HEAD_NOT_USED, HEAD_PARTIAL, HEAD_UNKNOWN, HEAD_USED, PARTIAL_COST, SETTLE_SUBSYS,
 };
 
 /// The verdict and what it rests on, before causes are added.
@@ -313,7 +313,7 @@ fn decide_from_connections(scan: &Scan, net: &[&Connection]) -> Decision {
         (
             Verdict::Partial,
             format!(
-                "{HEAD_PARTIAL}: with it: {}; without it (through host memory): {}",
+                "{HEAD_PARTIAL}: with it: {}; without it (through host memory): {}; {PARTIAL_COST}",
                 join_capped(&yes, 6),
                 join_capped(&no, 6)
             ),

@@ -91,7 +91,7 @@ fn nccl_2_4_ring_lines_over_sockets() {
     assert_eq!(r.connections.len(), 16);
     let c = &r.connections[0];
     assert_eq!(
-        (c.channel, c.sub, c.from_rank, c.to_rank),
+        (c.channel.unwrap(), c.sub, c.from_rank, c.to_rank),
         (0, None, 45, 46)
     );
     assert_eq!((c.from_gpu.as_deref(), c.to_gpu.as_deref()), (None, None));
@@ -300,7 +300,8 @@ fn synthetic_partial_names_ranks_on_both_sides() {
         r.headline,
         "GPUDirect RDMA was partially used: with it: rank 3 on nodeA GPU 3 (send), rank 4 on \
          nodeB GPU 0 (receive); without it (through host memory): rank 0 on nodeA GPU 0 \
-         (receive), rank 7 on nodeB GPU 3 (send)"
+         (receive), rank 7 on nodeB GPU 3 (send); the ranks without it move about half as much, and \
+         each collective waits for them"
     );
     let r0 = r.ranks.iter().find(|s| s.rank == 0).unwrap();
     assert_eq!(r0.net_without_gdr, [Direction::Receive]);
@@ -527,4 +528,18 @@ fn fastsocket_connect_and_accept_lines_settle_not_used() {
     assert_eq!(explain(log).verdict, Verdict::Unknown);
     assert_eq!(parse::parse_tcp_connect("NET/FastSocket : Accepted data socket 2"), Some("FastSocket"));
     assert_eq!(parse::parse_tcp_connect("NET/FastSocket : Using [0]eth0"), None);
+}
+
+/// Ray cuts workers' records mid-line: a connection that lost its
+/// `Channel` head is still read from its ranks on (its channel when what
+/// is left still shows it), and what lost its sending rank is not read
+/// as a connection at all.
+#[test]
+fn ray_interleaved_fragments_are_read_from_their_ranks() {
+    let r = fixture("vllm-ray-interleaved-fragments-2.21.5.txt");
+    assert_eq!(r.verdict, Verdict::Used);
+    let p2p: Vec<(Option<u64>, u64, u64)> =
+        r.connections.iter().filter(|c| c.transport == Transport::P2p).map(|c| (c.channel, c.from_rank, c.to_rank)).collect();
+    assert_eq!(p2p, [(Some(23), 4, 5), (Some(23), 7, 0), (None, 6, 7)]);
+    assert_eq!(r.connections.iter().filter(|c| c.gdr == Some(true)).count(), 8);
 }

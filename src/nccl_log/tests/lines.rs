@@ -66,7 +66,7 @@ fn prefixes_are_split_in_all_known_shapes() {
 #[test]
 fn collnet_lines_are_network_connections() {
     let c = parse::parse_connection("CollNet 00/0 : 6 [receive] via COLLNET/SHARP/1/GDRDMA").unwrap();
-    assert_eq!((c.channel, c.sub, c.from_rank, c.to_rank, c.direction), (0, Some(0), 6, 6, Direction::Receive));
+    assert_eq!((c.channel.unwrap(), c.sub, c.from_rank, c.to_rank, c.direction), (0, Some(0), 6, 6, Direction::Receive));
     assert_eq!((c.transport, c.via.as_str()), (Transport::Net, "COLLNET/SHARP/1/GDRDMA"));
     let net = c.net.unwrap();
     assert_eq!((net.name.as_str(), net.dev), ("SHARP", Some(1)));
@@ -82,14 +82,14 @@ fn collnet_lines_are_network_connections() {
 fn connection_formats_of_every_era() {
     let c = parse::parse_connection("Ring 00 : 45 -> 46 [send] via NET/Socket/0").unwrap();
     assert_eq!(
-        (c.channel, c.from_rank, c.to_rank, c.direction),
+        (c.channel.unwrap(), c.from_rank, c.to_rank, c.direction),
         (0, 45, 46, Direction::Send)
     );
     let c =
         parse::parse_connection("Channel 07 : 3[4a000] -> 6[44000] [receive] via NET/IB/0/GDRDMA")
             .unwrap();
     assert_eq!(
-        (c.channel, c.sub, c.to_gpu.as_deref()),
+        (c.channel.unwrap(), c.sub, c.to_gpu.as_deref()),
         (7, None, Some("44000"))
     );
     assert!(c.net.as_ref().unwrap().gdr());
@@ -146,4 +146,18 @@ fn support_lines_of_every_era() {
         parse::parse_env("NCCL_NET_GDR_LEVEL set by environment to PHB"),
         Some(("NCCL_NET_GDR_LEVEL".into(), "PHB".into()))
     );
+}
+
+/// A bare connection fragment, as users paste them into threads: read from
+/// its ranks, with no channel; an arrow in other text is not a connection.
+#[test]
+fn bare_fragments_without_a_channel_head() {
+    let c = parse::parse_connection("9[1a000] -> 2[6b000] [send] via NET/IB/0/GDRDMA").unwrap();
+    assert_eq!((c.channel, c.from_rank, c.from_gpu.as_deref(), c.to_rank, c.direction), (None, 9, Some("1a000"), 2, Direction::Send));
+    assert!(c.net.as_ref().unwrap().gdr());
+    let c = parse::parse_connection("l 23/0 : 4[4] -> 5[5] via P2P/IPC/read").unwrap();
+    assert_eq!((c.channel, c.sub), (Some(23), Some(0)));
+    for not in ["a -> b via NET/IB/0", "rank 3 -> 4 means nothing", "> 2[2] via P2P/IPC/read", "0 -> 1 via something else", "x 3 -> 4 via NET/IB/"] {
+        assert!(parse::parse_connection(not).is_none(), "{not}");
+    }
 }

@@ -14,7 +14,7 @@ fn records_glued_on_one_terminal_line_are_read_apart() {
     let conns: Vec<(usize, u64, u64, u64)> = r
         .connections
         .iter()
-        .map(|c| (c.line, c.channel, c.from_rank, c.to_rank))
+        .map(|c| (c.line, c.channel.unwrap(), c.from_rank, c.to_rank))
         .collect();
     assert_eq!(
         conns,
@@ -53,7 +53,7 @@ fn glued_records_with_a_record_broken_after_via() {
     let conns: Vec<(u64, u64, u64, Direction)> = r
         .connections
         .iter()
-        .map(|c| (c.channel, c.from_rank, c.to_rank, c.direction))
+        .map(|c| (c.channel.unwrap(), c.from_rank, c.to_rank, c.direction))
         .collect();
     assert_eq!(
         conns,
