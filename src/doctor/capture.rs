@@ -55,6 +55,13 @@ pub struct Answers {
     pub gpus: Result<Vec<GpuFacts>, String>,
     /// The host's facts (kernel, peer-memory client).
     pub host: HostFacts,
+    /// What `ip -d link show` printed, or why it could not run.
+    #[serde(default = "not_captured")]
+    pub ip_link: Result<String, String>,
+}
+
+fn not_captured() -> Result<String, String> {
+    Err("not in this capture".into())
 }
 
 impl Answers {
@@ -167,12 +174,13 @@ pub struct Recorder<'a> {
     rdma: std::cell::RefCell<Option<Result<Vec<RdmaDevice>, String>>>,
     gpus: std::cell::RefCell<Option<Result<Vec<GpuFacts>, String>>>,
     host: std::cell::RefCell<Option<HostFacts>>,
+    ip_link: std::cell::RefCell<Option<Result<String, String>>>,
 }
 
 impl<'a> Recorder<'a> {
     /// Records what `inner` answers.
     pub fn new(inner: &'a dyn Probes) -> Recorder<'a> {
-        Recorder { inner, rdma: Default::default(), gpus: Default::default(), host: Default::default() }
+        Recorder { inner, rdma: Default::default(), gpus: Default::default(), host: Default::default(), ip_link: Default::default() }
     }
 
     /// The capture of a judgement that ran with these probes, the job's
@@ -182,7 +190,7 @@ impl<'a> Recorder<'a> {
             format: CAPTURE_FORMAT,
             written_by: concat!("gpudirect ", env!("CARGO_PKG_VERSION")).to_owned(),
             env: env.clone(),
-            answers: Answers { rdma: self.rdma(), gpus: self.gpus(root), host: self.host(root) },
+            answers: Answers { rdma: self.rdma(), gpus: self.gpus(root), host: self.host(root), ip_link: self.ip_link() },
             files: snapshot(root),
         }
     }
@@ -198,6 +206,9 @@ impl Probes for Recorder<'_> {
     fn host(&self, root: &SysRoot) -> HostFacts {
         self.host.borrow_mut().get_or_insert_with(|| self.inner.host(root)).clone()
     }
+    fn ip_link(&self) -> Result<String, String> {
+        self.ip_link.borrow_mut().get_or_insert_with(|| self.inner.ip_link()).clone()
+    }
 }
 
 impl Probes for Answers {
@@ -209,6 +220,9 @@ impl Probes for Answers {
     }
     fn host(&self, _: &SysRoot) -> HostFacts {
         self.host.clone()
+    }
+    fn ip_link(&self) -> Result<String, String> {
+        self.ip_link.clone()
     }
 }
 
@@ -477,6 +491,7 @@ mod tests {
                 rdma: Err("none".into()),
                 gpus: Err("none".into()),
                 host: HostFacts { kernel_release: None, peer_memory_found: vec![], peer_memory_api: None },
+                ip_link: Err("none".into()),
             },
             files,
         }

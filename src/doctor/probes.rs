@@ -50,6 +50,11 @@ pub trait Probes {
     fn host(&self, root: &SysRoot) -> HostFacts {
         HostFacts::read(root)
     }
+    /// What `ip -d link show` prints (the kind of each interface), or why
+    /// it could not run.
+    fn ip_link(&self) -> Result<String, String> {
+        Err("not asked".into())
+    }
 }
 
 /// The real machine, through `gpudirect`.
@@ -93,5 +98,13 @@ impl Probes for LiveProbes {
     fn gpus(&self, root: &SysRoot) -> Result<Vec<GpuFacts>, String> {
         let n = gpudirect::gpu_count().map_err(|e| e.to_string())?;
         Ok((0..n).map(|i| GpuFacts::gather(i, root)).collect())
+    }
+
+    fn ip_link(&self) -> Result<String, String> {
+        let out = std::process::Command::new("ip").args(["-d", "link", "show"]).output().map_err(|e| format!("`ip -d link show` could not run ({e}): install iproute2"))?;
+        if !out.status.success() {
+            return Err(format!("`ip -d link show` failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 }

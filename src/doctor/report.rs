@@ -118,6 +118,7 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
     findings.extend(stack::host(&host, &left));
     findings.extend(pci::check(root, &topo, &m.job.vars));
     findings.extend(env::check(&m.job));
+    findings.extend(super::pod::check(root, &rdma, &probes.ip_link(), &m.job.vars));
 
     // What the registration facts cannot see blocks a pair whatever its
     // path: the NIC's port and GID, the device nodes, ACS on its bridges.

@@ -116,6 +116,12 @@ pub struct PairInEnv<'a> {
     pub dma_buf_only: bool,
 }
 
+/// Whether an NCCL name list (`NCCL_IB_HCA`, `NCCL_SOCKET_IFNAME`:
+/// prefixes, `=` for exact names, `^` to exclude) selects `name`.
+pub fn list_selects(value: &str, name: &str) -> bool {
+    hca_selects(value, name)
+}
+
 /// Whether NCCL, run with `vars`, may open `nic` at all (`NCCL_IB_HCA`).
 pub fn hca_allows(vars: &[(String, String)], nic: &str) -> bool {
     vars.iter().rev().find(|(k, _)| k == "NCCL_IB_HCA").is_none_or(|(_, v)| hca_selects(v, nic))

@@ -130,6 +130,7 @@ fn json_shape_is_stable() {
         "plugin_dmabuf",
         "gdr_support",
         "environment",
+        "environment_judged",
         "ranks",
         "connections",
         "misleading",
