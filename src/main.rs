@@ -59,6 +59,10 @@ enum Command {
         /// Every finding with its evidence, not only the problems.
         #[arg(long, short = 'v')]
         verbose: bool,
+        /// Also print the measurements to make next, scale first (one GPU,
+        /// every GPU, two nodes), with the figure each should reach here.
+        #[arg(long)]
+        plan: bool,
         /// Judge the environment of the running process PID
         /// (/proc/PID/environ), e.g. a training job's rank.
         #[arg(long, value_name = "PID", conflicts_with = "from")]
@@ -166,7 +170,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Doctor { action: None, json, gpu, device, root, env_file, pid, nccl_log, verbose, capture, from, answers } => {
+        Command::Doctor { action: None, json, gpu, device, root, env_file, pid, nccl_log, verbose, plan, capture, from, answers } => {
             let sources = DoctorSources { shell_over_capture: true, root, env_file, pid, nccl_log, capture, from, answers };
             let report = match judge_machine(&sources, &doctor::report::Options { gpu, device }) {
                 Ok(r) => r,
@@ -180,10 +184,26 @@ fn main() -> ExitCode {
             } else if let Err(code) = emit(&report, json, "doctor") {
                 return code;
             }
+            if plan && !json {
+                let _ = std::io::stdout().lock().write_all(doctor::plan::Shown(&report.plan).to_string().as_bytes());
+            }
             ExitCode::from(if report.verdict.available { 0 } else { 1 })
         }
         Command::Rendezvous { listen, secret_file, insecure, lease, max_mib } => rendezvous(&listen, secret_file, insecure, lease, max_mib),
-        Command::Bw(a) => perf_result(perf::bw::run(&a), a.common.json, "bw"),
+        Command::Bw(a) => {
+            let out = perf::bw::run(&a);
+            // A comparison whose GPU half could not be measured printed
+            // its host half and why; the client did not get what it asked
+            // for (the server did all it was asked).
+            let client = matches!(a.common.role(), perf::Role::Client(_));
+            let incomplete = client && out.as_ref().is_ok_and(|o| !o.complete());
+            let code = perf_result(out, a.common.json, "bw");
+            if incomplete {
+                ExitCode::FAILURE
+            } else {
+                code
+            }
+        }
         Command::Lat(a) => perf_result(perf::lat::run(&a), a.common.json, "lat"),
         Command::NcclLog { file, json } => {
             // Streamed: memory stays bounded whatever the log's size.

@@ -172,18 +172,41 @@ fn min_gbs<'a>(links: impl IntoIterator<Item = &'a UsedLink>) -> Option<(f64, &'
 }
 
 /// One bandwidth finding per placed pair.
-pub(super) fn bandwidth_findings(root: &SysRoot, topo: &PciTopology, pairs: &[Pair], limit: &GdrLimit) -> Vec<Finding> {
-    let mut out = Vec::new();
+/// What one GPU-NIC pair's links allow, per direction, in GB/s (10^9):
+/// what `gpudirect bw` should measure there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Estimate {
+    /// The GPU (`GPU0 (0000:18:00.0)`) and its index in the topology.
+    pub gpu: String,
+    /// Its index among the machine's GPUs (PCI order).
+    pub gpu_index: usize,
+    /// The NIC.
+    pub nic: String,
+    /// The NIC's line rate.
+    pub line_gbs: f64,
+    /// With GPUDirect RDMA: the line rate, or the narrowest link on the
+    /// direct path when that is lower.
+    pub direct_gbs: f64,
+    /// Staged through host memory, one way: the ceiling the links give.
+    pub staged_gbs: f64,
+}
+
+/// One finding per GPU and each of its nearest NICs, with the estimate of
+/// each pair whose links are all known.
+pub(super) fn bandwidth_findings(root: &SysRoot, topo: &PciTopology, pairs: &[Pair], limit: &GdrLimit) -> (Vec<Finding>, Vec<Estimate>) {
+    let (mut out, mut estimates) = (Vec::new(), Vec::new());
     for gpu in &topo.gpus {
         let mine: Vec<&Pair> = pairs.iter().filter(|p| p.gpu_index == gpu.index).collect();
         let Some(best) = mine.iter().map(|p| (p.nccl_level, p.level)).min() else { continue };
         for p in mine.into_iter().filter(|p| (p.nccl_level, p.level) == best) {
             if let Some(nic) = topo.nics.iter().find(|n| n.name == p.nic) {
-                out.push(bandwidth_finding(root, gpu, nic, &topo.nics, p, limit));
+                let mut est = None;
+                out.push(bandwidth_finding(root, gpu, nic, &topo.nics, p, limit, &mut est));
+                estimates.extend(est);
             }
         }
     }
-    out
+    (out, estimates)
 }
 
 fn bandwidth_finding(
@@ -193,6 +216,7 @@ fn bandwidth_finding(
     all_nics: &[NicDev],
     p: &Pair,
     limit: &GdrLimit,
+    est: &mut Option<Estimate>,
 ) -> Finding {
     let head = format!("{} <-> {} ({})", gpu.label(), nic.name, p.level);
     let id = format!("bandwidth.path.gpu{}-{}", gpu.index, nic.name);
@@ -267,6 +291,14 @@ fn bandwidth_finding(
     let both_ways =
         [Some(gpu_min), Some(nic_min), shared_min.map(|s| s.0 / 2.0)].into_iter().flatten().fold(f64::MAX, f64::min);
     let gdr_on = limit.allows(p.nccl_level);
+    *est = Some(Estimate {
+        gpu: format!("{} ({})", gpu.label(), gpu.bdf),
+        gpu_index: gpu.index,
+        nic: nic.name.clone(),
+        line_gbs: need,
+        direct_gbs: gdr_min.min(need),
+        staged_gbs: one_way.min(need),
+    });
 
     let rate_text = nic.ports.iter().find_map(|p| p.rate.as_deref()).unwrap_or("rate");
     let mut evidence = vec![format!("{} {rate_text}: {rate} Gb/s = {need:.1} GB/s per direction", nic.name)];

@@ -96,6 +96,7 @@ pub mod env;
 pub mod iommu;
 pub mod jobenv;
 pub mod pci;
+pub mod plan;
 pub mod pod;
 pub mod probes;
 pub mod report;

@@ -18,7 +18,7 @@ use gpudirect::sysroot::SysRoot;
 use gpudirect::topology::{all_pairs, gdr_limit, GdrLimit, Pair, PathLevel, PciTopology, IB_CLASS, PCI_DEVICES};
 
 use super::acs::acs_findings;
-use super::bandwidth::bandwidth_findings;
+use super::bandwidth::{bandwidth_findings, Estimate};
 use super::iommu::iommu_finding;
 use super::{Finding, Status};
 
@@ -28,7 +28,9 @@ use super::{Finding, Status};
 /// Topology, ACS, IOMMU and bandwidth findings for the discovered devices.
 /// `env` is searched for `NCCL_NET_GDR_LEVEL` only; [`super::env`] judges the
 /// rest of the environment.
-pub fn check(root: &SysRoot, topo: &PciTopology, env: &[(String, String)]) -> Vec<Finding> {
+/// With them, what each GPU's nearest pairs' links allow (for the
+/// measurement plan).
+pub fn check(root: &SysRoot, topo: &PciTopology, env: &[(String, String)]) -> (Vec<Finding>, Vec<Estimate>) {
     let mut out = device_findings(topo);
     if topo.gpus.is_empty() || topo.nics.is_empty() {
         out.push(
@@ -39,7 +41,7 @@ pub fn check(root: &SysRoot, topo: &PciTopology, env: &[(String, String)]) -> Ve
             )),
         );
         out.push(iommu_finding(root, topo));
-        return out;
+        return (out, Vec::new());
     }
     let limit = gdr_limit(env);
     let mut placed = Vec::new();
@@ -71,8 +73,9 @@ pub fn check(root: &SysRoot, topo: &PciTopology, env: &[(String, String)]) -> Ve
     }
     out.extend(acs_findings(root, &placed));
     out.push(iommu_finding(root, topo));
-    out.extend(bandwidth_findings(root, topo, &placed, &limit));
-    out
+    let (bandwidth, estimates) = bandwidth_findings(root, topo, &placed, &limit);
+    out.extend(bandwidth);
+    (out, estimates)
 }
 
 fn numa_text(n: Option<i32>) -> String {
@@ -354,7 +357,7 @@ mod tests {
         let root = machine(name);
         let topo = discover(&root);
         let pairs = pairs(&root, &topo);
-        let findings = check(&root, &topo, &env(vars));
+        let findings = check(&root, &topo, &env(vars)).0;
         assert!(!findings.is_empty(), "{name}: no findings at all");
         (topo, pairs, findings)
     }
@@ -624,7 +627,7 @@ mod tests {
         let t = Tree::new("empty-machine");
         t.dir("/sys/bus/pci/devices");
         let root = SysRoot::at(t.path());
-        let f = check(&root, &discover(&root), &[]);
+        let f = check(&root, &discover(&root), &[]).0;
         let gpus = one(&f, "topology.gpus", "no NVIDIA GPU");
         assert!(gpus.evidence.iter().all(|e| !e.contains("infiniband")), "{gpus:#?}");
         let nics = one(&f, "topology.nics", "no RDMA NIC");
@@ -795,7 +798,7 @@ mod tests {
         let topo = discover(&root);
         assert!(topo.nics.is_empty() && topo.gpus.is_empty());
         assert_eq!(topo.other_rdma.len(), 3);
-        let f = check(&root, &topo, &[]);
+        let f = check(&root, &topo, &[]).0;
         assert!(with(&f, "topology.nics").iter().all(|f| f.status == Status::Fail));
     }
 
@@ -891,7 +894,7 @@ mod tests {
             let topo = discover(&root);
             let ps = pairs(&root, &topo);
             classified += ps.len();
-            let f = check(&root, &topo, &env(&[("NCCL_NET_GDR_LEVEL", ["PHB", "x", "7", ""][round % 4])]));
+            let f = check(&root, &topo, &env(&[("NCCL_NET_GDR_LEVEL", ["PHB", "x", "7", ""][round % 4])])).0;
             assert!(!f.is_empty());
             let _ = serde_json::to_string(&topo).unwrap();
         }

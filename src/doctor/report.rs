@@ -24,6 +24,9 @@ pub struct Report {
     pub verdict: Verdict,
     /// Every finding, in check order.
     pub findings: Vec<Finding>,
+    /// The measurements to make next, scale first, with the figure each
+    /// should reach here (`--plan` prints them).
+    pub plan: Vec<super::plan::Step>,
 }
 
 /// Whether GPUDirect RDMA works here, for which pair, by which path.
@@ -116,7 +119,8 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
     let mut findings = stack::rdma(root, &rdma, &left);
     findings.extend(stack::cuda(root, &gpus, &left));
     findings.extend(stack::host(&host, &left));
-    findings.extend(pci::check(root, &topo, &m.job.vars));
+    let (pci_findings, estimates) = pci::check(root, &topo, &m.job.vars);
+    findings.extend(pci_findings);
     findings.extend(env::check(&m.job));
     findings.extend(super::pod::check(root, &rdma, &probes.ip_link(), &m.job.vars));
 
@@ -135,7 +139,13 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
     }
     findings.extend(nic_per_gpu(&candidates, &m.job.vars));
     let verdict = decide(&candidates, &rdma, &gpus, &m.job.vars);
-    Report { schema: SCHEMA_VERSION, verdict, findings }
+    let start = candidates.iter().find(|c| verdict.gpu.as_deref() == Some(c.gpu.label.as_str()) && verdict.nic.as_deref() == Some(c.nic.as_str()));
+    let start = start.map(|c| super::plan::Start { ordinal: c.gpu.ordinal, bdf: c.gpu.pci_bus_id.as_deref(), nic: &c.nic });
+    let ordinal_of = |e: &super::bandwidth::Estimate| {
+        candidates.iter().find(|c| c.nic == e.nic && c.gpu.pci_bus_id.as_deref().is_some_and(|b| e.gpu.contains(b))).map(|c| c.gpu.ordinal)
+    };
+    let plan = super::plan::plan(start, &estimates, ordinal_of);
+    Report { schema: SCHEMA_VERSION, verdict, findings, plan }
 }
 
 /// Orders pairs nearest first, dma-buf before peer memory.
@@ -213,8 +223,15 @@ fn decide(
     let rank = nearness;
     let stops = |c: &Candidate| env::nccl_stops(vars, &env::PairInEnv { nic: &c.nic, level: c.level, dma_buf_only: c.dma_buf_only });
     let usable = || cands.iter().filter(|c| c.path.is_ok() && c.blocked.is_empty());
+    // With dma-buf turned off and peer memory possible, NCCL registers
+    // through peer memory: that is the path it uses, not the first the
+    // library would try.
+    let dmabuf_off = vars.iter().rev().find(|(k, _)| k == "NCCL_DMABUF_ENABLE").is_some_and(|(_, v)| gpudirect::nccl::param_int(v).used() == Some(0));
     let pair_of = |c: &Candidate| {
-        let path = c.path.as_ref().map(|p| p.to_string()).unwrap_or_default();
+        let path = match &c.path {
+            Ok(RegistrationPath::DmaBuf) if dmabuf_off && !c.dma_buf_only => RegistrationPath::PeerMemory.to_string(),
+            p => p.as_ref().map(|p| p.to_string()).unwrap_or_default(),
+        };
         let level = c.level.map_or_else(|| "PCIe path unknown".to_owned(), |l| l.to_string());
         (path, level)
     };
@@ -505,6 +522,9 @@ mod tests {
         let both = Fake { nics: vec![("mlx5_0", CAPABLE)], gpus: vec![("0000:18:00.0", true)], host: Some(host(true)) };
         let r = run(&m, &both, &Options::default());
         assert!(r.verdict.available, "{}", r.verdict.line);
+        // ... and the line names the path NCCL will take.
+        assert!(r.verdict.line.starts_with("GPUDirect RDMA: available via peer memory for GPU0"), "{}", r.verdict.line);
+        assert_eq!(r.verdict.path.as_deref(), Some("peer memory"));
     }
 
     /// The default text: the verdict, the problems with their fixes, and

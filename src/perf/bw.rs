@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use gpudirect::{RecvWr, SendList, SendWr, WcOpcode, WorkCompletion};
 
-use super::{connect, progress, share_report, sizes, Common, Link, Op, Params, Res};
+use super::{connect, progress, share_report, sizes, Common, Compare, Link, Op, Params, Res};
 
 /// `gpudirect bw` options.
 #[derive(Args, Clone, Debug)]
@@ -31,6 +31,126 @@ pub struct BwArgs {
     /// Sleep on completion events instead of busy polling (perftest's -e).
     #[arg(long = "events", short = 'e')]
     pub use_events: bool,
+    /// With --gpu (client): measure host memory too, on the same NIC pair
+    /// in the same run, and compare: GPU memory at about host-memory speed
+    /// is GPUDirect RDMA at work; at about half, the copy path. Without a
+    /// usable GPU the host half is measured and the GPU half is named as
+    /// not measurable (exit status 1).
+    #[arg(long, requires = "gpu")]
+    pub compare_host: bool,
+}
+
+/// What `bw` printed: one run, or a comparison.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum BwOutput {
+    /// One run on each side's memory.
+    Single(BwReport),
+    /// Host memory, then GPU memory (`--compare-host`).
+    Compared(CompareReport),
+}
+
+impl BwOutput {
+    /// Whether everything asked for was measured.
+    pub fn complete(&self) -> bool {
+        match self {
+            BwOutput::Single(_) => true,
+            BwOutput::Compared(c) => c.gpu.is_some(),
+        }
+    }
+}
+
+impl std::fmt::Display for BwOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BwOutput::Single(r) => r.fmt(f),
+            BwOutput::Compared(c) => c.fmt(f),
+        }
+    }
+}
+
+/// One half of a comparison: the memories and the results.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Half {
+    /// The client's buffer.
+    pub client_memory: String,
+    /// The server's buffer.
+    pub server_memory: String,
+    /// Per size.
+    pub results: Vec<BwResult>,
+}
+
+/// `bw --compare-host`: host memory and GPU memory on the same NIC pair.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CompareReport {
+    /// `"gpudirect bw --compare-host"`.
+    pub tool: String,
+    /// The operation.
+    pub op: Op,
+    /// Host memory on both sides.
+    pub host: Half,
+    /// Each side's own memory (GPU memory where it has `--gpu`); `None`
+    /// when it could not be measured ([`gpu_error`](Self::gpu_error)).
+    pub gpu: Option<Half>,
+    /// Why the GPU half could not be measured.
+    pub gpu_error: Option<String>,
+    /// GPU over host average bandwidth at the largest size.
+    pub ratio: Option<f64>,
+    /// What the ratio says.
+    pub verdict: String,
+}
+
+/// What the ratio of GPU-memory to host-memory bandwidth says.
+pub fn judge_ratio(ratio: f64, gpu_memory: &str) -> String {
+    if gpu_memory.contains("host-staged") || gpu_memory.contains("staged") {
+        return format!("{ratio:.2}: the GPU buffer is staged through host memory by its policy ({gpu_memory}): not GPUDirect RDMA");
+    }
+    if ratio >= 0.85 {
+        format!("{ratio:.2}, about 1: GPU memory moves at host-memory speed: GPUDirect RDMA carries it directly")
+    } else if ratio <= 0.65 {
+        format!("{ratio:.2}, about half or less: the GPU side goes through host memory (the copy path) or a slower PCIe path: run `gpudirect doctor` on both nodes")
+    } else {
+        format!("{ratio:.2}: GPU memory is slower than host memory on this pair: check the GPU's PCIe link and its path to the NIC (`gpudirect doctor --verbose`, bandwidth.path)")
+    }
+}
+
+impl CompareReport {
+    fn new(op: Op, host: Half, gpu: Result<Half, String>) -> CompareReport {
+        let avg = |h: &Half| h.results.iter().max_by_key(|r| r.bytes).map(|r| r.bw_avg_mb_s);
+        let (gpu, gpu_error) = match gpu {
+            Ok(g) => (Some(g), None),
+            Err(e) => (None, Some(e)),
+        };
+        let ratio = match (avg(&host), gpu.as_ref().and_then(avg)) {
+            (Some(h), Some(g)) if h > 0.0 => Some(g / h),
+            _ => None,
+        };
+        let verdict = match (&ratio, &gpu, &gpu_error) {
+            (Some(r), Some(g), _) => judge_ratio(*r, &g.client_memory),
+            (_, _, Some(e)) => format!("the GPU half cannot be measured here: {e}"),
+            _ => "no result to compare".to_owned(),
+        };
+        CompareReport { tool: "gpudirect bw --compare-host".into(), op, host, gpu, gpu_error, ratio, verdict }
+    }
+}
+
+impl std::fmt::Display for CompareReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let line = |f: &mut std::fmt::Formatter<'_>, what: &str, h: &Half| -> std::fmt::Result {
+            writeln!(f, " {what} (client: {}; server: {})", h.client_memory, h.server_memory)?;
+            for r in &h.results {
+                writeln!(f, "   {:<10} bytes  BW average {:>10.2} MB/s  peak {:>10.2} MB/s", r.bytes, r.bw_avg_mb_s, r.bw_peak_mb_s)?;
+            }
+            Ok(())
+        };
+        line(f, "host memory", &self.host)?;
+        match (&self.gpu, &self.gpu_error) {
+            (Some(g), _) => line(f, "GPU memory", g)?,
+            (None, Some(e)) => writeln!(f, " GPU memory: not measured: {e}")?,
+            (None, None) => {}
+        }
+        writeln!(f, " GPU / host: {}", self.verdict)
+    }
 }
 
 /// One size's result, perftest's columns.
@@ -75,30 +195,69 @@ impl std::fmt::Display for BwReport {
     }
 }
 
-/// Runs either side; both return the client's report.
-pub fn run(a: &BwArgs) -> Res<BwReport> {
-    let params = Params { op: a.op, sizes: sizes(&a.common, 65536), iters: a.common.iters.unwrap_or(5000), tx_depth: a.tx_depth };
+/// Runs either side; both return the client's report. A comparison
+/// (`--compare-host` on the client; the server learns it from the
+/// client's parameters) measures host memory, then each side's own.
+pub fn run(a: &BwArgs) -> Res<BwOutput> {
+    // A comparing client finds out first whether its GPU can be used: when
+    // not, the host half is still measured, and the report says why the
+    // GPU half is not.
+    let mut gpu_error = None;
+    let compare = match (a.compare_host, a.common.gpu) {
+        (true, Some(n)) => match gpudirect::Gpu::open(n) {
+            Ok(_) => Compare::Both,
+            Err(e) => {
+                gpu_error = Some(e.to_string());
+                Compare::HostOnly
+            }
+        },
+        _ => Compare::No,
+    };
+    let params = Params { op: a.op, sizes: sizes(&a.common, 65536), iters: a.common.iters.unwrap_or(5000), tx_depth: a.tx_depth, compare };
     let mut link = connect(&a.common, params, 0, 1)?;
     if !a.common.json {
         let extra = format!("  cq_mod {}  post_list {}", a.cq_mod, a.post_list);
         eprintln!("{}", super::banner("gpudirect bw", &link, link.params.tx_depth, &extra));
     }
+    let first = measure(&mut link, a)?;
+    let half = |link: &Link, results| Half { client_memory: link.memory.clone(), server_memory: link.peer_memory.clone(), results };
+    if link.params.compare == Compare::No {
+        link.oob.barrier()?;
+        let report = (!link.is_server).then(|| BwReport {
+            tool: "gpudirect bw".into(),
+            op: link.params.op,
+            tx_depth: link.params.tx_depth,
+            client_memory: link.memory.clone(),
+            server_memory: link.peer_memory.clone(),
+            results: first,
+        });
+        return Ok(BwOutput::Single(share_report(&mut link, report)?));
+    }
+    let host = half(&link, first);
+    let gpu = if link.use_second() {
+        if !a.common.json {
+            eprintln!("gpudirect bw: now {} (peer: {})", link.memory, link.peer_memory);
+        }
+        let results = measure(&mut link, a)?;
+        Ok(half(&link, results))
+    } else {
+        Err(gpu_error.unwrap_or_else(|| "the client's GPU cannot be used".into()))
+    };
+    link.oob.barrier()?;
+    let report = (!link.is_server).then(|| CompareReport::new(link.params.op, host, gpu));
+    Ok(BwOutput::Compared(share_report(&mut link, report)?))
+}
+
+/// Every size once, on the link's current memories: the client's results
+/// (none on the server).
+fn measure(link: &mut Link, a: &BwArgs) -> Res<Vec<BwResult>> {
     let mut results = Vec::new();
     for (i, size) in link.params.sizes.clone().into_iter().enumerate() {
-        progress("gpudirect bw", &link, i, size);
-        let r = if link.is_server { serve(&mut link, size)? } else { Some(drive(&mut link, size, a.cq_mod, a.post_list, a.use_events)?) };
+        progress("gpudirect bw", link, i, size);
+        let r = if link.is_server { serve(link, size)? } else { Some(drive(link, size, a.cq_mod, a.post_list, a.use_events)?) };
         results.extend(r);
     }
-    link.oob.barrier()?;
-    let report = (!link.is_server).then(|| BwReport {
-        tool: "gpudirect bw".into(),
-        op: link.params.op,
-        tx_depth: link.params.tx_depth,
-        client_memory: link.memory.clone(),
-        server_memory: link.peer_memory.clone(),
-        results,
-    });
-    share_report(&mut link, report)
+    Ok(results)
 }
 
 /// Server side of one size: passive for RDMA; for sends, keeps receives posted.
@@ -227,7 +386,23 @@ fn drive(link: &mut Link, size: usize, cq_mod: u32, post_list: u32, use_events: 
 
 #[cfg(test)]
 mod tests {
-    use super::signaled;
+    use super::*;
+
+    #[test]
+    fn the_ratio_says_direct_copy_path_or_in_between() {
+        assert!(judge_ratio(0.97, "GPU0 memory, path: dma-buf").contains("about 1: GPU memory moves at host-memory speed"));
+        assert!(judge_ratio(0.48, "GPU0 memory, path: dma-buf").contains("about half or less: the GPU side goes through host memory"));
+        assert!(judge_ratio(0.75, "GPU0 memory, path: peer memory").contains("slower than host memory"));
+        assert!(judge_ratio(0.99, "GPU0 memory, host-staged").contains("staged through host memory by its policy"));
+        let r = |avg| BwResult { bytes: 65536, iterations: 10, bw_peak_mb_s: avg, bw_avg_mb_s: avg, msg_rate_mpps: 0.0 };
+        let half = |m: &str, avg| Half { client_memory: m.into(), server_memory: "host memory".into(), results: vec![r(avg)] };
+        let c = CompareReport::new(Op::Write, half("host memory", 10000.0), Ok(half("GPU0 memory, path: dma-buf", 5100.0)));
+        assert_eq!(c.ratio, Some(0.51));
+        assert!(c.to_string().contains(" GPU / host: 0.51, about half"), "{c}");
+        let c = CompareReport::new(Op::Write, half("host memory", 10000.0), Err("CUDA is not available".into()));
+        assert!(!BwOutput::Compared(c.clone()).complete() && c.ratio.is_none());
+        assert!(c.to_string().contains(" GPU memory: not measured: CUDA is not available"), "{c}");
+    }
 
     /// The batches' signaled requests are exactly the run's every
     /// `cq_mod`-th and last request, whatever the batch boundaries.

@@ -112,7 +112,7 @@ pub fn run(a: &LatArgs) -> Res<LatReport> {
             .into());
     }
     // Room for the unsignaled inline sends between two signaled ones, twice.
-    let params = Params { op: a.op.into(), sizes: sizes(&a.common, 2), iters: a.common.iters.unwrap_or(1000), tx_depth: 4 * SIGNAL_EVERY };
+    let params = Params { op: a.op.into(), sizes: sizes(&a.common, 2), iters: a.common.iters.unwrap_or(1000), tx_depth: 4 * SIGNAL_EVERY, compare: super::Compare::No };
     // The buffer holds a receive area and a send area of the largest size.
     let mut link = connect(&a.common, params, MAX_INLINE, 2)?;
     if link.params.op == Op::Read {

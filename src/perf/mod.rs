@@ -121,29 +121,62 @@ pub struct Params {
     pub sizes: Vec<usize>,
     pub iters: u32,
     pub tx_depth: u32,
+    /// `bw --compare-host`: which memories both sides register.
+    pub compare: Compare,
+}
+
+/// The memories of a run that compares host memory with GPU memory on
+/// the same NIC pair (`bw --compare-host`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compare {
+    /// One run on each side's own memory.
+    No,
+    /// Host memory, then each side's own (GPU where it has `--gpu`).
+    Both,
+    /// Host memory only: the client's GPU cannot be used, and says why.
+    HostOnly,
 }
 
 impl Params {
     fn encode(&self) -> Vec<u8> {
         let sizes: Vec<String> = self.sizes.iter().map(|s| s.to_string()).collect();
         let op = self.op.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default();
-        format!("op={op};iters={};tx={};sizes={}", self.iters, self.tx_depth, sizes.join(",")).into_bytes()
+        let cmp = match self.compare {
+            Compare::No => 0,
+            Compare::Both => 1,
+            Compare::HostOnly => 2,
+        };
+        format!("op={op};iters={};tx={};cmp={cmp};sizes={}", self.iters, self.tx_depth, sizes.join(",")).into_bytes()
     }
 
     fn decode(b: &[u8]) -> Result<Params, String> {
         let s = std::str::from_utf8(b).map_err(|_| "peer parameters are not UTF-8")?;
-        let (mut op, mut iters, mut tx, mut sizes) = (None, None, None, None);
+        let (mut op, mut iters, mut tx, mut sizes, mut compare) = (None, None, None, None, Compare::No);
         for kv in s.split(';') {
             let (k, v) = kv.split_once('=').ok_or_else(|| format!("malformed peer parameter {kv:?}"))?;
             match k {
                 "op" => op = Some(Op::from_str(v, false).map_err(|_| format!("unknown peer op {v:?}"))?),
                 "iters" => iters = Some(v.parse::<u32>().map_err(|_| format!("bad iters {v:?}"))?),
                 "tx" => tx = Some(v.parse::<u32>().map_err(|_| format!("bad tx depth {v:?}"))?),
+                "cmp" => {
+                    compare = match v {
+                        "0" => Compare::No,
+                        "1" => Compare::Both,
+                        "2" => Compare::HostOnly,
+                        _ => return Err(format!("bad compare mode {v:?}")),
+                    }
+                }
                 "sizes" => sizes = Some(v.split(',').map(str::parse).collect::<Result<Vec<usize>, _>>().map_err(|_| format!("bad sizes {v:?}"))?),
                 _ => return Err(format!("unknown peer parameter {k:?}")),
             }
         }
-        let p = Params { op: op.ok_or("no op")?, sizes: sizes.ok_or("no sizes")?, iters: iters.ok_or("no iters")?, tx_depth: tx.ok_or("no tx depth")? };
+        let p = Params {
+            op: op.ok_or("no op")?,
+            sizes: sizes.ok_or("no sizes")?,
+            iters: iters.ok_or("no iters")?,
+            tx_depth: tx.ok_or("no tx depth")?,
+            compare,
+        };
         p.validate()?;
         Ok(p)
     }
@@ -175,6 +208,30 @@ pub struct Link {
     pub local: Endpoint,
     /// Receive queue depth.
     pub rx_depth: u32,
+    /// In a comparison (`bw --compare-host`): the second memory of each
+    /// side, measured after the first ([`Link::use_second`]).
+    pub second: Option<Second>,
+}
+
+/// The memories of a comparison's second half.
+pub struct Second {
+    pub mr: MemoryRegion,
+    pub peer: RemoteBuffer,
+    pub memory: String,
+    pub peer_memory: String,
+}
+
+impl Link {
+    /// Measures on the second memories from now on; `false` when there
+    /// are none.
+    pub fn use_second(&mut self) -> bool {
+        let Some(s) = self.second.take() else { return false };
+        self.mr = s.mr;
+        self.peer = s.peer;
+        self.memory = s.memory;
+        self.peer_memory = s.peer_memory;
+        true
+    }
 }
 
 /// Minimum receive queue depth, as perftest's default `--rx-depth`.
@@ -188,13 +245,14 @@ pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
 pub fn connect(c: &Common, client_params: Params, max_inline: u32, areas: usize) -> Res<Link> {
     client_params.validate()?;
     let timeout = Duration::from_secs(c.timeout);
-    // Before any peer waits on us: a GPU that cannot be used fails here,
-    // on each side that asked for one.
-    let gpu = c.gpu.map(Gpu::open).transpose()?;
-    let ctx = Context::open(c.device.as_deref())?;
-    let pd = ProtectionDomain::new(&ctx)?;
     let role = c.role();
     let is_server = matches!(role, Role::Server(_));
+    // Before any peer waits on us: a GPU that cannot be used fails here,
+    // on each side that asked for one (a comparing client found out
+    // already, and measures host memory alone).
+    let gpu = if !is_server && client_params.compare == Compare::HostOnly { None } else { c.gpu.map(Gpu::open).transpose()? };
+    let ctx = Context::open(c.device.as_deref())?;
+    let pd = ProtectionDomain::new(&ctx)?;
     if is_server && (c.size.is_some() || c.all || c.iters.is_some()) {
         eprintln!("note: on the server the client's sizes and iterations apply; -s/-a/-n given here are not used");
     }
@@ -232,21 +290,47 @@ pub fn connect(c: &Common, client_params: Params, max_inline: u32, areas: usize)
     let qp = QueuePair::create(&pd, &cq, &cq, &config)?;
     let max = *params.sizes.iter().max().unwrap_or(&1) * areas;
     let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-    let mr = match &gpu {
-        None => MemoryRegion::alloc(&pd, max, access)?,
-        Some(g) => MemoryRegion::register_gpu(&pd, GpuBuffer::alloc(g, max)?, access, c.gpu_policy)?,
+    let own = || -> Res<MemoryRegion> {
+        Ok(match &gpu {
+            None => MemoryRegion::alloc(&pd, max, access)?,
+            Some(g) => MemoryRegion::register_gpu(&pd, GpuBuffer::alloc(g, max)?, access, c.gpu_policy)?,
+        })
+    };
+    // A comparison measures host memory first, then each side's own.
+    let (mr, second) = match params.compare {
+        Compare::No => (own()?, None),
+        Compare::HostOnly => (MemoryRegion::alloc(&pd, max, access)?, None),
+        Compare::Both => (MemoryRegion::alloc(&pd, max, access)?, Some(own()?)),
     };
     let memory = mr.location().to_string();
+    let second_memory = second.as_ref().map(|m| m.location().to_string()).unwrap_or_default();
     let local = qp.endpoint();
-    let peer = oob.exchange(&Handshake { endpoint: Some(local), buffers: vec![mr.remote()], app: memory.clone().into_bytes() })?;
-    let peer_memory = String::from_utf8_lossy(&peer.app).into_owned();
+    let mut buffers = vec![mr.remote()];
+    buffers.extend(second.as_ref().map(MemoryRegion::remote));
+    // The peer's two memories travel as `first\nsecond`.
+    let app = if second.is_some() { format!("{memory}\n{second_memory}") } else { memory.clone() };
+    let peer = oob.exchange(&Handshake { endpoint: Some(local), buffers, app: app.into_bytes() })?;
+    let peer_app = String::from_utf8_lossy(&peer.app).into_owned();
+    let (peer_memory, peer_second_memory) = match peer_app.split_once('\n') {
+        Some((a, b)) => (a.to_owned(), b.to_owned()),
+        None => (peer_app, String::new()),
+    };
     let peer_ep = peer.endpoint.ok_or("the peer sent no endpoint")?;
     let peer_buf = *peer.buffers.first().ok_or("the peer sent no buffer")?;
-    if peer_buf.len < max as u64 {
-        return Err(format!("the peer's buffer ({peer_buf}) is smaller than {max} bytes").into());
+    for b in &peer.buffers {
+        if b.len < max as u64 {
+            return Err(format!("the peer's buffer ({b}) is smaller than {max} bytes").into());
+        }
     }
+    let second = match second {
+        None => None,
+        Some(mr) => {
+            let peer = *peer.buffers.get(1).ok_or("the peer sent no second buffer for the comparison")?;
+            Some(Second { mr, peer, memory: second_memory, peer_memory: peer_second_memory })
+        }
+    };
     let qp = qp.connect(&peer_ep)?;
-    Ok(Link { params, is_server, memory, peer_memory, qp, cq, mr, peer: peer_buf, oob, local, rx_depth })
+    Ok(Link { params, is_server, memory, peer_memory, qp, cq, mr, peer: peer_buf, oob, local, rx_depth, second })
 }
 
 /// The sizes the options ask for.
