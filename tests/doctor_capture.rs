@@ -169,3 +169,68 @@ fn diff_judges_two_captures() {
     assert!(!text.contains("NCCL_IB_DISABLE"), "this shell's variables are not laid over captures being compared:\n{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Every fixture machine under every form of the job's environment: the
+/// first line and the exit status follow what NCCL will do there. Each
+/// machine is captured once with capable probes and judged `--from` its
+/// capture with the variables laid over it.
+#[test]
+fn every_fixture_under_every_environment_form() {
+    let dir = scratch("matrix");
+    let mut judged = 0;
+    for name in fixtures() {
+        let (capture, _) = capture_fixture(&dir, &name, &[]);
+        let c = capture.to_str().unwrap();
+        let run = |env: &[(&str, &str)]| {
+            let out = doctor(&["--json", "--from", c], env);
+            let v = json_of(&out);
+            (out.status.code(), v["verdict"].clone())
+        };
+        let (code0, base) = run(&[]);
+        assert_eq!(code0, Some(if base["available"] == true { 0 } else { 1 }), "{name}: exit status and verdict disagree");
+        let line0 = base["line"].as_str().unwrap().to_owned();
+        let hw = base["hardware_allows"] == true;
+        let topo = base["topology"].as_str().unwrap_or("").to_owned();
+        let nic = base["nic"].as_str().unwrap_or("").to_owned();
+        let stopped = |env: &[(&str, &str)], names: &str| {
+            let (code, v) = run(env);
+            let line = v["line"].as_str().unwrap();
+            assert_eq!(code, Some(1), "{name} {env:?}: {line}");
+            if hw {
+                assert!(line.starts_with("GPUDirect RDMA: the hardware allows it for "), "{name} {env:?}: {line}");
+                assert!(line.contains(names), "{name} {env:?}: {line}");
+            } else {
+                assert_eq!(line, line0, "{name} {env:?}: the hardware's reason stays first");
+            }
+        };
+        let same = |env: &[(&str, &str)]| {
+            let (code, v) = run(env);
+            assert_eq!((code, v["line"].as_str().unwrap()), (code0, line0.as_str()), "{name} {env:?}");
+        };
+        stopped(&[("NCCL_IB_DISABLE", "1")], "NCCL_IB_DISABLE=1");
+        stopped(&[("NCCL_NET", "Socket")], "NCCL_NET=Socket");
+        same(&[("NCCL_IB_DISABLE", "0")]);
+        same(&[("NCCL_NET", "IB")]);
+        if hw {
+            stopped(&[("NCCL_NET_GDR_LEVEL", "LOC")], "NCCL_NET_GDR_LEVEL=LOC");
+            let (code, _) = run(&[("NCCL_NET_GDR_LEVEL", "SYS")]);
+            assert_eq!(code, Some(0), "{name}: SYS allows every pair");
+            let (code, v) = run(&[("NCCL_NET_GDR_LEVEL", "PIX")]);
+            assert_eq!(code == Some(0), v["topology"] == "PIX", "{name} PIX: {}", v["line"]);
+            // The nearest NIC named exactly keeps the verdict; left out, it
+            // is named as what stops (or moves) GPUDirect RDMA.
+            let (code, v) = run(&[("NCCL_IB_HCA", &format!("={nic}:1"))]);
+            assert_eq!((code, v["nic"].as_str()), (code0, Some(nic.as_str())), "{name}: {}", v["line"]);
+            let (code, v) = run(&[("NCCL_IB_HCA", &format!("^={nic}"))]);
+            let line = v["line"].as_str().unwrap();
+            assert!(line.contains(&format!("leaves out {nic}")), "{name} ^={nic}: {line}");
+            assert_eq!(code == Some(0), line.starts_with("GPUDirect RDMA: available via"), "{name}: {line}");
+        } else {
+            same(&[("NCCL_NET_GDR_LEVEL", "SYS")]);
+        }
+        judged += 1;
+        println!("{name} ({topo}): {line0}");
+    }
+    assert!(judged >= 8);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

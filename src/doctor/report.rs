@@ -78,6 +78,14 @@ struct Candidate {
     blocked: Vec<String>,
 }
 
+impl Candidate {
+    /// Why NCCL, run with `vars`, will not use GPUDirect RDMA on this pair.
+    fn stopped_by(&self, vars: &[(String, String)]) -> Option<String> {
+        let pair = env::PairInEnv { nic: &self.nic, level: self.level, dma_buf_only: self.dma_buf_only, nccl_default: self.nccl_default };
+        env::nccl_stops(vars, &pair)
+    }
+}
+
 /// Runs every check and decides.
 pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
     let root = &m.root;
@@ -177,7 +185,7 @@ fn nic_per_gpu(cands: &[Candidate], vars: &[(String, String)]) -> Vec<Finding> {
             continue;
         }
         let will = usable.iter().filter(|c| c.gpu.ordinal == g && env::hca_allows(vars, &c.nic)).min_by_key(|c| nearness(c)).copied();
-        let stops = |c: &Candidate| env::nccl_stops(vars, &env::PairInEnv { nic: &c.nic, level: c.level, dma_buf_only: c.dma_buf_only });
+        let stops = |c: &Candidate| c.stopped_by(vars);
         let f = match will {
             None => Finding::new(check, Status::Fail, format!("{}: NCCL_IB_HCA lets NCCL open none of the NICs this GPU can use", should.gpu.label))
                 .fix(format!("set {value}")),
@@ -221,7 +229,7 @@ fn decide(
         _ => {}
     }
     let rank = nearness;
-    let stops = |c: &Candidate| env::nccl_stops(vars, &env::PairInEnv { nic: &c.nic, level: c.level, dma_buf_only: c.dma_buf_only });
+    let stops = |c: &Candidate| c.stopped_by(vars);
     let usable = || cands.iter().filter(|c| c.path.is_ok() && c.blocked.is_empty());
     // With dma-buf turned off and peer memory possible, NCCL registers
     // through peer memory: that is the path it uses, not the first the
@@ -239,10 +247,6 @@ fn decide(
     if let Some(c) = usable().filter(|c| stops(c).is_none()).min_by_key(rank) {
         let (path, level) = pair_of(c);
         let mut line = format!("GPUDirect RDMA: available via {path} for {} <-> {} ({level})", c.gpu.label, c.nic);
-        let limit_set = gpudirect::topology::gdr_limit(vars).env_used;
-        if let (Some(l), Some(false), false) = (c.level, c.nccl_default, limit_set) {
-            line.push_str(&format!("; NCCL's default NCCL_NET_GDR_LEVEL (PXB) will not use it across {l}"));
-        }
         if let Some(nearest) = usable().min_by_key(rank).filter(|n| n.nic != c.nic || n.gpu.ordinal != c.gpu.ordinal) {
             if let Some(why) = stops(nearest) {
                 line.push_str(&format!("; not on the nearer {} <-> {}: {why}", nearest.gpu.label, nearest.nic));
@@ -593,7 +597,7 @@ mod tests {
             .collect();
         machines.sort();
         assert!(machines.len() >= 8, "{machines:?}");
-        let (mut checked, mut available, mut blocked) = (0, 0, 0);
+        let (mut checked, mut available, mut blocked, mut by_default) = (0, 0, 0, 0);
         for name in &machines {
             let m = machine(name);
             let topo = topology::discover(&m.root);
@@ -649,6 +653,13 @@ mod tests {
                                 available += 1;
                                 assert_eq!(r.verdict.path.as_deref(), Some(path.to_string().as_str()), "{what}");
                             }
+                            // The pair works but NCCL's default distance
+                            // keeps it staged: the hardware's path, then why.
+                            Some(path) if r.verdict.hardware_allows => {
+                                by_default += 1;
+                                assert_eq!(r.verdict.path.as_deref(), Some(path.to_string().as_str()), "{what}");
+                                assert!(r.verdict.environment.as_deref().is_some_and(|e| e.starts_with("NCCL's default NCCL_NET_GDR_LEVEL (PXB)")), "{what}");
+                            }
                             Some(_) => {
                                 blocked += 1;
                                 let by = r
@@ -664,8 +675,11 @@ mod tests {
                 }
             }
         }
-        assert!(available > 0 && blocked > 0, "{available} available, {blocked} blocked of {checked}");
-        println!("{checked} verdicts of {} machines x 64 probe answers: {available} available, {blocked} blocked by the path, the rest as the registration would fail", machines.len());
+        assert!(available > 0 && blocked > 0 && by_default > 0, "{available} available, {blocked} blocked, {by_default} staged by NCCL's default of {checked}");
+        println!(
+            "{checked} verdicts of {} machines x 64 probe answers: {available} available, {by_default} staged by NCCL's default distance, {blocked} blocked by the path, the rest as the registration would fail",
+            machines.len()
+        );
     }
 
     #[test]
@@ -681,8 +695,17 @@ mod tests {
     fn cross_socket_pair_works_but_nccl_will_not_use_it() {
         let p = Fake { nics: vec![("mlx5_0", CAPABLE)], gpus: vec![("0000:3b:00.0", true)], host: None };
         let r = run(&machine("two-socket-sys"), &p, &Options::default());
-        assert!(r.verdict.available, "{r}");
-        assert!(r.verdict.line.contains("(SYS); NCCL's default NCCL_NET_GDR_LEVEL (PXB) will not use it across SYS"), "{}", r.verdict.line);
+        assert!(!r.verdict.available && r.verdict.hardware_allows, "{r}");
+        assert!(
+            r.verdict.line.starts_with(
+                "GPUDirect RDMA: the hardware allows it for GPU0 (NVIDIA H100, 0000:3b:00.0) <-> mlx5_0 (dma-buf, SYS), but NCCL with this environment will not use it: NCCL's default NCCL_NET_GDR_LEVEL (PXB) stops short of this SYS path"
+            ),
+            "{}",
+            r.verdict.line
+        );
+        // Raised to the pair's distance, NCCL uses it.
+        let m = Machine::new(SysRoot::at(testkit::machine("two-socket-sys")), vec![("NCCL_NET_GDR_LEVEL".into(), "SYS".into())]);
+        assert!(run(&m, &p, &Options::default()).verdict.available);
     }
 
     #[test]

@@ -114,6 +114,9 @@ pub struct PairInEnv<'a> {
     pub level: Option<gpudirect::topology::PathLevel>,
     /// dma-buf is the only registration path here (no peer memory).
     pub dma_buf_only: bool,
+    /// Whether NCCL's default `NCCL_NET_GDR_LEVEL` uses GPUDirect RDMA on
+    /// this pair's path, when the topology knows.
+    pub nccl_default: Option<bool>,
 }
 
 /// Whether an NCCL name list (`NCCL_IB_HCA`, `NCCL_SOCKET_IFNAME`:
@@ -166,6 +169,13 @@ pub fn nccl_stops(vars: &[(String, String)], pair: &PairInEnv<'_>) -> Option<Str
             };
             return Some(format!("{} {what} (unset it: NCCL's default is PXB)", limit.describe()));
         }
+    } else if pair.nccl_default == Some(false) {
+        // Unset, the limit is NCCL's own: the job runs staged by default.
+        let level = pair.level.map_or_else(|| "this pair's".to_owned(), |l| l.to_string());
+        return Some(format!(
+            "NCCL's default NCCL_NET_GDR_LEVEL (PXB) stops short of this {level} path, so NCCL stages through host memory \
+             (set NCCL_NET_GDR_LEVEL={level} where that path carries peer-to-peer traffic well, or pair the GPU with a NIC under its PCIe switch)"
+        ));
     }
     if pair.dma_buf_only {
         if let Some(v) = get("NCCL_DMABUF_ENABLE").filter(|v| gpudirect::nccl::param_int(v).used() == Some(0)) {
