@@ -53,6 +53,15 @@ impl Default for SysRoot {
     }
 }
 
+/// What [`SysRoot::resolve_visiting`] passed on the way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Passed<'a> {
+    /// A directory.
+    Dir,
+    /// A symbolic link, with its target as written.
+    Link(&'a str),
+}
+
 /// What a [`recording`](SysRoot::recording) root was asked about one
 /// machine path, the most a reader needed of it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -119,6 +128,13 @@ impl SysRoot {
     /// Resolves a machine path component by component inside the root (see
     /// the module docs). `None` on a symlink loop or a non-UTF-8 target.
     pub fn resolve(&self, machine_path: &str) -> Option<String> {
+        self.resolve_visiting(machine_path, |_, _| {})
+    }
+
+    /// [`resolve`](Self::resolve), telling `visit` each directory and link
+    /// it passes (by machine path, a link with its target as written): what
+    /// a copy of the tree needs so the same path resolves the same way.
+    pub fn resolve_visiting(&self, machine_path: &str, mut visit: impl FnMut(&str, Passed<'_>)) -> Option<String> {
         self.note(machine_path, Access::Stat);
         let mut pending: Vec<String> =
             machine_path.split('/').filter(|c| !c.is_empty() && *c != ".").rev().map(str::to_owned).collect();
@@ -130,9 +146,13 @@ impl SysRoot {
                 continue;
             }
             done.push(comp);
-            let host = self.path(&format!("/{}", done.join("/")));
+            let at = format!("/{}", done.join("/"));
+            let host = self.path(&at);
             let Ok(meta) = std::fs::symlink_metadata(&host) else { continue };
             if !meta.file_type().is_symlink() {
+                if meta.is_dir() {
+                    visit(&at, Passed::Dir);
+                }
                 continue;
             }
             hops += 1;
@@ -141,6 +161,7 @@ impl SysRoot {
             }
             let target = std::fs::read_link(&host).ok()?;
             let target = target.to_str()?.to_owned();
+            visit(&at, Passed::Link(&target));
             done.pop();
             if target.starts_with('/') {
                 done.clear();

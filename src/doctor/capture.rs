@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use gpudirect::gdr::{GpuFacts, HostFacts};
-use gpudirect::sysroot::{Access, SysRoot, TEXT_LIMIT};
+use gpudirect::sysroot::{Access, Passed, SysRoot, TEXT_LIMIT};
 
 use super::jobenv::JobEnv;
 use super::probes::{Probes, RdmaDevice};
@@ -292,38 +292,10 @@ fn join(dir: &str, name: &str) -> String {
 /// directory and link passed on the way; the resolved path, or `None`
 /// when the links loop.
 fn walk(root: &SysRoot, machine_path: &str, out: &mut BTreeMap<String, Entry>) -> Option<String> {
-    let mut pending: Vec<String> = machine_path.split('/').filter(|c| !c.is_empty() && *c != ".").rev().map(str::to_owned).collect();
-    let mut done: Vec<String> = Vec::new();
-    let mut hops = 0;
-    while let Some(comp) = pending.pop() {
-        if comp == ".." {
-            done.pop();
-            continue;
-        }
-        done.push(comp);
-        let path = format!("/{}", done.join("/"));
-        let Ok(meta) = std::fs::symlink_metadata(root.path(&path)) else {
-            continue;
-        };
-        if !meta.file_type().is_symlink() {
-            if meta.is_dir() && !pending.is_empty() {
-                put(out, Entry::Dir { path });
-            }
-            continue;
-        }
-        hops += 1;
-        if hops > 40 {
-            return None;
-        }
-        let target = std::fs::read_link(root.path(&path)).ok()?.to_str()?.to_owned();
-        put(out, Entry::Link { path, target: target.clone() });
-        done.pop();
-        if target.starts_with('/') {
-            done.clear();
-        }
-        pending.extend(target.split('/').rev().filter(|c| !c.is_empty() && *c != ".").map(str::to_owned));
-    }
-    Some(format!("/{}", done.join("/")))
+    root.resolve_visiting(machine_path, |path, passed| match passed {
+        Passed::Dir => put(out, Entry::Dir { path: path.to_owned() }),
+        Passed::Link(target) => put(out, Entry::Link { path: path.to_owned(), target: target.to_owned() }),
+    })
 }
 
 impl Capture {
