@@ -12,18 +12,13 @@
 //! tell, 2 when the log could not be read; `bw` and `lat` 0 on success, 1
 //! on any error; `rendezvous` runs until stopped, 2 when it cannot start.
 
-mod doctor;
-mod nccl_log;
-mod perf;
-#[cfg(test)]
-mod nccl_agreement;
+use gpudirect_tools::{doctor, nccl_log, perf};
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use gpudirect::sysroot::SysRoot;
 
 #[derive(Parser)]
 #[command(name = "gpudirect", version, about = "GPUDirect RDMA diagnostics")]
@@ -155,8 +150,8 @@ fn main() -> ExitCode {
                     return Ok(v);
                 }
                 // A capture: judged as `--from` would, in its own environment.
-                let from = DoctorSources { from: Some(p.clone()), shell_over_capture: false, ..DoctorSources::default() };
-                let report = judge_machine(&from, &doctor::report::Options::default())?;
+                let from = doctor::sources::Sources { from: Some(p.clone()), shell_over_capture: false, ..doctor::sources::Sources::default() };
+                let report = doctor::sources::judge(&from, &doctor::report::Options::default())?;
                 serde_json::to_value(&report).map_err(|e| e.to_string())
             };
             match read(&before).and_then(|a| read(&after).and_then(|b| doctor::diff::diff(&a, &b))) {
@@ -171,8 +166,8 @@ fn main() -> ExitCode {
             }
         }
         Command::Doctor { action: None, json, gpu, device, root, env_file, pid, nccl_log, verbose, plan, capture, from, answers } => {
-            let sources = DoctorSources { shell_over_capture: true, root, env_file, pid, nccl_log, capture, from, answers };
-            let report = match judge_machine(&sources, &doctor::report::Options { gpu, device }) {
+            let sources = doctor::sources::Sources { shell_over_capture: true, root, env_file, pid, nccl_log, capture, from, answers };
+            let report = match doctor::sources::judge(&sources, &doctor::report::Options { gpu, device }) {
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("gpudirect doctor: {e}");
@@ -238,119 +233,6 @@ fn main() -> ExitCode {
             })
         }
     }
-}
-
-/// Where the doctor reads the machine and the job from.
-#[derive(Default)]
-struct DoctorSources {
-    /// Lay this shell's NCCL_/UCX_ variables over a capture's environment.
-    shell_over_capture: bool,
-    root: PathBuf,
-    env_file: Option<PathBuf>,
-    pid: Option<u32>,
-    nccl_log: Option<PathBuf>,
-    capture: Option<PathBuf>,
-    from: Option<PathBuf>,
-    answers: Option<PathBuf>,
-}
-
-/// Judges this machine (or the one under `root`, or a capture), writing a
-/// capture when asked.
-fn judge_machine(s: &DoctorSources, opts: &doctor::report::Options) -> Result<doctor::report::Report, String> {
-    use doctor::capture::{Answers, Capture, Recorder, Unpacked};
-    use doctor::probes::{LiveProbes, Probes};
-    // Held until the judgement is done: dropping it removes the unpacked tree.
-    let mut unpacked = None;
-    let (root, job, probes): (SysRoot, doctor::jobenv::JobEnv, Box<dyn Probes>) = if let Some(from) = &s.from {
-        let c = Capture::read(from).map_err(|e| e.to_string())?;
-        let u = Unpacked::new(&c).map_err(|e| e.to_string())?;
-        let job = match (&s.nccl_log, &s.env_file) {
-            (Some(log), _) => job_from_log(log)?,
-            (None, Some(_)) => job_env(u.root().root(), s.env_file.as_deref(), None)?,
-            (None, None) if s.shell_over_capture => over_capture(c.env.clone(), std::env::vars()),
-            (None, None) => c.env.clone(),
-        };
-        let root = u.root();
-        unpacked = Some(u);
-        (root, job, Box::new(c.answers))
-    } else {
-        if !s.root.join("proc").is_dir() && !s.root.join("sys").is_dir() {
-            return Err(format!("{} has neither proc/ nor sys/: nothing to examine", s.root.display()));
-        }
-        let probes: Box<dyn Probes> = match &s.answers {
-            Some(a) => Box::new(Answers::read(a).map_err(|e| e.to_string())?),
-            None => Box::new(LiveProbes),
-        };
-        let job = match &s.nccl_log {
-            Some(log) => job_from_log(log)?,
-            None => job_env(&s.root, s.env_file.as_deref(), s.pid)?,
-        };
-        (SysRoot::at(&s.root), job, probes)
-    };
-    let Some(out) = &s.capture else {
-        let report = doctor::report::run(&doctor::Machine { root, job }, probes.as_ref(), opts);
-        drop(unpacked);
-        return Ok(report);
-    };
-    let recorder = Recorder::new(probes.as_ref());
-    let machine = doctor::Machine { root: root.recording(), job };
-    let report = doctor::report::run(&machine, &recorder, opts);
-    let capture = recorder.capture(&machine.root, &machine.job);
-    capture.write(out).map_err(|e| e.to_string())?;
-    eprintln!(
-        "gpudirect doctor: wrote {} ({} files, the verbs' and CUDA's answers, {} variables); judge it anywhere with --from",
-        out.display(),
-        capture.files.len(),
-        capture.env.vars.len()
-    );
-    drop(unpacked);
-    Ok(report)
-}
-
-/// The variables an NCCL log shows NCCL read.
-fn job_from_log(log: &std::path::Path) -> Result<doctor::jobenv::JobEnv, String> {
-    let f = std::fs::File::open(log).map_err(|e| format!("cannot read the NCCL log {}: {e}", log.display()))?;
-    let report = nccl_log::explain_reader(std::io::BufReader::new(f)).map_err(|e| format!("cannot read the NCCL log {}: {e}", log.display()))?;
-    if report.environment.is_empty() {
-        return Err(format!(
-            "{} has no \"set by environment to\" line: NCCL prints them with NCCL_DEBUG=INFO for the variables it read; judge the job's script with --env-file instead",
-            log.display()
-        ));
-    }
-    Ok(doctor::jobenv::from_nccl_log(&report.environment, &log.display().to_string()))
-}
-
-/// The captured environment with this shell's NCCL_ and UCX_ variables
-/// laid over it: what a support engineer tries against a customer's
-/// capture (`NCCL_IB_DISABLE=1 gpudirect doctor --from c.json`).
-fn over_capture(mut env: doctor::jobenv::JobEnv, own: impl Iterator<Item = (String, String)>) -> doctor::jobenv::JobEnv {
-    for (k, v) in own.filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("UCX_")) {
-        env.origins.push((k.clone(), "this shell, over the capture".to_owned()));
-        env.vars.push((k, v));
-    }
-    env
-}
-
-/// The job's environment as NCCL will see it: the variables of the env
-/// file, of process `pid`, or of this process, then NCCL's configuration
-/// files (under `root`).
-fn job_env(root: &std::path::Path, env_file: Option<&std::path::Path>, pid: Option<u32>) -> Result<doctor::jobenv::JobEnv, String> {
-    use doctor::jobenv;
-    let (vars, origin) = match (env_file, pid) {
-        (Some(f), _) => {
-            let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read the env file {}: {e}", f.display()))?;
-            (jobenv::parse_env_file(&text), f.display().to_string())
-        }
-        (None, Some(pid)) => {
-            let path = root.join(format!("proc/{pid}/environ"));
-            let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {} ({e}): is process {pid} running, and yours (or are you root)?", path.display()))?;
-            (jobenv::parse_environ(&bytes), format!("process {pid}"))
-        }
-        (None, None) => (std::env::vars().collect(), "the environment".to_owned()),
-    };
-    let home = vars.iter().rev().find(|(k, _)| k == "HOME").map(|(_, v)| PathBuf::from(v)).or_else(|| std::env::var_os("HOME").map(PathBuf::from));
-    let judged: Vec<(String, String)> = vars.into_iter().filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("UCX_")).collect();
-    Ok(jobenv::resolve(judged, &origin, root, home.as_deref()))
 }
 
 /// Serves the rendezvous until the process is stopped; 2 when it cannot start.

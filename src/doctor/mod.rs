@@ -100,4 +100,5 @@ pub mod plan;
 pub mod pod;
 pub mod probes;
 pub mod report;
+pub mod sources;
 pub mod stack;

@@ -1,0 +1,144 @@
+//! Where the doctor reads the machine and the job from: this machine (or a
+//! tree under a root), a capture, and the job's environment from the
+//! doctor's own, a job script, a running process or an NCCL log; and the
+//! one entry point that judges them, writing a capture when asked. The
+//! command line and the Python package both call [`judge`].
+
+use std::path::PathBuf;
+
+use gpudirect::sysroot::SysRoot;
+
+use super::capture::{Answers, Capture, Recorder, Unpacked};
+use super::jobenv::{self, JobEnv};
+use super::probes::{LiveProbes, Probes};
+use super::report::{self, Options, Report};
+use super::Machine;
+
+/// Where the doctor reads the machine and the job from.
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    /// Lay this process's NCCL_/UCX_ variables over a capture's environment.
+    pub shell_over_capture: bool,
+    /// Where sysfs and procfs are read (`/` for this machine).
+    pub root: PathBuf,
+    /// The job's variables from a file (KEY=VALUE lines or a script's
+    /// `export` lines) instead of this process's.
+    pub env_file: Option<PathBuf>,
+    /// The job's variables from a running process.
+    pub pid: Option<u32>,
+    /// The job's variables from an NCCL log's `set by environment to` lines.
+    pub nccl_log: Option<PathBuf>,
+    /// Also write what the judgement read to this file.
+    pub capture: Option<PathBuf>,
+    /// Judge this capture instead of a machine.
+    pub from: Option<PathBuf>,
+    /// Probe answers to use instead of asking verbs and CUDA (fixtures).
+    pub answers: Option<PathBuf>,
+}
+
+impl Sources {
+    /// This machine, judged with this process's environment.
+    pub fn this_machine() -> Sources {
+        Sources { root: PathBuf::from("/"), ..Sources::default() }
+    }
+}
+
+/// Judges this machine (or the one under `root`, or a capture), writing a
+/// capture when asked.
+///
+/// # Errors
+/// A sentence naming what could not be read (a capture, an env file, a
+/// process, a log) or written.
+pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
+    // Held until the judgement is done: dropping it removes the unpacked tree.
+    let mut unpacked = None;
+    let (root, job, probes): (SysRoot, JobEnv, Box<dyn Probes>) = if let Some(from) = &s.from {
+        let c = Capture::read(from).map_err(|e| e.to_string())?;
+        let u = Unpacked::new(&c).map_err(|e| e.to_string())?;
+        let job = match (&s.nccl_log, &s.env_file) {
+            (Some(log), _) => job_from_log(log)?,
+            (None, Some(_)) => job_env(u.root().root(), s.env_file.as_deref(), None)?,
+            (None, None) if s.shell_over_capture => over_capture(c.env.clone(), std::env::vars()),
+            (None, None) => c.env.clone(),
+        };
+        let root = u.root();
+        unpacked = Some(u);
+        (root, job, Box::new(c.answers))
+    } else {
+        if !s.root.join("proc").is_dir() && !s.root.join("sys").is_dir() {
+            return Err(format!("{} has neither proc/ nor sys/: nothing to examine", s.root.display()));
+        }
+        let probes: Box<dyn Probes> = match &s.answers {
+            Some(a) => Box::new(Answers::read(a).map_err(|e| e.to_string())?),
+            None => Box::new(LiveProbes),
+        };
+        let job = match &s.nccl_log {
+            Some(log) => job_from_log(log)?,
+            None => job_env(&s.root, s.env_file.as_deref(), s.pid)?,
+        };
+        (SysRoot::at(&s.root), job, probes)
+    };
+    let Some(out) = &s.capture else {
+        let report = report::run(&Machine { root, job }, probes.as_ref(), opts);
+        drop(unpacked);
+        return Ok(report);
+    };
+    let recorder = Recorder::new(probes.as_ref());
+    let machine = Machine { root: root.recording(), job };
+    let report = report::run(&machine, &recorder, opts);
+    let capture = recorder.capture(&machine.root, &machine.job);
+    capture.write(out).map_err(|e| e.to_string())?;
+    eprintln!(
+        "gpudirect doctor: wrote {} ({} files, the verbs' and CUDA's answers, {} variables); judge it anywhere with --from",
+        out.display(),
+        capture.files.len(),
+        capture.env.vars.len()
+    );
+    drop(unpacked);
+    Ok(report)
+}
+
+/// The variables an NCCL log shows NCCL read.
+fn job_from_log(log: &std::path::Path) -> Result<JobEnv, String> {
+    let f = std::fs::File::open(log).map_err(|e| format!("cannot read the NCCL log {}: {e}", log.display()))?;
+    let report = crate::nccl_log::explain_reader(std::io::BufReader::new(f)).map_err(|e| format!("cannot read the NCCL log {}: {e}", log.display()))?;
+    if report.environment.is_empty() {
+        return Err(format!(
+            "{} has no \"set by environment to\" line: NCCL prints them with NCCL_DEBUG=INFO for the variables it read; judge the job's script with --env-file instead",
+            log.display()
+        ));
+    }
+    Ok(jobenv::from_nccl_log(&report.environment, &log.display().to_string()))
+}
+
+/// The captured environment with this shell's NCCL_ and UCX_ variables
+/// laid over it: what a support engineer tries against a customer's
+/// capture (`NCCL_IB_DISABLE=1 gpudirect doctor --from c.json`).
+fn over_capture(mut env: JobEnv, own: impl Iterator<Item = (String, String)>) -> JobEnv {
+    for (k, v) in own.filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("UCX_")) {
+        env.origins.push((k.clone(), "this shell, over the capture".to_owned()));
+        env.vars.push((k, v));
+    }
+    env
+}
+
+/// The job's environment as NCCL will see it: the variables of the env
+/// file, of process `pid`, or of this process, then NCCL's configuration
+/// files (under `root`).
+fn job_env(root: &std::path::Path, env_file: Option<&std::path::Path>, pid: Option<u32>) -> Result<JobEnv, String> {
+    let (vars, origin) = match (env_file, pid) {
+        (Some(f), _) => {
+            let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read the env file {}: {e}", f.display()))?;
+            (jobenv::parse_env_file(&text), f.display().to_string())
+        }
+        (None, Some(pid)) => {
+            let path = root.join(format!("proc/{pid}/environ"));
+            let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {} ({e}): is process {pid} running, and yours (or are you root)?", path.display()))?;
+            (jobenv::parse_environ(&bytes), format!("process {pid}"))
+        }
+        (None, None) => (std::env::vars().collect(), "the environment".to_owned()),
+    };
+    let home = vars.iter().rev().find(|(k, _)| k == "HOME").map(|(_, v)| PathBuf::from(v)).or_else(|| std::env::var_os("HOME").map(PathBuf::from));
+    let judged: Vec<(String, String)> = vars.into_iter().filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("UCX_")).collect();
+    Ok(jobenv::resolve(judged, &origin, root, home.as_deref()))
+}
