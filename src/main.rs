@@ -214,23 +214,11 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            // One judge per fact: the log's variables get the doctor's verdicts.
-            if !report.environment.is_empty() {
-                let env = doctor::jobenv::from_nccl_log(&report.environment, &file);
-                report.environment_judged = doctor::env::check(&env)
-                    .into_iter()
-                    .filter(|f| f.check != "env.sources")
-                    .map(|f| nccl_log::EnvJudgement { check: f.check, status: f.status.to_string(), summary: f.summary })
-                    .collect();
-            }
+            doctor::env::judge_log_environment(&mut report, &file);
             if let Err(code) = emit(&report, json, "nccl-log") {
                 return code;
             }
-            ExitCode::from(match report.verdict {
-                nccl_log::Verdict::Used => 0,
-                nccl_log::Verdict::Partial | nccl_log::Verdict::NotUsed => 1,
-                nccl_log::Verdict::Unknown => 3,
-            })
+            ExitCode::from(report.exit_status())
         }
     }
 }

@@ -387,8 +387,7 @@ const WHY_PXN_GDR: &str = "a communicator-wide setting printed after ring setup,
 const WHY_GDRCOPY: &str = "GDRCopy lets the CPU map GPU memory for small copies; it is not \
      the NIC reading or writing GPU memory";
 
-/// [`explain_reader`] on a log in memory (the tests' entry point).
-#[cfg(test)]
+/// [`explain_reader`] on a log in memory.
 #[must_use]
 pub fn explain(text: &str) -> Report {
     // Reading from memory cannot fail.
@@ -405,6 +404,18 @@ pub fn explain(text: &str) -> Report {
 /// The reader's I/O error.
 pub fn explain_reader(reader: impl std::io::BufRead) -> std::io::Result<Report> {
     Ok(report(Scan::read(reader)?))
+}
+
+impl Report {
+    /// The exit status `gpudirect nccl-log` gives this report: 0 used, 1
+    /// not or only partly used, 3 cannot tell.
+    pub fn exit_status(&self) -> u8 {
+        match self.verdict {
+            Verdict::Used => 0,
+            Verdict::Partial | Verdict::NotUsed => 1,
+            Verdict::Unknown => 3,
+        }
+    }
 }
 
 fn report(scan: Scan) -> Report {

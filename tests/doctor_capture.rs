@@ -234,3 +234,16 @@ fn every_fixture_under_every_environment_form() {
     assert!(judged >= 8);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The committed capture (tests/data/captures) still reads, and still
+/// judges to what its README shows.
+#[test]
+fn the_committed_capture_still_judges_as_documented() {
+    let c = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/captures/dgx-pix.json");
+    let out = doctor(&["--from", c], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().next(), Some("GPUDirect RDMA: available via dma-buf for GPU0 (NVIDIA H100, 0000:18:00.0) <-> mlx5_0 (PIX)"));
+    let out = doctor(&["--from", c], &[("NCCL_IB_DISABLE", "1")]);
+    assert_eq!(out.status.code(), Some(1));
+}

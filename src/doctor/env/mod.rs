@@ -119,6 +119,21 @@ pub struct PairInEnv<'a> {
     pub nccl_default: Option<bool>,
 }
 
+/// Judges the variables an NCCL log shows NCCL read (its `environment`)
+/// by the same rules as the doctor's `env.*` findings, into the report's
+/// `environment_judged`: one judge per fact, whichever tool shows it.
+pub fn judge_log_environment(report: &mut crate::nccl_log::Report, source: &str) {
+    if report.environment.is_empty() {
+        return;
+    }
+    let env = super::jobenv::from_nccl_log(&report.environment, source);
+    report.environment_judged = check(&env)
+        .into_iter()
+        .filter(|f| f.check != "env.sources")
+        .map(|f| crate::nccl_log::EnvJudgement { check: f.check, status: f.status.to_string(), summary: f.summary })
+        .collect();
+}
+
 /// Whether an NCCL name list (`NCCL_IB_HCA`, `NCCL_SOCKET_IFNAME`:
 /// prefixes, `=` for exact names, `^` to exclude) selects `name`.
 pub fn list_selects(value: &str, name: &str) -> bool {

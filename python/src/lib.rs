@@ -1,0 +1,80 @@
+//! `gpudirect._native`: the Python package's native module. A thin layer:
+//! the judging is `gpudirect_tools`' (the same code as the `gpudirect`
+//! command), the reports cross as JSON that `gpudirect/__init__.py` turns
+//! into dicts, and the GIL is released while the doctor probes the machine.
+
+use std::path::PathBuf;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+use gpudirect_tools::doctor::report::{Brief, Options, Report};
+use gpudirect_tools::doctor::sources::{judge, Sources};
+use gpudirect_tools::nccl_log;
+
+create_exception!(_native, GpudirectError, PyException, "Base class of every error gpudirect raises.");
+create_exception!(
+    _native,
+    DoctorError,
+    GpudirectError,
+    "The doctor could not run: an input (capture, env file, process, NCCL log) could not be read, or a capture could not be written."
+);
+
+/// What a judgement returns to Python: the JSON report, the text the
+/// command prints, and the command's exit status.
+type Rendered = (String, String, u8);
+
+fn render(report: &Report, verbose: bool) -> PyResult<Rendered> {
+    let json = serde_json::to_string(report).map_err(|e| GpudirectError::new_err(e.to_string()))?;
+    let text = if verbose { report.to_string() } else { Brief(report).to_string() };
+    Ok((json, text, u8::from(!report.verdict.available)))
+}
+
+/// Judges this machine (or a capture) for the job's environment; see
+/// `gpudirect.doctor`.
+#[pyfunction]
+#[pyo3(signature = (*, env_file=None, pid=None, nccl_log=None, capture=None, from_capture=None, gpu=None, device=None, verbose=false))]
+#[allow(clippy::too_many_arguments)]
+fn doctor(
+    py: Python<'_>,
+    env_file: Option<PathBuf>,
+    pid: Option<u32>,
+    nccl_log: Option<PathBuf>,
+    capture: Option<PathBuf>,
+    from_capture: Option<PathBuf>,
+    gpu: Option<usize>,
+    device: Option<String>,
+    verbose: bool,
+) -> PyResult<Rendered> {
+    if [env_file.is_some(), pid.is_some(), nccl_log.is_some()].into_iter().filter(|x| *x).count() > 1 {
+        return Err(DoctorError::new_err("give at most one of env_file, pid and nccl_log: each is the whole job environment"));
+    }
+    let sources = Sources { shell_over_capture: true, env_file, pid, nccl_log, capture, from: from_capture, ..Sources::this_machine() };
+    let opts = Options { gpu, device };
+    // Probing verbs and CUDA takes time; other Python threads run meanwhile.
+    let report = py.detach(|| judge(&sources, &opts)).map_err(DoctorError::new_err)?;
+    render(&report, verbose)
+}
+
+/// Reads an `NCCL_DEBUG=INFO` log's text; see `gpudirect.explain_nccl_log`.
+#[pyfunction]
+fn explain_nccl_log(py: Python<'_>, text: String) -> PyResult<Rendered> {
+    let report = py.detach(|| {
+        let mut r = nccl_log::explain(&text);
+        gpudirect_tools::doctor::env::judge_log_environment(&mut r, "the log given");
+        r
+    });
+    let json = serde_json::to_string(&report).map_err(|e| GpudirectError::new_err(e.to_string()))?;
+    Ok((json, report.to_string(), report.exit_status()))
+}
+
+/// The native module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(doctor, m)?)?;
+    m.add_function(wrap_pyfunction!(explain_nccl_log, m)?)?;
+    m.add("GpudirectError", m.py().get_type::<GpudirectError>())?;
+    m.add("DoctorError", m.py().get_type::<DoctorError>())?;
+    Ok(())
+}

@@ -1,0 +1,93 @@
+"""gpudirect.doctor and gpudirect.explain_nccl_log from Python, on the
+repository's fixtures: the same reports as the command, errors as the
+package's exception classes."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import gpudirect
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CAPTURE = REPO / "tests/data/captures/dgx-pix.json"
+LOGS = REPO / "tests/data/nccl-logs"
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("NCCL_") or k.startswith("UCX_"):
+            monkeypatch.delenv(k)
+    return monkeypatch
+
+
+def test_doctor_judges_a_capture_and_the_environment_over_it(clean_env):
+    r = gpudirect.doctor(from_capture=CAPTURE)
+    assert r["schema"] == 1
+    assert r["verdict"]["available"] is True
+    assert r["verdict"]["line"] == "GPUDirect RDMA: available via dma-buf for GPU0 (NVIDIA H100, 0000:18:00.0) <-> mlx5_0 (PIX)"
+    assert {f["check"] for f in r["findings"]} >= {"topology.devices", "cuda.driver", "pod.container", "nccl.nic.gpu0"}
+    clean_env.setenv("NCCL_IB_DISABLE", "1")
+    r = gpudirect.doctor(from_capture=str(CAPTURE))
+    v = r["verdict"]
+    assert v["available"] is False and v["hardware_allows"] is True
+    assert v["line"].startswith("GPUDirect RDMA: the hardware allows it for GPU0"), v["line"]
+    assert "NCCL_IB_DISABLE=1" in v["environment"]
+
+
+def test_doctor_reads_a_job_script_without_running_it(clean_env, tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("export NCCL_NET=Socket\npython train.py\n")
+    r = gpudirect.doctor(from_capture=CAPTURE, env_file=script)
+    f = next(f for f in r["findings"] if f["check"] == "env.nccl_net")
+    assert f["status"] == "fail"
+    assert f["evidence"][0].startswith(f"set by {script}")
+
+
+def test_errors_are_the_packages_exceptions(clean_env, tmp_path):
+    with pytest.raises(gpudirect.DoctorError) as e:
+        gpudirect.doctor(from_capture=tmp_path / "missing.json")
+    assert "missing.json" in str(e.value)
+    assert isinstance(e.value, gpudirect.GpudirectError)
+    with pytest.raises(gpudirect.DoctorError, match="at most one"):
+        gpudirect.doctor(env_file="a", pid=1)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": 99}')
+    with pytest.raises(gpudirect.DoctorError, match="format"):
+        gpudirect.doctor(from_capture=bad)
+
+
+def test_a_capture_written_from_python_judges_the_same(clean_env, tmp_path):
+    out = tmp_path / "again.json"
+    first = gpudirect.doctor(from_capture=CAPTURE, capture=out)
+    assert json.loads(out.read_text())["format"] == 1
+    assert gpudirect.doctor(from_capture=out) == first
+
+
+def test_explain_nccl_log_on_real_logs():
+    r = gpudirect.explain_nccl_log((LOGS / "nccltests284-rtx4090-init-using-network-socket-2.25.1.txt").read_text())
+    assert r["verdict"] == "not-used"
+    assert r["headline"].endswith("expect about half the multi-node bandwidth")
+    judged = {j["check"]: j for j in r["environment_judged"]}
+    assert judged["env.nccl_ib_disable"]["status"] == "fail"
+    r = gpudirect.explain_nccl_log((LOGS / "nccl-tests311-collnet-sharp-gdrdma.txt").read_text())
+    assert r["verdict"] == "used"
+    assert gpudirect.explain_nccl_log("not a log")["verdict"] == "unknown"
+
+
+def test_python_dash_m_renders_as_the_command(clean_env):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "gpudirect", *a], capture_output=True, text=True)
+    p = run("doctor", "--from", str(CAPTURE))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[0].startswith("GPUDirect RDMA: available via dma-buf")
+    p = run("nccl-log", str(LOGS / "nccltests284-rtx4090-init-using-network-socket-2.25.1.txt"))
+    assert p.returncode == 1
+    assert p.stdout.startswith("GPUDirect RDMA was NOT used")
+    p = run("doctor", "--from", "/nonexistent/c.json")
+    assert p.returncode == 2 and "/nonexistent/c.json" in p.stderr
+    p = run("nccl-log", "--json", str(LOGS / "nccl-tests311-collnet-sharp-gdrdma.txt"))
+    assert json.loads(p.stdout)["verdict"] == "used"
