@@ -17,10 +17,32 @@ import json
 import os
 from typing import Any, Dict, Optional, Union
 
-from ._native import DoctorError, GpudirectError
+import ctypes
+
+from ._native import DoctorError, EngineError, GpudirectError, Request
 from . import _native
 
-__all__ = ["doctor", "explain_nccl_log", "GpudirectError", "DoctorError"]
+__all__ = ["Agent", "Request", "doctor", "explain_nccl_log", "GpudirectError", "DoctorError", "EngineError"]
+
+
+class Agent(_native.Agent):
+    """An agent of the transfer engine (work in progress: host memory only)."""
+
+    def register(self, name: str, buffer: Any) -> int:
+        """Register a writable, C-contiguous buffer (bytearray, numpy array)
+        under ``name``, in place; returns its length in bytes.
+
+        The object stays alive, and a bytearray cannot be resized, until
+        ``deregister(name)``: the registration holds a buffer export on it.
+        """
+        view = memoryview(buffer).cast("B")
+        if view.readonly:
+            raise EngineError(f"{name}: the buffer is read-only: register a writable one (bytearray, a numpy array)")
+        # A ctypes view holds a buffer export for as long as it lives, on
+        # every CPython from 3.9 (the buffer API is in the stable ABI only
+        # from 3.11).
+        keep = (ctypes.c_char * view.nbytes).from_buffer(view)
+        return self._register_raw(name, ctypes.addressof(keep), view.nbytes, keep)
 
 _Path = Union[str, "os.PathLike[str]"]
 

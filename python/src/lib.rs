@@ -13,6 +13,8 @@ use gpudirect_tools::doctor::report::{Brief, Options, Report};
 use gpudirect_tools::doctor::sources::{judge, Sources};
 use gpudirect_tools::nccl_log;
 
+mod engine;
+
 create_exception!(_native, GpudirectError, PyException, "Base class of every error gpudirect raises.");
 create_exception!(
     _native,
@@ -76,5 +78,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(explain_nccl_log, m)?)?;
     m.add("GpudirectError", m.py().get_type::<GpudirectError>())?;
     m.add("DoctorError", m.py().get_type::<DoctorError>())?;
+    engine::add(m)?;
     Ok(())
 }
