@@ -190,7 +190,14 @@ impl<'a> Recorder<'a> {
             format: CAPTURE_FORMAT,
             written_by: concat!("gpudirect ", env!("CARGO_PKG_VERSION")).to_owned(),
             env: env.clone(),
-            answers: Answers { rdma: self.rdma(), gpus: self.gpus(root), host: self.host(root), ip_link: self.ip_link() },
+            answers: Answers {
+                rdma: self.rdma(),
+                gpus: self.gpus(root),
+                host: self.host(root),
+                // Asked only inside a container: a capture from elsewhere
+                // needs no `ip` run.
+                ip_link: self.ip_link.borrow().clone().unwrap_or_else(not_captured),
+            },
             files: snapshot(root),
         }
     }

@@ -28,6 +28,12 @@ impl JobEnv {
     }
 }
 
+/// Whether a variable belongs to the families the doctor judges (`NCCL_*`,
+/// `UCX_*`).
+pub fn judged(name: &str) -> bool {
+    name.starts_with("NCCL_") || name.starts_with("UCX_")
+}
+
 /// `KEY=VALUE` lines of an env file or a job script: blank lines and
 /// `#` comments skipped, a leading `export ` dropped, one pair of
 /// matching quotes around the value removed (no expansion: `$X` stays as

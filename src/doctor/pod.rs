@@ -197,13 +197,20 @@ pub fn container(root: &SysRoot) -> (Option<&'static str>, Vec<String>) {
 
 /// The pod findings: `pod.container`, and in a container `pod.fabric` and
 /// `pod.nccl_names`.
-pub fn check(root: &SysRoot, rdma: &Result<Vec<RdmaDevice>, String>, ip_link: &Result<String, String>, vars: &[(String, String)]) -> Vec<Finding> {
+/// `ip_link` runs `ip -d link show` (or answers as a capture did); it is
+/// asked only inside a container, so a bare-metal run spawns nothing.
+pub fn check(
+    root: &SysRoot,
+    rdma: &Result<Vec<RdmaDevice>, String>,
+    ip_link: impl FnOnce() -> Result<String, String>,
+    vars: &[(String, String)],
+) -> Vec<Finding> {
     let (what, evidence) = container(root);
     let Some(what) = what else {
         return vec![Finding::new("pod.container", Status::Ok, "not in a container: the node's own NICs are used as they are")];
     };
     let mut out = vec![evidence.into_iter().fold(Finding::new("pod.container", Status::Ok, format!("running in {what}")), Finding::evidence)];
-    let ifaces = interfaces(root, ip_link);
+    let ifaces = interfaces(root, &ip_link());
     let devices: Vec<&RdmaDevice> = rdma.as_ref().map(|v| v.iter().collect()).unwrap_or_default();
     let listed = |f: Finding| ifaces.iter().fold(f, |f, i| f.evidence(format!("{}: {}: {}", i.name, i.class, i.why)));
     let of = |c: fn(&Class) -> bool| ifaces.iter().filter(|i| c(&i.class)).map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
@@ -235,7 +242,7 @@ pub fn check(root: &SysRoot, rdma: &Result<Vec<RdmaDevice>, String>, ip_link: &R
 
 /// Whether `NCCL_SOCKET_IFNAME` and `NCCL_IB_HCA` name what the pod has.
 fn names_check(ifaces: &[Iface], devices: &[&RdmaDevice], vars: &[(String, String)]) -> Vec<Finding> {
-    let get = |n: &str| vars.iter().rev().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+    let get = |n: &str| env::var(vars, n);
     let mut out = Vec::new();
     if let Some(v) = get("NCCL_SOCKET_IFNAME") {
         let picked: Vec<&Iface> = ifaces.iter().filter(|i| env::list_selects(v, &i.name)).collect();
@@ -362,7 +369,7 @@ mod tests {
     fn an_overlay_only_pod_fails_with_the_three_ways_in() {
         let p = Pod::new("pod-overlay", true);
         p.virtual_if("eth0", 1757, 1758);
-        let f = check(&p.root(), &Err("no RDMA device".into()), &Ok(pod_text("sriov588-pod-ip-addr.txt")), &[]);
+        let f = check(&p.root(), &Err("no RDMA device".into()), || Ok(pod_text("sriov588-pod-ip-addr.txt")), &[]);
         assert_eq!(find(&f, "pod.container").summary, "running in a Kubernetes pod");
         let fabric = find(&f, "pod.fabric");
         assert_eq!(fabric.status, Status::Fail, "{fabric:?}");
@@ -379,7 +386,7 @@ mod tests {
         let p = Pod::new("pod-vf", true);
         p.virtual_if("eth0", 1757, 1758).pci_if("net1", "0000:3b:02.1", Some("0000:3b:00.0"), "mlx5_3");
         let ip = Ok(pod_text("sriov588-pod-ip-addr.txt"));
-        let f = check(&p.root(), &Ok(vec![roce("mlx5_3")]), &ip, &vars(&[("NCCL_IB_HCA", "mlx5_0"), ("NCCL_SOCKET_IFNAME", "ib0")]));
+        let f = check(&p.root(), &Ok(vec![roce("mlx5_3")]), || ip.clone(), &vars(&[("NCCL_IB_HCA", "mlx5_0"), ("NCCL_SOCKET_IFNAME", "ib0")]));
         let fabric = find(&f, "pod.fabric");
         assert_eq!(fabric.status, Status::Ok);
         assert!(fabric.summary.starts_with("SR-IOV virtual function (net1)"), "{}", fabric.summary);
@@ -388,7 +395,7 @@ mod tests {
         assert_eq!(hca.status, Status::Fail);
         assert!(hca.summary.contains("names no RDMA device of this pod (mlx5_3)") && hca.fix.as_deref() == Some("name the pod's devices (NCCL_IB_HCA=mlx5_3), or unset it"), "{hca:?}");
         assert_eq!(find(&f, "pod.nccl_socket_ifname").status, Status::Fail);
-        let f = check(&p.root(), &Ok(vec![roce("mlx5_3")]), &ip, &vars(&[("NCCL_IB_HCA", "mlx5_3:1"), ("NCCL_SOCKET_IFNAME", "eth0")]));
+        let f = check(&p.root(), &Ok(vec![roce("mlx5_3")]), || ip.clone(), &vars(&[("NCCL_IB_HCA", "mlx5_3:1"), ("NCCL_SOCKET_IFNAME", "eth0")]));
         assert_eq!((find(&f, "pod.nccl_ib_hca").status, find(&f, "pod.nccl_socket_ifname").status), (Status::Ok, Status::Ok));
         assert!(find(&f, "pod.nccl_socket_ifname").summary.contains("picks eth0 (the overlay)"));
     }
@@ -399,14 +406,14 @@ mod tests {
     fn a_macvlan_on_the_fabric_nic_is_found_by_its_gid() {
         let p = Pod::new("pod-macvlan", true);
         p.virtual_if("eth0", 2, 9).virtual_if("net1", 3, 2).gid("mlx5_0", "net1");
-        let f = check(&p.root(), &Ok(vec![roce("mlx5_0")]), &Err("ip not installed".into()), &[]);
+        let f = check(&p.root(), &Ok(vec![roce("mlx5_0")]), || Err("ip not installed".into()), &[]);
         let fabric = find(&f, "pod.fabric");
         assert_eq!(fabric.status, Status::Ok);
         assert!(fabric.summary.starts_with("macvlan/ipvlan on the fabric NIC (net1)"), "{}", fabric.summary);
         // The same RoCE device without the macvlan: no netdev carries its GIDs.
         let p = Pod::new("pod-roce-nogid", true);
         p.virtual_if("eth0", 2, 9);
-        let f = check(&p.root(), &Ok(vec![roce("mlx5_0")]), &Err("ip not installed".into()), &[]);
+        let f = check(&p.root(), &Ok(vec![roce("mlx5_0")]), || Err("ip not installed".into()), &[]);
         assert_eq!(find(&f, "pod.fabric").status, Status::Fail);
     }
 
@@ -415,12 +422,12 @@ mod tests {
         let p = Pod::new("pod-host", false);
         p.0.file("/.dockerenv", "");
         p.pci_if("ens1f0np0", "0000:3b:00.0", None, "mlx5_0").virtual_if("docker0", 4, 4);
-        let f = check(&p.root(), &Ok(vec![roce("mlx5_0")]), &Err("not asked".into()), &[]);
+        let f = check(&p.root(), &Ok(vec![roce("mlx5_0")]), || Err("not asked".into()), &[]);
         assert_eq!(find(&f, "pod.container").summary, "running in a container");
         assert!(find(&f, "pod.fabric").summary.starts_with("host networking: the pod has the node's NICs (ens1f0np0)"));
         let bare = Tree::new("pod-bare");
         bare.file("/proc/1/cgroup", "0::/init.scope\n");
-        let f = check(&SysRoot::at(bare.path()), &Ok(vec![roce("mlx5_0")]), &Err("not asked".into()), &[]);
+        let f = check(&SysRoot::at(bare.path()), &Ok(vec![roce("mlx5_0")]), || panic!("ip -d link asked outside a container"), &[]);
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].summary, "not in a container: the node's own NICs are used as they are");
     }

@@ -130,7 +130,7 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
     let (pci_findings, estimates) = pci::check(root, &topo, &m.job.vars);
     findings.extend(pci_findings);
     findings.extend(env::check(&m.job));
-    findings.extend(super::pod::check(root, &rdma, &probes.ip_link(), &m.job.vars));
+    findings.extend(super::pod::check(root, &rdma, || probes.ip_link(), &m.job.vars));
 
     // What the registration facts cannot see blocks a pair whatever its
     // path: the NIC's port and GID, the device nodes, ACS on its bridges.
@@ -180,7 +180,7 @@ fn nic_per_gpu(cands: &[Candidate], vars: &[(String, String)]) -> Vec<Finding> {
         let Some(should) = nearest(g) else { continue };
         let check = format!("nccl.nic.gpu{g}");
         let how = "NCCL picks, per GPU, the NIC it reaches by the shortest PCIe path among those NCCL_IB_HCA lets it open";
-        if env::transport_off(vars) {
+        if env::transport_off(vars).is_some() {
             out.push(Finding::new(check, Status::Skipped, format!("{}: NCCL will use no RDMA NIC: its RDMA transport is off (see the verdict)", should.gpu.label)));
             continue;
         }
@@ -234,7 +234,7 @@ fn decide(
     // With dma-buf turned off and peer memory possible, NCCL registers
     // through peer memory: that is the path it uses, not the first the
     // library would try.
-    let dmabuf_off = vars.iter().rev().find(|(k, _)| k == "NCCL_DMABUF_ENABLE").is_some_and(|(_, v)| gpudirect::nccl::param_int(v).used() == Some(0));
+    let dmabuf_off = env::dmabuf_disabled(vars).is_some();
     let pair_of = |c: &Candidate| {
         let path = match &c.path {
             Ok(RegistrationPath::DmaBuf) if dmabuf_off && !c.dma_buf_only => RegistrationPath::PeerMemory.to_string(),

@@ -51,7 +51,7 @@ impl Sources {
 /// process, a log) or written.
 pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
     // Held until the judgement is done: dropping it removes the unpacked tree.
-    let mut unpacked = None;
+    let mut _unpacked = None;
     let (root, job, probes): (SysRoot, JobEnv, Box<dyn Probes>) = if let Some(from) = &s.from {
         let c = Capture::read(from).map_err(|e| e.to_string())?;
         let u = Unpacked::new(&c).map_err(|e| e.to_string())?;
@@ -62,7 +62,7 @@ pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
             (None, None) => c.env.clone(),
         };
         let root = u.root();
-        unpacked = Some(u);
+        _unpacked = Some(u);
         (root, job, Box::new(c.answers))
     } else {
         if !s.root.join("proc").is_dir() && !s.root.join("sys").is_dir() {
@@ -79,9 +79,7 @@ pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
         (SysRoot::at(&s.root), job, probes)
     };
     let Some(out) = &s.capture else {
-        let report = report::run(&Machine { root, job }, probes.as_ref(), opts);
-        drop(unpacked);
-        return Ok(report);
+        return Ok(report::run(&Machine { root, job }, probes.as_ref(), opts));
     };
     let recorder = Recorder::new(probes.as_ref());
     let machine = Machine { root: root.recording(), job };
@@ -94,7 +92,6 @@ pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
         capture.files.len(),
         capture.env.vars.len()
     );
-    drop(unpacked);
     Ok(report)
 }
 
@@ -115,7 +112,7 @@ fn job_from_log(log: &std::path::Path) -> Result<JobEnv, String> {
 /// laid over it: what a support engineer tries against a customer's
 /// capture (`NCCL_IB_DISABLE=1 gpudirect doctor --from c.json`).
 fn over_capture(mut env: JobEnv, own: impl Iterator<Item = (String, String)>) -> JobEnv {
-    for (k, v) in own.filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("UCX_")) {
+    for (k, v) in own.filter(|(k, _)| jobenv::judged(k)) {
         env.origins.push((k.clone(), "this shell, over the capture".to_owned()));
         env.vars.push((k, v));
     }
@@ -139,6 +136,6 @@ fn job_env(root: &std::path::Path, env_file: Option<&std::path::Path>, pid: Opti
         (None, None) => (std::env::vars().collect(), "the environment".to_owned()),
     };
     let home = vars.iter().rev().find(|(k, _)| k == "HOME").map(|(_, v)| PathBuf::from(v)).or_else(|| std::env::var_os("HOME").map(PathBuf::from));
-    let judged: Vec<(String, String)> = vars.into_iter().filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("UCX_")).collect();
+    let judged: Vec<(String, String)> = vars.into_iter().filter(|(k, _)| jobenv::judged(k)).collect();
     Ok(jobenv::resolve(judged, &origin, root, home.as_deref()))
 }

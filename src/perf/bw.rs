@@ -102,7 +102,7 @@ pub struct CompareReport {
 
 /// What the ratio of GPU-memory to host-memory bandwidth says.
 pub fn judge_ratio(ratio: f64, gpu_memory: &str) -> String {
-    if gpu_memory.contains("host-staged") || gpu_memory.contains("staged") {
+    if gpu_memory.contains("staged") {
         return format!("{ratio:.2}: the GPU buffer is staged through host memory by its policy ({gpu_memory}): not GPUDirect RDMA");
     }
     if ratio >= 0.85 {

@@ -140,16 +140,32 @@ pub fn list_selects(value: &str, name: &str) -> bool {
     hca_selects(value, name)
 }
 
-/// Whether NCCL, run with `vars`, may open `nic` at all (`NCCL_IB_HCA`).
-pub fn hca_allows(vars: &[(String, String)], nic: &str) -> bool {
-    vars.iter().rev().find(|(k, _)| k == "NCCL_IB_HCA").is_none_or(|(_, v)| hca_selects(v, nic))
+/// The value NCCL sees for `name` in `vars`: the last assignment wins.
+pub fn var<'a>(vars: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    vars.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
-/// Whether `vars` turn NCCL's RDMA transport off for every NIC
-/// (`NCCL_NET` naming sockets, `NCCL_IB_DISABLE`).
-pub fn transport_off(vars: &[(String, String)]) -> bool {
-    let get = |name: &str| vars.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
-    get("NCCL_NET").is_some_and(gpudirect::nccl::is_tcp_network) || get("NCCL_IB_DISABLE").is_some_and(gpudirect::nccl::ib_disabled)
+/// Whether NCCL, run with `vars`, may open `nic` at all (`NCCL_IB_HCA`).
+pub fn hca_allows(vars: &[(String, String)], nic: &str) -> bool {
+    var(vars, "NCCL_IB_HCA").is_none_or(|v| hca_selects(v, nic))
+}
+
+/// Why `vars` turn NCCL's RDMA transport off for every NIC (`NCCL_NET`
+/// naming sockets, `NCCL_IB_DISABLE`), with the fix; `None` when they
+/// leave it on.
+pub fn transport_off(vars: &[(String, String)]) -> Option<String> {
+    if let Some(v) = var(vars, "NCCL_NET").filter(|v| gpudirect::nccl::is_tcp_network(v)) {
+        return Some(format!("NCCL_NET={v} selects a TCP socket transport, which stages every transfer through host memory (unset it)"));
+    }
+    if let Some(v) = var(vars, "NCCL_IB_DISABLE").filter(|v| gpudirect::nccl::ib_disabled(v)) {
+        return Some(format!("NCCL_IB_DISABLE={v} turns NCCL's InfiniBand/RoCE transport off: it uses sockets, through host memory (unset it)"));
+    }
+    None
+}
+
+/// `NCCL_DMABUF_ENABLE`'s value when it turns dma-buf off (reads as 0).
+pub fn dmabuf_disabled(vars: &[(String, String)]) -> Option<&str> {
+    var(vars, "NCCL_DMABUF_ENABLE").filter(|v| gpudirect::nccl::param_int(v).used() == Some(0))
 }
 
 /// Why NCCL, run with the environment `vars`, will not use GPUDirect RDMA
@@ -158,14 +174,10 @@ pub fn transport_off(vars: &[(String, String)]) -> bool {
 /// one judge of that, for the verdict; each variable's own finding says
 /// the same at length. The last assignment of a name wins.
 pub fn nccl_stops(vars: &[(String, String)], pair: &PairInEnv<'_>) -> Option<String> {
-    let get = |name: &str| vars.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
-    if let Some(v) = get("NCCL_NET").filter(|v| gpudirect::nccl::is_tcp_network(v)) {
-        return Some(format!("NCCL_NET={v} selects a TCP socket transport, which stages every transfer through host memory (unset it)"));
+    if let Some(why) = transport_off(vars) {
+        return Some(why);
     }
-    if let Some(v) = get("NCCL_IB_DISABLE").filter(|v| gpudirect::nccl::ib_disabled(v)) {
-        return Some(format!("NCCL_IB_DISABLE={v} turns NCCL's InfiniBand/RoCE transport off: it uses sockets, through host memory (unset it)"));
-    }
-    if let Some(v) = get("NCCL_IB_HCA").filter(|v| !hca_selects(v, pair.nic)) {
+    if let Some(v) = var(vars, "NCCL_IB_HCA").filter(|v| !hca_selects(v, pair.nic)) {
         return Some(format!(
             "NCCL_IB_HCA={v} leaves out {} (set NCCL_IB_HCA=={}:1, or add it, or unset NCCL_IB_HCA)",
             pair.nic, pair.nic
@@ -193,7 +205,7 @@ pub fn nccl_stops(vars: &[(String, String)], pair: &PairInEnv<'_>) -> Option<Str
         ));
     }
     if pair.dma_buf_only {
-        if let Some(v) = get("NCCL_DMABUF_ENABLE").filter(|v| gpudirect::nccl::param_int(v).used() == Some(0)) {
+        if let Some(v) = dmabuf_disabled(vars) {
             return Some(format!(
                 "NCCL_DMABUF_ENABLE={v} turns dma-buf off, the only registration path here (nvidia-peermem is not loaded): unset it"
             ));
@@ -212,7 +224,7 @@ pub fn nccl_stops(vars: &[(String, String)], pair: &PairInEnv<'_>) -> Option<Str
 pub fn check(job: &JobEnv) -> Vec<Finding> {
     let mut set: BTreeMap<&str, &str> = BTreeMap::new();
     for (k, v) in &job.vars {
-        if k.starts_with("NCCL_") || k.starts_with("UCX_") {
+        if super::jobenv::judged(k) {
             set.insert(k.as_str(), v.as_str());
         }
     }
