@@ -43,3 +43,20 @@ pub fn fail_next_srq_post(n: u32) {
 pub(crate) fn take_srq_post_failure() -> bool {
     SRQ_POST_FAILURES.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
 }
+
+static SEND_REAP_DELAY_US: AtomicU32 = AtomicU32::new(0);
+
+/// While not zero, each engine reap that took send completions off a CQ
+/// sleeps this long before finishing their requests: a thread that reaps
+/// what another waits for then holds it across the other's whole look,
+/// the window in which a wakeup can be lost.
+pub fn delay_send_reaps(d: std::time::Duration) {
+    SEND_REAP_DELAY_US.store(d.as_micros().min(u32::MAX as u128) as u32, Ordering::SeqCst);
+}
+
+pub(crate) fn send_reap_delay() {
+    let us = SEND_REAP_DELAY_US.load(Ordering::SeqCst);
+    if us > 0 {
+        std::thread::sleep(std::time::Duration::from_micros(us.into()));
+    }
+}

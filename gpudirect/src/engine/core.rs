@@ -17,7 +17,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::cq::CompletionQueue;
@@ -33,6 +33,7 @@ use super::error::EngineError;
 use super::memory::Registry;
 use super::stats::Counters;
 use super::notify::{self, Notification, SLOT};
+use super::ready::Readiness;
 
 /// How long one wait on a completion channel sleeps before looking again
 /// (another thread may have reaped what this one waits for).
@@ -159,6 +160,8 @@ impl Hasher for IdHasher {
 }
 
 pub(crate) struct Core {
+    /// What an event loop waits on; made by the first poll that asks.
+    pub(crate) event_loop: OnceLock<Readiness>,
     /// First: dropped while `pool`'s CQs are open (their descriptors).
     #[cfg(feature = "tokio")]
     pub(crate) channels: super::wake::Channels,
@@ -181,6 +184,7 @@ pub(crate) struct Core {
 impl Core {
     pub(crate) fn new(pool: Arc<ConnPool>) -> Core {
         Core {
+            event_loop: OnceLock::new(),
             #[cfg(feature = "tokio")]
             channels: Default::default(),
             #[cfg(feature = "tokio")]
@@ -321,6 +325,10 @@ impl Core {
         // more than the post's bookkeeping (callgrind).
         let mut wcs = [WorkCompletion::default(); 4];
         let got = reap(&n.send_cq, &mut wcs, wait)?;
+        #[cfg(feature = "fault-injection")]
+        if got > 0 {
+            crate::fault::send_reap_delay();
+        }
         for wc in &wcs[..got] {
             self.on_send(nic, wc);
         }
@@ -337,8 +345,16 @@ impl Core {
     /// channel event that would have woken them may be taken).
     pub(crate) fn reaped(&self) {
         self.post_ready();
+        self.tell();
+    }
+
+    /// Wakes whoever sleeps on progress: tokio tasks, an event loop.
+    fn tell(&self) {
         #[cfg(feature = "tokio")]
         self.progress.tell();
+        if let Some(r) = self.event_loop.get() {
+            r.tell();
+        }
     }
 
     /// Reaps NIC `nic`'s notification receives into the queue, reposting
@@ -383,8 +399,7 @@ impl Core {
                     notes.extend(self.unflushed.lock().drain(..));
                     notes.extend(fresh);
                     drop(notes);
-                    #[cfg(feature = "tokio")]
-                    self.progress.tell();
+                    self.tell();
                 }
                 Err(e) => {
                     self.unflushed.lock().extend(fresh);
@@ -465,6 +480,67 @@ impl Core {
                 self.progress_send(nics[turn], Some(slice / nics.len() as u32))?;
             }
         }
+    }
+}
+
+/// Never blocking, for event loops (`ready.rs`): each poll looks, reaps,
+/// arms the CQs it needs and the [`Readiness`], and looks again.
+impl Core {
+    /// The event loop's descriptor, made on first use.
+    pub(crate) fn readiness(&self) -> Result<&Readiness, EngineError> {
+        if let Some(r) = self.event_loop.get() {
+            return Ok(r);
+        }
+        let cqs = self.pool.nics.iter().flat_map(|n| [n.send_cq.clone(), n.recv_cq.clone()]).collect();
+        // Two first calls may both build one; the loser's is dropped.
+        let _ = self.event_loop.set(Readiness::new(cqs)?);
+        Ok(self.event_loop.get().expect("set above"))
+    }
+
+    /// Whether the post `state` is in has finished (an error if it failed).
+    pub(crate) fn poll_completed(&self, state: &ReqState, nics: &[usize]) -> Result<bool, EngineError> {
+        let ready = self.readiness()?;
+        let settled = || match &*state.phase.lock() {
+            Phase::Idle | Phase::Done => Ok(true),
+            Phase::Failed(f) => Err(f.to_error()),
+            Phase::Posted => Ok(false),
+        };
+        if settled()? {
+            return Ok(true);
+        }
+        for &nic in nics {
+            self.progress_send(nic, None)?;
+        }
+        if settled()? {
+            return Ok(true);
+        }
+        for &nic in nics {
+            self.pool.nics[nic].send_cq.req_notify()?;
+        }
+        for &nic in nics {
+            self.progress_send(nic, None)?;
+        }
+        ready.arm();
+        settled()
+    }
+
+    /// The next notification, if one is here.
+    pub(crate) fn poll_note(&self) -> Result<Option<Notification>, EngineError> {
+        let ready = self.readiness()?;
+        if let Some(n) = self.next_note() {
+            return Ok(Some(n));
+        }
+        if self.reap_recvs()? > 0 {
+            if let Some(n) = self.next_note() {
+                return Ok(Some(n));
+            }
+        }
+        for n in self.pool.nics.iter() {
+            n.recv_cq.req_notify()?;
+        }
+        self.reap_recvs()?;
+        ready.arm();
+        Ok(self.next_note())
     }
 }
 

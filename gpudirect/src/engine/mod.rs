@@ -198,6 +198,7 @@ mod nic;
 mod notify;
 mod peer;
 mod placement;
+mod ready;
 mod stats;
 mod transfer;
 #[cfg(feature = "tokio")]
@@ -231,6 +232,7 @@ pub use meta::{EtcdRendezvous, DEFAULT_PREFIX};
 pub use meta::{Rendezvous, RendezvousConfig, RendezvousServer, TcpRendezvous, MAX_ENTRIES};
 pub use nic::NicStats;
 pub use notify::{Notification, MAX_NOTIFICATION};
+pub use ready::Readiness;
 pub use peer::{Peer, RemoteMemory, RemoteRange};
 pub use stats::TransferStats;
 pub use transfer::{Op, TransferRequest, TransferStatus};
@@ -760,6 +762,30 @@ impl Agent {
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn notification(&self) -> Result<Notification, EngineError> {
         self.core.notification().await
+    }
+
+    /// The descriptor an event loop waits on for this agent's requests
+    /// and notifications (made on first use; one per agent). With
+    /// [`poll_notification`](Self::poll_notification) and
+    /// [`TransferRequest::poll_completed`], any loop that watches a file
+    /// descriptor (asyncio, mio, epoll) waits for the engine without a
+    /// thread and without spinning; the Python package's `await` is this.
+    ///
+    /// # Errors
+    /// [`EngineError::Verbs`] when the epoll set or eventfd cannot be made.
+    pub fn readiness(&self) -> Result<&Readiness, EngineError> {
+        self.core.readiness()
+    }
+
+    /// The next notification if one is here, never waiting. `None` arms
+    /// [`readiness`](Self::readiness): it turns readable when one may
+    /// have arrived; then [`Readiness::clear`] and poll again.
+    ///
+    /// # Errors
+    /// As [`notifications`](Self::notifications); as
+    /// [`readiness`](Self::readiness).
+    pub fn poll_notification(&self) -> Result<Option<Notification>, EngineError> {
+        self.core.poll_note()
     }
 
     /// Connections alive now (set up by either side).

@@ -369,6 +369,19 @@ impl TransferRequest {
         self.core.wait(&self.state, &self.nics, timeout)
     }
 
+    /// Whether the last post finished, never waiting (an idle request
+    /// counts as finished). `false` arms the agent's
+    /// [`Readiness`](super::Readiness): it turns readable when the post may
+    /// have finished; then [`Readiness::clear`](super::Readiness::clear)
+    /// and poll again. How an event loop other than tokio waits.
+    ///
+    /// # Errors
+    /// As [`status`](Self::status); as
+    /// [`Agent::readiness`](super::Agent::readiness).
+    pub fn poll_completed(&self) -> Result<bool, EngineError> {
+        self.core.poll_completed(&self.state, &self.nics)
+    }
+
     /// Until the last post finished, awaited (feature `tokio`): as
     /// [`wait`](Self::wait) without blocking a thread. Cancel-safe:
     /// dropping the future (`tokio::time::timeout`, `select!`) leaves the
