@@ -1,32 +1,119 @@
-"""gpudirect from Python: whether GPUDirect RDMA works here, for this job,
-and what an NCCL log says about it.
+"""gpudirect from Python: the transfer engine (agents, named memory,
+transfers with a notification after the data, awaitable from asyncio),
+whether GPUDirect RDMA works here for this job, and what an NCCL log says
+about it.
 
-The judging is the Rust library's (the same code as the ``gpudirect``
-command); this package returns its reports as dicts. The transfer engine
-comes next.
+Everything is the Rust library's (the same code as the ``gpudirect``
+command and the Rust ``gpudirect::engine``); this package is a thin layer
+that releases the GIL around every post and wait.
 
 >>> import gpudirect
 >>> report = gpudirect.doctor()
 >>> report["verdict"]["line"]
 'GPUDirect RDMA: ...'
+
+One step of a KV-cache mover (the decode side registers ``"kv"`` and
+hands over its ``metadata()``)::
+
+    agent = gpudirect.Agent("prefill-0", devices=["mlx5_0"])
+    agent.register("kv", kv_blocks)          # a numpy array, in place
+    peer = agent.load_remote(decode_metadata)
+    req = agent.prepare("write", [("kv", 0, peer, "kv", 0, kv_blocks.nbytes)], notify=b"layer 0")
+    req.post()
+    await req                                # or req.wait(timeout)
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import ctypes
 
-from ._native import DoctorError, EngineError, GpudirectError, Request
-from . import _native
+from . import _aio
 
-__all__ = ["Agent", "Request", "doctor", "explain_nccl_log", "GpudirectError", "DoctorError", "EngineError"]
+from . import _native
+from ._native import (
+    AuthError,
+    ConfigError,
+    ControlError,
+    DoctorError,
+    DuplicateNameError,
+    EmptyRequestError,
+    EngineError,
+    EngineTimeoutError,
+    GpudirectError,
+    GpuPlacementError,
+    InFlightError,
+    LengthMismatchError,
+    MetadataError,
+    MixedPeersError,
+    NoRailError,
+    NotificationTooLongError,
+    NotPublishedError,
+    PartlyPostedError,
+    PeerLostError,
+    RefusedError,
+    Rendezvous,
+    RendezvousError,
+    RendezvousServer,
+    Request,
+    TooManyConnectionsError,
+    UnknownMemoryError,
+    UnknownPeerError,
+    UnsupportedError,
+    VerbsError,
+    WrongPeerError,
+)
+
+__all__ = [
+    "Agent",
+    "Request",
+    "Rendezvous",
+    "RendezvousServer",
+    "doctor",
+    "explain_nccl_log",
+    "GpudirectError",
+    "DoctorError",
+    "EngineError",
+    "AuthError",
+    "ConfigError",
+    "ControlError",
+    "DuplicateNameError",
+    "EmptyRequestError",
+    "EngineTimeoutError",
+    "GpuPlacementError",
+    "InFlightError",
+    "LengthMismatchError",
+    "MetadataError",
+    "MixedPeersError",
+    "NoRailError",
+    "NotificationTooLongError",
+    "NotPublishedError",
+    "PartlyPostedError",
+    "PeerLostError",
+    "RefusedError",
+    "RendezvousError",
+    "TooManyConnectionsError",
+    "UnknownMemoryError",
+    "UnknownPeerError",
+    "UnsupportedError",
+    "VerbsError",
+    "WrongPeerError",
+]
 
 
 class Agent(_native.Agent):
-    """An agent of the transfer engine (work in progress: host memory only)."""
+    """An agent of the transfer engine: its NICs (``devices``; default:
+    every RDMA device), the memory registered with it under names, the
+    peers loaded into it, and the transfers between them.
+
+    ``secret_file`` names the cluster's secret (or ``GPUDIRECT_SECRET_FILE``
+    in the environment); without one the agent listens only on loopback
+    unless ``insecure=True``. Errors are :class:`EngineError` subclasses,
+    one per kind of the Rust ``EngineError``, with its message.
+    """
 
     def register(self, name: str, buffer: Any) -> int:
         """Register a writable, C-contiguous buffer (bytearray, numpy array)
@@ -35,14 +122,25 @@ class Agent(_native.Agent):
         The object stays alive, and a bytearray cannot be resized, until
         ``deregister(name)``: the registration holds a buffer export on it.
         """
-        view = memoryview(buffer).cast("B")
+        view = memoryview(buffer)
+        if not view.c_contiguous:
+            raise ValueError(f"{name}: the buffer is not C-contiguous: register a contiguous one (numpy.ascontiguousarray)")
+        view = view.cast("B")
         if view.readonly:
-            raise EngineError(f"{name}: the buffer is read-only: register a writable one (bytearray, a numpy array)")
+            raise ValueError(f"{name}: the buffer is read-only: register a writable one (bytearray, a numpy array)")
         # A ctypes view holds a buffer export for as long as it lives, on
         # every CPython from 3.9 (the buffer API is in the stable ABI only
         # from 3.11).
         keep = (ctypes.c_char * view.nbytes).from_buffer(view)
         return self._register_raw(name, ctypes.addressof(keep), view.nbytes, keep)
+
+    async def notification(self) -> Tuple[str, bytes]:
+        """The next notification as ``(peer, bytes)``, awaited on the
+        running asyncio loop (the agent's descriptor on the loop: no thread,
+        no polling). Cancel-safe: a cancelled await takes nothing. For a
+        bound, ``asyncio.wait_for(agent.notification(), t)``.
+        """
+        return await _aio.notification(self)
 
 _Path = Union[str, "os.PathLike[str]"]
 

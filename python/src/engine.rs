@@ -1,26 +1,34 @@
-//! The transfer engine from Python (work in progress: compiles, not yet
-//! tested in the guest). An `Agent` over host memory from any writable,
-//! C-contiguous buffer-protocol object; requests prepared from
+//! The transfer engine from Python: `Agent` over host memory from any
+//! writable, C-contiguous buffer-protocol object; requests prepared from
 //! `(local name, local offset, peer, remote name, remote offset, length)`
-//! entries; posts and waits with the GIL released.
+//! entries; posts and waits with the GIL released; the readiness
+//! descriptor and never-blocking polls that `gpudirect/_aio.py` puts on an
+//! asyncio loop; statistics as dicts; publish and lookup through a
+//! rendezvous server.
 
 use std::collections::HashMap;
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pyo3::create_exception;
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 
-use gpudirect::engine::{self, AgentConfig, AgentMetadata, ClusterSecret, Op, Registration, TransferRequest, TransferStatus};
+use gpudirect::engine::{
+    self, AgentConfig, AgentMetadata, ClusterSecret, EngineError as Rust, Op, Registration, RendezvousServer as RustServer, TcpRendezvous, TransferRequest,
+    TransferStats, TransferStatus,
+};
 use gpudirect::Registerable;
 
-use crate::GpudirectError;
+use crate::errors::{to_py, ConfigError};
 
-create_exception!(_native, EngineError, GpudirectError, "A transfer-engine error: the message is the Rust EngineError's.");
+fn seconds(what: &str, s: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s).map_err(|e| PyValueError::new_err(format!("{what} {s}: {e}")))
+}
 
-fn err(e: impl std::fmt::Display) -> PyErr {
-    EngineError::new_err(e.to_string())
+fn poisoned() -> PyErr {
+    ConfigError::new_err("a thread panicked holding this agent's registrations")
 }
 
 /// A Python object's bytes, registered in place. `keep` is the object that
@@ -52,7 +60,19 @@ unsafe impl Registerable for PyMemory {
     }
 }
 
-/// An agent of the transfer engine (`gpudirect.Agent` adds `register`).
+fn stats_dict<'py>(py: Python<'py>, s: TransferStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("posts", s.posts)?;
+    d.set_item("bytes", s.bytes)?;
+    d.set_item("completed", s.completed)?;
+    d.set_item("failed", s.failed)?;
+    d.set_item("refused", s.refused)?;
+    d.set_item("connects", s.connects)?;
+    Ok(d)
+}
+
+/// An agent of the transfer engine (`gpudirect.Agent` adds `register`
+/// and `notification`).
 #[pyclass(module = "gpudirect._native", subclass)]
 pub struct Agent {
     inner: Arc<engine::Agent>,
@@ -69,15 +89,27 @@ impl Agent {
             config.devices = d;
         }
         if let Some(l) = listen {
-            config.listen = l.parse().map_err(|e| err(format!("listen address {l:?}: {e}")))?;
+            config.listen = l.parse().map_err(|e| PyValueError::new_err(format!("listen address {l:?}: {e} (give IP:PORT)")))?;
         }
         if let Some(f) = secret_file {
-            config.secret = Some(ClusterSecret::from_file(&f).map_err(err)?);
+            config.secret = Some(ClusterSecret::from_file(&f).map_err(|source| to_py(Rust::Auth { peer: format!("secret file {f}"), source }))?);
         }
         config.insecure = insecure;
-        config.timeout = Duration::try_from_secs_f64(timeout).map_err(|e| err(format!("timeout {timeout}: {e}")))?;
-        let inner = py.detach(|| engine::Agent::new(config)).map_err(err)?;
+        config.timeout = seconds("timeout", timeout)?;
+        let inner = py.detach(|| engine::Agent::new(config)).map_err(to_py)?;
         Ok(Agent { inner: Arc::new(inner), regions: Mutex::new(HashMap::new()) })
+    }
+
+    /// This agent's name.
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// Where its control port listens, as "IP:PORT".
+    #[getter]
+    fn control_addr(&self) -> String {
+        self.inner.control_addr().to_string()
     }
 
     /// Registers `len` bytes at `addr`, exported by `keep` (the Python
@@ -86,85 +118,183 @@ impl Agent {
     /// `gpudirect.Agent.register`, which builds the view.
     fn _register_raw(&self, py: Python<'_>, name: String, addr: usize, len: usize, keep: Py<PyAny>) -> PyResult<usize> {
         if addr == 0 || len == 0 {
-            return Err(err(format!("{name}: an empty buffer cannot be registered")));
+            return Err(PyValueError::new_err(format!("{name}: an empty buffer cannot be registered")));
         }
         let mem = PyMemory { _keep: keep, ptr: addr as *mut u8, len };
-        let reg = py.detach(|| self.inner.register(&name, mem)).map_err(err)?;
-        self.regions.lock().map_err(|_| err("a thread panicked holding the registrations"))?.insert(name, reg);
+        let reg = py.detach(|| self.inner.register(&name, mem)).map_err(to_py)?;
+        self.regions.lock().map_err(|_| poisoned())?.insert(name, reg);
         Ok(len)
     }
 
     /// Removes a registration; its buffer is released once no request
-    /// holds it.
+    /// holds it (drop or re-prepare the requests that name it).
     fn deregister(&self, name: &str) -> PyResult<()> {
-        self.regions.lock().map_err(|_| err("a thread panicked holding the registrations"))?.remove(name);
-        self.inner.deregister(name).map_err(err)
+        let reg = self.regions.lock().map_err(|_| poisoned())?.remove(name);
+        self.inner.deregister(name).map_err(to_py)?;
+        drop(reg);
+        Ok(())
     }
 
     /// The agent's sealed metadata, for `load_remote` on its peers.
     fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        Ok(PyBytes::new(py, &self.inner.metadata().encode().map_err(err)?))
+        Ok(PyBytes::new(py, &self.inner.metadata().encode().map_err(|e| to_py(e.into()))?))
     }
 
     /// Loads a peer's metadata; returns its name.
-    fn load_remote(&self, md: &[u8]) -> PyResult<String> {
-        let md = AgentMetadata::decode(md).map_err(err)?;
-        Ok(self.inner.load_remote(&md).map_err(err)?.name().to_owned())
+    fn load_remote(&self, py: Python<'_>, md: &[u8]) -> PyResult<String> {
+        let md = AgentMetadata::decode(md).map_err(|e| to_py(e.into()))?;
+        py.detach(|| self.inner.load_remote(&md).map(|p| p.name().to_owned())).map_err(to_py)
+    }
+
+    /// Publishes this agent's metadata in the rendezvous (again after
+    /// registering more).
+    fn publish(&self, py: Python<'_>, rendezvous: &Rendezvous) -> PyResult<()> {
+        py.detach(|| self.inner.publish(&rendezvous.inner)).map_err(to_py)
+    }
+
+    /// Looks the agent `name` up in the rendezvous, waiting up to `timeout`
+    /// seconds for it to be published, and loads it; returns its name.
+    #[pyo3(signature = (name, rendezvous, timeout=30.0))]
+    fn lookup(&self, py: Python<'_>, name: &str, rendezvous: &Rendezvous, timeout: f64) -> PyResult<String> {
+        let t = seconds("timeout", timeout)?;
+        py.detach(|| self.inner.lookup(name, &rendezvous.inner, t).map(|p| p.name().to_owned())).map_err(to_py)
     }
 
     /// A request: `op` is "write" or "read"; each entry is `(local name,
     /// local offset, peer, remote name, remote offset, length)`.
     #[pyo3(signature = (op, entries, notify=None))]
-    fn prepare(&self, op: &str, entries: Vec<(String, usize, String, String, u64, usize)>, notify: Option<Vec<u8>>) -> PyResult<Request> {
+    fn prepare(slf: &Bound<'_, Self>, op: &str, entries: Vec<(String, usize, String, String, u64, usize)>, notify: Option<Vec<u8>>) -> PyResult<Request> {
+        let this = slf.borrow();
         let op = match op {
             "write" => Op::Write,
             "read" => Op::Read,
-            _ => return Err(err(format!("op {op:?}: use \"write\" or \"read\""))),
+            _ => return Err(PyValueError::new_err(format!("op {op:?}: use \"write\" or \"read\""))),
         };
-        let regions = self.regions.lock().map_err(|_| err("a thread panicked holding the registrations"))?;
+        let range = |e: gpudirect::Error| PyValueError::new_err(e.to_string());
+        let regions = this.regions.lock().map_err(|_| poisoned())?;
         let mut list = Vec::with_capacity(entries.len());
         for (local, loff, peer, remote, roff, len) in entries {
-            let reg = regions.get(&local).ok_or_else(|| err(format!("no registration named {local:?}")))?;
-            let l = reg.range(loff..loff.checked_add(len).ok_or_else(|| err("offset + length overflows"))?).map_err(err)?;
-            let rmem = self.inner.peer(&peer).map_err(err)?.memory(&remote).map_err(err)?;
-            let r = rmem.range(roff..roff.checked_add(len as u64).ok_or_else(|| err("offset + length overflows"))?).map_err(err)?;
+            let reg = regions.get(&local).ok_or_else(|| to_py(Rust::UnknownMemory { peer: this.inner.name().to_owned(), name: local.clone() }))?;
+            let l = reg.range(loff..loff.checked_add(len).ok_or_else(|| PyValueError::new_err("offset + length overflows"))?).map_err(range)?;
+            let rmem = this.inner.peer(&peer).map_err(to_py)?.memory(&remote).map_err(to_py)?;
+            let r = rmem.range(roff..roff.checked_add(len as u64).ok_or_else(|| PyValueError::new_err("offset + length overflows"))?).map_err(range)?;
             list.push((l, r));
         }
-        let req = self.inner.prepare(op, &list, notify.as_deref()).map_err(err)?;
-        Ok(Request { inner: req })
+        drop(regions);
+        let req = this.inner.prepare(op, &list, notify.as_deref()).map_err(to_py)?;
+        Ok(Request { inner: req, agent: slf.clone().into_any().unbind() })
     }
 
     /// Notifications delivered so far, as `(peer, bytes)`.
     fn notifications<'py>(&self, py: Python<'py>) -> PyResult<Vec<(String, Bound<'py, PyBytes>)>> {
-        let got = py.detach(|| self.inner.notifications()).map_err(err)?;
+        let got = py.detach(|| self.inner.notifications()).map_err(to_py)?;
         Ok(got.into_iter().map(|n| (n.peer, PyBytes::new(py, &n.msg))).collect())
     }
 
     /// Waits for the next notification (`timeout` seconds, or forever).
     #[pyo3(signature = (timeout=None))]
     fn wait_notification<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<(String, Bound<'py, PyBytes>)> {
-        let timeout = timeout.map(Duration::try_from_secs_f64).transpose().map_err(err)?;
-        let n = py.detach(|| self.inner.wait_notification(timeout)).map_err(err)?;
+        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        let n = py.detach(|| self.inner.wait_notification(timeout)).map_err(to_py)?;
         Ok((n.peer, PyBytes::new(py, &n.msg)))
+    }
+
+    /// The descriptor an event loop watches (readable: poll again).
+    fn _event_fd(&self) -> PyResult<i32> {
+        Ok(self.inner.readiness().map_err(to_py)?.as_raw_fd())
+    }
+
+    /// Takes the events that made the descriptor readable.
+    fn _clear_events(&self) -> PyResult<()> {
+        self.inner.readiness().map_err(to_py)?.clear().map_err(|e| to_py(e.into()))
+    }
+
+    /// The next notification if one is here; `None` arms the descriptor.
+    fn _poll_notification<'py>(&self, py: Python<'py>) -> PyResult<Option<(String, Bound<'py, PyBytes>)>> {
+        let n = self.inner.poll_notification().map_err(to_py)?;
+        Ok(n.map(|n| (n.peer, PyBytes::new(py, &n.msg))))
+    }
+
+    /// What each NIC carried: `[{"device", "bytes", "posts"}]`.
+    fn nic_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.inner
+            .nic_stats()
+            .into_iter()
+            .map(|s| {
+                let d = PyDict::new(py);
+                d.set_item("device", s.device)?;
+                d.set_item("bytes", s.bytes)?;
+                d.set_item("posts", s.posts)?;
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// What every request to the peer did (`posts`, `bytes`, `completed`,
+    /// `failed`, `refused`, `connects`); `None` before one was prepared.
+    fn peer_stats<'py>(&self, py: Python<'py>, peer: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.inner.peer_stats(peer).map(|s| stats_dict(py, s)).transpose()
+    }
+
+    /// Connections alive now (set up by either side).
+    fn connections(&self) -> usize {
+        self.inner.connections()
+    }
+
+    /// What happened to peers since the last call: `(events, dropped)`,
+    /// each event a dict (`kind` "lost" with `peer` and `completion`, or
+    /// "replaced" with `peer`, `old` and `new` instance ids).
+    fn peer_events<'py>(&self, py: Python<'py>) -> PyResult<(Vec<Bound<'py, PyDict>>, u64)> {
+        let (events, dropped) = self.inner.peer_events();
+        let events = events
+            .into_iter()
+            .map(|e| {
+                let d = PyDict::new(py);
+                match e {
+                    engine::PeerEvent::Lost { peer, completion } => {
+                        d.set_item("kind", "lost")?;
+                        d.set_item("peer", peer)?;
+                        d.set_item("completion", completion.to_string())?;
+                    }
+                    engine::PeerEvent::Replaced { peer, old, new } => {
+                        d.set_item("kind", "replaced")?;
+                        d.set_item("peer", peer)?;
+                        d.set_item("old", old)?;
+                        d.set_item("new", new)?;
+                    }
+                    other => d.set_item("kind", format!("{other:?}"))?,
+                }
+                Ok(d)
+            })
+            .collect::<PyResult<_>>()?;
+        Ok((events, dropped))
+    }
+
+    /// Control requests refused so far (unproven, not as loaded, malformed).
+    fn refused_requests(&self) -> u64 {
+        self.inner.refused_requests()
     }
 }
 
-/// A prepared request: post it, then wait or poll its status.
+/// A prepared request: post it, then wait, poll its status, or `await` it.
 #[pyclass(module = "gpudirect._native")]
 pub struct Request {
     inner: TransferRequest,
+    /// The Python agent, for `await` (its asyncio driver).
+    #[pyo3(get, name = "agent")]
+    agent: Py<PyAny>,
 }
 
 #[pymethods]
 impl Request {
-    /// Posts the request (again, once done).
+    /// Posts the request (again, once done); connects on first use.
     fn post(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| self.inner.post()).map_err(err)
+        py.detach(|| self.inner.post()).map_err(to_py)
     }
 
-    /// "idle", "in-flight" or "done".
+    /// "idle", "in-flight" or "done"; raises the failure of a failed post.
     fn status(&self) -> PyResult<&'static str> {
-        Ok(match self.inner.status().map_err(err)? {
+        Ok(match self.inner.status().map_err(to_py)? {
             TransferStatus::Idle => "idle",
             TransferStatus::InFlight => "in-flight",
             TransferStatus::Done => "done",
@@ -174,15 +304,97 @@ impl Request {
     /// Waits until every byte is in place (`timeout` seconds, or forever).
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
-        let timeout = timeout.map(Duration::try_from_secs_f64).transpose().map_err(err)?;
-        py.detach(|| self.inner.wait(timeout)).map_err(err)
+        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        py.detach(|| self.inner.wait(timeout)).map_err(to_py)
+    }
+
+    /// Whether the last post finished, never waiting; `False` arms the
+    /// agent's descriptor.
+    fn _poll_completed(&self) -> PyResult<bool> {
+        self.inner.poll_completed().map_err(to_py)
+    }
+
+    /// `await request`: until the last post finished, on the running
+    /// asyncio loop (`gpudirect._aio`).
+    fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let aio = slf.py().import("gpudirect._aio")?;
+        aio.call_method1("completed", (slf,))?.call_method0("__await__")
+    }
+
+    /// The peer it targets.
+    #[getter]
+    fn peer(&self) -> &str {
+        self.inner.peer()
+    }
+
+    /// Bytes it moves per post.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.inner.bytes()
+    }
+
+    /// What this request did so far (as `Agent.peer_stats`).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        stats_dict(py, self.inner.stats())
     }
 }
 
-/// Adds the engine's classes to the module.
+/// A client of a rendezvous server, proving the environment's cluster
+/// secret (`GPUDIRECT_SECRET_FILE`, `GPUDIRECT_SECRET`); each request is
+/// bounded by `timeout` seconds.
+#[pyclass(module = "gpudirect._native", frozen)]
+pub struct Rendezvous {
+    inner: TcpRendezvous,
+}
+
+#[pymethods]
+impl Rendezvous {
+    #[new]
+    #[pyo3(signature = (server, *, timeout=10.0))]
+    fn new(server: &str, timeout: f64) -> PyResult<Rendezvous> {
+        Ok(Rendezvous { inner: TcpRendezvous::new(server, seconds("timeout", timeout)?).map_err(to_py)? })
+    }
+}
+
+/// A rendezvous server in this process (`gpudirect rendezvous` as a
+/// command), serving until `close()` or until it is dropped.
+#[pyclass(module = "gpudirect._native")]
+pub struct RendezvousServer {
+    inner: Option<RustServer>,
+}
+
+#[pymethods]
+impl RendezvousServer {
+    /// Binds `listen` ("IP:PORT"; port 0: a free one). A network address
+    /// needs the cluster's secret in the environment.
+    #[new]
+    #[pyo3(signature = (listen="127.0.0.1:0"))]
+    fn new(py: Python<'_>, listen: &str) -> PyResult<RendezvousServer> {
+        let s = py.detach(|| RustServer::bind(listen)).map_err(to_py)?;
+        Ok(RendezvousServer { inner: Some(s) })
+    }
+
+    /// Where it listens, as "IP:PORT".
+    #[getter]
+    fn addr(&self) -> PyResult<String> {
+        self.inner.as_ref().map(|s| s.addr().to_string()).ok_or_else(|| ConfigError::new_err("the rendezvous server is closed"))
+    }
+
+    /// Stops serving.
+    fn close(&mut self, py: Python<'_>) {
+        if let Some(s) = self.inner.take() {
+            py.detach(|| drop(s));
+        }
+    }
+}
+
+/// Adds the engine's classes and exceptions to the module.
 pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Agent>()?;
     m.add_class::<Request>()?;
-    m.add("EngineError", m.py().get_type::<EngineError>())?;
+    m.add_class::<Rendezvous>()?;
+    m.add_class::<RendezvousServer>()?;
+    crate::errors::add(m)?;
+    m.add_function(wrap_pyfunction!(crate::errors::_error_kinds, m)?)?;
     Ok(())
 }

@@ -14,6 +14,7 @@ use gpudirect_tools::doctor::sources::{judge, Sources};
 use gpudirect_tools::nccl_log;
 
 mod engine;
+mod errors;
 
 create_exception!(_native, GpudirectError, PyException, "Base class of every error gpudirect raises.");
 create_exception!(

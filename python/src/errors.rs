@@ -1,0 +1,131 @@
+//! The engine's errors as Python exceptions: `EngineError` and one
+//! subclass per kind of the Rust `EngineError`, each with the Rust
+//! message, so `except gpudirect.PeerLostError` catches what
+//! `EngineError::PeerLost` is in Rust.
+
+use pyo3::create_exception;
+use pyo3::prelude::*;
+
+use gpudirect::engine::EngineError as Rust;
+
+use crate::GpudirectError;
+
+create_exception!(_native, EngineError, GpudirectError, "A transfer-engine error; each kind has its subclass. The message is the Rust EngineError's.");
+
+/// Declares each kind's exception and what `add` puts in the module.
+macro_rules! kinds {
+    ($($name:ident: $doc:literal),* $(,)?) => {
+        $(create_exception!(_native, $name, EngineError, $doc);)*
+
+        /// Adds `EngineError` and every kind's exception to the module.
+        pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+            m.add("EngineError", m.py().get_type::<EngineError>())?;
+            $(m.add(stringify!($name), m.py().get_type::<$name>())?;)*
+            Ok(())
+        }
+    };
+}
+
+kinds! {
+    VerbsError: "A verbs call failed (registration, queue pair, posting, polling).",
+    ControlError: "The control connection to a peer failed (connect, handshake).",
+    MetadataError: "Metadata from a peer, or handed over, is not a valid agent description.",
+    GpuPlacementError: "No NIC of this agent may carry the GPU's memory zero-copy; the message names each NIC and the fix.",
+    UnknownPeerError: "No agent of that name was loaded here: load its metadata first.",
+    UnknownMemoryError: "The agent has no memory registered under that name.",
+    DuplicateNameError: "Memory is already registered under that name.",
+    PeerLostError: "A transfer to the peer failed (it died, its memory went away, the link did); post again to reconnect.",
+    PartlyPostedError: "Posting stopped part way; the transfer failed and may be posted again.",
+    AuthError: "A peer, its request or its metadata was not believed (the cluster's secret, or not what was loaded).",
+    RefusedError: "The peer's agent refused the connection.",
+    WrongPeerError: "The control address answered as another agent: its metadata is stale.",
+    LengthMismatchError: "A local and a remote range of one entry differ in length.",
+    MixedPeersError: "A request names the memory of several agents; a request targets one.",
+    EmptyRequestError: "A transfer request needs at least one entry.",
+    InFlightError: "The request is still in flight: wait for it before posting it again.",
+    EngineTimeoutError: "Waiting for a transfer or a notification took longer than allowed.",
+    NotificationTooLongError: "A notification longer than the engine carries.",
+    TooManyConnectionsError: "The agent has its maximum of connections.",
+    NoRailError: "No pair of NICs reaches all of the request's memory.",
+    RendezvousError: "A rendezvous store could not be reached, or refused a request.",
+    NotPublishedError: "Nothing was published under the name within the wait.",
+    ConfigError: "The configuration cannot work; the message says what to change.",
+    UnsupportedError: "Something the engine does not do yet; the message says what instead.",
+}
+
+/// The Python exception for a Rust engine error, with its message.
+pub fn to_py(e: Rust) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Rust::Verbs(_) => VerbsError::new_err(msg),
+        Rust::Control { .. } => ControlError::new_err(msg),
+        Rust::Metadata(_) => MetadataError::new_err(msg),
+        Rust::GpuPlacement { .. } => GpuPlacementError::new_err(msg),
+        Rust::UnknownPeer(_) => UnknownPeerError::new_err(msg),
+        Rust::UnknownMemory { .. } => UnknownMemoryError::new_err(msg),
+        Rust::DuplicateName(_) => DuplicateNameError::new_err(msg),
+        Rust::PeerLost { .. } => PeerLostError::new_err(msg),
+        Rust::PartlyPosted { .. } => PartlyPostedError::new_err(msg),
+        Rust::Auth { .. } => AuthError::new_err(msg),
+        Rust::Refused { .. } => RefusedError::new_err(msg),
+        Rust::WrongPeer { .. } => WrongPeerError::new_err(msg),
+        Rust::LengthMismatch { .. } => LengthMismatchError::new_err(msg),
+        Rust::MixedPeers { .. } => MixedPeersError::new_err(msg),
+        Rust::EmptyRequest => EmptyRequestError::new_err(msg),
+        Rust::InFlight => InFlightError::new_err(msg),
+        Rust::Timeout(_) => EngineTimeoutError::new_err(msg),
+        Rust::NotificationTooLong { .. } => NotificationTooLongError::new_err(msg),
+        Rust::TooManyConnections { .. } => TooManyConnectionsError::new_err(msg),
+        Rust::NoRail { .. } => NoRailError::new_err(msg),
+        Rust::Rendezvous { .. } => RendezvousError::new_err(msg),
+        Rust::NotPublished { .. } => NotPublishedError::new_err(msg),
+        Rust::Config(_) => ConfigError::new_err(msg),
+        Rust::Unsupported(_) => UnsupportedError::new_err(msg),
+        // A kind added to the Rust enum later: the base class, same message.
+        _ => EngineError::new_err(msg),
+    }
+}
+
+/// Every kind the map above covers, each with an error of it, so a test
+/// can check each maps to its class with the Rust message
+/// (`gpudirect._native._error_kinds()`).
+#[pyfunction]
+pub fn _error_kinds() -> Vec<(String, PyErr)> {
+    use std::time::Duration;
+    let all = vec![
+        Rust::Verbs(gpudirect::Error::InvalidArgument("x".into())),
+        Rust::Control { peer: "p".into(), source: gpudirect::bootstrap::BootstrapError::Timeout(Duration::from_secs(1)) },
+        gpudirect::engine::AgentMetadata::decode(b"junk").expect_err("junk is no metadata").into(),
+        Rust::GpuPlacement { gpu: "GPU0".into(), why: "w".into() },
+        Rust::UnknownPeer("p".into()),
+        Rust::UnknownMemory { peer: "p".into(), name: "m".into() },
+        Rust::DuplicateName("m".into()),
+        Rust::PeerLost {
+            peer: "p".into(),
+            completion: gpudirect::WcError {
+                status: gpudirect::WcStatus::RetryExceeded,
+                opcode: gpudirect::WcOpcode::RdmaWrite,
+                wr_id: 1,
+                qp_num: 0x11,
+                vendor_err: 0,
+            },
+        },
+        Rust::PartlyPosted { peer: "p".into(), posted: 1, total: 2, reason: "r".into() },
+        Rust::Auth { peer: "p".into(), source: gpudirect::engine::AuthError::Secret("s".into()) },
+        Rust::Refused { peer: "p".into(), reason: "r".into() },
+        Rust::WrongPeer { expected: "a".into(), got: "b".into() },
+        Rust::LengthMismatch { index: 0, local: 1, remote: 2 },
+        Rust::MixedPeers { index: 1, first: "a".into(), got: "b".into() },
+        Rust::EmptyRequest,
+        Rust::InFlight,
+        Rust::Timeout(Duration::from_secs(1)),
+        Rust::NotificationTooLong { len: 2000, max: 1000 },
+        Rust::TooManyConnections { max: 4 },
+        Rust::NoRail { peer: "p".into(), why: "w".into() },
+        Rust::Rendezvous { server: "s".into(), reason: "r".into() },
+        Rust::NotPublished { name: "n".into(), waited: Duration::from_secs(1) },
+        Rust::Config("c".into()),
+        Rust::Unsupported("u"),
+    ];
+    all.into_iter().map(|e| (e.to_string(), to_py(e))).collect()
+}
