@@ -1,7 +1,9 @@
 //! `gpudirect._native`: the Python package's native module. A thin layer:
-//! the judging is `gpudirect_tools`' (the same code as the `gpudirect`
-//! command), the reports cross as JSON that `gpudirect/__init__.py` turns
-//! into dicts, and the GIL is released while the doctor probes the machine.
+//! the engine is `gpudirect::engine` (`engine.rs`, its errors mapped to one
+//! exception class per kind in `errors.rs`); the judging is
+//! `gpudirect_tools`' (the same code as the `gpudirect` command), whose
+//! reports cross as JSON that `gpudirect/__init__.py` turns into dicts. The
+//! GIL is released around every post, wait and probe.
 
 use std::path::PathBuf;
 

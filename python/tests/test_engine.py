@@ -1,0 +1,244 @@
+"""The engine from Python on a real RDMA device (Soft-RoCE in the guest):
+processes exchanging NumPy blocks, concurrent awaits, buffer lifetime, the
+GIL released during waits, each error kind as its exception."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import subprocess
+import sys
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+
+import gpudirect
+from conftest import DEVICE, needs_device
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "kv_mover.py")
+
+
+def agent(name: str) -> gpudirect.Agent:
+    return gpudirect.Agent(name, devices=[DEVICE], listen="127.0.0.1:0")
+
+
+def pair():
+    a, b = agent("prefill"), agent("decode")
+    assert a.load_remote(b.metadata()) == "decode"
+    return a, b
+
+
+def test_each_engine_error_kind_is_its_own_exception_with_the_rust_message():
+    kinds = gpudirect._native._error_kinds()
+    assert len(kinds) == 24
+    classes = set()
+    for message, exc in kinds:
+        assert isinstance(exc, gpudirect.EngineError) and isinstance(exc, gpudirect.GpudirectError)
+        assert str(exc) == message
+        classes.add(type(exc))
+    assert len(classes) == 24, "two kinds share an exception class"
+    for cls in classes:
+        assert cls.__name__ in gpudirect.__all__ and getattr(gpudirect, cls.__name__) is cls
+
+
+@needs_device
+@pytest.mark.parametrize("prefills", [1, 2])
+def test_kv_mover_between_processes_checks_every_byte(prefills):
+    """Two (three) processes: prefills write NumPy blocks into one decode,
+    one notification per layer; decode checks each layer on arrival."""
+    out = subprocess.run(
+        [sys.executable, EXAMPLE, "--prefills", str(prefills), "--device", DEVICE, "--steps", "3", "--timeout", "60"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{prefills * 3 * 8} layers from {prefills} prefill(s)" in out.stdout
+    assert "every byte verified" in out.stdout
+
+
+@needs_device
+def test_many_concurrent_awaits_lose_nothing():
+    a, b = pair()
+    n = 64
+    src = np.arange(n * 4096, dtype=np.uint8).reshape(n, 4096) ^ 0x5A
+    dst = np.zeros_like(src)
+    a.register("src", src)
+    b.register("dst", dst)
+    a.load_remote(b.metadata())  # again: it names "dst" now
+    reqs = [a.prepare("write", [("src", i * 4096, "decode", "dst", i * 4096, 4096)], notify=b"%d" % i) for i in range(n)]
+
+    async def main():
+        # Cancelled awaits take nothing: what they waited for goes to the next.
+        for _ in range(3):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(b.notification(), 0.02)
+        waiters = [asyncio.ensure_future(b.notification()) for _ in range(n)]
+        await asyncio.sleep(0)
+        for r in reqs:
+            r.post()
+        await asyncio.wait_for(asyncio.gather(*reqs), 30)
+        got = await asyncio.wait_for(asyncio.gather(*waiters), 30)
+        return got
+
+    got = asyncio.run(main())
+    assert sorted(int(m) for _, m in got) == list(range(n)), "a notification lost or handed out twice"
+    assert all(p == "prefill" for p, _ in got)
+    assert np.array_equal(dst, src)
+    assert all(r.status() == "done" for r in reqs)
+    stats = a.peer_stats("decode")
+    assert stats["posts"] == n and stats["completed"] == n and stats["bytes"] == n * 4096 and stats["failed"] == 0
+    assert a.nic_stats()[0]["device"] == DEVICE and a.nic_stats()[0]["bytes"] == n * 4096
+    assert reqs[0].stats()["completed"] == 1 and reqs[0].peer == "decode" and reqs[0].nbytes == 4096
+    assert b.notifications() == []
+
+
+@needs_device
+def test_awaits_from_many_tasks_and_a_blocking_thread_together():
+    """A thread's blocking waits reap what tasks await: no await hangs."""
+    a, b = pair()
+    src, dst = bytearray(os.urandom(1 << 16)), bytearray(1 << 16)
+    a.register("s", src)
+    b.register("d", dst)
+    a.load_remote(b.metadata())
+    req = a.prepare("write", [("s", 0, "decode", "d", 0, len(src))])
+    other = a.prepare("write", [("s", 0, "decode", "d", 0, len(src))])
+    stop = threading.Event()
+
+    def blocking():
+        while not stop.is_set():
+            other.post()
+            other.wait(10.0)
+
+    t = threading.Thread(target=blocking)
+    t.start()
+    try:
+        async def main():
+            for _ in range(200):
+                req.post()
+                await asyncio.wait_for(req, 10)
+        asyncio.run(main())
+    finally:
+        stop.set()
+        t.join()
+    assert dst == src
+
+
+@needs_device
+def test_a_registered_array_lives_until_deregistered_and_no_longer():
+    a, b = pair()
+    block = np.frombuffer(os.urandom(1 << 16), dtype=np.uint8).copy()
+    held = block.copy()
+    b.register("held", held)
+    a.load_remote(b.metadata())
+    alive = weakref.ref(held)
+    del held
+    gc.collect()
+    assert alive() is not None, "a registered array was freed"
+    # Its bytes are still what the NIC reads.
+    into = np.zeros(1 << 16, dtype=np.uint8)
+    a.register("into", into)
+    req = a.prepare("read", [("into", 0, "decode", "held", 0, 1 << 16)])
+    req.post()
+    req.wait(10.0)
+    assert np.array_equal(into, block)
+    b.deregister("held")
+    gc.collect()
+    assert alive() is None, "a deregistered array is still held"
+    # A request keeps its local memory until it goes.
+    a_kept = weakref.ref(into)
+    del into
+    a.deregister("into")
+    gc.collect()
+    assert a_kept() is not None, "a prepared request's memory was released under it"
+    del req
+    gc.collect()
+    assert a_kept() is None
+    # A bytearray cannot change size while registered.
+    buf = bytearray(4096)
+    a.register("ba", buf)
+    with pytest.raises(BufferError):
+        buf.extend(b"x")
+    a.deregister("ba")
+    buf.extend(b"x")
+    with pytest.raises(ValueError, match="read-only"):
+        a.register("ro", bytes(16))
+    with pytest.raises(ValueError, match="contiguous"):
+        a.register("nc", np.zeros((8, 8), dtype=np.uint8)[:, ::2])
+
+
+@needs_device
+def test_other_threads_run_while_a_wait_blocks():
+    a, b = pair()
+    count = 0
+    stop = threading.Event()
+
+    def spin():
+        nonlocal count
+        while not stop.is_set():
+            count += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        time.sleep(0.05)
+        before = count
+        started = time.monotonic()
+        with pytest.raises(gpudirect.EngineTimeoutError, match="no completion within"):
+            b.wait_notification(0.5)
+        assert time.monotonic() - started >= 0.45
+        during = count - before
+    finally:
+        stop.set()
+        t.join()
+    # With the GIL held the spinner would not move for 0.5 s.
+    assert during > 10_000, f"the other thread advanced {during} times in a 0.5 s wait"
+
+
+@needs_device
+def test_errors_from_real_calls_are_their_kinds():
+    a, b = pair()
+    a.register("m", bytearray(64))
+    with pytest.raises(gpudirect.DuplicateNameError, match="already registered"):
+        a.register("m", bytearray(64))
+    with pytest.raises(gpudirect.UnknownPeerError, match="load its metadata first"):
+        a.prepare("write", [("m", 0, "nobody", "x", 0, 64)])
+    with pytest.raises(gpudirect.UnknownMemoryError):
+        a.prepare("write", [("m", 0, "decode", "x", 0, 64)])
+    with pytest.raises(gpudirect.UnknownMemoryError):
+        a.prepare("write", [("nope", 0, "decode", "x", 0, 64)])
+    b.register("x", bytearray(64))
+    a.load_remote(b.metadata())
+    with pytest.raises(ValueError):
+        a.prepare("write", [("m", 32, "decode", "x", 0, 64)])
+    with pytest.raises(ValueError, match="write"):
+        a.prepare("send", [("m", 0, "decode", "x", 0, 64)])
+    with pytest.raises(gpudirect.EmptyRequestError):
+        a.prepare("write", [])
+    with pytest.raises(gpudirect.NotificationTooLongError):
+        a.prepare("write", [("m", 0, "decode", "x", 0, 64)], notify=bytes(4096))
+    with pytest.raises(gpudirect.MetadataError):
+        a.load_remote(b"not metadata")
+    with pytest.raises(gpudirect.NotPublishedError):
+        server = gpudirect.RendezvousServer()
+        a.lookup("absent", gpudirect.Rendezvous(server.addr), timeout=0.2)
+
+
+@needs_device
+def test_publish_and_lookup_through_a_rendezvous_server():
+    server = gpudirect.RendezvousServer("127.0.0.1:0")
+    rdv = gpudirect.Rendezvous(server.addr)
+    a, b = agent("prefill"), agent("decode")
+    b.register("t", bytearray(16))
+    b.publish(rdv)
+    assert a.lookup("decode", rdv, timeout=5) == "decode"
+    a.register("s", bytearray(b"0123456789abcdef"))
+    req = a.prepare("write", [("s", 0, "decode", "t", 0, 16)], notify=b"hi")
+    req.post()
+    req.wait(10)
+    assert b.wait_notification(10) == ("prefill", b"hi")
+    server.close()
+    with pytest.raises(gpudirect.ConfigError):
+        server.addr
