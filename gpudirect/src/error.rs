@@ -202,6 +202,12 @@ pub enum Error {
     #[error("CUDA is not available: {0}")]
     CudaUnavailable(String),
 
+    /// Device memory a NIC cannot be given: the cause and the fix
+    /// ([`GpuMemoryError`](crate::GpuMemoryError)), found before anything
+    /// was registered.
+    #[error(transparent)]
+    GpuMemory(#[from] crate::gpu::GpuMemoryError),
+
     /// No GPU with that ordinal.
     #[error("GPU{ordinal} does not exist: CUDA sees {count} GPU(s) (check CUDA_VISIBLE_DEVICES)")]
     GpuNotFound {

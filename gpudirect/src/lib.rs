@@ -28,7 +28,12 @@
 //!   [`AsyncEvent`]s ([`Context::async_event`]).
 //! - GPUs: [`Gpu`], [`GpuBuffer`], [`GpuAllocation`], [`gpu_count`],
 //!   [`driver_version`]; how GPU memory is registered: [`GpuPolicy`],
-//!   [`RegistrationPath`].
+//!   [`RegistrationPath`]; whether a framework's device memory (a
+//!   `cudaMalloc` block, `cuMemCreate`/`cuMemMap` mappings such as
+//!   PyTorch's `expandable_segments`, a stream-ordered pool) may be given to
+//!   a NIC, judged from the driver's answers before anything is
+//!   registered: [`judge_gpu_range`] ([`GpuMapping`], [`GpuRangePlan`],
+//!   [`GpuMemoryError`], which names the fix).
 //! - Errors: [`Error`], [`Result`], [`Errno`].
 //! - Namespaces: [`gdr`] (the facts GPUDirect RDMA rests on, judged:
 //!   why a path is or is not available), [`topology`] (PCIe placement of
@@ -226,7 +231,7 @@ pub use device::{devices, DeviceInfo, Guid};
 pub use error::{Errno, Error, Result};
 pub use gid::{choose_gid, Gid, GidChoice, GidEntry, GidType};
 pub use policy::{GpuPolicy, RegistrationPath};
-pub use gpu::{driver_version, gpu_count, Gpu, GpuAllocation, GpuBuffer, GPU_PAGE};
+pub use gpu::{driver_version, gpu_count, judge_gpu_range, Gpu, GpuAllocation, GpuBuffer, GpuMapping, GpuMemoryError, GpuRangePlan, GPU_PAGE, CU_MEMORYTYPE_DEVICE, MAX_GPU_MAPPINGS};
 pub use mr::{AccessFlags, HostBuffer, LocalSlice, Location, MemoryRegion, Registerable, SgList};
 pub use pd::ProtectionDomain;
 pub use qp::{PartialPost, PreparedQueuePair, QpConfig, QpState, QueuePair};

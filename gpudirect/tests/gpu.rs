@@ -18,7 +18,7 @@ use cudarc::driver::sys as cusys;
 use gpudirect::gdr::{plan, GdrFacts, GpuFacts, HostFacts};
 use gpudirect::{driver_version, gpu_count, GPU_PAGE};
 use gpudirect::sysroot::SysRoot;
-use gpudirect::{Error, Gpu, GpuBuffer};
+use gpudirect::{Error, Gpu, GpuBuffer, GpuMemoryError};
 
 /// The contract on machines without a driver (CI): a typed error that
 /// names the missing library, never a panic. With a driver: a GPU count.
@@ -127,11 +127,113 @@ fn caller_owned_device_memory_is_checked() {
     view.copy_from_host(0, b"inside").unwrap();
     // SAFETY: as above; the range is rejected before use.
     let past = unsafe { GpuBuffer::from_raw(&gpu, owner.device_ptr() + 3 * GPU_PAGE as u64, 2 * GPU_PAGE) };
-    assert!(matches!(past, Err(Error::InvalidArgument(ref m)) if m.contains("extends past its allocation")), "{past:?}");
+    assert!(matches!(past, Err(Error::GpuMemory(GpuMemoryError::PastAllocation { .. }))), "{past:?}");
     let host = [0u8; 64];
     // SAFETY: rejected before use: not device memory.
     let not_dev = unsafe { GpuBuffer::from_raw(&gpu, host.as_ptr() as u64, 64) };
     assert!(not_dev.is_err(), "{not_dev:?}");
+}
+
+/// `n` physical allocations of one granule each, mapped back to back
+/// with `cuMemCreate` + `cuMemMap` (what PyTorch's `expandable_segments`
+/// does), with or without the GPUDirect RDMA flag; unmapped and released
+/// on drop.
+struct VmmMapping {
+    base: u64,
+    granule: usize,
+    handles: Vec<cusys::CUmemGenericAllocationHandle>,
+}
+
+impl VmmMapping {
+    fn new(ordinal: i32, n: usize, rdma: bool) -> VmmMapping {
+        use std::mem::zeroed;
+        // SAFETY: plain-data C structs; all-zero is their documented default.
+        let mut prop: cusys::CUmemAllocationProp = unsafe { zeroed() };
+        prop.type_ = cusys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = cusys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = ordinal;
+        prop.allocFlags.gpuDirectRDMACapable = u8::from(rdma);
+        let mut granule = 0usize;
+        // SAFETY: valid out-pointer and property struct.
+        unsafe { cusys::cuMemGetAllocationGranularity(&mut granule, &prop, cusys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM) }.result().unwrap();
+        let mut base: cusys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; a fresh reservation anywhere.
+        unsafe { cusys::cuMemAddressReserve(&mut base, n * granule, 0, 0, 0) }.result().unwrap();
+        let mut handles = Vec::new();
+        for i in 0..n {
+            let mut h: cusys::CUmemGenericAllocationHandle = 0;
+            // SAFETY: valid out-pointer and properties.
+            unsafe { cusys::cuMemCreate(&mut h, granule, &prop, 0) }.result().unwrap();
+            // SAFETY: the range lies in our reservation; `h` is a granule.
+            unsafe { cusys::cuMemMap(base + (i * granule) as u64, granule, 0, h, 0) }.result().unwrap();
+            handles.push(h);
+        }
+        // SAFETY: plain-data C struct.
+        let mut access: cusys::CUmemAccessDesc = unsafe { zeroed() };
+        access.location = prop.location;
+        access.flags = cusys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        // SAFETY: the whole range is mapped just above.
+        unsafe { cusys::cuMemSetAccess(base, n * granule, &access, 1) }.result().unwrap();
+        VmmMapping { base, granule, handles }
+    }
+}
+
+impl Drop for VmmMapping {
+    fn drop(&mut self) {
+        let size = self.handles.len() * self.granule;
+        // SAFETY: our mapping and reservation, no longer used (every
+        // buffer over it was dropped before).
+        unsafe {
+            let _ = cusys::cuMemUnmap(self.base, size);
+            for &h in &self.handles {
+                let _ = cusys::cuMemRelease(h);
+            }
+            let _ = cusys::cuMemAddressFree(self.base, size);
+        }
+    }
+}
+
+/// Memory mapped as `expandable_segments` maps it: a range across two
+/// physical allocations is one buffer when both were created GPUDirect
+/// RDMA capable (and exports one dma-buf), and a typed error naming the
+/// allocator setting when not, before anything is registered.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn vmm_mappings_are_judged_across_their_segments() {
+    let gpu = gpu0();
+    // Binds the GPU's context to this thread for the raw calls below.
+    let _bound = GpuBuffer::alloc(&gpu, GPU_PAGE).unwrap();
+    let vmm_rdma = gpu.attribute(cusys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED).unwrap();
+    println!("GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED (110) = {vmm_rdma}");
+    for rdma in [true, false] {
+        let m = VmmMapping::new(0, 2, rdma);
+        let g = m.granule as u64;
+        // Half of each mapping: the range crosses from one into the other.
+        // SAFETY: `m` outlives the buffer (dropped first, end of scope).
+        let r = unsafe { GpuBuffer::from_raw(&gpu, m.base + g / 2, m.granule) };
+        match (rdma && vmm_rdma == 1, &r) {
+            (true, Ok(buf)) => {
+                buf.copy_from_host(0, b"across two mappings").unwrap();
+                let mut back = [0u8; 19];
+                buf.copy_to_host(0, &mut back).unwrap();
+                assert_eq!(&back, b"across two mappings");
+                match buf.export_dma_buf() {
+                    Ok((_, off, len)) => println!("one dma-buf over both mappings: offset {off}, {len} bytes"),
+                    Err(e) => assert!(!gpu.dma_buf_supported().unwrap(), "dma-buf export across the mappings failed: {e}"),
+                }
+            }
+            (false, Err(Error::GpuMemory(GpuMemoryError::NotRdmaCapable { base, size }))) => {
+                assert_eq!((*base, *size), (m.base, g), "the first mapping is named");
+                assert!(r.as_ref().unwrap_err().to_string().contains("expandable_segments"));
+            }
+            (want, got) => panic!("rdma flag {rdma} (VMM RDMA supported: {vmm_rdma}), expected ok={want}, got {got:?}"),
+        }
+        drop(r);
+        // The reservation past the mapping is not memory: refused.
+        // SAFETY: rejected before use.
+        let past = unsafe { GpuBuffer::from_raw(&gpu, m.base, 3 * m.granule) };
+        assert!(past.is_err(), "{past:?}");
+    }
 }
 
 /// What the registration cache keys GPU memory by: the allocation's

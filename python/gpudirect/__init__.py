@@ -31,7 +31,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import ctypes
 
-from . import _aio
+from . import _aio, _gpu
 
 from . import _native
 from ._native import (
@@ -43,7 +43,9 @@ from ._native import (
     EmptyRequestError,
     EngineError,
     EngineTimeoutError,
+    CudaError,
     GpudirectError,
+    GpuMemoryError,
     GpuPlacementError,
     InFlightError,
     LengthMismatchError,
@@ -83,6 +85,8 @@ __all__ = [
     "DuplicateNameError",
     "EmptyRequestError",
     "EngineTimeoutError",
+    "CudaError",
+    "GpuMemoryError",
     "GpuPlacementError",
     "InFlightError",
     "LengthMismatchError",
@@ -133,6 +137,28 @@ class Agent(_native.Agent):
         # from 3.11).
         keep = (ctypes.c_char * view.nbytes).from_buffer(view)
         return self._register_raw(name, ctypes.addressof(keep), view.nbytes, keep)
+
+    def register_gpu(self, name: str, array: Any, *, policy: str = "require", gpu: Optional[int] = None) -> int:
+        """Register a CUDA array (``__cuda_array_interface__`` or DLPack: a
+        ``torch.Tensor`` on a GPU, CuPy, JAX) under ``name`` on the NICs
+        nearest its GPU; returns its length in bytes.
+
+        The range is judged before anything is registered: memory mapped
+        with ``cuMemCreate``/``cuMemMap`` (PyTorch's ``expandable_segments``)
+        registers when every mapping it spans is GPUDirect RDMA capable,
+        and otherwise raises :class:`GpuMemoryError` naming the allocator
+        setting to change; so do stream-ordered pool memory, another GPU's
+        memory, unmapped holes, and small tensors that share a page with
+        others. ``policy``: ``"require"`` (GPUDirect RDMA or an error),
+        ``"prefer"`` (else staged through host memory, with a warning) or
+        ``"host-staged"``. The array is kept alive until ``deregister(name)``
+        and until no request names it. ``registration(name)["took"]`` says
+        how long registering took.
+        """
+        ptr, nbytes, ordinal = _gpu.cuda_range(array, gpu)
+        if nbytes == 0 or ptr == 0:
+            raise ValueError(f"{name}: an empty array cannot be registered")
+        return self._register_gpu_raw(name, ordinal, ptr, nbytes, array, policy)
 
     async def notification(self) -> Tuple[str, bytes]:
         """The next notification as ``(peer, bytes)``, awaited on the

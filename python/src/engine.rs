@@ -19,7 +19,7 @@ use gpudirect::engine::{
     self, AgentConfig, AgentMetadata, ClusterSecret, EngineError as Rust, Op, Registration, RendezvousServer as RustServer, TcpRendezvous, TransferRequest,
     TransferStats, TransferStatus,
 };
-use gpudirect::Registerable;
+use gpudirect::{Gpu, GpuBuffer, GpuPolicy, Registerable};
 
 use crate::errors::{to_py, ConfigError};
 
@@ -124,6 +124,49 @@ impl Agent {
         let reg = py.detach(|| self.inner.register(&name, mem)).map_err(to_py)?;
         self.regions.lock().map_err(|_| poisoned())?.insert(name, reg);
         Ok(len)
+    }
+
+    /// Registers `len` bytes of GPU `gpu`'s memory at device address `ptr`
+    /// under `name`, holding `keep` (the object owning the memory) until
+    /// the registration and every request naming it are gone. The range is
+    /// judged before anything is registered (VMM mappings, pools,
+    /// alignment). `policy`: "require", "prefer" or "host-staged". Use
+    /// `gpudirect.Agent.register_gpu`, which reads the pointer from
+    /// `__cuda_array_interface__` or DLPack.
+    fn _register_gpu_raw(&self, py: Python<'_>, name: String, gpu: usize, ptr: u64, len: usize, keep: Py<PyAny>, policy: &str) -> PyResult<usize> {
+        let policy = match policy {
+            "require" => GpuPolicy::Require,
+            "prefer" => GpuPolicy::Prefer,
+            "host-staged" => GpuPolicy::HostStaged,
+            _ => return Err(PyValueError::new_err(format!("policy {policy:?}: use \"require\", \"prefer\" or \"host-staged\""))),
+        };
+        let reg = py
+            .detach(|| {
+                let g = Gpu::open(gpu)?;
+                // SAFETY: `keep` owns the memory (the Python object the
+                // pointer came from, which frees it only when it goes),
+                // and the buffer holds it for as long as it lives.
+                let buf = unsafe { GpuBuffer::from_raw_owned(&g, ptr, len, Box::new(keep)) }?;
+                self.inner.register_gpu(&name, buf, policy)
+            })
+            .map_err(to_py)?;
+        self.regions.lock().map_err(|_| poisoned())?.insert(name, reg);
+        Ok(len)
+    }
+
+    /// What a registration is: `{"name", "nbytes", "took" (seconds),
+    /// "paths": [(device, how the NIC reaches it)], "skipped": [(device,
+    /// why)]}`.
+    fn registration<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
+        let regions = self.regions.lock().map_err(|_| poisoned())?;
+        let reg = regions.get(name).ok_or_else(|| to_py(Rust::UnknownMemory { peer: self.inner.name().to_owned(), name: name.to_owned() }))?;
+        let d = PyDict::new(py);
+        d.set_item("name", reg.name())?;
+        d.set_item("nbytes", reg.len())?;
+        d.set_item("took", reg.took().as_secs_f64())?;
+        d.set_item("paths", reg.paths().into_iter().map(|(dev, loc)| (dev, loc.to_string())).collect::<Vec<_>>())?;
+        d.set_item("skipped", reg.skipped().to_vec())?;
+        Ok(d)
     }
 
     /// Removes a registration; its buffer is released once no request

@@ -28,6 +28,8 @@ macro_rules! kinds {
 
 kinds! {
     VerbsError: "A verbs call failed (registration, queue pair, posting, polling).",
+    GpuMemoryError: "Device memory a NIC cannot be given (a VMM mapping without the GPUDirect RDMA flag, a stream-ordered pool, a range across unmapped or shared pages, another GPU's); the message names the fix.",
+    CudaError: "CUDA cannot be used: no driver, no such GPU, or a driver call failed.",
     ControlError: "The control connection to a peer failed (connect, handshake).",
     MetadataError: "Metadata from a peer, or handed over, is not a valid agent description.",
     GpuPlacementError: "No NIC of this agent may carry the GPU's memory zero-copy; the message names each NIC and the fix.",
@@ -57,6 +59,8 @@ kinds! {
 pub fn to_py(e: Rust) -> PyErr {
     let msg = e.to_string();
     match e {
+        Rust::Verbs(gpudirect::Error::GpuMemory(_)) => GpuMemoryError::new_err(msg),
+        Rust::Verbs(gpudirect::Error::Cuda { .. } | gpudirect::Error::CudaUnavailable(_) | gpudirect::Error::GpuNotFound { .. }) => CudaError::new_err(msg),
         Rust::Verbs(_) => VerbsError::new_err(msg),
         Rust::Control { .. } => ControlError::new_err(msg),
         Rust::Metadata(_) => MetadataError::new_err(msg),
@@ -94,6 +98,8 @@ pub fn _error_kinds() -> Vec<(String, PyErr)> {
     use std::time::Duration;
     let all = vec![
         Rust::Verbs(gpudirect::Error::InvalidArgument("x".into())),
+        Rust::Verbs(gpudirect::GpuMemoryError::StreamOrderedPool { at: 0x1000 }.into()),
+        Rust::Verbs(gpudirect::Error::CudaUnavailable("no driver".into())),
         Rust::Control { peer: "p".into(), source: gpudirect::bootstrap::BootstrapError::Timeout(Duration::from_secs(1)) },
         gpudirect::engine::AgentMetadata::decode(b"junk").expect_err("junk is no metadata").into(),
         Rust::GpuPlacement { gpu: "GPU0".into(), why: "w".into() },

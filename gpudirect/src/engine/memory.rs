@@ -26,6 +26,7 @@ pub(crate) struct RegInner {
     devices: Vec<String>,
     /// The NICs without a region, and why.
     skipped: Vec<(String, String)>,
+    took: std::time::Duration,
 }
 
 /// Memory registered with an agent under a name: on each of its NICs, a
@@ -56,9 +57,16 @@ impl std::fmt::Debug for Registration {
 
 impl Registration {
     /// `regions` holds at least one region.
-    pub(crate) fn new(name: String, regions: Vec<Option<MemoryRegion>>, devices: Vec<String>, skipped: Vec<(String, String)>) -> Registration {
+    pub(crate) fn new(name: String, regions: Vec<Option<MemoryRegion>>, devices: Vec<String>, skipped: Vec<(String, String)>, took: std::time::Duration) -> Registration {
         debug_assert!(regions.iter().any(Option::is_some));
-        Registration { inner: Arc::new(RegInner { name, regions, devices, skipped }) }
+        Registration { inner: Arc::new(RegInner { name, regions, devices, skipped, took }) }
+    }
+
+    /// How long registering it took, on every NIC, the checks included:
+    /// pinning tens of GB takes seconds, and this says where a start-up
+    /// went (also logged at `info`).
+    pub fn took(&self) -> std::time::Duration {
+        self.inner.took
     }
 
     /// The region on the first NIC that has one (every registration has

@@ -210,7 +210,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::gpu::GpuBuffer;
 use crate::mr::{AccessFlags, HostBuffer, MemoryRegion, Registerable};
@@ -374,13 +374,14 @@ impl Agent {
         self.control
     }
 
-    fn add(&self, name: &str, regions: Vec<Option<MemoryRegion>>, skipped: Vec<(String, String)>) -> Result<Registration, EngineError> {
+    fn add(&self, name: &str, regions: Vec<Option<MemoryRegion>>, skipped: Vec<(String, String)>, started: Instant) -> Result<Registration, EngineError> {
         if name.is_empty() || name.len() > MAX_NAME {
             return Err(EngineError::Config(format!("memory name {name:?}: 1 to {MAX_NAME} bytes")));
         }
         let devices = self.core.pool.nics.iter().map(|n| n.desc.device.clone()).collect();
-        let reg = Registration::new(name.to_owned(), regions, devices, skipped);
+        let reg = Registration::new(name.to_owned(), regions, devices, skipped, started.elapsed());
         self.core.registry.add(&reg)?;
+        tracing::info!(agent = self.name(), memory = name, bytes = reg.len(), took = ?reg.took(), "registered");
         Ok(reg)
     }
 
@@ -407,6 +408,7 @@ impl Agent {
     /// # Errors
     /// As [`alloc`](Self::alloc).
     pub fn register<B: Registerable>(&self, name: &str, buf: B) -> Result<Registration, EngineError> {
+        let started = Instant::now();
         self.check_name(name)?;
         let nics = &self.core.pool.nics;
         let first = MemoryRegion::register(&nics[0].pd, buf, access())?;
@@ -415,7 +417,7 @@ impl Agent {
             regions.push(Some(first.register_in(&n.pd, access())?));
         }
         regions.insert(0, Some(first));
-        self.add(name, regions, Vec::new())
+        self.add(name, regions, Vec::new(), started)
     }
 
     /// Registers GPU memory under `name` on the agent's NICs nearest its
@@ -454,6 +456,7 @@ impl Agent {
     }
 
     fn register_gpu_at(&self, name: &str, buf: GpuBuffer, policy: GpuPolicy, root: &SysRoot) -> Result<Registration, EngineError> {
+        let started = Instant::now();
         self.check_name(name)?;
         let nics = &self.core.pool.nics;
         let devices: Vec<&str> = nics.iter().map(|n| n.desc.device.as_str()).collect();
@@ -521,7 +524,7 @@ impl Agent {
             .filter(|((r, _), _)| r.is_none())
             .map(|((_, why), d)| (d.to_string(), why.unwrap_or_else(|| format!("the memory is host-staged through {staged_on} (one host mirror)"))))
             .collect();
-        self.add(name, regions, skipped)
+        self.add(name, regions, skipped, started)
     }
 
     /// Takes the registration named `name` out of this agent's metadata.

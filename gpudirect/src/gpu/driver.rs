@@ -11,7 +11,7 @@ use cudarc::driver::DriverError;
 
 use crate::error::{Error, Result};
 
-use super::{Attr, PointerInfo};
+use super::{Attr, GpuMapping, PointerInfo};
 
 /// A device handle (`CUdevice`).
 #[derive(Clone, Copy, Debug)]
@@ -168,6 +168,64 @@ pub(super) fn pointer_info(ptr: u64) -> Result<PointerInfo> {
         base,
         size: size as u64,
     })
+}
+
+/// The driver's answers for every mapping `ptr..ptr + len` touches (a
+/// context is current): the one holding `ptr`, then the one at each
+/// mapping's end, until past the range, an unknown address, or
+/// [`MAX_GPU_MAPPINGS`](super::MAX_GPU_MAPPINGS).
+pub(super) fn mappings(ptr: u64, len: u64) -> Result<Vec<GpuMapping>> {
+    let end = ptr.saturating_add(len);
+    let mut at = ptr;
+    let mut out = Vec::new();
+    while out.len() <= super::MAX_GPU_MAPPINGS {
+        let info = pointer_info(at)?;
+        let mut m = GpuMapping { base: info.base, size: info.size, memory_type: info.memory_type, ordinal: info.ordinal, ..Default::default() };
+        if info.device_memory {
+            m.vmm = is_vmm(at);
+            m.rdma_capable = rdma_capable(at);
+            m.pool = from_pool(at);
+        }
+        out.push(m);
+        let next = info.base.saturating_add(info.size);
+        if !info.device_memory || next >= end || next <= at || !m.vmm {
+            break;
+        }
+        at = next;
+    }
+    Ok(out)
+}
+
+/// Whether `ptr` is mapped through the virtual-memory-management API:
+/// only such memory has an allocation handle to retain.
+fn is_vmm(ptr: u64) -> bool {
+    static SYMBOL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if !*SYMBOL.get_or_init(|| has_symbol("cuMemRetainAllocationHandle") && has_symbol("cuMemRelease")) {
+        return false;
+    }
+    let mut handle: cusys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: `handle` is the out-parameter the call documents; `ptr` is
+    // only looked up.
+    let r = unsafe { cusys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut std::ffi::c_void) };
+    if r.result().is_err() {
+        return false;
+    }
+    // SAFETY: the handle was retained just above; this drops that reference.
+    if let Err(e) = unsafe { cusys::cuMemRelease(handle) }.result() {
+        tracing::warn!("cuMemRelease of a retained allocation handle: {e:?}");
+    }
+    true
+}
+
+/// `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE`; `None` when the
+/// driver does not answer it.
+fn rdma_capable(ptr: u64) -> Option<bool> {
+    let mut v: std::ffi::c_int = 0;
+    // SAFETY: the attribute writes a boolean as an int into `v`.
+    let r = unsafe {
+        cusys::cuPointerGetAttribute((&mut v as *mut std::ffi::c_int).cast(), cusys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, ptr)
+    };
+    r.result().ok().map(|()| v != 0)
 }
 
 /// Whether `ptr` came from a stream-ordered memory pool

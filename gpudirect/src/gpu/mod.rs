@@ -9,8 +9,11 @@ use std::sync::{Arc, OnceLock};
 
 use crate::error::{Error, Result};
 
+pub use segments::{judge_gpu_range, GpuMapping, GpuMemoryError, GpuRangePlan, MAX_GPU_MAPPINGS, CU_MEMORYTYPE_DEVICE};
+
 #[cfg(feature = "cuda")]
 mod driver;
+mod segments;
 #[cfg(not(feature = "cuda"))]
 #[path = "no_driver.rs"]
 mod driver;
@@ -298,6 +301,8 @@ pub struct GpuBuffer {
     len: usize,
     /// Freed on drop (allocated here) or owned by the caller.
     owned: bool,
+    /// What keeps caller-owned memory allocated ([`GpuBuffer::from_raw_owned`]).
+    keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl fmt::Debug for GpuBuffer {
@@ -326,7 +331,7 @@ impl GpuBuffer {
     /// The caller keeps the memory allocated (e.g. by keeping this buffer,
     /// or the region owning it, alive) for as long as the alias is used.
     pub(crate) unsafe fn alias(&self) -> GpuBuffer {
-        GpuBuffer { gpu: self.gpu.clone(), ptr: self.ptr, len: self.len, owned: false }
+        GpuBuffer { gpu: self.gpu.clone(), ptr: self.ptr, len: self.len, owned: false, keep: None }
     }
 
     /// Allocates `len` bytes (rounded up to 64 KiB) on `gpu`.
@@ -344,45 +349,56 @@ impl GpuBuffer {
         gpu.bind()?;
         let ptr = driver::alloc_zeroed(size)?;
         // Freed on drop, also when the attribute cannot be set.
-        let buf = GpuBuffer { gpu: gpu.clone(), ptr, len: size, owned: true };
+        let buf = GpuBuffer { gpu: gpu.clone(), ptr, len: size, owned: true, keep: None };
         driver::set_sync_memops(ptr)?;
         Ok(buf)
     }
 
     /// Wraps device memory the caller allocated (e.g. another framework's
-    /// tensor), checking that it can be given to a NIC: it must be device
-    /// memory of `gpu` from `cuMemAlloc`-style allocation (not a
-    /// stream-ordered pool), and the range must lie in one allocation.
-    /// `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` is set on it.
+    /// tensor), checking that it can be given to a NIC before anything is
+    /// registered ([`judge_gpu_range`] on the driver's answers): device
+    /// memory of `gpu`, not from a stream-ordered pool, inside one
+    /// `cuMemAlloc` allocation or across virtual-memory-management
+    /// mappings (`cuMemCreate` + `cuMemMap`, as PyTorch's
+    /// `expandable_segments` gives) that are all GPUDirect RDMA capable and
+    /// back to back, and whole host pages of it (a dma-buf export covers
+    /// pages). `CU_POINTER_ATTRIBUTE_SYNC_MEMOPS` is set on `cuMemAlloc`
+    /// memory.
     ///
     /// # Safety
     /// The memory must stay allocated until the returned buffer (and any
     /// region made from it) is dropped; it is not freed here.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the rule broken, [`Error::Cuda`].
+    /// [`Error::GpuMemory`] naming the rule broken and the fix;
+    /// [`Error::Cuda`].
     pub unsafe fn from_raw(gpu: &Gpu, ptr: u64, len: usize) -> Result<GpuBuffer> {
         gpu.bind()?;
-        let bad = |why: String| Err(Error::InvalidArgument(format!("device pointer {ptr:#x} (+{len} bytes): {why}")));
-        if len == 0 {
-            return bad("empty range".into());
+        let maps = driver::mappings(ptr, len as u64)?;
+        let plan = judge_gpu_range(ptr, len as u64, gpu.ordinal(), crate::sysroot::page_size() as u64, &maps)?;
+        if !plan.vmm {
+            // Only asked of cuMemAlloc memory, which the driver documents
+            // it for.
+            driver::set_sync_memops(ptr)?;
         }
-        let info = driver::pointer_info(ptr)?;
-        if !info.device_memory {
-            return bad(format!("not device memory (CU_POINTER_ATTRIBUTE_MEMORY_TYPE = {})", info.memory_type));
-        }
-        if info.ordinal < 0 || info.ordinal as usize != gpu.ordinal() {
-            return bad(format!("belongs to GPU{}, not GPU{}", info.ordinal, gpu.ordinal()));
-        }
-        if driver::from_pool(ptr) {
-            return bad("allocated from a stream-ordered memory pool (cudaMallocAsync), which GPUDirect RDMA does not support; allocate with cuMemAlloc/cudaMalloc".into());
-        }
-        let (start, size) = (info.base, info.size);
-        if ptr.checked_add(len as u64).is_none_or(|end| end > start.saturating_add(size)) {
-            return bad(format!("extends past its allocation ({start:#x} + {size} bytes)"));
-        }
-        driver::set_sync_memops(ptr)?;
-        Ok(GpuBuffer { gpu: gpu.clone(), ptr, len, owned: false })
+        Ok(GpuBuffer { gpu: gpu.clone(), ptr, len, owned: false, keep: None })
+    }
+
+    /// As [`from_raw`](Self::from_raw), holding `owner` (the object that
+    /// owns the memory: a framework's tensor, a Python object) until the
+    /// buffer, and every region made from it, is dropped.
+    ///
+    /// # Safety
+    /// The memory must stay allocated for as long as `owner` lives.
+    ///
+    /// # Errors
+    /// As [`from_raw`](Self::from_raw).
+    pub unsafe fn from_raw_owned(gpu: &Gpu, ptr: u64, len: usize, owner: Box<dyn std::any::Any + Send + Sync>) -> Result<GpuBuffer> {
+        // SAFETY: the memory lives as long as `owner` (caller), which the
+        // buffer holds until it is dropped.
+        let mut buf = unsafe { GpuBuffer::from_raw(gpu, ptr, len) }?;
+        buf.keep = Some(owner);
+        Ok(buf)
     }
 
     /// The GPU holding the buffer.

@@ -64,6 +64,10 @@ pub(super) fn pointer_info(_ptr: u64) -> Result<PointerInfo> {
     not_built()
 }
 
+pub(super) fn mappings(_ptr: u64, _len: u64) -> Result<Vec<super::GpuMapping>> {
+    not_built()
+}
+
 pub(super) fn from_pool(_ptr: u64) -> bool {
     false
 }
