@@ -7,25 +7,15 @@
 //! GPUDIRECT_TEST_DEVICE=rxe0 cargo test -p gpudirect --test engine_poll -- --ignored
 //! ```
 
-use std::net::SocketAddr;
+mod common;
+
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, Op, Readiness};
-use testkit::device;
+use common::{agent, metadata as md};
+use gpudirect::engine::{Op, Readiness};
 
 const T: Duration = Duration::from_secs(20);
-
-fn agent(name: &str) -> Agent {
-    let mut c = AgentConfig::named(name);
-    c.devices = vec![device()];
-    c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
-    Agent::new(c).unwrap()
-}
-
-fn md(a: &Agent) -> AgentMetadata {
-    AgentMetadata::decode(&a.metadata().encode().unwrap()).unwrap()
-}
 
 /// Sleeps until `r` is readable or `T` passed; whether it was.
 fn sleep_on(r: &Readiness) -> bool {

@@ -242,3 +242,53 @@ def test_publish_and_lookup_through_a_rendezvous_server():
     server.close()
     with pytest.raises(gpudirect.ConfigError):
         server.addr
+
+
+@needs_device
+def test_threads_registering_posting_and_deregistering_on_one_agent():
+    """Eight threads share one agent: each registers its own buffer, writes
+    it into its slice of the peer's table, waits, checks, deregisters, 20
+    times over, while another thread reads the agent's statistics. Every
+    byte lands where it should and nothing deadlocks."""
+    a, b = pair()
+    threads, rounds, size = 8, 20, 16 << 10
+    table = np.zeros((threads, size), dtype=np.uint8)
+    b.register("table", table)
+    a.load_remote(b.metadata())
+    errors = []
+    stop = threading.Event()
+
+    def worker(i):
+        try:
+            for r in range(rounds):
+                name = f"t{i}-{r}"
+                buf = np.full(size, (i * rounds + r) % 251, dtype=np.uint8)
+                a.register(name, buf)
+                req = a.prepare("write", [(name, 0, "decode", "table", i * size, size)])
+                req.post()
+                req.wait(20.0)
+                del req
+                a.deregister(name)
+                if not np.all(table[i] == (i * rounds + r) % 251):
+                    errors.append(f"thread {i} round {r}: wrong bytes in its slice")
+        except Exception as e:  # reported below, with the thread
+            errors.append(f"thread {i}: {e!r}")
+
+    def reader():
+        while not stop.is_set():
+            a.nic_stats()
+            a.peer_stats("decode")
+            a.connections()
+
+    workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    r = threading.Thread(target=reader)
+    r.start()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    stop.set()
+    r.join(10)
+    assert not any(w.is_alive() for w in workers), "a thread is stuck"
+    assert errors == []
+    assert a.peer_stats("decode")["completed"] == threads * rounds

@@ -1,5 +1,6 @@
-//! Setup shared by the one-host device tests (`rxe`, `rcache`): the device
-//! under test and a process talking to itself over a connected queue pair.
+//! Setup shared by the one-host device tests (`rxe`, `rcache`,
+//! `engine_poll`): the device under test, a process talking to itself over
+//! a connected queue pair, and engine agents on loopback.
 //! Each test binary uses part of it (`rcache` never reads side `b`, which
 //! only keeps the twin connected).
 #![allow(dead_code)]
@@ -95,4 +96,18 @@ impl<T: Copy> Shared<T> {
     pub fn get(&self) -> T {
         self.with(|v| *v)
     }
+}
+
+/// An engine agent on the device under test, listening on loopback (no
+/// secret needed there).
+pub fn agent(name: &str) -> gpudirect::engine::Agent {
+    let mut c = gpudirect::engine::AgentConfig::named(name);
+    c.devices = vec![device()];
+    c.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    gpudirect::engine::Agent::new(c).unwrap()
+}
+
+/// An agent's metadata as a peer gets it: through its binary form.
+pub fn metadata(a: &gpudirect::engine::Agent) -> gpudirect::engine::AgentMetadata {
+    gpudirect::engine::AgentMetadata::decode(&a.metadata().encode().unwrap()).unwrap()
 }
