@@ -120,13 +120,22 @@ class Agent(_native.Agent):
     """
 
     def register(self, name: str, buffer: Any) -> int:
-        """Register a writable, C-contiguous buffer (bytearray, numpy array)
-        under ``name``, in place; returns its length in bytes.
+        """Register host memory in place under ``name``; returns its length
+        in bytes. ``buffer`` is a writable, C-contiguous buffer (bytearray,
+        NumPy array, mmap), or an array that NumPy can view without copying
+        (a CPU ``torch.Tensor``, anything with ``__array_interface__`` or
+        CPU DLPack).
 
         The object stays alive, and a bytearray cannot be resized, until
-        ``deregister(name)``: the registration holds a buffer export on it.
+        ``deregister(name)`` and until no prepared request names it: the
+        registration holds a buffer export on it. A PyTorch tensor is held
+        through its NumPy view, which PyTorch does not stop ``resize_``
+        from reallocating: do not resize a registered tensor.
         """
-        view = memoryview(buffer)
+        try:
+            view = memoryview(buffer)
+        except TypeError:
+            view = memoryview(_host_array(name, buffer))
         if not view.c_contiguous:
             raise ValueError(f"{name}: the buffer is not C-contiguous: register a contiguous one (numpy.ascontiguousarray)")
         view = view.cast("B")
@@ -167,6 +176,28 @@ class Agent(_native.Agent):
         bound, ``asyncio.wait_for(agent.notification(), t)``.
         """
         return await _aio.notification(self)
+
+def _host_array(name: str, obj: Any) -> Any:
+    """A NumPy view, without a copy, of host memory that does not speak the
+    buffer protocol (a CPU torch.Tensor, __array_interface__, CPU DLPack)."""
+    if not (hasattr(obj, "__array_interface__") or hasattr(obj, "__dlpack__") or hasattr(obj, "__array__")):
+        raise ValueError(f"{name}: {type(obj).__name__} is not a buffer: register a bytearray, a NumPy array or a CPU tensor")
+    try:
+        import numpy as np
+    except ImportError as e:
+        raise ValueError(f"{name}: registering a {type(obj).__name__} needs NumPy to view it without a copy") from e
+    if hasattr(obj, "__dlpack_device__") and int(obj.__dlpack_device__()[0]) != 1:
+        raise ValueError(f"{name}: the array is not in host memory: register GPU memory with register_gpu()")
+    if hasattr(obj, "__array_interface__"):
+        arr = np.asarray(obj)
+    elif hasattr(obj, "__dlpack__"):
+        arr = np.from_dlpack(obj)
+    else:
+        arr = np.asarray(obj)
+    if arr.base is None and arr is not obj:
+        raise ValueError(f"{name}: {type(obj).__name__} could not be viewed without a copy: register its memory directly")
+    return arr
+
 
 _Path = Union[str, "os.PathLike[str]"]
 

@@ -292,3 +292,29 @@ def test_threads_registering_posting_and_deregistering_on_one_agent():
     assert not any(w.is_alive() for w in workers), "a thread is stuck"
     assert errors == []
     assert a.peer_stats("decode")["completed"] == threads * rounds
+
+
+class HostArray:
+    """Host memory behind ``__array_interface__`` only (as a CPU tensor
+    exposes it through NumPy): no buffer protocol of its own."""
+
+    def __init__(self, n):
+        self._a = np.zeros(n, dtype=np.uint8)
+        self.__array_interface__ = self._a.__array_interface__
+
+
+@needs_device
+def test_host_arrays_without_the_buffer_protocol_register_in_place():
+    a, b = pair()
+    src = HostArray(1 << 16)
+    src._a[:] = np.arange(1 << 16) % 253
+    dst = HostArray(1 << 16)
+    assert a.register("s", src) == 1 << 16
+    assert b.register("d", dst) == 1 << 16
+    a.load_remote(b.metadata())
+    req = a.prepare("write", [("s", 0, "decode", "d", 0, 1 << 16)])
+    req.post()
+    req.wait(10)
+    assert np.array_equal(dst._a, src._a), "the registration was not the object's own memory"
+    with pytest.raises(ValueError, match="not a buffer"):
+        a.register("x", object())
