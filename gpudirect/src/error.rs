@@ -206,7 +206,7 @@ pub enum Error {
     /// ([`GpuMemoryError`](crate::GpuMemoryError)), found before anything
     /// was registered.
     #[error(transparent)]
-    GpuMemory(#[from] crate::gpu::GpuMemoryError),
+    GpuMemory(#[from] crate::gpu_range::GpuMemoryError),
 
     /// No GPU with that ordinal.
     #[error("GPU{ordinal} does not exist: CUDA sees {count} GPU(s) (check CUDA_VISIBLE_DEVICES)")]

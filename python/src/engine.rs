@@ -133,6 +133,7 @@ impl Agent {
     /// alignment). `policy`: "require", "prefer" or "host-staged". Use
     /// `gpudirect.Agent.register_gpu`, which reads the pointer from
     /// `__cuda_array_interface__` or DLPack.
+    #[allow(clippy::too_many_arguments)] // Python's call, one argument each
     fn _register_gpu_raw(&self, py: Python<'_>, name: String, gpu: usize, ptr: u64, len: usize, keep: Py<PyAny>, policy: &str) -> PyResult<usize> {
         let policy = match policy {
             "require" => GpuPolicy::Require,

@@ -124,6 +124,14 @@
 //! nothing); bound them with `tokio::time::timeout`. An agent's channels
 //! belong to the runtime of its first await.
 //!
+//! Any other event loop (Python's asyncio, mio, a hand-written epoll)
+//! waits on one descriptor per agent, [`Agent::readiness`]:
+//! [`TransferRequest::poll_completed`] and [`Agent::poll_notification`]
+//! never block; when they find nothing they arm the CQs they need and the
+//! descriptor, which turns readable when a completion arrives or another
+//! thread reaps one (its eventfd), so no wakeup is lost; then
+//! [`Readiness::clear`] and poll again.
+//!
 //! What may block, for async code: [`TransferRequest::post`] waits only
 //! for a connection setup (the first post to a peer, up to
 //! [`AgentConfig::timeout`]) and, for a request longer than its send

@@ -11,7 +11,8 @@ use cudarc::driver::DriverError;
 
 use crate::error::{Error, Result};
 
-use super::{Attr, GpuMapping, PointerInfo};
+use super::{Attr, PointerInfo};
+use crate::gpu_range::GpuMapping;
 
 /// A device handle (`CUdevice`).
 #[derive(Clone, Copy, Debug)]
@@ -173,12 +174,12 @@ pub(super) fn pointer_info(ptr: u64) -> Result<PointerInfo> {
 /// The driver's answers for every mapping `ptr..ptr + len` touches (a
 /// context is current): the one holding `ptr`, then the one at each
 /// mapping's end, until past the range, an unknown address, or
-/// [`MAX_GPU_MAPPINGS`](super::MAX_GPU_MAPPINGS).
+/// [`MAX_GPU_MAPPINGS`](crate::gpu_range::MAX_GPU_MAPPINGS).
 pub(super) fn mappings(ptr: u64, len: u64) -> Result<Vec<GpuMapping>> {
     let end = ptr.saturating_add(len);
     let mut at = ptr;
     let mut out = Vec::new();
-    while out.len() <= super::MAX_GPU_MAPPINGS {
+    while out.len() <= crate::gpu_range::MAX_GPU_MAPPINGS {
         let info = pointer_info(at)?;
         let mut m = GpuMapping { base: info.base, size: info.size, memory_type: info.memory_type, ordinal: info.ordinal, ..Default::default() };
         if info.device_memory {

@@ -9,11 +9,10 @@ use std::sync::{Arc, OnceLock};
 
 use crate::error::{Error, Result};
 
-pub use segments::{judge_gpu_range, GpuMapping, GpuMemoryError, GpuRangePlan, MAX_GPU_MAPPINGS, CU_MEMORYTYPE_DEVICE};
+use crate::gpu_range::judge_gpu_range;
 
 #[cfg(feature = "cuda")]
 mod driver;
-mod segments;
 #[cfg(not(feature = "cuda"))]
 #[path = "no_driver.rs"]
 mod driver;

@@ -64,12 +64,8 @@ pub(super) fn pointer_info(_ptr: u64) -> Result<PointerInfo> {
     not_built()
 }
 
-pub(super) fn mappings(_ptr: u64, _len: u64) -> Result<Vec<super::GpuMapping>> {
+pub(super) fn mappings(_ptr: u64, _len: u64) -> Result<Vec<crate::gpu_range::GpuMapping>> {
     not_built()
-}
-
-pub(super) fn from_pool(_ptr: u64) -> bool {
-    false
 }
 
 pub(super) fn set_sync_memops(_ptr: u64) -> Result<()> {
