@@ -96,23 +96,28 @@ fn completions_reaped_by_another_thread_still_wake_the_loop() {
     gpudirect::fault::delay_send_reaps(Duration::from_millis(20));
     for _ in 0..50 {
         req.post().unwrap();
+        // Handles joined by name (pthread_join), not by the scope's end,
+        // whose wait helgrind and drd cannot see as synchronization.
         std::thread::scope(|s| {
-            s.spawn(|| req.wait(Some(T)).unwrap());
+            let w = s.spawn(|| req.wait(Some(T)).unwrap());
             // Let the blocking wait take the completion first.
             std::thread::sleep(Duration::from_millis(5));
-            s.spawn(|| {
+            let n = s.spawn(|| {
                 let n = decode.wait_notification(Some(T)).unwrap();
                 assert_eq!(n.msg, b"n");
             });
             until(pr, || req.poll_completed().unwrap().then_some(()));
+            w.join().unwrap();
+            n.join().unwrap();
         });
         // The blocking thread took the notification; the next one is the
         // loop's, even if the other thread reaps it first.
         req.post().unwrap();
         std::thread::scope(|s| {
-            s.spawn(|| req.wait(Some(T)).unwrap());
+            let w = s.spawn(|| req.wait(Some(T)).unwrap());
             let (n, _) = until(dr, || decode.poll_notification().unwrap());
             assert_eq!(n.msg, b"n");
+            w.join().unwrap();
         });
     }
     gpudirect::fault::delay_send_reaps(Duration::ZERO);
