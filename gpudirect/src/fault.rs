@@ -60,3 +60,21 @@ pub(crate) fn send_reap_delay() {
         std::thread::sleep(std::time::Duration::from_micros(us.into()));
     }
 }
+
+static LANE_DELAY: AtomicU32 = AtomicU32::new(0);
+
+/// While `delay` is not zero, an engine post sleeps `delay` before it
+/// posts the part of a request that goes on queue pair index `qp` of a
+/// rail: the other queue pairs' parts are on the wire and may complete
+/// first, as when one queue pair of a rail is slower than its siblings.
+pub fn delay_lane_posts(qp: u8, delay: std::time::Duration) {
+    let ms = delay.as_millis().min(0x00ff_ffff) as u32;
+    LANE_DELAY.store(ms << 8 | u32::from(qp), Ordering::SeqCst);
+}
+
+pub(crate) fn lane_post_delay(qp: usize) {
+    let v = LANE_DELAY.load(Ordering::SeqCst);
+    if v >> 8 > 0 && (v & 0xff) as usize == qp {
+        std::thread::sleep(std::time::Duration::from_millis((v >> 8).into()));
+    }
+}

@@ -259,7 +259,7 @@ impl Agent {
         Ok(n.map(|n| (n.peer, PyBytes::new(py, &n.msg))))
     }
 
-    /// What each NIC carried: `[{"device", "bytes", "posts"}]`.
+    /// What each NIC carried: `[{"device", "bytes", "posts", "qp_bytes"}]`.
     fn nic_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         self.inner
             .nic_stats()
@@ -269,6 +269,7 @@ impl Agent {
                 d.set_item("device", s.device)?;
                 d.set_item("bytes", s.bytes)?;
                 d.set_item("posts", s.posts)?;
+                d.set_item("qp_bytes", s.qp_bytes)?;
                 Ok(d)
             })
             .collect()

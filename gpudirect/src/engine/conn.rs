@@ -1,5 +1,5 @@
 //! Connections on demand: one RC queue pair per (peer, local NIC, remote
-//! NIC) in use, set up on first use through the peer agent's control
+//! NIC, queue pair index) in use (a rail may carry several), set up on first use through the peer agent's control
 //! listener and kept until it fails. Every queue pair takes its receives
 //! (notifications) from its NIC's shared receive queue, so a connection
 //! costs a send queue and no receive memory.
@@ -10,11 +10,12 @@
 //! run of it) whose metadata it loaded, if it loaded any. The target is
 //! ready to receive before the initiator can send.
 //!
-//! A NIC holds at most `max_connections`; making one more evicts the
-//! least recently used idle one (no post holds it: posts keep their
-//! connections until their completions are reaped) after a goodbye over
-//! the peer's control listener, which closes its end only if idle on its
-//! side too. A peer that does not answer the goodbye within the agent's
+//! A NIC holds at most `max_connections` queue pairs; making one more
+//! evicts the least recently used idle one (no post holds it: posts keep
+//! their connections until their completions are reaped), with its idle
+//! siblings on the same rail to the same peer (the rail's queue pairs are
+//! one connection), after a goodbye over the peer's control listener,
+//! which closes its end only if idle on its side too. A peer that does not answer the goodbye within the agent's
 //! timeout (crashed, partitioned) has its connection closed here anyway:
 //! eviction takes one timeout at most in all. Notifications already
 //! received on a closed connection still name their peer (`gone`).
@@ -34,6 +35,7 @@ use crate::sync::Mutex;
 use crate::wire::Endpoint;
 
 use super::auth::{AuthError, Key};
+use super::config::MAX_QPS_PER_RAIL;
 use super::control::{self, Answer, Ask, Identity, NotProven, Request};
 use super::desc::AgentMetadata;
 use super::error::EngineError;
@@ -54,6 +56,8 @@ pub(crate) struct Conn {
     control: SocketAddr,
     pub(crate) nic: usize,
     remote_nic: usize,
+    /// Which of the rail's queue pairs it is.
+    pub(crate) index: usize,
     /// The pool's use count at its last use: the least recent is evicted.
     used: AtomicU64,
     /// Its NIC's receive queue's completions, kept at its end.
@@ -78,9 +82,31 @@ impl Drop for Conn {
 }
 
 impl Conn {
-    fn new(qp: QueuePair, peer: &Identity, control: SocketAddr, nic: (usize, &Nic), remote_nic: usize) -> Conn {
+    fn new(qp: QueuePair, peer: &Identity, control: SocketAddr, nic: (usize, &Nic), path: Path) -> Conn {
         let recv_cq = nic.1.recv_cq.clone();
-        Conn { qp, peer: peer.name.as_str().into(), instance: peer.instance, control, nic: nic.0, remote_nic, used: AtomicU64::new(0), recv_cq, posting: Mutex::new(()) }
+        let (_, remote_nic, index) = path;
+        Conn {
+            qp,
+            peer: peer.name.as_str().into(),
+            instance: peer.instance,
+            control,
+            nic: nic.0,
+            remote_nic,
+            index,
+            used: AtomicU64::new(0),
+            recv_cq,
+            posting: Mutex::new(()),
+        }
+    }
+
+    fn path(&self) -> Path {
+        (self.nic, self.remote_nic, self.index)
+    }
+
+    /// Whether `other` is another queue pair of its rail to the same run
+    /// of the same peer.
+    fn sibling(&self, other: &Conn) -> bool {
+        self.peer == other.peer && self.instance == other.instance && (self.nic, self.remote_nic) == (other.nic, other.remote_nic)
     }
 
     fn peer_identity(&self) -> Identity {
@@ -88,7 +114,10 @@ impl Conn {
     }
 }
 
-type ConnKey = (Arc<str>, usize, usize);
+/// Where a connection goes: (local NIC, remote NIC, queue pair index).
+pub(crate) type Path = (usize, usize, usize);
+
+type ConnKey = (Arc<str>, Path);
 
 /// FNV-1a over a peer's name: a post looks its connection up by name, and
 /// SipHash cost it more than the rest of the lookup. Not keyed, so names
@@ -111,8 +140,8 @@ impl std::hash::Hasher for NameHasher {
 }
 
 type ByName<V> = HashMap<Arc<str>, V, std::hash::BuildHasherDefault<NameHasher>>;
-/// A peer's connections to send on, by (local NIC, remote NIC).
-type PeerConns = Vec<((usize, usize), Arc<Conn>)>;
+/// A peer's connections to send on, by path.
+type PeerConns = Vec<(Path, Arc<Conn>)>;
 
 /// The agent's NICs and its connections.
 pub(crate) struct ConnPool {
@@ -135,7 +164,7 @@ pub(crate) struct ConnPool {
     pub(crate) nics: Vec<Nic>,
     pub(crate) qp: QpConfig,
     pub(crate) timeout: Duration,
-    /// The connection each (peer, local NIC, remote NIC) sends on, by
+    /// The connection each (peer, path) sends on, by
     /// peer: a post looks its peer up by name without allocating a key.
     sending: Mutex<ByName<PeerConns>>,
     /// Every live connection, by (local NIC, queue pair number): how a
@@ -195,27 +224,28 @@ impl ConnPool {
         }
     }
 
-    /// The connection to `peer` from local NIC `nic` to its NIC
-    /// `remote_nic`, set up now when there is none (then `true`).
-    pub(crate) fn get(&self, peer: &AgentMetadata, nic: usize, remote_nic: usize) -> Result<(Arc<Conn>, bool), EngineError> {
-        if let Some(c) = self.sending_on(&peer.name, nic, remote_nic) {
+    /// The connection to `peer` on `path` (from local NIC to its NIC, the
+    /// rail's queue pair of that index), set up now when there is none
+    /// (then `true`).
+    pub(crate) fn get(&self, peer: &AgentMetadata, path: Path) -> Result<(Arc<Conn>, bool), EngineError> {
+        if let Some(c) = self.sending_on(&peer.name, path) {
             return Ok((c, false));
         }
-        let key: ConnKey = (peer.name.as_str().into(), nic, remote_nic);
+        let key: ConnKey = (peer.name.as_str().into(), path);
         let turn = self.connecting.lock().entry(key.clone()).or_default().clone();
         let _one = turn.lock();
-        if let Some(c) = self.sending_on(&peer.name, nic, remote_nic) {
+        if let Some(c) = self.sending_on(&peer.name, path) {
             return Ok((c, false));
         }
-        let conn = Arc::new(self.connect(peer, nic, remote_nic)?);
-        self.add_live(nic, conn.clone());
-        self.send_on(key.0, (nic, remote_nic), conn.clone(), true);
+        let conn = Arc::new(self.connect(peer, path)?);
+        self.add_live(path.0, conn.clone());
+        self.send_on(key.0, path, conn.clone(), true);
         Ok((conn, true))
     }
 
-    fn sending_on(&self, peer: &str, nic: usize, remote_nic: usize) -> Option<Arc<Conn>> {
+    fn sending_on(&self, peer: &str, path: Path) -> Option<Arc<Conn>> {
         let sending = self.sending.lock();
-        let c = sending.get(peer)?.iter().find(|(k, _)| *k == (nic, remote_nic)).map(|(_, c)| c.clone())?;
+        let c = sending.get(peer)?.iter().find(|(k, _)| *k == path).map(|(_, c)| c.clone())?;
         self.touch(&c);
         Some(c)
     }
@@ -230,7 +260,7 @@ impl ConnPool {
 
     /// Makes `conn` the one to send to `peer` on `nics`: always when
     /// `replace`, else only if there is none.
-    fn send_on(&self, peer: Arc<str>, nics: (usize, usize), conn: Arc<Conn>, replace: bool) {
+    fn send_on(&self, peer: Arc<str>, nics: Path, conn: Arc<Conn>, replace: bool) {
         let mut sending = self.sending.lock();
         let v = sending.entry(peer).or_default();
         match v.iter_mut().find(|(k, _)| *k == nics) {
@@ -277,36 +307,50 @@ impl ConnPool {
         Some(listed)
     }
 
-    /// Closes the least recently used idle connection of NIC `nic`, after
-    /// its peer agreed, or did not answer within what is left of one
-    /// timeout (then it is closed here alone). Only a peer that answers
-    /// that the connection is busy on its side keeps it.
+    /// Closes the least recently used idle connection of NIC `nic`, and
+    /// its idle siblings (the other queue pairs of its rail to that
+    /// peer), after its peer agreed, or did not answer within what is
+    /// left of one timeout (then it is closed here alone). Only a peer
+    /// that answers that the connection is busy on its side keeps it.
     fn evict_one(&self, nic: usize) -> Result<(), EngineError> {
         let deadline = Deadline::after(self.timeout);
         let mut candidates: Vec<Arc<Conn>> = self.live.lock().iter().filter(|((i, _), _)| *i == nic).map(|(_, c)| c.clone()).collect();
         candidates.sort_by_key(|c| c.used.fetch_add(0, Ordering::Relaxed));
-        for c in candidates {
-            let Some(listed) = self.take_if_idle(&c) else { continue };
-            let left = deadline.left().unwrap_or(Duration::ZERO);
-            match self.goodbye(&c, left) {
-                Goodbye::Closed => {
-                    tracing::info!(peer = %c.peer, nic, qp = c.qp.endpoint().qp_num, "engine connection evicted (least recently used, idle)");
-                    return Ok(());
+        for (at, c) in candidates.iter().enumerate() {
+            if self.evict(c, &deadline) {
+                for s in candidates[at + 1..].iter().filter(|s| s.sibling(c)) {
+                    self.evict(s, &deadline);
                 }
-                Goodbye::Silent(why) => {
-                    tracing::warn!(peer = %c.peer, nic, qp = c.qp.endpoint().qp_num, "engine connection evicted without its peer's goodbye ({why}): closed here");
-                    return Ok(());
-                }
-                Goodbye::Busy(why) => {
-                    tracing::info!(peer = %c.peer, nic, "engine connection kept: its peer did not close it ({why})");
-                    self.add_live(nic, c.clone());
-                    if listed {
-                        self.send_on(c.peer.clone(), (nic, c.remote_nic), c, false);
-                    }
-                }
+                return Ok(());
             }
         }
         Err(EngineError::TooManyConnections { max: self.nics[nic].max_connections })
+    }
+
+    /// Closes `c` if it is idle and its peer does not keep it; whether it
+    /// did.
+    fn evict(&self, c: &Arc<Conn>, deadline: &Deadline) -> bool {
+        let Some(listed) = self.take_if_idle(c) else { return false };
+        let left = deadline.left().unwrap_or(Duration::ZERO);
+        let (nic, qp) = (c.nic, c.qp.endpoint().qp_num);
+        match self.goodbye(c, left) {
+            Goodbye::Closed => {
+                tracing::info!(peer = %c.peer, nic, qp, "engine connection evicted (least recently used, idle)");
+                true
+            }
+            Goodbye::Silent(why) => {
+                tracing::warn!(peer = %c.peer, nic, qp, "engine connection evicted without its peer's goodbye ({why}): closed here");
+                true
+            }
+            Goodbye::Busy(why) => {
+                tracing::info!(peer = %c.peer, nic, "engine connection kept: its peer did not close it ({why})");
+                self.add_live(nic, c.clone());
+                if listed {
+                    self.send_on(c.peer.clone(), c.path(), c.clone(), false);
+                }
+                false
+            }
+        }
     }
 
     /// Asks `conn`'s peer to close its end, within `within`.
@@ -322,7 +366,7 @@ impl ConnPool {
             }
             Err(e) => return Goodbye::Silent(e.to_string()),
         };
-        let req = self.request(conn.nic, conn.remote_nic, Ask::Close { from: conn.qp.endpoint().qp_num, to: conn.qp.remote().qp_num });
+        let req = self.request(conn.path(), Ask::Close { from: conn.qp.endpoint().qp_num, to: conn.qp.remote().qp_num });
         match control::initiate(&mut oob, &self.key, &conn.peer_identity(), &req, None) {
             Ok(Answer::Accepted(_)) => Goodbye::Closed,
             Ok(Answer::Refused(reason)) => Goodbye::Busy(reason),
@@ -333,24 +377,25 @@ impl ConnPool {
         }
     }
 
-    fn request(&self, nic: usize, remote_nic: usize, ask: Ask) -> Request {
-        Request { from: Identity { name: self.name.to_string(), instance: self.instance }, control: self.control, theirs: nic, ours: remote_nic, ask }
+    fn request(&self, (nic, remote_nic, qp): Path, ask: Ask) -> Request {
+        Request { from: Identity { name: self.name.to_string(), instance: self.instance }, control: self.control, theirs: nic, ours: remote_nic, qp, ask }
     }
 
-    fn connect(&self, peer: &AgentMetadata, nic: usize, remote_nic: usize) -> Result<Conn, EngineError> {
+    fn connect(&self, peer: &AgentMetadata, path: Path) -> Result<Conn, EngineError> {
         let started = std::time::Instant::now();
+        let (nic, remote_nic, index) = path;
         let prepared = self.create_qp(nic)?;
         let mut oob = OobChannel::connect(peer.control, self.timeout).map_err(control_err(&peer.name))?;
         let them = Identity { name: peer.name.clone(), instance: peer.instance };
-        let req = self.request(nic, remote_nic, Ask::Connect);
+        let req = self.request(path, Ask::Connect);
         let remote = match control::initiate(&mut oob, &self.key, &them, &req, Some(prepared.endpoint()))? {
             Answer::Accepted(Some(ep)) => ep,
             Answer::Accepted(None) => return Err(EngineError::Refused { peer: peer.name.clone(), reason: "an answer without an endpoint".into() }),
             Answer::Refused(reason) => return Err(EngineError::Refused { peer: peer.name.clone(), reason }),
         };
         let qp = prepared.connect(&remote)?;
-        tracing::info!(peer = %peer.name, nic, remote_nic, qp = qp.endpoint().qp_num, setup_us = started.elapsed().as_micros() as u64, "engine connected");
-        Ok(Conn::new(qp, &them, peer.control, (nic, &self.nics[nic]), remote_nic))
+        tracing::info!(peer = %peer.name, nic, remote_nic, index, qp = qp.endpoint().qp_num, setup_us = started.elapsed().as_micros() as u64, "engine connected");
+        Ok(Conn::new(qp, &them, peer.control, (nic, &self.nics[nic]), path))
     }
 
     /// Whether `req` (with `endpoint`) is the agent loaded here under its
@@ -407,6 +452,10 @@ impl ConnPool {
             let reason = format!("this agent has {} NIC(s), NIC {} was asked for", self.nics.len(), req.ours);
             return refuse(&mut oob, EngineError::Refused { peer: req.from.name.clone(), reason });
         }
+        if req.qp >= MAX_QPS_PER_RAIL {
+            let reason = format!("queue pair {} of a rail asked for, at most {MAX_QPS_PER_RAIL} per rail", req.qp);
+            return refuse(&mut oob, EngineError::Refused { peer: req.from.name.clone(), reason });
+        }
         if let Err(source) = self.as_loaded(req, proven.endpoint.as_ref()) {
             return refuse(&mut oob, EngineError::Auth { peer: req.from.name.clone(), source });
         }
@@ -426,12 +475,13 @@ impl ConnPool {
             Err(e) => return refuse(&mut oob, e),
         };
         let endpoint = qp.endpoint();
-        let conn = Arc::new(Conn::new(qp, &req.from, req.control, (req.ours, &self.nics[req.ours]), req.theirs));
+        let path = (req.ours, req.theirs, req.qp);
+        let conn = Arc::new(Conn::new(qp, &req.from, req.control, (req.ours, &self.nics[req.ours]), path));
         self.add_live(req.ours, conn.clone());
         // Sends to that peer use it unless we set one up ourselves.
-        self.send_on(req.from.name.as_str().into(), (req.ours, req.theirs), conn, false);
+        self.send_on(req.from.name.as_str().into(), path, conn, false);
         control::answer(&mut oob, &self.key, proven.session(), Ok(Some(endpoint))).map_err(control_err(&req.from.name))?;
-        tracing::info!(peer = %req.from.name, nic = req.ours, remote_nic = req.theirs, qp = endpoint.qp_num, "engine accepted a connection");
+        tracing::info!(peer = %req.from.name, nic = req.ours, remote_nic = req.theirs, index = req.qp, qp = endpoint.qp_num, "engine accepted a connection");
         Ok(())
     }
 

@@ -6,7 +6,7 @@
 //! 1. nonces: the initiator's, and the target's with who it is (name,
 //!    instance);
 //! 2. proofs: the initiator's request (who it is, its control address,
-//!    both NIC indices, what it asks) with its endpoint and a proof over
+//!    both NIC indices, which of the rail's queue pairs, what it asks) with its endpoint and a proof over
 //!    both nonces, the target's identity and all of that; the target's
 //!    proof over both nonces and its identity;
 //! 3. the answer: the target's endpoint or its refusal, proven over both
@@ -26,8 +26,9 @@ use super::auth::{random, AuthError, Key, Label, TAG};
 use super::desc::MAX_NAME;
 use super::error::EngineError;
 
-/// The control protocol's version (1 and 2 had no proofs).
-pub(crate) const VERSION: u8 = 3;
+/// The control protocol's version (1 and 2 had no proofs, 3 no queue
+/// pair index).
+pub(crate) const VERSION: u8 = 4;
 /// Longest control address text in a request (`[v6]:port`).
 const MAX_ADDR: usize = 64;
 
@@ -77,6 +78,8 @@ pub(crate) struct Request {
     /// The initiator's NIC, and the target's.
     pub(crate) theirs: usize,
     pub(crate) ours: usize,
+    /// Which of the rail's queue pairs (from 0): a rail may carry several.
+    pub(crate) qp: usize,
     pub(crate) ask: Ask,
 }
 
@@ -87,7 +90,7 @@ impl Request {
         v.extend_from_slice(&self.from.bytes());
         v.push(addr.len() as u8);
         v.extend_from_slice(addr.as_bytes());
-        v.extend_from_slice(&[self.theirs as u8, self.ours as u8]);
+        v.extend_from_slice(&[self.theirs as u8, self.ours as u8, self.qp as u8]);
         match self.ask {
             Ask::Close { from, to } => {
                 v.push(1);
@@ -116,6 +119,7 @@ impl Request {
         let control: SocketAddr = text.parse().map_err(|_| format!("control address {text:?} is not IP:port"))?;
         let theirs = r.u8("initiator NIC").map_err(bad)? as usize;
         let ours = r.u8("target NIC").map_err(bad)? as usize;
+        let qp = r.u8("queue pair index").map_err(bad)? as usize;
         let ask = match r.u8("kind").map_err(bad)? {
             0 => Ask::Connect,
             1 => Ask::Close { from: r.u32("initiator queue pair").map_err(bad)?, to: r.u32("target queue pair").map_err(bad)? },
@@ -124,7 +128,7 @@ impl Request {
         if r.rest() != 0 {
             return Err(format!("{} trailing bytes after the request", r.rest()));
         }
-        Ok(Request { from, control, theirs, ours, ask })
+        Ok(Request { from, control, theirs, ours, qp, ask })
     }
 }
 
@@ -298,7 +302,7 @@ mod tests {
     }
 
     fn req(name: &str) -> Request {
-        Request { from: Identity { name: name.into(), instance: 7 }, control: "192.0.2.7:4791".parse().unwrap(), theirs: 1, ours: 0, ask: Ask::Connect }
+        Request { from: Identity { name: name.into(), instance: 7 }, control: "192.0.2.7:4791".parse().unwrap(), theirs: 1, ours: 0, qp: 1, ask: Ask::Connect }
     }
 
     fn ep() -> Endpoint {
@@ -453,6 +457,6 @@ mod tests {
         oob.exchange(&Handshake::default()).unwrap();
         let a = oob.exchange(&Handshake::default()).unwrap();
         assert_eq!(a.app[0], 1, "a refusal");
-        assert!(target.join().unwrap().contains("not a control-protocol v3 hello"));
+        assert!(target.join().unwrap().contains("not a control-protocol v4 hello"));
     }
 }

@@ -41,7 +41,7 @@ fn endpoint(of: &Agent) -> Endpoint {
 fn ask(target: &Agent, key: &Key, claim: Identity, control: SocketAddr, ep: Endpoint) -> Result<Answer, EngineError> {
     let mut oob = OobChannel::connect(target.control_addr(), Duration::from_secs(5)).unwrap();
     let expect = Identity { name: target.name().into(), instance: target.core.pool.instance };
-    let req = Request { from: claim, control, theirs: 0, ours: 0, ask: Ask::Connect };
+    let req = Request { from: claim, control, theirs: 0, ours: 0, qp: 0, ask: Ask::Connect };
     control::initiate(&mut oob, key, &expect, &req, Some(ep))
 }
 
@@ -89,7 +89,7 @@ fn hostile_clients_are_refused_before_any_queue_pair_and_the_legitimate_peer_goe
     hello.extend_from_slice(&[7; TAG]);
     let first = oob.exchange(&Handshake { app: hello, ..Default::default() }).unwrap();
     let identity = first.app[1 + TAG..].to_vec();
-    let req3 = Request { from: me.clone(), control: at, theirs: 0, ours: 0, ask: Ask::Connect };
+    let req3 = Request { from: me.clone(), control: at, theirs: 0, ours: 0, qp: 0, ask: Ask::Connect };
     let mut recorded = Handshake { endpoint: Some(ep), buffers: vec![], app: req3.bytes() };
     let key = Key::of(Some(s.clone()));
     let old_nonce = [9; TAG];

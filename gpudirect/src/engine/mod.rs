@@ -228,7 +228,7 @@ use crate::sync::Mutex;
 use crate::sysroot::SysRoot;
 use crate::topology::PathLevel;
 
-pub use config::AgentConfig;
+pub use config::{AgentConfig, MAX_QPS_PER_RAIL};
 pub use auth::{AuthError, ClusterSecret, MIN_SECRET, SECRET_ENV, SECRET_FILE_ENV};
 pub use desc::{AgentMetadata, MemoryDesc, MetadataError, NicDesc, MAX_MEMORIES, MAX_METADATA, MAX_NAME, MAX_NICS, METADATA_MAGIC, METADATA_VERSION, SEAL_LEN};
 pub use error::EngineError;
@@ -303,12 +303,16 @@ impl Agent {
         if config.send_depth < 2 || config.srq_depth == 0 || config.max_connections == 0 {
             return Err(EngineError::Config("send_depth must be at least 2, srq_depth and max_connections at least 1".into()));
         }
+        if let Some(n) = config.qps_per_rail.filter(|&n| n == 0 || n as usize > MAX_QPS_PER_RAIL) {
+            return Err(EngineError::Config(format!("qps_per_rail {n}: 1 to {MAX_QPS_PER_RAIL}")));
+        }
         let setup = NicSetup {
             port: config.port,
             gid_index: config.gid_index,
             send_depth: config.send_depth,
             max_connections: config.max_connections,
             srq_depth: config.srq_depth,
+            qps_per_rail: config.qps_per_rail,
         };
         let nics = match config.devices.as_slice() {
             [] => vec![Nic::open(None, &setup)?],
@@ -678,10 +682,11 @@ impl Agent {
     /// carry it is decided here, once: every rail on which both ends
     /// registered all of its memory is usable; a request of
     /// [`AgentConfig::slice_threshold`] bytes or more is cut into equal
-    /// slices, one per usable rail, a smaller one takes the next rail in
-    /// turn. A notification after a write on one rail follows the writes
-    /// on its queue pair; after a sliced write, or after a read, it is
-    /// sent once the initiator has reaped every slice's completion (RC
+    /// slices, one per queue pair of every usable rail
+    /// ([`AgentConfig::qps_per_rail`]), a smaller one takes the next
+    /// queue pair in turn. A notification after a write on one queue pair
+    /// follows the writes on it; after a sliced write, or after a read, it
+    /// is sent once the initiator has reaped every slice's completion (RC
     /// acknowledges a write once it is placed), one round trip later.
     ///
     /// # Errors
@@ -705,12 +710,14 @@ impl Agent {
         if let Some(msg) = notify.filter(|m| m.len() > MAX_NOTIFICATION) {
             return Err(EngineError::NotificationTooLong { len: msg.len(), max: MAX_NOTIFICATION });
         }
-        let rails = transfer::rails(self.core.pool.nics.len(), &peer, entries)?;
-        let lanes = if bytes >= self.slice_threshold && rails.len() > 1 {
-            transfer::slice(entries.iter().map(|e| e.1.len), &rails, bytes)
+        let nics = &self.core.pool.nics;
+        let rails = transfer::rails(nics.len(), &peer, entries)?;
+        let paths = transfer::queue_pairs(&rails, |r| nics[r].qps);
+        let lanes = if bytes >= self.slice_threshold && paths.len() > 1 {
+            transfer::slice(entries.iter().map(|e| e.1.len), &paths, bytes)
         } else {
-            let rail = rails[self.next_rail.fetch_add(1, Ordering::Relaxed) % rails.len()];
-            vec![transfer::Lane::whole(rail, entries)]
+            let path = paths[self.next_rail.fetch_add(1, Ordering::Relaxed) % paths.len()];
+            vec![transfer::Lane::whole(path, entries)]
         };
         let notify = match notify {
             None => None,
@@ -821,10 +828,12 @@ impl Agent {
 }
 
 /// Connections from each of this agent's NICs to the peer's of the same
-/// index, made where missing.
+/// index, every queue pair of each rail, made where missing.
 fn connect_rails(pool: &ConnPool, md: &AgentMetadata) -> Result<(), EngineError> {
     for rail in 0..pool.nics.len().min(md.nics.len()) {
-        pool.get(md, rail, rail)?;
+        for qp in 0..pool.nics[rail].qps {
+            pool.get(md, (rail, rail, qp))?;
+        }
     }
     Ok(())
 }

@@ -28,6 +28,8 @@ pub(crate) struct NicSetup {
     pub(crate) max_connections: usize,
     /// Notification receives kept posted.
     pub(crate) srq_depth: u32,
+    /// Queue pairs per rail; `None`: by the kind of NIC.
+    pub(crate) qps_per_rail: Option<u8>,
 }
 
 /// What one of an agent's NICs carried, from
@@ -41,6 +43,10 @@ pub struct NicStats {
     pub bytes: u64,
     /// Transfer posts (or slices of one) that went out on it.
     pub posts: u64,
+    /// Bytes each of its queue pairs per rail carried (index `i`: the
+    /// rail's queue pair `i` to every peer, summed); as many as it uses
+    /// ([`AgentConfig::qps_per_rail`](super::AgentConfig::qps_per_rail)).
+    pub qp_bytes: Vec<u64>,
 }
 
 pub(crate) struct Nic {
@@ -55,9 +61,19 @@ pub(crate) struct Nic {
     pub(crate) desc: NicDesc,
     pub(crate) gid: GidChoice,
     pub(crate) max_connections: usize,
+    /// Queue pairs each rail of it carries to a peer.
+    pub(crate) qps: usize,
     /// [`NicStats::bytes`] and [`NicStats::posts`].
     pub(crate) bytes: AtomicU64,
     pub(crate) posts: AtomicU64,
+    /// [`NicStats::qp_bytes`], one per queue pair index.
+    qp_bytes: Box<[AtomicU64]>,
+}
+
+/// Whether RDMA device `name` is a software one (rxe, siw): it has no
+/// device behind it in sysfs, only a network interface (`parent`).
+fn is_software(name: &str) -> bool {
+    !std::path::Path::new(&format!("/sys/class/infiniband/{name}/device")).exists()
 }
 
 impl Nic {
@@ -91,26 +107,53 @@ impl Nic {
             gid: gid.entry.gid,
             mtu: port.active_mtu.unwrap_or(Mtu::Mtu1024),
         };
-        let nic = Nic { pd, send_cq, recv_cq, srq, slots, held: Mutex::default(), desc, gid, max_connections, bytes: AtomicU64::new(0), posts: AtomicU64::new(0) };
+        let qps = match s.qps_per_rail {
+            Some(n) => n as usize,
+            None if is_software(ctx.name()) => 1,
+            None => 2,
+        };
+        let nic = Nic {
+            pd,
+            send_cq,
+            recv_cq,
+            srq,
+            slots,
+            held: Mutex::default(),
+            desc,
+            gid,
+            max_connections,
+            qps,
+            bytes: AtomicU64::new(0),
+            posts: AtomicU64::new(0),
+            qp_bytes: (0..qps).map(|_| AtomicU64::new(0)).collect(),
+        };
         // The receives go in only once the receive CQ is attached, which
         // the first queue pair does; posting into an SRQ before is fine.
         let wrs = (0..s.srq_depth as usize)
             .map(|i| Ok(RecvWr::new(nic.slots.slice(i * SLOT..(i + 1) * SLOT)?).wr_id(i as u64)))
             .collect::<Result<Vec<_>>>()?;
         nic.srq.post_recv(&wrs)?;
-        tracing::info!(device = %nic.desc.device, gid = %nic.gid, srq_depth = s.srq_depth, "engine NIC ready");
+        tracing::info!(device = %nic.desc.device, gid = %nic.gid, srq_depth = s.srq_depth, qps_per_rail = qps, "engine NIC ready");
         Ok(nic)
     }
 
-    /// Counts a post of `bytes` on it.
+    /// Counts a post of `bytes` on its queue pair index `qp`.
     #[inline]
-    pub(crate) fn count(&self, bytes: u64) {
+    pub(crate) fn count(&self, qp: usize, bytes: u64) {
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
         self.posts.fetch_add(1, Ordering::Relaxed);
+        if let Some(q) = self.qp_bytes.get(qp) {
+            q.fetch_add(bytes, Ordering::Relaxed);
+        }
     }
 
     pub(crate) fn stats(&self) -> NicStats {
-        NicStats { device: self.desc.device.clone(), bytes: self.bytes.load(Ordering::Relaxed), posts: self.posts.load(Ordering::Relaxed) }
+        NicStats {
+            device: self.desc.device.clone(),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            posts: self.posts.load(Ordering::Relaxed),
+            qp_bytes: self.qp_bytes.iter().map(|q| q.load(Ordering::Relaxed)).collect(),
+        }
     }
 
     /// Gives receive slot `slot` back to the shared receive queue.

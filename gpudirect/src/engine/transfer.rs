@@ -1,10 +1,11 @@
 //! Transfer requests: a list of (local range, remote range) entries, read
 //! or write, to one peer, optionally followed by a notification. Prepared
 //! once, posted as often as needed (one post in flight at a time). A
-//! request goes over one rail (this agent's NIC `i` to the peer's NIC
-//! `i`) or, sliced, over several: each rail's part is one batch on that
-//! rail's queue pair, one doorbell while the send queue has room, its last
-//! request the only one that finishes it.
+//! request goes over one queue pair of one rail (this agent's NIC `i` to
+//! the peer's NIC `i`) or, sliced, over several (every queue pair of
+//! every rail): each part is one batch on its queue pair, one doorbell
+//! while the send queue has room, its last request the only one that
+//! finishes it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,11 +42,13 @@ pub enum TransferStatus {
     Done,
 }
 
-/// The part of a request one rail carries: pieces of its entries.
+/// The part of a request one queue pair carries: pieces of its entries.
 pub(crate) struct Lane {
     /// This agent's NIC, and the peer's.
     pub(crate) nic: usize,
     pub(crate) remote_nic: usize,
+    /// Which of the rail's queue pairs.
+    pub(crate) qp: usize,
     /// (entry index, offset into the entry, length).
     pub(crate) pieces: Vec<(usize, u64, u64)>,
     pub(crate) bytes: u64,
@@ -54,10 +57,10 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
-    /// All of `entries`, whole, on `rail`.
-    pub(crate) fn whole(rail: usize, entries: &[(LocalRange, RemoteRange)]) -> Lane {
+    /// All of `entries`, whole, on queue pair `qp` of `rail`.
+    pub(crate) fn whole((rail, qp): (usize, usize), entries: &[(LocalRange, RemoteRange)]) -> Lane {
         let pieces: Vec<_> = entries.iter().enumerate().map(|(i, (_, r))| (i, 0, r.len)).collect();
-        Lane { nic: rail, remote_nic: rail, bytes: pieces.iter().map(|p| p.2).sum(), pieces, whole: true }
+        Lane { nic: rail, remote_nic: rail, qp, bytes: pieces.iter().map(|p| p.2).sum(), pieces, whole: true }
     }
 }
 
@@ -93,12 +96,19 @@ pub(crate) fn rails(nics: usize, peer: &AgentMetadata, entries: &[(LocalRange, R
     })
 }
 
-/// Entries of lengths `lens` cut into one lane per rail of `rails`, each
-/// `bytes / n` long, rounded up (the last takes what is left), entries
-/// split where a lane ends.
-pub(crate) fn slice(lens: impl IntoIterator<Item = u64>, rails: &[usize], bytes: u64) -> Vec<Lane> {
-    let share = bytes.div_ceil(rails.len() as u64);
-    let mut lanes: Vec<Lane> = rails.iter().map(|&r| Lane { nic: r, remote_nic: r, pieces: Vec::new(), bytes: 0, whole: false }).collect();
+/// Every (rail, queue pair index) of `rails`, rail by rail, `qps(rail)`
+/// queue pairs each.
+pub(crate) fn queue_pairs(rails: &[usize], qps: impl Fn(usize) -> usize) -> Vec<(usize, usize)> {
+    rails.iter().flat_map(|&r| (0..qps(r)).map(move |q| (r, q))).collect()
+}
+
+/// Entries of lengths `lens` cut into one lane per (rail, queue pair) of
+/// `paths`, each `bytes / n` long, rounded up (the last takes what is
+/// left), entries split where a lane ends.
+pub(crate) fn slice(lens: impl IntoIterator<Item = u64>, paths: &[(usize, usize)], bytes: u64) -> Vec<Lane> {
+    let share = bytes.div_ceil(paths.len() as u64);
+    let mut lanes: Vec<Lane> =
+        paths.iter().map(|&(r, qp)| Lane { nic: r, remote_nic: r, qp, pieces: Vec::new(), bytes: 0, whole: false }).collect();
     let mut lane = 0;
     for (i, len) in lens.into_iter().enumerate() {
         let mut at = 0;
@@ -150,7 +160,7 @@ impl std::fmt::Debug for TransferRequest {
             .field("peer", &self.peer.name)
             .field("entries", &self.entries.len())
             .field("bytes", &self.bytes)
-            .field("rails", &self.lanes.iter().map(|l| (l.nic, l.bytes)).collect::<Vec<_>>())
+            .field("rails", &self.lanes.iter().map(|l| (l.nic, l.qp, l.bytes)).collect::<Vec<_>>())
             .field("notify", &self.notify.is_some())
             .finish()
     }
@@ -190,14 +200,22 @@ impl TransferRequest {
     }
 
     /// The bytes each rail carries per post: (this agent's NIC index,
-    /// bytes), in slice order.
+    /// bytes), in slice order, one entry per queue pair of the rail that
+    /// carries a slice ([`queue_pairs`](Self::queue_pairs) says which).
     pub fn rails(&self) -> Vec<(usize, u64)> {
         self.lanes.iter().map(|l| (l.nic, l.bytes)).collect()
     }
 
-    /// Posts it: connects to the peer first on each rail this agent has
-    /// no connection on yet, then posts every rail's part (and the
-    /// notification behind one rail's writes) as one batch per rail.
+    /// The bytes each queue pair carries per post: (this agent's NIC
+    /// index, the rail's queue pair index, bytes), in slice order.
+    pub fn queue_pairs(&self) -> Vec<(usize, usize, u64)> {
+        self.lanes.iter().map(|l| (l.nic, l.qp, l.bytes)).collect()
+    }
+
+    /// Posts it: connects to the peer first on each queue pair this agent
+    /// has no connection on yet, then posts every part (and the
+    /// notification behind one part's writes) as one batch per queue
+    /// pair.
     ///
     /// # Errors
     /// [`EngineError::InFlight`] while the previous post is still in
@@ -236,6 +254,8 @@ impl TransferRequest {
             };
             let core = &self.core;
             let nic = lane.nic;
+            #[cfg(feature = "fault-injection")]
+            crate::fault::lane_post_delay(lane.qp);
             // One batch when the send queue has room (nothing is posted when
             // it has not); else as room frees, reaping meanwhile, one
             // request at a time per connection: a batch always ends
@@ -255,7 +275,7 @@ impl TransferRequest {
             };
             match posted {
                 Ok(()) => {
-                    self.core.pool.nics[nic].count(lane.bytes);
+                    self.core.pool.nics[nic].count(lane.qp, lane.bytes);
                     total += wrs.len();
                 }
                 Err(p) if p.posted == 0 && i == 0 => {
@@ -273,9 +293,9 @@ impl TransferRequest {
         Ok(())
     }
 
-    /// The connection on one rail, set up if there is none (and counted).
+    /// The connection of one lane, set up if there is none (and counted).
     fn conn(&self, lane: &Lane) -> Result<Arc<super::conn::Conn>, EngineError> {
-        let (conn, new) = self.core.pool.get(&self.peer, lane.nic, lane.remote_nic)?;
+        let (conn, new) = self.core.pool.get(&self.peer, (lane.nic, lane.remote_nic, lane.qp))?;
         if new {
             self.state.count(Counters::connected);
         }
@@ -421,7 +441,7 @@ mod tests {
     use super::*;
 
     fn sliced(lens: &[u64], rails: &[usize]) -> Vec<Lane> {
-        let lanes = slice(lens.iter().copied(), rails, lens.iter().sum());
+        let lanes = slice(lens.iter().copied(), &queue_pairs(rails, |_| 1), lens.iter().sum());
         // Every byte of every entry is in exactly one piece, in order.
         let mut next = vec![0u64; lens.len()];
         for l in &lanes {
@@ -459,5 +479,14 @@ mod tests {
         let lanes = sliced(&[1], &[0, 1, 2]);
         assert_eq!(lanes.len(), 1);
         assert_eq!(sliced(&[0, 0], &[0, 1]).len(), 1, "nothing to move still makes one lane");
+    }
+
+    #[test]
+    fn queue_pairs_of_each_rail_take_even_slices() {
+        let paths = queue_pairs(&[0, 1], |r| r + 2);
+        assert_eq!(paths, vec![(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]);
+        let lanes = slice([1000, 4000], &paths, 5000);
+        assert_eq!(lanes.iter().map(|l| (l.nic, l.qp, l.bytes)).collect::<Vec<_>>(), vec![(0, 0, 1000), (0, 1, 1000), (1, 0, 1000), (1, 1, 1000), (1, 2, 1000)]);
+        assert!(lanes.iter().all(|l| l.nic == l.remote_nic && !l.whole));
     }
 }
