@@ -51,6 +51,7 @@ kinds! {
     NoRailError: "No pair of NICs reaches all of the request's memory.",
     RendezvousError: "A rendezvous store could not be reached, or refused a request.",
     NotPublishedError: "Nothing was published under the name within the wait.",
+    BroadcastIncompleteError: "A broadcast ended with receivers that did not get the data (named in the message); every other receiver has its copy.",
     ConfigError: "The configuration cannot work; the message says what to change.",
     UnsupportedError: "Something the engine does not do yet; the message says what instead.",
 }
@@ -83,6 +84,7 @@ pub fn to_py(e: Rust) -> PyErr {
         Rust::NoRail { .. } => NoRailError::new_err(msg),
         Rust::Rendezvous { .. } => RendezvousError::new_err(msg),
         Rust::NotPublished { .. } => NotPublishedError::new_err(msg),
+        Rust::BroadcastIncomplete { .. } => BroadcastIncompleteError::new_err(msg),
         Rust::Config(_) => ConfigError::new_err(msg),
         Rust::Unsupported(_) => UnsupportedError::new_err(msg),
         // A kind added to the Rust enum later: the base class, same message.
@@ -130,6 +132,7 @@ pub fn _error_kinds() -> Vec<(String, PyErr)> {
         Rust::NoRail { peer: "p".into(), why: "w".into() },
         Rust::Rendezvous { server: "s".into(), reason: "r".into() },
         Rust::NotPublished { name: "n".into(), waited: Duration::from_secs(1) },
+        Rust::BroadcastIncomplete { delivered: 7, total: 8, failed: vec![("infer-3".into(), "its queue pair failed".into())] },
         Rust::Config("c".into()),
         Rust::Unsupported("u"),
     ];

@@ -58,7 +58,33 @@ impl Core {
             if self.reap_sends(nics)? > 0 {
                 continue;
             }
-            self.sleep(fds, nics, Side::Send, notified).await?;
+            self.sleep(fds, nics, &[Side::Send], notified).await?;
+        }
+    }
+
+    /// Until `look` says done, looking again whenever a completion
+    /// arrives on any CQ of the agent, another thread reaps, or `tick`
+    /// passes (for what is due by time, such as a broadcast's probes).
+    /// `look` reaps what it needs; the CQs are armed before each look,
+    /// so nothing that arrives after it goes unseen.
+    pub(crate) async fn until(&self, mut look: impl FnMut() -> Result<bool, EngineError>, tick: std::time::Duration) -> Result<(), EngineError> {
+        let fds = self.channels.get(&self.pool.nics)?;
+        let all: Vec<usize> = (0..self.pool.nics.len()).collect();
+        let _w = Waiting::new(&self.progress);
+        loop {
+            let notified = self.progress.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            for n in self.pool.nics.iter() {
+                n.send_cq.req_notify()?;
+                n.recv_cq.req_notify()?;
+            }
+            if look()? {
+                return Ok(());
+            }
+            if let Ok(r) = tokio::time::timeout(tick, self.sleep(fds, &all, &[Side::Send, Side::Recv], notified)).await {
+                r?;
+            }
         }
     }
 
@@ -87,18 +113,18 @@ impl Core {
             if self.reap_recvs()? > 0 {
                 continue;
             }
-            self.sleep(fds, &all, Side::Recv, notified).await?;
+            self.sleep(fds, &all, &[Side::Recv], notified).await?;
         }
     }
 
-    /// Until one of `nics`' `side` channels fires (its events taken) or
-    /// a reap elsewhere tells `notified`.
-    async fn sleep(&self, fds: &[NicFds], nics: &[usize], side: Side, mut notified: Pin<&mut Notified<'_>>) -> Result<(), EngineError> {
+    /// Until one of `nics`' channels of `sides` fires (its events taken)
+    /// or a reap elsewhere tells `notified`.
+    async fn sleep(&self, fds: &[NicFds], nics: &[usize], sides: &[Side], mut notified: Pin<&mut Notified<'_>>) -> Result<(), EngineError> {
         poll_fn(|cx| {
             if notified.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Ok(()));
             }
-            for &nic in nics {
+            for (&nic, &side) in nics.iter().flat_map(|n| sides.iter().map(move |s| (n, s))) {
                 let (fd, cq) = match side {
                     Side::Send => (&fds[nic].send, &self.pool.nics[nic].send_cq),
                     Side::Recv => (&fds[nic].recv, &self.pool.nics[nic].recv_cq),

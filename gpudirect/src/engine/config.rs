@@ -35,6 +35,11 @@ pub struct AgentConfig {
     /// [`MAX_QPS_PER_RAIL`]. Each queue pair counts against
     /// [`max_connections`](Self::max_connections).
     pub qps_per_rail: Option<u8>,
+    /// Chunk size of broadcasts ([`Agent::broadcast`](super::Agent::broadcast)):
+    /// each receiver forwards a chunk once it landed whole, so smaller
+    /// chunks start the forwarding sooner, at one message and one
+    /// completion per chunk and receiver.
+    pub broadcast_chunk: u64,
     /// Port number on each device (from 1).
     pub port: u8,
     /// GID index override; `None` chooses as [`choose_gid`](crate::choose_gid) does.
@@ -78,7 +83,8 @@ pub struct AgentConfig {
 impl AgentConfig {
     /// The defaults for an agent named `name`: the first RDMA device,
     /// requests of 256 KiB and more sliced across rails, two queue pairs
-    /// per rail on hardware NICs (one on rxe/siw), port 1, a control
+    /// per rail on hardware NICs (one on rxe/siw), broadcasts in 1 MiB
+    /// chunks, port 1, a control
     /// listener on any address and a free port, 128-deep send queues, 256 notification slots, 64 connections, 30 s setup
     /// bound, GPU memory over paths up to PXB (NCCL's default), the
     /// cluster secret from the environment (see [`secret`](Self::secret)).
@@ -88,6 +94,7 @@ impl AgentConfig {
             devices: Vec::new(),
             slice_threshold: 256 << 10,
             qps_per_rail: None,
+            broadcast_chunk: 1 << 20,
             port: 1,
             gid_index: None,
             listen: SocketAddr::from(([0, 0, 0, 0], 0)),

@@ -28,6 +28,7 @@ use crate::error::Error;
 use crate::sync::Mutex;
 use crate::wc::{WcError, WcStatus, WorkCompletion};
 
+use super::castmsg::{self, Msg};
 use super::conn::{Conn, ConnPool};
 use super::error::EngineError;
 use super::memory::Registry;
@@ -140,6 +141,25 @@ impl Outstanding {
     }
 }
 
+/// The receiving side of broadcasts (`relay`), which the progress hands
+/// the broadcast messages it receives: a trait here, so that this module
+/// imports nothing of it (it makes transfer requests, which import this).
+pub(crate) trait Relay: Send + Sync {
+    /// A chunk landed (or a probe came) from `from`; the notification to
+    /// hand out when it made a copy whole.
+    fn on_message(&self, core: &Core, from: &str, msg: Msg) -> Option<Notification>;
+    /// Follows what it started (forwards and messages in flight); cheap
+    /// when there is none.
+    fn progress(&self, core: &Core);
+}
+
+/// What the receivers of one of this agent's broadcasts told it (acks,
+/// misses), for the broadcast to act on at its next step.
+pub(crate) type Inbox = Mutex<Vec<(String, Msg)>>;
+/// Most messages one broadcast's inbox holds: more are dropped (a
+/// receiver sends one ack and at most one miss per chunk and receiver).
+const MAX_INBOX: usize = 1 << 16;
+
 /// Post ids are distinct counters: one multiply spreads them over the
 /// hash (the table keys on its top bits too, which counters leave zero).
 #[derive(Default)]
@@ -160,6 +180,13 @@ impl Hasher for IdHasher {
 }
 
 pub(crate) struct Core {
+    /// Itself, for what needs an owning handle from `&self` (the
+    /// broadcast relay makes transfer requests).
+    pub(crate) me: std::sync::Weak<Core>,
+    /// Requests of at least this many bytes are sliced.
+    pub(crate) slice_threshold: u64,
+    /// The queue pair the next unsliced request takes.
+    next_path: std::sync::atomic::AtomicUsize,
     /// What an event loop waits on; made by the first poll that asks.
     pub(crate) event_loop: OnceLock<Readiness>,
     /// First: dropped while `pool`'s CQs are open (their descriptors).
@@ -179,11 +206,19 @@ pub(crate) struct Core {
     next_id: AtomicU64,
     /// Each peer's counters, shared by the requests to it.
     peers: Mutex<HashMap<String, Arc<Counters>>>,
+    /// The broadcast receiving side, set once by the agent.
+    pub(crate) relay: OnceLock<Box<dyn Relay>>,
+    /// This agent's broadcasts in flight, by id: where their receivers'
+    /// messages go.
+    pub(crate) sources: Mutex<HashMap<u64, std::sync::Weak<Inbox>>>,
 }
 
 impl Core {
-    pub(crate) fn new(pool: Arc<ConnPool>) -> Core {
+    pub(crate) fn new(pool: Arc<ConnPool>, me: std::sync::Weak<Core>, slice_threshold: u64) -> Core {
         Core {
+            me,
+            slice_threshold,
+            next_path: Default::default(),
             event_loop: OnceLock::new(),
             #[cfg(feature = "tokio")]
             channels: Default::default(),
@@ -197,7 +232,15 @@ impl Core {
             ready: Mutex::default(),
             next_id: AtomicU64::new(1),
             peers: Mutex::default(),
+            relay: OnceLock::new(),
+            sources: Mutex::default(),
         }
+    }
+
+    /// The index, below `n`, of the queue pair the next unsliced request
+    /// takes: each in turn.
+    pub(crate) fn next_path(&self, n: usize) -> usize {
+        self.next_path.fetch_add(1, Ordering::Relaxed) % n
     }
 
     /// The counters of the requests to `peer`.
@@ -369,12 +412,24 @@ impl Core {
         let mut wcs = [WorkCompletion::default(); 32];
         let got = reap(&n.recv_cq, &mut wcs, wait)?;
         let mut fresh = Vec::new();
+        let mut casts = Vec::new();
         for wc in &wcs[..got] {
             let slot = wc.wr_id as usize;
             if wc.status == WcStatus::Success {
                 let mut buf = vec![0; (wc.byte_len as usize).min(SLOT)];
                 let read = n.slots.read_at(slot * SLOT, &mut buf).map_err(|e| e.to_string());
                 let peer = self.pool.peer_of(nic, wc.qp_num);
+                if read.is_ok() && castmsg::is_broadcast(&buf) {
+                    match (Msg::decode(&buf), peer) {
+                        (Ok(m), Some(peer)) => casts.push((peer, m)),
+                        (Err(why), peer) => tracing::warn!(peer = ?peer, nic, qp = wc.qp_num, "dropped a broadcast message: {why}"),
+                        (Ok(_), None) => tracing::warn!(nic, qp = wc.qp_num, "dropped a broadcast message from a connection no longer known"),
+                    }
+                    if let Err(e) = n.repost(slot) {
+                        first_err.get_or_insert(e.into());
+                    }
+                    continue;
+                }
                 match (read.and_then(|()| notify::decode(&buf)), peer) {
                     (Ok(msg), Some(peer)) => fresh.push(Notification { peer: peer.to_string(), msg: msg.to_vec() }),
                     (Err(why), peer) => tracing::warn!(peer = ?peer, nic, qp = wc.qp_num, "dropped a message that is not a notification: {why}"),
@@ -390,6 +445,9 @@ impl Core {
             if let Err(e) = n.repost(slot) {
                 first_err.get_or_insert(e.into());
             }
+        }
+        for (peer, m) in casts {
+            fresh.extend(self.on_broadcast(&peer, m));
         }
         let held = !self.unflushed.lock().is_empty();
         if !fresh.is_empty() || held {
@@ -410,9 +468,37 @@ impl Core {
         first_err.map_or(Ok(got), Err)
     }
 
-    /// Reaps every NIC's notification receives; how many it found.
+    /// Reaps every NIC's notification receives; how many it found. The
+    /// broadcasts this agent relays move on too.
     pub(crate) fn reap_recvs(&self) -> Result<usize, EngineError> {
-        (0..self.pool.nics.len()).try_fold(0, |got, nic| Ok(got + self.progress_recv(nic, None)?))
+        let got = (0..self.pool.nics.len()).try_fold(0, |got, nic| Ok::<_, EngineError>(got + self.progress_recv(nic, None)?))?;
+        if let Some(r) = self.relay.get() {
+            r.progress(self);
+        }
+        Ok(got)
+    }
+
+    /// A broadcast message from `peer`: a receiver's answer goes to the
+    /// broadcast of this agent it is about, a chunk to the relay.
+    fn on_broadcast(&self, peer: &str, m: Msg) -> Option<Notification> {
+        match m {
+            Msg::Ack { id } | Msg::Miss { id, .. } => {
+                let inbox = self.sources.lock().get(&id).and_then(std::sync::Weak::upgrade);
+                match inbox {
+                    Some(inbox) => {
+                        let mut v = inbox.lock();
+                        if v.len() < MAX_INBOX {
+                            v.push((peer.to_owned(), m));
+                        }
+                        drop(v);
+                        self.tell();
+                    }
+                    None => tracing::debug!(peer, id, "a receiver's answer to a broadcast no longer in flight"),
+                }
+                None
+            }
+            m => self.relay.get().and_then(|r| r.on_message(self, peer, m)),
+        }
     }
 
     /// The oldest notification received and not yet handed out.

@@ -179,6 +179,19 @@ pub enum EngineError {
         /// How long the lookup waited.
         waited: Duration,
     },
+    /// A broadcast ended without every receiver's copy whole: the
+    /// receivers named died (their queue pair failed or stopped
+    /// answering), or could not be written; every other receiver has its
+    /// copy and its notification.
+    #[error("broadcast reached {delivered} of {total} receivers; not: {}", failed.iter().map(|(n, why)| format!("{n:?} ({why})")).collect::<Vec<_>>().join(", "))]
+    BroadcastIncomplete {
+        /// Receivers whose copy is whole.
+        delivered: usize,
+        /// Receivers in all.
+        total: usize,
+        /// Each receiver that did not get the data, and why.
+        failed: Vec<(String, String)>,
+    },
     /// The configuration cannot work; the text says what to change.
     #[error("agent configuration: {0}")]
     Config(String),

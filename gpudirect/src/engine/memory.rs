@@ -243,6 +243,11 @@ impl Registry {
         v.len() != before
     }
 
+    /// The registration named `name`.
+    pub(crate) fn get(&self, name: &str) -> Option<Registration> {
+        self.0.lock().iter().find(|r| r.name == name).map(|inner| Registration { inner: inner.clone() })
+    }
+
     /// Whether `name` is taken.
     pub(crate) fn contains(&self, name: &str) -> bool {
         self.0.lock().iter().any(|r| r.name == name)

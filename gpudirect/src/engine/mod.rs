@@ -193,6 +193,8 @@
 #[cfg(feature = "tokio")]
 mod asynch;
 mod auth;
+mod broadcast;
+mod castmsg;
 mod config;
 mod conn;
 mod control;
@@ -207,6 +209,7 @@ mod notify;
 mod peer;
 mod placement;
 mod ready;
+mod relay;
 mod stats;
 mod transfer;
 #[cfg(feature = "tokio")]
@@ -215,7 +218,6 @@ mod wake;
 mod device_tests;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -228,6 +230,8 @@ use crate::sync::Mutex;
 use crate::sysroot::SysRoot;
 use crate::topology::PathLevel;
 
+pub use broadcast::{Broadcast, ReceiverStatus, PROBE_EVERY};
+pub use castmsg::MAX_BROADCAST_TARGETS;
 pub use config::{AgentConfig, MAX_QPS_PER_RAIL};
 pub use auth::{AuthError, ClusterSecret, MIN_SECRET, SECRET_ENV, SECRET_FILE_ENV};
 pub use desc::{AgentMetadata, MemoryDesc, MetadataError, NicDesc, MAX_MEMORIES, MAX_METADATA, MAX_NAME, MAX_NICS, METADATA_MAGIC, METADATA_VERSION, SEAL_LEN};
@@ -258,10 +262,8 @@ pub struct Agent {
     control: SocketAddr,
     /// Where the control listener is bound (its own address, for waking it).
     listen_addr: SocketAddr,
-    slice_threshold: u64,
     gpu_path_limit: PathLevel,
-    /// The rail the next unsliced request takes.
-    next_rail: AtomicUsize,
+    broadcast_chunk: u64,
     /// Set to stop the control listener; a lock, not an atomic, so that
     /// helgrind and drd see the hand-over (the valgrind build).
     stop: Arc<Mutex<bool>>,
@@ -372,8 +374,9 @@ impl Agent {
                 .map_err(|e| EngineError::Config(format!("cannot start the control listener thread: {e}")))?
         };
         tracing::info!(agent = %config.name, %control, "engine agent started");
-        let core = Arc::new(Core::new(pool));
-        Ok(Agent { core, control, listen_addr, slice_threshold: config.slice_threshold, gpu_path_limit: config.gpu_path_limit, next_rail: AtomicUsize::new(0), stop, listener: Some(thread) })
+        let core = Arc::new_cyclic(|me| Core::new(pool, me.clone(), config.slice_threshold));
+        let _ = core.relay.set(relay::new());
+        Ok(Agent { core, control, listen_addr, gpu_path_limit: config.gpu_path_limit, broadcast_chunk: config.broadcast_chunk, stop, listener: Some(thread) })
     }
 
     /// The agent's name.
@@ -695,43 +698,28 @@ impl Agent {
     /// [`EngineError::NoRail`] when no rail reaches all the memory;
     /// [`EngineError::Verbs`] registering the notification.
     pub fn prepare(&self, op: Op, entries: &[(LocalRange, RemoteRange)], notify: Option<&[u8]>) -> Result<TransferRequest, EngineError> {
-        let first = entries.first().ok_or(EngineError::EmptyRequest)?;
-        let peer = first.1.mem.md.clone();
-        let mut bytes = 0u64;
-        for (index, (l, r)) in entries.iter().enumerate() {
-            if r.mem.md.name != peer.name {
-                return Err(EngineError::MixedPeers { index, first: peer.name.clone(), got: r.mem.md.name.clone() });
-            }
-            if l.len as u64 != r.len {
-                return Err(EngineError::LengthMismatch { index, local: l.len as u64, remote: r.len });
-            }
-            bytes += r.len;
-        }
         if let Some(msg) = notify.filter(|m| m.len() > MAX_NOTIFICATION) {
             return Err(EngineError::NotificationTooLong { len: msg.len(), max: MAX_NOTIFICATION });
         }
-        let nics = &self.core.pool.nics;
-        let rails = transfer::rails(nics.len(), &peer, entries)?;
-        let paths = transfer::queue_pairs(&rails, |r| nics[r].qps);
-        let lanes = if bytes >= self.slice_threshold && paths.len() > 1 {
-            transfer::slice(entries.iter().map(|e| e.1.len), &paths, bytes)
-        } else {
-            let path = paths[self.next_rail.fetch_add(1, Ordering::Relaxed) % paths.len()];
-            vec![transfer::Lane::whole(path, entries)]
-        };
-        let notify = match notify {
-            None => None,
-            Some(msg) => {
-                let wire = notify::encode(msg);
-                let lane = lanes.len() - 1;
-                let region = MemoryRegion::alloc(&self.core.pool.nics[lanes[lane].nic].pd, wire.len(), AccessFlags::LOCAL_WRITE)?;
-                region.write_at(0, &wire)?;
-                // One rail's writes are ordered before a send behind them on
-                // their queue pair; reads and other rails' writes are not.
-                Some(transfer::Notify { region, lane, after_completions: op == Op::Read || lanes.len() > 1 })
-            }
-        };
-        Ok(TransferRequest::new(self.core.clone(), op, peer, entries.to_vec(), lanes, notify, bytes))
+        transfer::prepare(&self.core, op, entries, notify.map(notify::encode))
+    }
+
+    /// Prepares a broadcast of `source` into every range of `targets`
+    /// (one per receiver agent, each as long as `source`), each receiver
+    /// notified `notify` once its copy is whole. The source's NIC sends
+    /// each byte about once: receivers forward chunks to each other as
+    /// they land ([`Broadcast`] says how, and what every agent of it must
+    /// do). Nothing is sent until [`Broadcast::post`].
+    ///
+    /// # Errors
+    /// [`EngineError::EmptyRequest`] (no receiver, or nothing to send),
+    /// [`EngineError::LengthMismatch`]; [`EngineError::Config`] for more
+    /// than [`MAX_BROADCAST_TARGETS`] receivers, one named twice or this
+    /// agent; [`EngineError::NotificationTooLong`] when the plan every
+    /// chunk message carries (the receivers' and memory names, `notify`)
+    /// exceeds a 1 KiB receive slot.
+    pub fn broadcast(&self, source: &LocalRange, targets: &[RemoteRange], notify: &[u8]) -> Result<Broadcast, EngineError> {
+        broadcast::prepare(&self.core, source, targets, notify, self.broadcast_chunk)
     }
 
     /// What each NIC carried so far, in the agent's NIC order.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::mr::MemoryRegion;
+use crate::mr::{AccessFlags, MemoryRegion};
 use crate::wr::SendWr;
 
 use super::core::{Conns, Core, Deferred, Failure, Phase, ReqState, MAX_LANES};
@@ -130,6 +130,54 @@ pub(crate) fn slice(lens: impl IntoIterator<Item = u64>, paths: &[(usize, usize)
     }
     lanes.retain(|l| !l.pieces.is_empty());
     lanes
+}
+
+/// A transfer of `entries` (checked here) followed, if given, by the
+/// notification or engine message `wire` (already encoded), planned over
+/// the rails and queue pairs as [`Agent::prepare`](super::Agent::prepare)
+/// documents.
+pub(crate) fn prepare(core: &Arc<Core>, op: Op, entries: &[(LocalRange, RemoteRange)], wire: Option<Vec<u8>>) -> Result<TransferRequest, EngineError> {
+    let first = entries.first().ok_or(EngineError::EmptyRequest)?;
+    let peer = first.1.mem.md.clone();
+    let mut bytes = 0u64;
+    for (index, (l, r)) in entries.iter().enumerate() {
+        if r.mem.md.name != peer.name {
+            return Err(EngineError::MixedPeers { index, first: peer.name.clone(), got: r.mem.md.name.clone() });
+        }
+        if l.len as u64 != r.len {
+            return Err(EngineError::LengthMismatch { index, local: l.len as u64, remote: r.len });
+        }
+        bytes += r.len;
+    }
+    let nics = &core.pool.nics;
+    let rails = rails(nics.len(), &peer, entries)?;
+    let paths = queue_pairs(&rails, |r| nics[r].qps);
+    let lanes = if bytes >= core.slice_threshold && paths.len() > 1 {
+        slice(entries.iter().map(|e| e.1.len), &paths, bytes)
+    } else {
+        vec![Lane::whole(paths[core.next_path(paths.len())], entries)]
+    };
+    // One queue pair's writes are ordered before a send behind them;
+    // reads and other queue pairs' writes are not.
+    let after_completions = op == Op::Read || lanes.len() > 1;
+    let notify = wire.map(|w| notification(core, &lanes, w, after_completions)).transpose()?;
+    Ok(TransferRequest::new(core.clone(), op, peer, entries.to_vec(), lanes, notify, bytes))
+}
+
+/// A request that moves no bytes and only sends `wire` (an engine
+/// message) to `peer`, on its first rail's first queue pair.
+pub(crate) fn message(core: &Arc<Core>, peer: Arc<AgentMetadata>, wire: Vec<u8>) -> Result<TransferRequest, EngineError> {
+    let lanes = vec![Lane { nic: 0, remote_nic: 0, qp: 0, pieces: Vec::new(), bytes: 0, whole: true }];
+    let notify = notification(core, &lanes, wire, false)?;
+    Ok(TransferRequest::new(core.clone(), Op::Write, peer, Vec::new(), lanes, Some(notify), 0))
+}
+
+/// `wire` in a region of the NIC of the last of `lanes`.
+fn notification(core: &Core, lanes: &[Lane], wire: Vec<u8>, after_completions: bool) -> Result<Notify, EngineError> {
+    let lane = lanes.len() - 1;
+    let region = MemoryRegion::alloc(&core.pool.nics[lanes[lane].nic].pd, wire.len(), AccessFlags::LOCAL_WRITE)?;
+    region.write_at(0, &wire)?;
+    Ok(Notify { region, lane, after_completions })
 }
 
 /// A prepared transfer: made by [`Agent::prepare`](super::Agent::prepare),
