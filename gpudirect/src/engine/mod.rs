@@ -42,7 +42,8 @@
 //!   `EtcdRendezvous` with the `etcd` feature) or handed over by any
 //!   channel.
 //! - Transfers: [`TransferRequest`] ([`Op`], [`TransferStatus`]);
-//!   [`Notification`]s.
+//!   [`Notification`]s; one range to many peers: [`Broadcast`]
+//!   ([`ReceiverStatus`]).
 //! - Trust: [`ClusterSecret`], [`AuthError`]; what happened to peers:
 //!   [`PeerEvent`].
 //! - Errors: [`EngineError`].
@@ -78,13 +79,20 @@
 //! [`PeerEvent::Replaced`]) without waiting for a transfer to fail.
 //!
 //! # Guarantees
-//! - **A notification arrives after its data.** A transfer on one rail
-//!   sends its writes and its notification on one RC queue pair in one
-//!   batch; RC delivers in order, so the target's receive completes after
-//!   every write before it was placed. A transfer sliced over several
-//!   rails, or a read, sends its notification only once the initiator has
-//!   reaped every slice's completion (an RDMA write completes when the
-//!   target acknowledged it placed). For GPU memory the target flushes
+//! - **A notification arrives after its data.** A transfer on one queue
+//!   pair sends its writes and its notification on it in one batch; RC
+//!   delivers in order, so the target's receive completes after every
+//!   write before it was placed. A transfer sliced over several queue
+//!   pairs (of one rail or of several), or a read, sends its notification
+//!   only once the initiator has reaped every slice's completion (an RDMA
+//!   write completes when the target acknowledged it placed).
+//! - **A broadcast's notification arrives after the receiver's whole
+//!   copy.** Each chunk's write is followed on its queue pair by the
+//!   message that counts it; the receiver hands out the notification when
+//!   it has counted every chunk. Receivers' notifications are not ordered
+//!   among themselves; the source's [`Broadcast::wait`] returns once every
+//!   receiver acknowledged its copy (or is named failed) and nothing the
+//!   source posted is in flight, so the source range may then change. For GPU memory the target flushes
 //!   ([`MemoryRegion::flush_gpu_writes`](crate::MemoryRegion::flush_gpu_writes))
 //!   before handing notifications out.
 //! - **Memory is registered on every NIC that should carry it**: host
@@ -146,13 +154,35 @@
 //! registered until their completions are reaped, by any later reap of
 //! the agent; its notification is still delivered.
 //!
-//! # Many NICs
+//! # Many NICs, several queue pairs per rail
 //! [`AgentConfig::devices`] lists the NICs in rail order: this agent's
-//! NIC `i` talks to the peer's NIC `i`. A request of
-//! [`AgentConfig::slice_threshold`] bytes or more is sliced evenly across
-//! every rail that reaches its memory at both ends; a smaller one takes
-//! the next rail in turn. [`Agent::nic_stats`] counts each NIC's bytes,
-//! [`TransferRequest::rails`] shows a request's slices.
+//! NIC `i` talks to the peer's NIC `i`. Each rail carries
+//! [`AgentConfig::qps_per_rail`] queue pairs to a peer (two on hardware
+//! NICs: one RC queue pair leaves 10 to 20 % of a 400 Gb/s link unused;
+//! one on Soft-RoCE). A request of [`AgentConfig::slice_threshold`] bytes
+//! or more is sliced evenly across every queue pair of every rail that
+//! reaches its memory at both ends; a smaller one takes the next queue
+//! pair in turn. [`Agent::nic_stats`] counts each NIC's bytes, and each
+//! queue pair index's ([`NicStats::qp_bytes`]);
+//! [`TransferRequest::queue_pairs`] shows a request's slices.
+//!
+//! # Broadcast
+//! [`Agent::broadcast`] delivers one range of this agent into a range of
+//! each of up to [`MAX_BROADCAST_TARGETS`] peers (weights from a trainer
+//! to inference engines), each receiver notified once its copy is whole.
+//! The source writes each chunk ([`AgentConfig::broadcast_chunk`]) to one
+//! receiver only, which forwards it to the others as it lands, so the
+//! source's NIC sends the payload about once instead of once per
+//! receiver, and a receiver's NIC sends (N-1)/N of it. Receivers forward
+//! from their progress: while any thread of theirs waits for or polls
+//! notifications, as they do to see their copy. Every agent of a
+//! broadcast loads every other's metadata. A receiver that dies fails
+//! alone: the source writes what it owed the others itself, probes
+//! receivers not yet whole once its own writes are done
+//! ([`PROBE_EVERY`]), and [`Broadcast::wait`] names the receivers that did
+//! not get the data ([`EngineError::BroadcastIncomplete`]). Host and GPU
+//! memory alike: every write is an engine transfer, under the same
+//! placement and fail-closed rules.
 //!
 //! # Observability
 //! [`TransferRequest::stats`] and [`Agent::peer_stats`] count posts,
@@ -163,8 +193,9 @@
 //! events (a partly posted request, a connection made) carry it.
 //!
 //! # Connections
-//! Made on first use, one per (peer, rail), through the peer's control
-//! listener. A NIC holds at most [`AgentConfig::max_connections`]; one
+//! Made on first use, one per (peer, rail, queue pair), through the
+//! peer's control listener; a rail's queue pairs to a peer are evicted
+//! together. A NIC holds at most [`AgentConfig::max_connections`]; one
 //! more evicts the least recently used idle connection (its peer closes
 //! its end too; a peer that does not answer within [`AgentConfig::timeout`]
 //! has it closed here alone, so eviction takes one timeout at most);
