@@ -123,13 +123,11 @@ fn inference(args: &Args, i: usize, rdv_addr: &str, loopback: bool) -> R<()> {
         verified.wait(Some(t))?;
     }
     // Keep forwarding until the trainer is done with everyone.
-    loop {
-        match me.wait_notification(Some(t)) {
-            Ok(n) if n.msg == b"bye" => return Ok(()),
-            Ok(n) => return Err(format!("infer-{i}: unexpected {:?} from {}", String::from_utf8_lossy(&n.msg), n.peer).into()),
-            Err(e) => return Err(e.into()),
-        }
+    let n = me.wait_notification(Some(t))?;
+    if n.msg != b"bye" {
+        return Err(format!("infer-{i}: unexpected {:?} from {}", String::from_utf8_lossy(&n.msg), n.peer).into());
     }
+    Ok(())
 }
 
 /// Waits for one notification `msg` from each inference agent.

@@ -21,6 +21,13 @@ hands over its ``metadata()``)::
     req = agent.prepare("write", [("kv", 0, peer, "kv", 0, kv_blocks.nbytes)], notify=b"layer 0")
     req.post()
     await req                                # or req.wait(timeout)
+
+Weight sync: one trainer range into every inference agent's, the
+trainer's NIC sending it once (receivers forward to each other)::
+
+    cast = agent.broadcast("params", 0, nbytes, [(p, "weights", 0) for p in peers], b"step 7")
+    cast.post()
+    await cast                               # BroadcastIncompleteError names the dead
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ from ._native import (
     RendezvousError,
     RendezvousServer,
     Request,
+    Broadcast,
     TooManyConnectionsError,
     UnknownMemoryError,
     UnknownPeerError,
@@ -73,6 +81,7 @@ from ._native import (
 __all__ = [
     "Agent",
     "Request",
+    "Broadcast",
     "Rendezvous",
     "RendezvousServer",
     "doctor",

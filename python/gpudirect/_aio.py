@@ -12,6 +12,7 @@ did not get stays for the next call.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
 _PENDING = object()
@@ -21,7 +22,10 @@ class _Driver:
     """One agent's descriptor on one event loop at a time."""
 
     def __init__(self, agent: Any) -> None:
-        self._agent = agent
+        # Weak: the agent holds its driver, and a strong reference back
+        # would keep a dropped agent (its NICs, its listener) alive until
+        # the cyclic collector ran. A waiter's request holds the agent.
+        self._agent = weakref.ref(agent)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._fd: Optional[int] = None
         self._waiters: List[Tuple[Callable[[], Any], "asyncio.Future[Any]"]] = []
@@ -42,7 +46,7 @@ class _Driver:
             fut.set_result(value)
             return fut
         if self._fd is None:
-            self._fd = self._agent._event_fd()
+            self._fd = self._live()._event_fd()
         if not self._waiters:
             loop.add_reader(self._fd, self._ready)
         self._waiters.append((poll, fut))
@@ -50,7 +54,7 @@ class _Driver:
 
     def _ready(self) -> None:
         try:
-            self._agent._clear_events()
+            self._live()._clear_events()
         except BaseException as e:  # every waiter learns why
             waiters, self._waiters = self._waiters, []
             for _, fut in waiters:
@@ -73,6 +77,14 @@ class _Driver:
                 fut.set_result(value)
         if not self._waiters:
             self._stop()
+
+    def _live(self) -> Any:
+        agent = self._agent()
+        if agent is None:
+            from ._native import ConfigError
+
+            raise ConfigError("the agent was dropped while awaited")
+        return agent
 
     def _stop(self) -> None:
         if self._loop is not None and self._fd is not None:
@@ -104,3 +116,21 @@ async def notification(agent: Any) -> Tuple[str, bytes]:
         return _PENDING if n is None else n
 
     return await driver(agent).wait(poll)
+
+
+async def settled(cast: Any) -> None:
+    """Until broadcast ``cast``'s last post settled (raises
+    ``BroadcastIncompleteError`` naming the receivers that did not get the
+    data). Its probes are due by time, so it looks again at least every
+    0.1 s even when the descriptor stays quiet."""
+
+    def poll() -> Any:
+        return None if cast._poll_completed() else _PENDING
+
+    while True:
+        try:
+            await asyncio.wait_for(driver(cast.agent).wait(poll), 0.1)
+            return
+        except asyncio.TimeoutError:
+            continue
+

@@ -16,8 +16,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use gpudirect::engine::{
-    self, AgentConfig, AgentMetadata, ClusterSecret, EngineError as Rust, Op, Registration, RendezvousServer as RustServer, TcpRendezvous, TransferRequest,
-    TransferStats, TransferStatus,
+    self, AgentConfig, AgentMetadata, Broadcast as RustBroadcast, ClusterSecret, EngineError as Rust, Op, ReceiverStatus, Registration,
+    RendezvousServer as RustServer, TcpRendezvous, TransferRequest, TransferStats, TransferStatus,
 };
 use gpudirect::{Gpu, GpuBuffer, GpuPolicy, Registerable};
 
@@ -82,9 +82,20 @@ pub struct Agent {
 #[pymethods]
 impl Agent {
     #[new]
-    #[pyo3(signature = (name, *, devices=None, listen=None, secret_file=None, insecure=false, timeout=30.0))]
-    fn new(py: Python<'_>, name: String, devices: Option<Vec<String>>, listen: Option<String>, secret_file: Option<String>, insecure: bool, timeout: f64) -> PyResult<Agent> {
+    #[pyo3(signature = (name, *, devices=None, listen=None, secret_file=None, insecure=false, timeout=30.0, qps_per_rail=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        name: String,
+        devices: Option<Vec<String>>,
+        listen: Option<String>,
+        secret_file: Option<String>,
+        insecure: bool,
+        timeout: f64,
+        qps_per_rail: Option<u8>,
+    ) -> PyResult<Agent> {
         let mut config = AgentConfig::named(name);
+        config.qps_per_rail = qps_per_rail;
         if let Some(d) = devices {
             config.devices = d;
         }
@@ -227,6 +238,29 @@ impl Agent {
         drop(regions);
         let req = this.inner.prepare(op, &list, notify.as_deref()).map_err(to_py)?;
         Ok(Request { inner: req, agent: slf.clone().into_any().unbind() })
+    }
+
+    /// A broadcast of `length` bytes of local memory `source` from
+    /// `offset` into each target `(peer, remote name, remote offset)`,
+    /// each receiver notified `notify` once its copy is whole.
+    #[pyo3(signature = (source, offset, length, targets, notify))]
+    fn broadcast(slf: &Bound<'_, Self>, source: &str, offset: usize, length: usize, targets: Vec<(String, String, u64)>, notify: Vec<u8>) -> PyResult<Broadcast> {
+        let this = slf.borrow();
+        let range = |e: gpudirect::Error| PyValueError::new_err(e.to_string());
+        let end = offset.checked_add(length).ok_or_else(|| PyValueError::new_err("offset + length overflows"))?;
+        let local = {
+            let regions = this.regions.lock().map_err(|_| poisoned())?;
+            let reg = regions.get(source).ok_or_else(|| to_py(Rust::UnknownMemory { peer: this.inner.name().to_owned(), name: source.to_owned() }))?;
+            reg.range(offset..end).map_err(range)?
+        };
+        let mut list = Vec::with_capacity(targets.len());
+        for (peer, remote, roff) in targets {
+            let rmem = this.inner.peer(&peer).map_err(to_py)?.memory(&remote).map_err(to_py)?;
+            let rend = roff.checked_add(length as u64).ok_or_else(|| PyValueError::new_err("offset + length overflows"))?;
+            list.push(rmem.range(roff..rend).map_err(range)?);
+        }
+        let inner = this.inner.broadcast(&local, &list, &notify).map_err(to_py)?;
+        Ok(Broadcast { inner, agent: slf.clone().into_any().unbind() })
     }
 
     /// Notifications delivered so far, as `(peer, bytes)`.
@@ -384,6 +418,78 @@ impl Request {
     }
 }
 
+/// A prepared broadcast (`Agent.broadcast`): `post`, then `wait`,
+/// `status` or `await`.
+#[pyclass(module = "gpudirect._native")]
+pub struct Broadcast {
+    inner: RustBroadcast,
+    /// The Python agent, for `await` (its asyncio driver).
+    #[pyo3(get, name = "agent")]
+    agent: Py<PyAny>,
+}
+
+#[pymethods]
+impl Broadcast {
+    /// Posts it (again, once the last post settled).
+    fn post(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.post()).map_err(to_py)
+    }
+
+    /// "idle", "in-flight" or "done"; raises `BroadcastIncompleteError`
+    /// once settled with receivers that did not get the data.
+    fn status(&self, py: Python<'_>) -> PyResult<&'static str> {
+        Ok(match py.detach(|| self.inner.status()).map_err(to_py)? {
+            TransferStatus::Idle => "idle",
+            TransferStatus::InFlight => "in-flight",
+            TransferStatus::Done => "done",
+        })
+    }
+
+    /// Waits until every receiver is whole or named failed (`timeout`
+    /// seconds, or forever).
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        py.detach(|| self.inner.wait(timeout)).map_err(to_py)
+    }
+
+    /// Whether the last post settled, never waiting; `False` arms the
+    /// agent's descriptor (look again within a second regardless).
+    fn _poll_completed(&self) -> PyResult<bool> {
+        self.inner.poll_completed().map_err(to_py)
+    }
+
+    /// `await broadcast`: until the last post settled, on the running
+    /// asyncio loop (`gpudirect._aio`).
+    fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let aio = slf.py().import("gpudirect._aio")?;
+        aio.call_method1("settled", (slf,))?.call_method0("__await__")
+    }
+
+    /// Each receiver and how it stands: "pending", "whole" or
+    /// "failed: <why>".
+    fn receivers(&self) -> Vec<(String, String)> {
+        self.inner
+            .receivers()
+            .into_iter()
+            .map(|(n, s)| {
+                let s = match s {
+                    ReceiverStatus::Pending => "pending".to_owned(),
+                    ReceiverStatus::Whole => "whole".to_owned(),
+                    ReceiverStatus::Failed(why) => format!("failed: {why}"),
+                };
+                (n, s)
+            })
+            .collect()
+    }
+
+    /// Bytes each receiver gets.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.inner.bytes()
+    }
+}
+
 /// A client of a rendezvous server, proving the environment's cluster
 /// secret (`GPUDIRECT_SECRET_FILE`, `GPUDIRECT_SECRET`); each request is
 /// bounded by `timeout` seconds.
@@ -437,6 +543,7 @@ impl RendezvousServer {
 pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Agent>()?;
     m.add_class::<Request>()?;
+    m.add_class::<Broadcast>()?;
     m.add_class::<Rendezvous>()?;
     m.add_class::<RendezvousServer>()?;
     crate::errors::add(m)?;

@@ -318,3 +318,47 @@ def test_host_arrays_without_the_buffer_protocol_register_in_place():
     assert np.array_equal(dst._a, src._a), "the registration was not the object's own memory"
     with pytest.raises(ValueError, match="not a buffer"):
         a.register("x", object())
+
+
+@needs_device
+def test_a_broadcast_awaited_reaches_every_receiver_and_the_source_nic_sends_it_once():
+    n, size = 3, 3 << 20
+    src = agent("trainer")
+    receivers = [agent(f"infer-{i}") for i in range(n)]
+    weights = [np.zeros(size, dtype=np.uint8) for _ in receivers]
+    for r, w in zip(receivers, weights):
+        r.register("weights", w)
+    everyone = [src] + receivers
+    for a in everyone:
+        for b in everyone:
+            if a is not b:
+                a.load_remote(b.metadata())
+    params = np.random.default_rng(7).integers(0, 256, size, dtype=np.uint8)
+    src.register("params", params)
+    got = {}
+
+    def receive(i):
+        # Waiting is also what forwards this receiver's chunks.
+        peer, msg = receivers[i].wait_notification(60.0)
+        got[i] = (peer, msg, bool(np.array_equal(weights[i], params)))
+
+    threads = [threading.Thread(target=receive, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    cast = src.broadcast("params", 0, size, [(f"infer-{i}", "weights", 0) for i in range(n)], b"step 1")
+    assert cast.nbytes == size and all(s == "pending" for _, s in cast.receivers())
+    cast.post()
+
+    async def main():
+        await asyncio.wait_for(cast, 60)
+
+    asyncio.run(main())
+    for t in threads:
+        t.join(60)
+    assert got == {i: ("trainer", b"step 1", True) for i in range(n)}
+    assert cast.status() == "done" and all(s == "whole" for _, s in cast.receivers())
+    assert sum(s["bytes"] for s in src.nic_stats()) == size, "the source NIC sent the payload once"
+    with pytest.raises(ValueError):
+        src.broadcast("params", 0, size, [("infer-0", "weights", 1)], b"x")  # past its end
+    with pytest.raises(gpudirect.UnknownPeerError):
+        src.broadcast("params", 0, size, [("nobody", "weights", 0)], b"x")

@@ -362,6 +362,34 @@ impl Broadcast {
         }
     }
 
+    /// Whether the last post settled, never waiting (an error if it
+    /// settled with receivers that did not get the data). `false` arms
+    /// the agent's [`Readiness`](super::Readiness), which turns readable
+    /// on the next completion or receiver answer; call again within
+    /// [`PROBE_EVERY`] even when it does not, since probes are due by
+    /// time. How an event loop other than tokio waits.
+    ///
+    /// # Errors
+    /// As [`status`](Self::status); as
+    /// [`Agent::readiness`](super::Agent::readiness).
+    pub fn poll_completed(&self) -> Result<bool, EngineError> {
+        let ready = self.core.readiness()?;
+        if self.status()? != TransferStatus::InFlight {
+            return Ok(true);
+        }
+        for n in &self.core.pool.nics {
+            n.send_cq.req_notify()?;
+            n.recv_cq.req_notify()?;
+        }
+        if self.status()? != TransferStatus::InFlight {
+            return Ok(true);
+        }
+        // Armed: a completion or answer another thread reaps from here on
+        // makes the descriptor readable; one reaped before, this look sees.
+        ready.arm();
+        Ok(self.status()? != TransferStatus::InFlight)
+    }
+
     /// Until the last post settled, awaited (feature `tokio`): as
     /// [`wait`](Self::wait) without blocking a thread; cancel-safe.
     ///
