@@ -698,3 +698,80 @@ fn awaits_under_cancellation_and_blocking_reapers_lose_nothing() {
     println!("{} notifications: {by_task} awaited, {by_thread} taken by the blocking thread", n);
     assert_eq!(by_task + by_thread, n);
 }
+
+/// A broadcast awaited on tokio, in 64 KiB chunks, to four receivers of
+/// which one is gone before the post (its agent dropped): the other three
+/// get every byte, their own chunks and the dead one's (the source writes
+/// those itself), and the broadcast names the dead one alone. Posted
+/// twice, new bytes each time.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_broadcast_reaches_the_living_receivers_and_names_the_dead_one() {
+    const LEN: usize = 1 << 20;
+    let source = {
+        let mut c = AgentConfig::named("trainer");
+        c.devices = vec![device()];
+        c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        c.broadcast_chunk = 64 << 10;
+        Agent::new(c).unwrap()
+    };
+    let params = source.alloc("params", LEN).unwrap();
+    let mut receivers: Vec<Option<Agent>> = (0..4).map(|i| Some(agent(&format!("infer-{i}")))).collect();
+    let weights: Vec<_> = receivers.iter().map(|r| r.as_ref().unwrap().alloc("w", LEN).unwrap()).collect();
+    let mut all: Vec<&Agent> = receivers.iter().map(|r| r.as_ref().unwrap()).collect();
+    all.push(&source);
+    for a in &all {
+        for b in &all {
+            if a.name() != b.name() {
+                a.load_remote(&md(b)).unwrap();
+            }
+        }
+    }
+    drop(all);
+    let targets: Vec<_> = (0..4).map(|i| source.peer(&format!("infer-{i}")).unwrap().memory("w").unwrap().range(..).unwrap()).collect();
+    let cast = source.broadcast(&params.range(..).unwrap(), &targets, b"weights").unwrap();
+    receivers[3] = None; // gone before the post
+    let living: Vec<std::sync::Arc<Agent>> = receivers.into_iter().flatten().map(std::sync::Arc::new).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    for step in 1..=2u64 {
+        params.write_at(0, &pattern(LEN, step)).unwrap();
+        let before: u64 = source.nic_stats().iter().map(|s| s.bytes).sum();
+        let outcome = rt.block_on(async {
+            // Each receiver awaits on a task of its own: awaiting is also
+            // what forwards its chunks to the others.
+            let waits: Vec<_> = living
+                .iter()
+                .map(|r| {
+                    let r = r.clone();
+                    tokio::spawn(async move { tokio::time::timeout(Duration::from_secs(60), r.notification()).await })
+                })
+                .collect();
+            cast.post().unwrap();
+            let outcome = match tokio::time::timeout(Duration::from_secs(60), cast.completed()).await {
+                Ok(o) => o,
+                Err(_) => panic!("step {step}: the broadcast did not settle in 60 s: {:?}", cast.receivers()),
+            };
+            for w in waits {
+                let n = w.await.unwrap().expect("a receiver's notification in time").unwrap();
+                assert_eq!((n.peer.as_str(), &n.msg[..]), ("trainer", &b"weights"[..]));
+            }
+            outcome
+        });
+        match outcome {
+            Err(EngineError::BroadcastIncomplete { delivered: 3, total: 4, failed }) => {
+                assert_eq!(failed.len(), 1);
+                assert_eq!(failed[0].0, "infer-3", "{failed:?}");
+            }
+            other => panic!("step {step}: {other:?}"),
+        }
+        for (i, w) in weights.iter().take(3).enumerate() {
+            let mut got = vec![0; LEN];
+            w.read_at(0, &mut got).unwrap();
+            assert!(got == pattern(LEN, step), "step {step}: infer-{i}'s copy differs");
+        }
+        // Each living owner's chunks once, the dead one's once per living
+        // receiver: 12 + 4 x 3 chunks of 16.
+        let sent: u64 = source.nic_stats().iter().map(|s| s.bytes).sum::<u64>() - before;
+        assert_eq!(sent, (LEN / 16 * 24) as u64, "step {step}");
+    }
+}

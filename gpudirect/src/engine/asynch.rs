@@ -107,13 +107,20 @@ impl Core {
             if self.reap_recvs()? > 0 {
                 continue;
             }
+            // While this agent relays a broadcast, its forwards' send
+            // completions wake it too (a failed one is told to the source).
+            let relaying = self.relaying();
             for n in self.pool.nics.iter() {
                 n.recv_cq.req_notify()?;
+                if relaying {
+                    n.send_cq.req_notify()?;
+                }
             }
             if self.reap_recvs()? > 0 {
                 continue;
             }
-            self.sleep(fds, &all, &[Side::Recv], notified).await?;
+            let sides: &[Side] = if relaying { &[Side::Recv, Side::Send] } else { &[Side::Recv] };
+            self.sleep(fds, &all, sides, notified).await?;
         }
     }
 

@@ -198,6 +198,16 @@ fn unlist(sending: &mut ByName<PeerConns>, conn: &Arc<Conn>) {
     }
 }
 
+/// A control connection to a peer's listener, tried once. The listener
+/// exists before the peer's metadata is published, so a refusal means the
+/// peer is gone: retrying until the timeout (as a bootstrap does for a
+/// peer that may start later) would only hold the caller, often a thread
+/// that reaps completions, that long.
+fn dial(addr: SocketAddr, timeout: Duration) -> Result<OobChannel, BootstrapError> {
+    let s = TcpStream::connect_timeout(&addr, timeout).map_err(|source| BootstrapError::Io { op: format!("connect to {addr}"), source })?;
+    OobChannel::from_stream(s, timeout)
+}
+
 fn control_err(peer: &str) -> impl FnOnce(BootstrapError) -> EngineError + '_ {
     move |source| EngineError::Control { peer: peer.to_owned(), source }
 }
@@ -359,7 +369,7 @@ impl ConnPool {
             return Goodbye::Silent("no time left of the eviction's timeout".into());
         }
         let bound = within.min(ACCEPT_TIMEOUT);
-        let mut oob = match OobChannel::connect(conn.control, bound) {
+        let mut oob = match dial(conn.control, bound) {
             Ok(o) => o,
             Err(BootstrapError::Io { source, .. }) if source.kind() == io::ErrorKind::ConnectionRefused => {
                 return Goodbye::Closed;
@@ -385,7 +395,7 @@ impl ConnPool {
         let started = std::time::Instant::now();
         let (nic, remote_nic, index) = path;
         let prepared = self.create_qp(nic)?;
-        let mut oob = OobChannel::connect(peer.control, self.timeout).map_err(control_err(&peer.name))?;
+        let mut oob = dial(peer.control, self.timeout).map_err(control_err(&peer.name))?;
         let them = Identity { name: peer.name.clone(), instance: peer.instance };
         let req = self.request(path, Ask::Connect);
         let remote = match control::initiate(&mut oob, &self.key, &them, &req, Some(prepared.endpoint()))? {

@@ -151,6 +151,10 @@ pub(crate) trait Relay: Send + Sync {
     /// Follows what it started (forwards and messages in flight); cheap
     /// when there is none.
     fn progress(&self, core: &Core);
+    /// Whether it has requests in flight: then a wait for notifications
+    /// also wakes on send completions, so a forward that fails is told
+    /// to the source while this agent waits.
+    fn busy(&self) -> bool;
 }
 
 /// What the receivers of one of this agent's broadcasts told it (acks,
@@ -478,6 +482,11 @@ impl Core {
         Ok(got)
     }
 
+    /// Whether the broadcast relay has requests in flight to follow.
+    pub(crate) fn relaying(&self) -> bool {
+        self.relay.get().is_some_and(|r| r.busy())
+    }
+
     /// A broadcast message from `peer`: a receiver's answer goes to the
     /// broadcast of this agent it is about, a chunk to the relay.
     fn on_broadcast(&self, peer: &str, m: Msg) -> Option<Notification> {
@@ -621,8 +630,12 @@ impl Core {
                 return Ok(Some(n));
             }
         }
+        let relaying = self.relaying();
         for n in self.pool.nics.iter() {
             n.recv_cq.req_notify()?;
+            if relaying {
+                n.send_cq.req_notify()?;
+            }
         }
         self.reap_recvs()?;
         ready.arm();

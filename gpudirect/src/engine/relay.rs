@@ -29,6 +29,9 @@ use super::transfer::{self, Op, TransferRequest, TransferStatus};
 const MAX_COPIES: usize = 16;
 /// Finished broadcasts remembered, so a late duplicate chunk is ignored.
 const REMEMBERED: usize = 256;
+/// Forwards and answers one agent follows at once; a forward past this is
+/// reported to the source as missed (which then writes it itself).
+const MAX_SENT: usize = 4096;
 
 /// One broadcast being received here.
 struct Copy {
@@ -42,6 +45,10 @@ struct Copy {
     count: u64,
     /// Chunks this agent was asked to forward and did.
     forwarded: Vec<u64>,
+    /// Receivers a forward to failed to be posted (no connection): later
+    /// chunks for them go straight to the source as missed, so a dead
+    /// receiver costs one failed setup per broadcast, not one per chunk.
+    unreachable: Vec<bool>,
     whole: bool,
 }
 
@@ -147,6 +154,7 @@ impl Relay for Relaying {
                     have: vec![0; words],
                     count: 0,
                     forwarded: vec![0; words],
+                    unreachable: vec![false; plan.targets.len()],
                     whole: false,
                     plan,
                 });
@@ -154,6 +162,7 @@ impl Relay for Relaying {
             }
         };
         let i = u64::from(index);
+        let room = MAX_SENT.saturating_sub(st.sent.len());
         let c = &mut st.copies[at];
         if !Copy::has(&c.have, i) {
             Copy::set(&mut c.have, i);
@@ -165,10 +174,21 @@ impl Relay for Relaying {
             Copy::set(&mut c.forwarded, i);
             for to in (0..c.plan.targets.len()).filter(|&t| t != c.me) {
                 let source = c.source.clone();
-                match forward(core, &c.plan, id, index, c.me, to) {
+                let tried = if c.unreachable[to] {
+                    Err(EngineError::Refused { peer: c.plan.targets[to].agent.clone(), reason: "a forward to it failed before in this broadcast".into() })
+                } else if sent.len() >= room {
+                    Err(EngineError::Config(format!("{MAX_SENT} forwards in flight here")))
+                } else {
+                    forward(core, &c.plan, id, index, c.me, to)
+                };
+                match tried {
                     Ok(req) => sent.push(Sent { req, source, id, forward: Some((index, to as u8)) }),
                     Err(e) => {
-                        tracing::warn!(source = %c.source, id, chunk = index, to = %c.plan.targets[to].agent, "broadcast chunk not forwarded: {e}");
+                        if !c.unreachable[to] {
+                            tracing::warn!(source = %c.source, id, chunk = index, to = %c.plan.targets[to].agent, "broadcast chunk not forwarded: {e}");
+                        }
+                        // Full here is not the receiver's fault.
+                        c.unreachable[to] |= !matches!(e, EngineError::Config(_));
                         let miss = Msg::Miss { id, index, target: to as u8 };
                         if let Ok(req) = answer(core, &c.source, &miss) {
                             sent.push(Sent { req, source, id, forward: None });
@@ -196,6 +216,10 @@ impl Relay for Relaying {
         st.sent.extend(sent);
         self.recount(&st);
         note
+    }
+
+    fn busy(&self) -> bool {
+        self.busy.load(Ordering::Relaxed) > 0
     }
 
     fn progress(&self, core: &Core) {
