@@ -27,6 +27,15 @@ fn seconds(what: &str, s: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(s).map_err(|e| PyValueError::new_err(format!("{what} {s}: {e}")))
 }
 
+/// A request's or broadcast's status as Python sees it.
+fn status_name(s: TransferStatus) -> &'static str {
+    match s {
+        TransferStatus::Idle => "idle",
+        TransferStatus::InFlight => "in-flight",
+        TransferStatus::Done => "done",
+    }
+}
+
 fn poisoned() -> PyErr {
     ConfigError::new_err("a thread panicked holding this agent's registrations")
 }
@@ -373,11 +382,7 @@ impl Request {
 
     /// "idle", "in-flight" or "done"; raises the failure of a failed post.
     fn status(&self) -> PyResult<&'static str> {
-        Ok(match self.inner.status().map_err(to_py)? {
-            TransferStatus::Idle => "idle",
-            TransferStatus::InFlight => "in-flight",
-            TransferStatus::Done => "done",
-        })
+        self.inner.status().map(status_name).map_err(to_py)
     }
 
     /// Waits until every byte is in place (`timeout` seconds, or forever).
@@ -438,11 +443,7 @@ impl Broadcast {
     /// "idle", "in-flight" or "done"; raises `BroadcastIncompleteError`
     /// once settled with receivers that did not get the data.
     fn status(&self, py: Python<'_>) -> PyResult<&'static str> {
-        Ok(match py.detach(|| self.inner.status()).map_err(to_py)? {
-            TransferStatus::Idle => "idle",
-            TransferStatus::InFlight => "in-flight",
-            TransferStatus::Done => "done",
-        })
+        py.detach(|| self.inner.status()).map(status_name).map_err(to_py)
     }
 
     /// Waits until every receiver is whole or named failed (`timeout`

@@ -74,7 +74,10 @@
 //! the old one first, so the next transfer goes to the new process; a
 //! connection from a new run does the same on the target. A connection
 //! that fails is retired, its transfers fail with
-//! [`EngineError::PeerLost`], and the next transfer reconnects.
+//! [`EngineError::PeerLost`], and the next transfer reconnects. A peer
+//! whose control listener refuses a connection is gone (its listener
+//! exists before its metadata is published): the setup fails at once
+//! with [`EngineError::Control`] instead of retrying.
 //! [`Agent::peer_events`] tells both ([`PeerEvent::Lost`],
 //! [`PeerEvent::Replaced`]) without waiting for a transfer to fail.
 //!
@@ -175,8 +178,12 @@
 //! source's NIC sends the payload about once instead of once per
 //! receiver, and a receiver's NIC sends (N-1)/N of it. Receivers forward
 //! from their progress: while any thread of theirs waits for or polls
-//! notifications, as they do to see their copy. Every agent of a
-//! broadcast loads every other's metadata. A receiver that dies fails
+//! notifications, as they do to see their copy; a receiver's first
+//! forward to another sets up their connection from that thread (up to
+//! [`AgentConfig::timeout`] against a peer that does not answer), so
+//! connect receivers to each other ahead ([`Agent::connect`]) to keep
+//! setup off the waits. Every agent of a broadcast loads every other's
+//! metadata. A receiver that dies fails
 //! alone: the source writes what it owed the others itself, probes
 //! receivers not yet whole once its own writes are done
 //! ([`PROBE_EVERY`]), and [`Broadcast::wait`] names the receivers that did
