@@ -21,7 +21,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, EngineError, Op, ReceiverStatus};
+use gpudirect::engine::{Agent, AgentConfig, EngineError, Op, ReceiverStatus};
+
+mod common;
+use common::files::{lookup, publish, wait_for};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -40,26 +43,8 @@ fn seed(step: u64) -> u64 {
     100 + step
 }
 
-fn publish(dir: &Path, md: &AgentMetadata) -> R<()> {
-    let tmp = dir.join(format!(".{}.tmp", md.name));
-    std::fs::write(&tmp, md.encode()?)?;
-    std::fs::rename(tmp, dir.join(format!("{}.md", md.name)))?;
-    Ok(())
-}
-
-fn wait_for(path: &Path) -> R<Vec<u8>> {
-    let started = Instant::now();
-    loop {
-        match std::fs::read(path) {
-            Ok(b) => return Ok(b),
-            Err(_) if started.elapsed() < T => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => return Err(format!("{}: {e}", path.display()).into()),
-        }
-    }
-}
-
 fn load(agent: &Agent, dir: &Path, name: &str) -> R<()> {
-    agent.load_remote(&AgentMetadata::decode(&wait_for(&dir.join(format!("{name}.md")))?)?)?;
+    agent.load_remote(&lookup(dir, name, T)?)?;
     Ok(())
 }
 
@@ -107,7 +92,7 @@ fn nic_bytes(a: &Agent) -> u64 {
 /// Waits until every receiver but those in `skip` wrote `ok-i-tag`.
 fn all_ok(dir: &Path, n: usize, tag: &str, skip: &[usize]) -> R<()> {
     for i in (0..n).filter(|i| !skip.contains(i)) {
-        wait_for(&dir.join(format!("ok-{i}-{tag}")))?;
+        wait_for(&dir.join(format!("ok-{i}-{tag}")), T)?;
     }
     Ok(())
 }
@@ -137,7 +122,7 @@ fn parent(device: &str, n: usize, len: usize) -> R<()> {
 
 fn run(a: &Agent, src: &gpudirect::engine::Registration, dir: &Path, n: usize, len: usize, children: &mut [Child]) -> R<()> {
     for i in 0..n {
-        wait_for(&dir.join(format!("ready-{i}")))?;
+        wait_for(&dir.join(format!("ready-{i}")), T)?;
         load(a, dir, &format!("infer-{i}"))?;
     }
     let targets = (0..n).map(|i| Ok(a.peer(&format!("infer-{i}"))?.memory("w")?.range(..len as u64)?)).collect::<R<Vec<_>>>()?;

@@ -22,7 +22,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
-use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, Op};
+use gpudirect::engine::{Agent, AgentConfig, Op};
+
+mod common;
+use common::files::{lookup, publish, wait_for};
 
 type R<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -45,31 +48,6 @@ fn block(seed: usize) -> Vec<u8> {
     testkit::pattern(BLOCK, seed as u64)
 }
 
-/// Publishes `md` as `dir/name.md`, whole (written aside, then renamed).
-fn publish(dir: &Path, md: &AgentMetadata) -> R<()> {
-    let tmp = dir.join(format!(".{}.tmp", md.name));
-    std::fs::write(&tmp, md.encode()?)?;
-    std::fs::rename(tmp, dir.join(format!("{}.md", md.name)))?;
-    Ok(())
-}
-
-/// Waits for `path` to exist and returns its bytes.
-fn wait_for(path: &Path) -> R<Vec<u8>> {
-    let started = Instant::now();
-    loop {
-        match std::fs::read(path) {
-            Ok(b) => return Ok(b),
-            Err(_) if started.elapsed() < T => std::thread::sleep(Duration::from_millis(100)),
-            Err(e) => return Err(format!("{}: {e}", path.display()).into()),
-        }
-    }
-}
-
-/// Waits for `dir/name.md` and decodes it.
-fn lookup(dir: &Path, name: &str) -> R<AgentMetadata> {
-    Ok(AgentMetadata::decode(&wait_for(&dir.join(format!("{name}.md")))?)?)
-}
-
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -85,8 +63,8 @@ fn child(device: &str, dir: &Path, i: usize, n: usize) -> R<()> {
     let src = me.alloc("src", BLOCK)?;
     src.write_at(0, &block(i))?;
     publish(dir, &me.metadata())?;
-    let target = me.load_remote(&lookup(dir, "target")?)?.memory("inbox")?;
-    let next = me.load_remote(&lookup(dir, &format!("agent-{}", (i + 1) % n))?)?.memory("ring")?;
+    let target = me.load_remote(&lookup(dir, "target", T)?)?.memory("inbox")?;
+    let next = me.load_remote(&lookup(dir, &format!("agent-{}", (i + 1) % n), T)?)?.memory("ring")?;
     let off = (i * BLOCK) as u64;
     let to_target_range = || -> R<_> { Ok((src.range(..)?, target.range(off..off + BLOCK as u64)?)) };
     // Set up both connections first, timing the target's: the first post
@@ -108,7 +86,7 @@ fn child(device: &str, dir: &Path, i: usize, n: usize) -> R<()> {
     // receive queue.
     let to_target = me.prepare(Op::Write, &[to_target_range()?], Some(i.to_string().as_bytes()))?;
     let to_next = me.prepare(Op::Write, &[(src.range(..)?, next.range(..)?)], Some(i.to_string().as_bytes()))?;
-    wait_for(&dir.join("go"))?;
+    wait_for(&dir.join("go"), T)?;
     to_target.post()?;
     to_next.post()?;
     to_target.wait(Some(T))?;
@@ -125,7 +103,7 @@ fn child(device: &str, dir: &Path, i: usize, n: usize) -> R<()> {
     }
     // Stay up until the target has checked everything: our queue pairs
     // must outlive the transfers that use them.
-    wait_for(&dir.join("done"))?;
+    wait_for(&dir.join("done"), T)?;
     println!("setup_us {}", first.saturating_sub(again).as_micros());
     Ok(())
 }
@@ -153,7 +131,7 @@ fn parent(device: &str, n: usize) -> R<()> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     for i in 0..n {
-        wait_for(&dir.join(format!("ready-{i}")))?;
+        wait_for(&dir.join(format!("ready-{i}")), T)?;
     }
     let connected = started.elapsed();
     let rss_after = rss_kib();

@@ -247,6 +247,12 @@ impl Core {
         self.next_path.fetch_add(1, Ordering::Relaxed) % n
     }
 
+    /// A peer loaded before, by name.
+    pub(crate) fn peer(&self, name: &str) -> Result<super::peer::Peer, EngineError> {
+        let md = self.pool.loaded.lock().get(name).cloned().ok_or_else(|| EngineError::UnknownPeer(name.to_owned()))?;
+        Ok(super::peer::Peer { md })
+    }
+
     /// The counters of the requests to `peer`.
     pub(crate) fn peer_counters(&self, peer: &str) -> Arc<Counters> {
         self.peers.lock().entry(peer.to_owned()).or_default().clone()

@@ -710,8 +710,7 @@ impl Agent {
     /// # Errors
     /// [`EngineError::UnknownPeer`].
     pub fn peer(&self, name: &str) -> Result<Peer, EngineError> {
-        let md = self.core.pool.loaded.lock().get(name).cloned().ok_or_else(|| EngineError::UnknownPeer(name.to_owned()))?;
-        Ok(Peer { md })
+        self.core.peer(name)
     }
 
     /// Prepares a transfer of `entries`, each a local range and a range of

@@ -21,7 +21,6 @@ use super::castmsg::{Msg, Plan};
 use super::core::{Core, Relay};
 use super::error::EngineError;
 use super::notify::Notification;
-use super::peer::Peer;
 use super::transfer::{self, Op, TransferRequest, TransferStatus};
 
 /// Broadcasts one agent receives at once; a new one past this drops the
@@ -93,15 +92,10 @@ impl Relaying {
     }
 }
 
-/// The peer named `name`, as loaded here.
-fn loaded(core: &Core, name: &str) -> Result<Peer, EngineError> {
-    core.pool.loaded.lock().get(name).cloned().map(|md| Peer { md }).ok_or_else(|| EngineError::UnknownPeer(name.to_owned()))
-}
-
 /// Sends `msg` to the broadcast's source; the request, to follow.
 fn answer(core: &Core, source: &str, msg: &Msg) -> Result<TransferRequest, EngineError> {
     let me = core.me.upgrade().ok_or_else(|| EngineError::Config("the agent is shutting down".into()))?;
-    let req = transfer::message(&me, loaded(core, source)?.md, msg.encode())?;
+    let req = transfer::message(&me, core.peer(source)?.md, msg.encode())?;
     req.post()?;
     Ok(req)
 }
@@ -115,7 +109,7 @@ fn forward(core: &Core, plan: &Plan, id: u64, index: u32, me: usize, to: usize) 
     let theirs = &plan.targets[to];
     let reg = core.registry.get(&mine.memory).ok_or_else(|| EngineError::UnknownMemory { peer: core.pool.name.to_string(), name: mine.memory.clone() })?;
     let local = reg.range((mine.offset + at) as usize..(mine.offset + at + len) as usize)?;
-    let remote = loaded(&core, &theirs.agent)?.memory(&theirs.memory)?.range(theirs.offset + at..theirs.offset + at + len)?;
+    let remote = core.peer(&theirs.agent)?.memory(&theirs.memory)?.range(theirs.offset + at..theirs.offset + at + len)?;
     let wire = Msg::Chunk { id, index, forward: false, me: to as u8, plan: plan.clone() }.encode();
     let req = transfer::prepare(&core, Op::Write, &[(local, remote)], Some(wire))?;
     req.post()?;

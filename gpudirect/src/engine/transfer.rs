@@ -167,7 +167,7 @@ pub(crate) fn prepare(core: &Arc<Core>, op: Op, entries: &[(LocalRange, RemoteRa
 /// A request that moves no bytes and only sends `wire` (an engine
 /// message) to `peer`, on its first rail's first queue pair.
 pub(crate) fn message(core: &Arc<Core>, peer: Arc<AgentMetadata>, wire: Vec<u8>) -> Result<TransferRequest, EngineError> {
-    let lanes = vec![Lane { nic: 0, remote_nic: 0, qp: 0, pieces: Vec::new(), bytes: 0, whole: true }];
+    let lanes = vec![Lane::whole((0, 0), &[])];
     let notify = notification(core, &lanes, wire, false)?;
     Ok(TransferRequest::new(core.clone(), Op::Write, peer, Vec::new(), lanes, Some(notify), 0))
 }
