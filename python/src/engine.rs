@@ -298,7 +298,9 @@ impl Agent {
 
     /// The next notification if one is here; `None` arms the descriptor.
     fn _poll_notification<'py>(&self, py: Python<'py>) -> PyResult<Option<(String, Bound<'py, PyBytes>)>> {
-        let n = self.inner.poll_notification().map_err(to_py)?;
+        // Reaping takes locks other threads hold while they post: without
+        // the GIL, as every call that may wait on another thread.
+        let n = py.detach(|| self.inner.poll_notification()).map_err(to_py)?;
         Ok(n.map(|n| (n.peer, PyBytes::new(py, &n.msg))))
     }
 
@@ -362,6 +364,26 @@ impl Agent {
     fn refused_requests(&self) -> u64 {
         self.inner.refused_requests()
     }
+
+    /// Broadcast messages this agent refused, by reason: a dict of
+    /// `forged`, `unknown`, `not_owner`, `unpublished`, `unknown_peers`,
+    /// `busy` and `malformed` counts (each also logged with the peer).
+    fn broadcast_refusals<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let r = self.inner.broadcast_refusals();
+        let d = PyDict::new(py);
+        for (k, v) in [
+            ("forged", r.forged),
+            ("unknown", r.unknown),
+            ("not_owner", r.not_owner),
+            ("unpublished", r.unpublished),
+            ("unknown_peers", r.unknown_peers),
+            ("busy", r.busy),
+            ("malformed", r.malformed),
+        ] {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
 }
 
 /// A prepared request: post it, then wait, poll its status, or `await` it.
@@ -381,8 +403,8 @@ impl Request {
     }
 
     /// "idle", "in-flight" or "done"; raises the failure of a failed post.
-    fn status(&self) -> PyResult<&'static str> {
-        self.inner.status().map(status_name).map_err(to_py)
+    fn status(&self, py: Python<'_>) -> PyResult<&'static str> {
+        py.detach(|| self.inner.status()).map(status_name).map_err(to_py)
     }
 
     /// Waits until every byte is in place (`timeout` seconds, or forever).
@@ -394,8 +416,8 @@ impl Request {
 
     /// Whether the last post finished, never waiting; `False` arms the
     /// agent's descriptor.
-    fn _poll_completed(&self) -> PyResult<bool> {
-        self.inner.poll_completed().map_err(to_py)
+    fn _poll_completed(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| self.inner.poll_completed()).map_err(to_py)
     }
 
     /// `await request`: until the last post finished, on the running
@@ -456,8 +478,8 @@ impl Broadcast {
 
     /// Whether the last post settled, never waiting; `False` arms the
     /// agent's descriptor (look again within a second regardless).
-    fn _poll_completed(&self) -> PyResult<bool> {
-        self.inner.poll_completed().map_err(to_py)
+    fn _poll_completed(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| self.inner.poll_completed()).map_err(to_py)
     }
 
     /// `await broadcast`: until the last post settled, on the running

@@ -2,7 +2,12 @@
 //! of each of N peers, with a notification at each receiver once its
 //! copy is whole, the source's NIC sending each byte about once.
 //!
-//! How: the bytes are cut into chunks ([`AgentConfig::broadcast_chunk`](super::AgentConfig::broadcast_chunk));
+//! How: the source first sends every receiver the plan (`Start`) and
+//! waits for each to take it (`Ready`) or refuse it (`Refuse`: the memory
+//! it names is not published there, the receiver has not loaded another
+//! receiver's metadata, it is at its bound of broadcasts in progress); a
+//! receiver that refused fails with its reason, and the others never
+//! forward to it. Then the bytes are cut into chunks ([`AgentConfig::broadcast_chunk`](super::AgentConfig::broadcast_chunk));
 //! chunk `c` is written by the source to receiver `c mod N` only (its
 //! owner), followed on the same queue pair by a message asking it to
 //! forward; each owner, as each of its chunks lands, writes it on to
@@ -38,7 +43,7 @@ use crate::deadline::Deadline;
 use crate::sync::Mutex;
 
 use super::castmsg::{Msg, Plan, Target, MAX_BROADCAST_TARGETS, MAX_CHUNKS};
-use super::core::{Core, Inbox};
+use super::core::{Core, Inbox, Look, Posted};
 use super::error::EngineError;
 use super::memory::LocalRange;
 use super::notify::SLOT;
@@ -63,6 +68,8 @@ pub enum ReceiverStatus {
 
 /// What the source posted and still follows.
 enum Kind {
+    /// The plan, to a receiver.
+    Start,
     /// The first write of a chunk, to its owner.
     Scatter(u32),
     /// A chunk written by the source to a receiver whose forward failed.
@@ -84,6 +91,12 @@ struct Run {
     flights: Vec<Flight>,
     /// (chunk, receiver) the source wrote itself, each once.
     repaired: HashSet<(u32, usize)>,
+    /// Receivers that took the plan.
+    ready: Vec<bool>,
+    /// Whether its turn came and the plan went out.
+    started: bool,
+    /// Whether the chunks went out (every receiver took the plan or failed).
+    scattered: bool,
     probed: Instant,
 }
 
@@ -99,8 +112,23 @@ struct Run {
 /// polling forms), as receivers do anyway to see their copy arrive; and
 /// every agent of a broadcast must have loaded the metadata of every
 /// other (the source and the receivers), since receivers write to each
-/// other and answer the source.
+/// other and answer the source: a receiver that has not refuses the
+/// broadcast, naming the agents it lacks, and [`wait`](Self::wait) names
+/// it among the receivers that did not get the data (the source never
+/// writes their share for them in its place).
+///
+/// Posts wait their turn: an agent starts its broadcasts in post order,
+/// as many at once as keep the messages each receiver may get in a burst
+/// within half of [`AgentConfig::srq_depth`](super::AgentConfig::srq_depth)
+/// (one start and one message per chunk each; always at least one), and
+/// the next when one settles. Any wait or poll of one of them moves all
+/// of them on, so they settle in whatever order they are waited for.
 pub struct Broadcast {
+    cast: Arc<Cast>,
+}
+
+/// What a [`Broadcast`] is, shared with the agent's list of posted ones.
+struct Cast {
     core: Arc<Core>,
     local: LocalRange,
     remote: Vec<RemoteRange>,
@@ -111,9 +139,9 @@ pub struct Broadcast {
 impl std::fmt::Debug for Broadcast {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Broadcast")
-            .field("bytes", &self.plan.len)
-            .field("chunk", &self.plan.chunk)
-            .field("receivers", &self.plan.targets.iter().map(|t| &t.agent).collect::<Vec<_>>())
+            .field("bytes", &self.cast.plan.len)
+            .field("chunk", &self.cast.plan.chunk)
+            .field("receivers", &self.cast.plan.targets.iter().map(|t| &t.agent).collect::<Vec<_>>())
             .finish()
     }
 }
@@ -142,24 +170,62 @@ pub(crate) fn prepare(core: &Arc<Core>, local: &LocalRange, remote: &[RemoteRang
         return Err(EngineError::Config(format!("{len} bytes in chunks of {chunk}: at most {MAX_CHUNKS} chunks")));
     }
     let plan = Plan { source: core.pool.name.to_string(), len, chunk, targets, msg: notify.to_vec() };
-    let wire = Msg::Chunk { id: 0, index: 0, forward: true, me: 0, plan: plan.clone() }.encode().len();
+    let wire = Msg::Start { id: 0, me: 0, plan: plan.clone() }.encode().len();
     if wire > SLOT {
         return Err(EngineError::NotificationTooLong { len: wire, max: SLOT });
     }
-    Ok(Broadcast { core: core.clone(), local: local.clone(), remote: remote.to_vec(), plan, run: Mutex::new(None) })
+    let cast = Cast { core: core.clone(), local: local.clone(), remote: remote.to_vec(), plan, run: Mutex::new(None) };
+    Ok(Broadcast { cast: Arc::new(cast) })
+}
+
+/// Moves every posted broadcast of the agent of `core` on (one look,
+/// never waiting) and starts the next ones waiting their turn when
+/// their messages fit the budget.
+fn drive(core: &Core) -> Result<(), EngineError> {
+    core.reap_recvs()?;
+    let posted: Vec<Arc<dyn Posted>> = core.posted.lock().iter().filter_map(std::sync::Weak::upgrade).collect();
+    let budget = core.pool.nics.iter().map(|n| n.slots.len() / SLOT).min().unwrap_or(0) / 2;
+    let (mut used, mut any) = (0, false);
+    let mut settled = Vec::new();
+    let mut waiting = Vec::new();
+    for p in posted {
+        match p.look() {
+            Look::Settled => settled.push(p),
+            Look::Started(cost) => (used, any) = (used + cost, true),
+            Look::Waiting(cost) => waiting.push((p, cost)),
+        }
+    }
+    for (p, cost) in waiting {
+        if any && used + cost > budget {
+            break;
+        }
+        p.start();
+        (used, any) = (used + cost, true);
+    }
+    if !settled.is_empty() {
+        core.posted.lock().retain(|w| w.strong_count() > 0 && !settled.iter().any(|s| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(s))));
+    }
+    Ok(())
 }
 
 impl Broadcast {
+    /// The last post's id (tests that forge its messages).
+    #[cfg(test)]
+    pub(crate) fn id(&self) -> Option<u64> {
+        self.cast.run.lock().as_ref().map(|r| r.id)
+    }
+
     /// Bytes each receiver gets.
     pub fn bytes(&self) -> u64 {
-        self.plan.len
+        self.cast.plan.len
     }
 
     /// The receivers, in the order given, and how each stands in the last
     /// post (all [`ReceiverStatus::Pending`] before the first).
     pub fn receivers(&self) -> Vec<(String, ReceiverStatus)> {
-        let run = self.run.lock();
-        self.plan
+        let run = self.cast.run.lock();
+        self.cast
+            .plan
             .targets
             .iter()
             .enumerate()
@@ -167,32 +233,104 @@ impl Broadcast {
             .collect()
     }
 
-    /// Posts it: the source's writes of every chunk to its owner, each
-    /// with its forward request. A receiver that cannot be reached now
-    /// fails alone (see [`receivers`](Self::receivers)).
+    /// Posts it: the plan to every receiver, then, once each took it,
+    /// the source's writes of every chunk to its owner, each with its
+    /// forward request (when its turn came: see above). A receiver that
+    /// cannot be reached, or refuses, fails alone (see
+    /// [`receivers`](Self::receivers)).
     ///
     /// # Errors
-    /// [`EngineError::InFlight`] while the last post has not settled.
+    /// [`EngineError::InFlight`] while the last post has not settled;
+    /// [`EngineError::Verbs`] from reaping.
     pub fn post(&self) -> Result<(), EngineError> {
-        let mut slot = self.run.lock();
-        if let Some(run) = slot.as_ref() {
-            if !self.settled(run) {
-                return Err(EngineError::InFlight);
+        let core = &self.cast.core;
+        {
+            let mut slot = self.cast.run.lock();
+            if let Some(run) = slot.as_ref() {
+                if !self.cast.settled(run) {
+                    return Err(EngineError::InFlight);
+                }
+                core.sources.lock().remove(&run.id);
             }
-            self.core.sources.lock().remove(&run.id);
+            let id = u64::from_be_bytes(super::auth::random());
+            let inbox = Arc::new(Inbox::default());
+            core.sources.lock().insert(id, Arc::downgrade(&inbox));
+            let n = self.cast.plan.targets.len();
+            *slot = Some(Run {
+                id,
+                inbox,
+                receivers: vec![ReceiverStatus::Pending; n],
+                flights: Vec::new(),
+                repaired: HashSet::new(),
+                ready: vec![false; n],
+                started: false,
+                scattered: false,
+                probed: Instant::now(),
+            });
         }
-        let id = u64::from_be_bytes(super::auth::random());
-        let inbox = Arc::new(Inbox::default());
-        self.core.sources.lock().insert(id, Arc::downgrade(&inbox));
-        let n = self.plan.targets.len();
-        let mut run = Run { id, inbox, receivers: vec![ReceiverStatus::Pending; n], flights: Vec::new(), repaired: HashSet::new(), probed: Instant::now() };
+        let me: Arc<dyn Posted> = self.cast.clone();
+        let mut posted = core.posted.lock();
+        if !posted.iter().any(|w| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(&me))) {
+            posted.push(Arc::downgrade(&me));
+        }
+        drop(posted);
+        drive(core)
+    }
+}
+
+impl Posted for Cast {
+    fn look(&self) -> Look {
+        let mut slot = self.run.lock();
+        let Some(run) = slot.as_mut() else { return Look::Settled };
+        let cost = 1 + self.plan.chunks() as usize;
+        if !run.started {
+            return Look::Waiting(cost);
+        }
+        if self.step(run) {
+            Look::Settled
+        } else {
+            Look::Started(cost)
+        }
+    }
+
+    fn start(&self) {
+        let mut slot = self.run.lock();
+        let Some(run) = slot.as_mut().filter(|r| !r.started) else { return };
+        run.started = true;
+        run.probed = Instant::now();
+        // The plan first, to every receiver; the chunks once each took it
+        // or failed (`step`), so no chunk message ever reaches a receiver
+        // that does not hold the plan from the source itself.
+        for (to, r) in self.remote.iter().enumerate() {
+            let start = Msg::Start { id: run.id, me: to as u8, plan: self.plan.clone() }.encode();
+            match transfer::message(&self.core, r.mem.md.clone(), start).and_then(|req| req.post().map(|()| req)) {
+                Ok(req) => run.flights.push(Flight { req, target: to, kind: Kind::Start }),
+                Err(e) => run.receivers[to] = ReceiverStatus::Failed(format!("the broadcast's start: {e}")),
+            }
+        }
+        self.scatter(run);
+    }
+}
+
+impl Cast {
+
+    /// Once every receiver took the plan or failed: writes every chunk to
+    /// its owner with the request to forward it (to every receiver but
+    /// those failed), and the failed owners' chunks to every receiver.
+    fn scatter(&self, run: &mut Run) {
+        let waiting = |k: usize| run.receivers[k] == ReceiverStatus::Pending && !run.ready[k];
+        if run.scattered || (0..run.receivers.len()).any(waiting) {
+            return;
+        }
+        run.scattered = true;
+        let skip = run.receivers.iter().enumerate().filter(|(_, s)| **s != ReceiverStatus::Pending).fold(0u64, |m, (k, _)| m | 1 << k);
         let mut dead = Vec::new();
         for index in 0..self.plan.chunks() as u32 {
             let owner = self.plan.owner(u64::from(index));
             if run.receivers[owner] != ReceiverStatus::Pending {
                 continue;
             }
-            match self.write(id, index, owner, true) {
+            match self.write(run.id, index, owner, Some(skip)) {
                 Ok(req) => run.flights.push(Flight { req, target: owner, kind: Kind::Scatter(index) }),
                 Err(e) => {
                     run.receivers[owner] = ReceiverStatus::Failed(e.to_string());
@@ -200,20 +338,23 @@ impl Broadcast {
                 }
             }
         }
+        dead.extend((0..run.receivers.len()).filter(|&k| run.receivers[k] != ReceiverStatus::Pending));
+        dead.sort_unstable();
+        dead.dedup();
         for k in dead {
-            self.mend(&mut run, k);
+            self.mend(run, k);
         }
-        *slot = Some(run);
-        Ok(())
     }
 
-    /// Writes chunk `index` to receiver `to`, followed by its message.
-    fn write(&self, id: u64, index: u32, to: usize, forward: bool) -> Result<TransferRequest, EngineError> {
+    /// Writes chunk `index` to receiver `to`, followed by its message:
+    /// with `forward` (the mask of receivers to skip), asking it to write
+    /// the chunk on to the others.
+    fn write(&self, id: u64, index: u32, to: usize, forward: Option<u64>) -> Result<TransferRequest, EngineError> {
         let (at, len) = self.plan.span(u64::from(index));
         let local = self.local.reg.range(self.local.offset + at as usize..self.local.offset + (at + len) as usize)?;
         let r = &self.remote[to];
         let remote = r.mem.range(r.offset + at..r.offset + at + len)?;
-        let wire = Msg::Chunk { id, index, forward, me: to as u8, plan: self.plan.clone() }.encode();
+        let wire = Msg::Chunk { id, index, forward: forward.is_some(), skip: forward.unwrap_or(0) }.encode();
         let req = transfer::prepare(&self.core, Op::Write, &[(local, remote)], Some(wire))?;
         req.post()?;
         Ok(req)
@@ -236,34 +377,40 @@ impl Broadcast {
         if run.receivers[to] != ReceiverStatus::Pending || !run.repaired.insert((index, to)) {
             return;
         }
-        match self.write(run.id, index, to, false) {
+        match self.write(run.id, index, to, None) {
             Ok(req) => run.flights.push(Flight { req, target: to, kind: Kind::Repair(index) }),
             Err(e) => self.fail(run, to, e.to_string()),
         }
     }
 
+    /// Receiver `to` did not get the data; once the chunks went out, what
+    /// it owned is mended (before, `scatter` does it).
     fn fail(&self, run: &mut Run, to: usize, why: String) {
         if run.receivers[to] == ReceiverStatus::Pending {
             tracing::warn!(receiver = %self.plan.targets[to].agent, "broadcast receiver failed: {why}");
             run.receivers[to] = ReceiverStatus::Failed(why);
-            self.mend(run, to);
+            if run.scattered {
+                self.mend(run, to);
+            }
         }
     }
 
     fn settled(&self, run: &Run) -> bool {
-        run.flights.is_empty() && !run.receivers.contains(&ReceiverStatus::Pending)
+        run.started && run.flights.is_empty() && !run.receivers.contains(&ReceiverStatus::Pending)
     }
 
-    /// One look: reaps, takes the receivers' answers, follows what the
-    /// source posted, probes when due. Whether it settled.
-    fn step(&self, run: &mut Run) -> Result<bool, EngineError> {
-        self.core.reap_recvs()?;
+    /// One look (after a reap): takes the receivers' answers, follows what
+    /// the source posted, probes when due. Whether it settled.
+    fn step(&self, run: &mut Run) -> bool {
         let answers = std::mem::take(&mut *run.inbox.lock());
         for (from, m) in answers {
             let Some(k) = self.plan.targets.iter().position(|t| t.agent == from) else { continue };
+            let pending = run.receivers[k] == ReceiverStatus::Pending;
             match m {
-                Msg::Ack { .. } if run.receivers[k] == ReceiverStatus::Pending => run.receivers[k] = ReceiverStatus::Whole,
-                Msg::Miss { index, target, .. } if (target as usize) < run.receivers.len() && u64::from(index) < self.plan.chunks() => {
+                Msg::Ready { .. } if pending => run.ready[k] = true,
+                Msg::Refuse { why, .. } if pending && !run.ready[k] => self.fail(run, k, format!("refused the broadcast: {why}")),
+                Msg::Ack { .. } if pending && run.scattered => run.receivers[k] = ReceiverStatus::Whole,
+                Msg::Miss { index, target, .. } if run.scattered && (target as usize) < run.receivers.len() && u64::from(index) < self.plan.chunks() => {
                     self.repair(run, index, target as usize);
                 }
                 _ => {}
@@ -277,6 +424,7 @@ impl Broadcast {
                 let what = match f.kind {
                     Kind::Scatter(c) | Kind::Repair(c) => format!("writing chunk {c}: {e}"),
                     Kind::Probe => format!("probed: {e}"),
+                    Kind::Start => format!("the broadcast's start: {e}"),
                 };
                 failed.push((f.target, what));
                 false
@@ -285,6 +433,7 @@ impl Broadcast {
         for (to, why) in failed {
             self.fail(run, to, why);
         }
+        self.scatter(run);
         let scattering = run.flights.iter().any(|f| matches!(f.kind, Kind::Scatter(_)));
         if !scattering && run.probed.elapsed() >= PROBE_EVERY {
             run.probed = Instant::now();
@@ -300,7 +449,7 @@ impl Broadcast {
                 }
             }
         }
-        Ok(self.settled(run))
+        self.settled(run)
     }
 
     /// The outcome of a settled post.
@@ -319,6 +468,9 @@ impl Broadcast {
         }
         Err(EngineError::BroadcastIncomplete { delivered: run.receivers.len() - failed.len(), total: run.receivers.len(), failed })
     }
+}
+
+impl Broadcast {
 
     /// Where the last post stands, moving it on (never waiting): `Done`
     /// once every receiver is whole.
@@ -328,12 +480,13 @@ impl Broadcast {
     /// that did not get the data (the others did); [`EngineError::Verbs`]
     /// from reaping.
     pub fn status(&self) -> Result<TransferStatus, EngineError> {
-        let mut slot = self.run.lock();
-        let Some(run) = slot.as_mut() else { return Ok(TransferStatus::Idle) };
-        if !self.step(run)? {
+        drive(&self.cast.core)?;
+        let slot = self.cast.run.lock();
+        let Some(run) = slot.as_ref() else { return Ok(TransferStatus::Idle) };
+        if !self.cast.settled(run) {
             return Ok(TransferStatus::InFlight);
         }
-        self.outcome(run).map(|()| TransferStatus::Done)
+        self.cast.outcome(run).map(|()| TransferStatus::Done)
     }
 
     /// Waits until the last post settled, up to `timeout` (`None`: no
@@ -357,8 +510,9 @@ impl Broadcast {
                 None => Duration::from_millis(5),
             };
             // Answers arrive as receives: sleep on one NIC's in turn.
-            turn = (turn + 1) % self.core.pool.nics.len();
-            self.core.progress_recv(turn, Some(slice))?;
+            let core = &self.cast.core;
+            turn = (turn + 1) % core.pool.nics.len();
+            core.progress_recv(turn, Some(slice))?;
         }
     }
 
@@ -373,11 +527,11 @@ impl Broadcast {
     /// As [`status`](Self::status); as
     /// [`Agent::readiness`](super::Agent::readiness).
     pub fn poll_completed(&self) -> Result<bool, EngineError> {
-        let ready = self.core.readiness()?;
+        let ready = self.cast.core.readiness()?;
         if self.status()? != TransferStatus::InFlight {
             return Ok(true);
         }
-        for n in &self.core.pool.nics {
+        for n in &self.cast.core.pool.nics {
             n.send_cq.req_notify()?;
             n.recv_cq.req_notify()?;
         }
@@ -398,14 +552,14 @@ impl Broadcast {
     #[cfg(feature = "tokio")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn completed(&self) -> Result<(), EngineError> {
-        self.core.until(|| Ok(self.status()? != TransferStatus::InFlight), Duration::from_millis(100)).await
+        self.cast.core.until(|| Ok(self.status()? != TransferStatus::InFlight), Duration::from_millis(100)).await
     }
 }
 
 impl Drop for Broadcast {
     fn drop(&mut self) {
-        if let Some(run) = self.run.lock().take() {
-            self.core.sources.lock().remove(&run.id);
+        if let Some(run) = self.cast.run.lock().take() {
+            self.cast.core.sources.lock().remove(&run.id);
         }
     }
 }

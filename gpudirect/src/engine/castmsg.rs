@@ -3,12 +3,22 @@
 //! notifications, told apart by their magic (`"GB"`, notifications are
 //! `"GN"`), and are never handed to the application:
 //!
+//! - `Start`: the source opens broadcast `id` at a receiver with its
+//!   plan: the source, the length, the chunk size, every receiver's
+//!   (agent, memory, offset), and the notification each receiver gets
+//!   once its copy is whole. Only the source sends it, first, and sends
+//!   nothing else of `id` until every receiver answered: so every
+//!   receiver holds the plan, from the source itself, before any chunk of
+//!   it can arrive, and a chunk message need not (and cannot) carry one.
+//! - `Ready` / `Refuse`: a receiver's answer to `Start` (to the source):
+//!   it took the plan, or why not (its memory is not published, it has
+//!   not loaded another receiver's metadata, it has too many broadcasts
+//!   in progress).
 //! - `Chunk`: chunk `index` of broadcast `id` is in place in the
 //!   receiver's range (it follows the chunk's write on one queue pair);
-//!   `forward` asks the receiver to write it on to every other receiver.
-//!   It carries the plan: the source, the length, the chunk size, every
-//!   receiver's (agent, memory, offset), and the notification each
-//!   receiver gets once its copy is whole.
+//!   `forward` (the source's only) asks the receiver to write it on to
+//!   every other receiver but those in the `skip` mask (receivers that
+//!   refused or were dead at the start).
 //! - `Ack`: a receiver's copy of `id` is whole (to the source).
 //! - `Miss`: a receiver could not forward chunk `index` to receiver
 //!   `target` (to the source, which writes it there itself).
@@ -22,7 +32,7 @@ use crate::wire::Reader;
 use super::desc::MAX_NAME;
 
 const MAGIC: [u8; 2] = *b"GB";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 /// Most receivers of one broadcast.
 pub const MAX_BROADCAST_TARGETS: usize = 64;
 /// Most chunks of one broadcast: bounds what a receiver keeps of one.
@@ -105,7 +115,10 @@ impl Plan {
 /// A broadcast message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Msg {
-    Chunk { id: u64, index: u32, forward: bool, me: u8, plan: Plan },
+    Start { id: u64, me: u8, plan: Plan },
+    Ready { id: u64 },
+    Refuse { id: u64, why: String },
+    Chunk { id: u64, index: u32, forward: bool, skip: u64 },
     Ack { id: u64 },
     Miss { id: u64, index: u32, target: u8 },
     Probe { id: u64 },
@@ -139,13 +152,12 @@ impl Msg {
         let mut out = MAGIC.to_vec();
         out.push(VERSION);
         match self {
-            Msg::Chunk { id, index, forward, me, plan } => {
+            Msg::Chunk { id, index, forward, skip } => {
                 out.push(1);
                 out.extend_from_slice(&id.to_be_bytes());
                 out.extend_from_slice(&index.to_be_bytes());
                 out.push(u8::from(*forward));
-                out.push(*me);
-                plan.encode(&mut out);
+                out.extend_from_slice(&skip.to_be_bytes());
             }
             Msg::Ack { id } => {
                 out.push(2);
@@ -160,6 +172,27 @@ impl Msg {
             Msg::Probe { id } => {
                 out.push(4);
                 out.extend_from_slice(&id.to_be_bytes());
+            }
+            Msg::Start { id, me, plan } => {
+                out.push(5);
+                out.extend_from_slice(&id.to_be_bytes());
+                out.push(*me);
+                plan.encode(&mut out);
+            }
+            Msg::Ready { id } => {
+                out.push(6);
+                out.extend_from_slice(&id.to_be_bytes());
+            }
+            Msg::Refuse { id, why } => {
+                out.push(7);
+                out.extend_from_slice(&id.to_be_bytes());
+                // Cut on a character boundary to what its length byte holds.
+                let mut end = why.len().min(u8::MAX as usize);
+                while !why.is_char_boundary(end) {
+                    end -= 1;
+                }
+                out.push(end as u8);
+                out.extend_from_slice(&why.as_bytes()[..end]);
             }
         }
         out
@@ -177,16 +210,26 @@ impl Msg {
             1 => {
                 let index = r.u32("chunk").map_err(bad)?;
                 let forward = r.u8("forward").map_err(bad)? != 0;
-                let me = r.u8("receiver index").map_err(bad)?;
-                let plan = Plan::parse(&mut r)?;
-                if u64::from(index) >= plan.chunks() || me as usize >= plan.targets.len() {
-                    return Err(format!("chunk {index} of {}, receiver {me} of {}", plan.chunks(), plan.targets.len()));
-                }
-                Msg::Chunk { id, index, forward, me, plan }
+                let skip = r.u64("skip").map_err(bad)?;
+                Msg::Chunk { id, index, forward, skip }
             }
             2 => Msg::Ack { id },
             3 => Msg::Miss { id, index: r.u32("chunk").map_err(bad)?, target: r.u8("receiver").map_err(bad)? },
             4 => Msg::Probe { id },
+            5 => {
+                let me = r.u8("receiver index").map_err(bad)?;
+                let plan = Plan::parse(&mut r)?;
+                if me as usize >= plan.targets.len() {
+                    return Err(format!("receiver {me} of {}", plan.targets.len()));
+                }
+                Msg::Start { id, me, plan }
+            }
+            6 => Msg::Ready { id },
+            7 => {
+                let n = r.u8("reason length").map_err(bad)? as usize;
+                let why = String::from_utf8_lossy(r.take("reason", n).map_err(bad)?).into_owned();
+                Msg::Refuse { id, why }
+            }
             k => return Err(format!("broadcast message kind {k}")),
         };
         if r.rest() != 0 {
@@ -208,7 +251,10 @@ mod tests {
     #[test]
     fn messages_round_trip_and_bad_ones_are_refused() {
         let msgs = [
-            Msg::Chunk { id: 9, index: 9, forward: true, me: 7, plan: plan() },
+            Msg::Start { id: 9, me: 7, plan: plan() },
+            Msg::Ready { id: 9 },
+            Msg::Refuse { id: 9, why: "memory \"w\" is not published here".into() },
+            Msg::Chunk { id: 9, index: 9, forward: true, skip: 1 << 63 },
             Msg::Ack { id: u64::MAX },
             Msg::Miss { id: 1, index: 3, target: 2 },
             Msg::Probe { id: 5 },
@@ -226,13 +272,18 @@ mod tests {
         }
         // 8 receivers with their names and a notification fit one slot.
         assert!(msgs[0].encode().len() < 1024);
-        let out_of_range = |index, me| Msg::Chunk { id: 1, index, forward: false, me, plan: plan() }.encode();
-        assert!(Msg::decode(&out_of_range(10, 0)).unwrap_err().contains("chunk 10 of 10"));
-        assert!(Msg::decode(&out_of_range(0, 8)).unwrap_err().contains("receiver 8 of 8"));
+        assert!(Msg::decode(&Msg::Start { id: 1, me: 8, plan: plan() }.encode()).unwrap_err().contains("receiver 8 of 8"));
         let mut p = plan();
         p.chunk = 1;
         p.len = MAX_CHUNKS + 1;
-        assert!(Msg::decode(&Msg::Chunk { id: 1, index: 0, forward: false, me: 0, plan: p }.encode()).unwrap_err().contains("at most"));
+        assert!(Msg::decode(&Msg::Start { id: 1, me: 0, plan: p }.encode()).unwrap_err().contains("at most"));
+        // A reason too long for its length byte is cut on a character
+        // boundary, and still decodes.
+        let long = Msg::Refuse { id: 1, why: "é".repeat(200) }.encode();
+        match Msg::decode(&long).unwrap() {
+            Msg::Refuse { why, .. } => assert_eq!(why, "é".repeat(127)),
+            m => panic!("{m:?}"),
+        }
         assert!(Msg::decode(b"GN\x01\x00").is_err());
     }
 

@@ -32,7 +32,7 @@ use super::castmsg::{self, Msg};
 use super::conn::{Conn, ConnPool};
 use super::error::EngineError;
 use super::memory::Registry;
-use super::stats::Counters;
+use super::stats::{Counters, Refusal, RefusalCounters};
 use super::notify::{self, Notification, SLOT};
 use super::ready::Readiness;
 
@@ -155,6 +155,33 @@ pub(crate) trait Relay: Send + Sync {
     /// also wakes on send completions, so a forward that fails is told
     /// to the source while this agent waits.
     fn busy(&self) -> bool;
+    /// Does one piece of queued work (posts that may set up a connection
+    /// first), on the relay's own thread; whether there was any.
+    fn work(&self, core: &Arc<Core>) -> bool;
+    /// Whether the relay's thread may end (no work queued); if so, the
+    /// next work starts a new one.
+    fn retire_worker(&self) -> bool;
+}
+
+/// Where one of this agent's posted broadcasts stands, and what it costs
+/// the window of broadcasts started at once: one message per receiver for
+/// its start and one per chunk.
+pub(crate) enum Look {
+    /// Waiting its turn.
+    Waiting(usize),
+    /// Started, not settled.
+    Started(usize),
+    /// Settled (or not posted): it leaves the list.
+    Settled,
+}
+
+/// A broadcast of this agent posted and not settled (`broadcast.rs`): a
+/// trait here, so that this module imports nothing of it.
+pub(crate) trait Posted: Send + Sync {
+    /// One look (after a reap), never waiting: moves it on if started.
+    fn look(&self) -> Look;
+    /// Its turn came: sends its plan.
+    fn start(&self);
 }
 
 /// What the receivers of one of this agent's broadcasts told it (acks,
@@ -215,6 +242,10 @@ pub(crate) struct Core {
     /// This agent's broadcasts in flight, by id: where their receivers'
     /// messages go.
     pub(crate) sources: Mutex<HashMap<u64, std::sync::Weak<Inbox>>>,
+    /// This agent's broadcasts posted and not settled, in post order.
+    pub(crate) posted: Mutex<Vec<std::sync::Weak<dyn Posted>>>,
+    /// Broadcast messages refused, by reason.
+    pub(crate) cast_refusals: RefusalCounters,
 }
 
 impl Core {
@@ -238,6 +269,8 @@ impl Core {
             peers: Mutex::default(),
             relay: OnceLock::new(),
             sources: Mutex::default(),
+            posted: Mutex::default(),
+            cast_refusals: RefusalCounters::default(),
         }
     }
 
@@ -432,7 +465,10 @@ impl Core {
                 if read.is_ok() && castmsg::is_broadcast(&buf) {
                     match (Msg::decode(&buf), peer) {
                         (Ok(m), Some(peer)) => casts.push((peer, m)),
-                        (Err(why), peer) => tracing::warn!(peer = ?peer, nic, qp = wc.qp_num, "dropped a broadcast message: {why}"),
+                        (Err(why), peer) => {
+                            self.cast_refusals.count(Refusal::Malformed);
+                            tracing::warn!(peer = ?peer, nic, qp = wc.qp_num, "dropped a broadcast message: {why}");
+                        }
                         (Ok(_), None) => tracing::warn!(nic, qp = wc.qp_num, "dropped a broadcast message from a connection no longer known"),
                     }
                     if let Err(e) = n.repost(slot) {
@@ -497,7 +533,7 @@ impl Core {
     /// broadcast of this agent it is about, a chunk to the relay.
     fn on_broadcast(&self, peer: &str, m: Msg) -> Option<Notification> {
         match m {
-            Msg::Ack { id } | Msg::Miss { id, .. } => {
+            Msg::Ack { id } | Msg::Miss { id, .. } | Msg::Ready { id } | Msg::Refuse { id, .. } => {
                 let inbox = self.sources.lock().get(&id).and_then(std::sync::Weak::upgrade);
                 match inbox {
                     Some(inbox) => {

@@ -7,6 +7,7 @@
 //! on its side with a remote access error, never touches freed memory).
 
 use std::ops::RangeBounds;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::error::Result;
@@ -27,6 +28,9 @@ pub(crate) struct RegInner {
     /// The NICs without a region, and why.
     skipped: Vec<(String, String)>,
     took: std::time::Duration,
+    /// Whether the agent's metadata listed it (peers can name it only
+    /// then): set by the first metadata made after it was registered.
+    published: AtomicBool,
 }
 
 /// Memory registered with an agent under a name: on each of its NICs, a
@@ -59,7 +63,7 @@ impl Registration {
     /// `regions` holds at least one region.
     pub(crate) fn new(name: String, regions: Vec<Option<MemoryRegion>>, devices: Vec<String>, skipped: Vec<(String, String)>, took: std::time::Duration) -> Registration {
         debug_assert!(regions.iter().any(Option::is_some));
-        Registration { inner: Arc::new(RegInner { name, regions, devices, skipped, took }) }
+        Registration { inner: Arc::new(RegInner { name, regions, devices, skipped, took, published: AtomicBool::new(false) }) }
     }
 
     /// How long registering it took, on every NIC, the checks included:
@@ -253,10 +257,24 @@ impl Registry {
         self.0.lock().iter().any(|r| r.name == name)
     }
 
-    /// The descriptors of the registrations, for the metadata.
+    /// The descriptors of the registrations, for the metadata: each
+    /// listed is published from now on.
     pub(crate) fn descs(&self) -> Vec<MemoryDesc> {
         let v = self.0.lock();
-        v.iter().map(|inner| Registration { inner: inner.clone() }).filter(Registration::is_targetable).map(|r| r.desc()).collect()
+        let listed = v.iter().map(|inner| Registration { inner: inner.clone() }).filter(Registration::is_targetable);
+        listed.map(|r| {
+            // Locked update, as the pool's use counter: seen by helgrind.
+            r.inner.published.swap(true, Ordering::Relaxed);
+            r.desc()
+        })
+        .collect()
+    }
+
+    /// The registration named `name` if this agent's metadata listed it:
+    /// what a peer may name (never host-staged GPU memory, nor memory
+    /// registered since the last metadata was made).
+    pub(crate) fn published(&self, name: &str) -> Option<Registration> {
+        self.get(name).filter(|r| r.inner.published.fetch_or(false, Ordering::Relaxed))
     }
 
     /// Makes what the NICs wrote into GPU registrations visible to GPU

@@ -254,6 +254,8 @@ mod transfer;
 mod wake;
 #[cfg(test)]
 mod device_tests;
+#[cfg(test)]
+mod cast_tests;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -284,7 +286,7 @@ pub use nic::NicStats;
 pub use notify::{Notification, MAX_NOTIFICATION};
 pub use ready::Readiness;
 pub use peer::{Peer, RemoteMemory, RemoteRange};
-pub use stats::TransferStats;
+pub use stats::{BroadcastRefusals, TransferStats};
 pub use transfer::{Op, TransferRequest, TransferStatus};
 
 use self::core::Core;
@@ -849,6 +851,15 @@ impl Agent {
     /// name they claim, or malformed. Each is also logged with its reason.
     pub fn refused_requests(&self) -> u64 {
         self.core.pool.refused()
+    }
+
+    /// Broadcast messages this agent refused so far, by reason: what a
+    /// member holding the secret sent that no honest source or receiver
+    /// sends (forged or inconsistent plans, chunks from agents that do not
+    /// own them, memory never published), and starts it could not take.
+    /// Each is also logged with the peer and its reason.
+    pub fn broadcast_refusals(&self) -> BroadcastRefusals {
+        self.core.cast_refusals.read()
     }
 }
 

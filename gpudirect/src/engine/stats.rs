@@ -69,3 +69,70 @@ impl Counters {
         }
     }
 }
+
+/// Broadcast messages this agent refused, by reason
+/// ([`Agent::broadcast_refusals`](super::Agent::broadcast_refusals)).
+/// Every one came over a connection of a peer that proved the cluster's
+/// secret, and is something no honest source or receiver sends (or a
+/// broadcast this agent could not take); none was acted on, and a
+/// warning named the peer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct BroadcastRefusals {
+    /// A start not sent by the source its plan names, naming another
+    /// agent as this receiver, or reusing the id of a broadcast in
+    /// progress here.
+    pub forged: u64,
+    /// A chunk of a broadcast no source started here.
+    pub unknown: u64,
+    /// A chunk from an agent that is neither its source nor the receiver
+    /// owning that chunk, a forward asked for by anyone but the source,
+    /// or a chunk past the plan's end.
+    pub not_owner: u64,
+    /// A start naming memory this agent did not publish (not registered
+    /// under that name, or host-staged GPU memory), or a range past its end.
+    pub unpublished: u64,
+    /// A start naming a receiver (or a source) whose metadata this agent
+    /// has not loaded, so it could not forward to it.
+    pub unknown_peers: u64,
+    /// A start that found this agent at its bound of broadcasts in
+    /// progress (in all, or from that source).
+    pub busy: u64,
+    /// Bytes with a broadcast message's magic that do not decode as one.
+    pub malformed: u64,
+}
+
+/// Why a broadcast message was refused: one counter each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    Forged,
+    Unknown,
+    NotOwner,
+    Unpublished,
+    UnknownPeers,
+    Busy,
+    Malformed,
+}
+
+/// The counters behind [`BroadcastRefusals`].
+#[derive(Default, Debug)]
+pub(crate) struct RefusalCounters([AtomicU64; 7]);
+
+impl RefusalCounters {
+    pub(crate) fn count(&self, why: Refusal) {
+        self.0[why as usize].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn read(&self) -> BroadcastRefusals {
+        let n = |why: Refusal| self.0[why as usize].load(Relaxed);
+        BroadcastRefusals {
+            forged: n(Refusal::Forged),
+            unknown: n(Refusal::Unknown),
+            not_owner: n(Refusal::NotOwner),
+            unpublished: n(Refusal::Unpublished),
+            unknown_peers: n(Refusal::UnknownPeers),
+            busy: n(Refusal::Busy),
+            malformed: n(Refusal::Malformed),
+        }
+    }
+}

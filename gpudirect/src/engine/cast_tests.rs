@@ -1,0 +1,334 @@
+//! Broadcast tests on a real device (Soft-RoCE in the bed) that need the
+//! crate's insides: a member holding the cluster's secret sends the
+//! broadcast messages of its choosing (forged starts, inconsistent plans,
+//! memory never published, chunks it does not own, forwards it may not
+//! ask for, fake acks) beside a real broadcast that still settles with
+//! every byte checked; hundreds of broadcasts in flight at once; and
+//! receivers that never loaded each other, refused loudly instead of
+//! served by the source in their place.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::castmsg::{Msg, Plan, Target};
+use super::notify::Notification;
+use super::transfer;
+use super::auth::Label;
+use super::{Agent, AgentConfig, BroadcastRefusals, EngineError};
+
+const T: Option<Duration> = Some(Duration::from_secs(60));
+
+fn agent(name: &str, chunk: u64) -> Arc<Agent> {
+    agent_with(name, chunk, Duration::from_secs(30))
+}
+
+fn agent_with(name: &str, chunk: u64, timeout: Duration) -> Arc<Agent> {
+    let mut c = AgentConfig::named(name);
+    c.timeout = timeout;
+    c.devices = vec![testkit::device()];
+    c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    c.broadcast_chunk = chunk;
+    Arc::new(Agent::new(c).unwrap())
+}
+
+fn mesh(all: &[&Arc<Agent>]) {
+    for a in all {
+        for b in all {
+            if a.name() != b.name() {
+                a.load_remote(&b.metadata()).unwrap();
+            }
+        }
+    }
+}
+
+/// Sends `msg` from `from` to `to` as an engine message, as a hostile
+/// member holding the secret can.
+fn send(from: &Agent, to: &str, msg: Msg) {
+    let req = transfer::message(&from.core, from.core.peer(to).unwrap().md, msg.encode()).unwrap();
+    req.post().unwrap();
+    req.wait(T).unwrap();
+}
+
+/// A thread taking `a`'s notifications (which also runs its relay) until
+/// stopped; what it took.
+struct Reaper {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<Vec<Notification>>,
+}
+
+impl Reaper {
+    fn new(a: &Arc<Agent>) -> Reaper {
+        let (a, stop) = (a.clone(), Arc::new(AtomicBool::new(false)));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                match a.wait_notification(Some(Duration::from_millis(50))) {
+                    Ok(n) => got.push(n),
+                    Err(EngineError::Timeout(_)) => {}
+                    Err(e) => panic!("{}: {e}", a.name()),
+                }
+            }
+            got
+        });
+        Reaper { stop, handle }
+    }
+
+    fn finish(self) -> Vec<Notification> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().unwrap()
+    }
+}
+
+/// Waits until `a`'s refusals satisfy `ok`, up to 20 s.
+fn refusals_until(a: &Agent, ok: impl Fn(&BroadcastRefusals) -> bool) -> BroadcastRefusals {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = a.broadcast_refusals();
+        if ok(&r) || Instant::now() > end {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn target(agent: &str, memory: &str, offset: u64) -> Target {
+    Target { agent: agent.into(), memory: memory.into(), offset }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_member_holding_the_secret_gets_nothing_it_was_not_given_and_a_real_broadcast_settles_beside_it() {
+    const LEN: usize = 256 << 10;
+    let source = agent("trainer", 32 << 10);
+    let r0 = agent("infer-0", 32 << 10);
+    let r1 = agent("infer-1", 32 << 10);
+    let m = agent("mallory", 32 << 10);
+    let params = source.alloc("params", LEN).unwrap();
+    let w: Vec<_> = [&r0, &r1, &m].iter().map(|a| a.alloc("w", LEN).unwrap()).collect();
+    let sink = m.alloc("sink", LEN).unwrap();
+    mesh(&[&source, &r0, &r1, &m]);
+    // Registered after r0 made its metadata: in none it handed out.
+    let private = r0.alloc("private", LEN).unwrap();
+    private.write_at(0, &vec![0x5a; LEN]).unwrap();
+    let reapers: Vec<Reaper> = [&r0, &r1, &m].iter().map(|a| Reaper::new(a)).collect();
+
+    let plan = |source: &str, targets: Vec<Target>, len: u64| Plan { source: source.into(), len, chunk: 32 << 10, targets, msg: b"forged".to_vec() };
+    // 1. A start that names another agent as its source; one naming
+    //    another agent as this receiver.
+    send(&m, "infer-0", Msg::Start { id: 1, me: 0, plan: plan("trainer", vec![target("infer-0", "w", 0), target("mallory", "sink", 0)], LEN as u64) });
+    send(&m, "infer-0", Msg::Start { id: 2, me: 0, plan: plan("mallory", vec![target("infer-1", "w", 0), target("infer-0", "w", 0)], LEN as u64) });
+    // 2. Memory r0 never published to it, and a range past the end of
+    //    what it did: the forward that would have copied `private` into
+    //    mallory's sink is never planned.
+    send(&m, "infer-0", Msg::Start { id: 3, me: 0, plan: plan("mallory", vec![target("infer-0", "private", 0), target("mallory", "sink", 0)], LEN as u64) });
+    send(&m, "infer-0", Msg::Start { id: 4, me: 0, plan: plan("mallory", vec![target("infer-0", "w", 4096), target("mallory", "sink", 0)], LEN as u64) });
+    send(&m, "infer-0", Msg::Chunk { id: 3, index: 0, forward: true, skip: 0 });
+    // 3. Two plans of different sizes under one id, then chunks past the
+    //    smaller one and chunks of the larger: refused, never a panic.
+    let small = plan("mallory", vec![target("infer-0", "w", 0), target("mallory", "sink", 0)], 64 << 10);
+    let large = plan("mallory", vec![target("infer-0", "w", 0), target("mallory", "sink", 0)], LEN as u64);
+    send(&m, "infer-0", Msg::Start { id: 5, me: 0, plan: small });
+    send(&m, "infer-0", Msg::Start { id: 5, me: 0, plan: large });
+    send(&m, "infer-0", Msg::Chunk { id: 5, index: 7, forward: true, skip: 0 });
+    send(&m, "infer-0", Msg::Chunk { id: 99, index: 0, forward: false, skip: 0 });
+    let r = refusals_until(&r0, |r| r.forged >= 3 && r.unpublished >= 2 && r.unknown >= 1 && r.not_owner >= 1);
+    assert!(r.forged >= 3 && r.unpublished >= 2 && r.unknown >= 1 && r.not_owner >= 1, "{r:?}");
+    // Mallory's own broadcast id 5 (the small plan, which r0 took: the
+    // memory is published and mallory may write it anyway) never got a
+    // chunk: nothing was forwarded into mallory's sink.
+    let mut got = vec![0; LEN];
+    sink.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0), "nothing of r0's reached mallory's sink");
+
+    // 4. A real broadcast to r0, r1 and mallory, with mallory forging
+    //    chunks of it it does not own (and asking for forwards) and
+    //    acking the source before any data.
+    let targets: Vec<_> = ["infer-0", "infer-1", "mallory"].iter().map(|n| source.peer(n).unwrap().memory("w").unwrap().range(..).unwrap()).collect();
+    let cast = source.broadcast(&params.range(..).unwrap(), &targets, b"step 1").unwrap();
+    let data = testkit::pattern(LEN, 1);
+    params.write_at(0, &data).unwrap();
+    let before = r1.broadcast_refusals();
+    cast.post().unwrap();
+    let id = cast.id().unwrap();
+    send(&m, "infer-1", Msg::Chunk { id, index: 0, forward: false, skip: 0 }); // chunk 0 is infer-0's
+    send(&m, "infer-1", Msg::Chunk { id, index: 1, forward: true, skip: 0 });
+    send(&m, "trainer", Msg::Ack { id });
+    cast.wait(T).unwrap();
+    let after = refusals_until(&r1, |r| r.unknown + r.not_owner >= before.unknown + before.not_owner + 2);
+    assert!(after.unknown + after.not_owner >= before.unknown + before.not_owner + 2, "{after:?}");
+    for (i, reg) in w.iter().enumerate() {
+        let mut got = vec![0; LEN];
+        reg.read_at(0, &mut got).unwrap();
+        assert!(got == data, "receiver {i}'s copy differs");
+    }
+    let notes: Vec<Vec<Notification>> = reapers.into_iter().map(Reaper::finish).collect();
+    for (i, n) in notes.iter().enumerate().take(2) {
+        let seen: Vec<_> = n.iter().map(|n| (n.peer.as_str(), n.msg.as_slice())).collect();
+        assert_eq!(seen, vec![("trainer", &b"step 1"[..])], "infer-{i}: exactly the real broadcast's notification");
+    }
+    println!("infer-0 refused {:?}; infer-1 refused {after:?}", r0.broadcast_refusals());
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn hundreds_of_broadcasts_in_flight_to_four_receivers_all_settle() {
+    const CASTS: usize = 256;
+    const LEN: usize = 8 << 10;
+    let source = agent("trainer", 4 << 10);
+    let receivers: Vec<_> = (0..4).map(|i| agent(&format!("infer-{i}"), 4 << 10)).collect();
+    let params = source.alloc("params", CASTS * LEN).unwrap();
+    let data = testkit::pattern(CASTS * LEN, 7);
+    params.write_at(0, &data).unwrap();
+    let weights: Vec<_> = receivers.iter().map(|r| r.alloc("w", CASTS * LEN).unwrap()).collect();
+    let mut all: Vec<&Arc<Agent>> = receivers.iter().collect();
+    all.push(&source);
+    mesh(&all);
+    let reapers: Vec<Reaper> = receivers.iter().map(Reaper::new).collect();
+    let casts: Vec<_> = (0..CASTS)
+        .map(|c| {
+            let at = (c * LEN) as u64..((c + 1) * LEN) as u64;
+            let targets: Vec<_> = receivers.iter().map(|r| source.peer(r.name()).unwrap().memory("w").unwrap().range(at.clone()).unwrap()).collect();
+            source.broadcast(&params.range(c * LEN..(c + 1) * LEN).unwrap(), &targets, format!("tensor {c}").as_bytes()).unwrap()
+        })
+        .collect();
+    let t0 = Instant::now();
+    for c in &casts {
+        c.post().unwrap();
+    }
+    let mut settled = 0;
+    for (i, c) in casts.iter().enumerate() {
+        match c.wait(T) {
+            Ok(()) => settled += 1,
+            Err(e) => panic!("broadcast {i}: {e} (settled {settled} of {CASTS}): {:?}", c.receivers()),
+        }
+    }
+    println!("{CASTS} broadcasts in flight to 4 receivers: all settled in {:?}", t0.elapsed());
+    for (i, w) in weights.iter().enumerate() {
+        let mut got = vec![0; CASTS * LEN];
+        w.read_at(0, &mut got).unwrap();
+        assert!(got == data, "infer-{i}'s copies differ");
+    }
+    for (i, r) in reapers.into_iter().enumerate() {
+        let mut seen: Vec<_> = r.finish().into_iter().map(|n| String::from_utf8(n.msg).unwrap()).collect();
+        seen.sort();
+        let mut want: Vec<_> = (0..CASTS).map(|c| format!("tensor {c}")).collect();
+        want.sort();
+        assert_eq!(seen, want, "infer-{i}: one notification per broadcast");
+    }
+    for r in &receivers {
+        assert_eq!(r.broadcast_refusals(), BroadcastRefusals::default(), "{}", r.name());
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device"]
+fn receivers_that_never_loaded_each_other_refuse_and_the_source_never_serves_them_in_secret() {
+    const LEN: usize = 1 << 20;
+    let source = agent("trainer", 64 << 10);
+    let receivers: Vec<_> = (0..3).map(|i| agent(&format!("infer-{i}"), 64 << 10)).collect();
+    let params = source.alloc("params", LEN).unwrap();
+    for r in &receivers {
+        r.alloc("w", LEN).unwrap();
+    }
+    // Each receiver knows the source, and the source each receiver; the
+    // receivers do not know each other.
+    for r in &receivers {
+        r.load_remote(&source.metadata()).unwrap();
+        source.load_remote(&r.metadata()).unwrap();
+    }
+    let reapers: Vec<Reaper> = receivers.iter().map(Reaper::new).collect();
+    let targets: Vec<_> = receivers.iter().map(|r| source.peer(r.name()).unwrap().memory("w").unwrap().range(..).unwrap()).collect();
+    let cast = source.broadcast(&params.range(..).unwrap(), &targets, b"w").unwrap();
+    let before: u64 = source.nic_stats().iter().map(|s| s.bytes).sum();
+    cast.post().unwrap();
+    match cast.wait(T) {
+        Err(EngineError::BroadcastIncomplete { delivered: 0, total: 3, failed }) => {
+            for (name, why) in &failed {
+                assert!(why.contains("has not loaded the metadata of") && why.contains("infer-"), "{name}: {why}");
+            }
+            println!("refused: {failed:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let sent: u64 = source.nic_stats().iter().map(|s| s.bytes).sum::<u64>() - before;
+    assert_eq!(sent, 0, "the source wrote nothing in the receivers' place");
+    for r in reapers {
+        assert!(r.finish().is_empty());
+    }
+    for r in &receivers {
+        assert_eq!(r.broadcast_refusals().unknown_peers, 1, "{}", r.name());
+    }
+}
+
+/// A receiver whose relay must forward to a receiver that accepts TCP
+/// and never answers (its metadata, as loaded there, names a silent
+/// listener): the relay's thread spends the setup timeout on it, while
+/// the receiver's own polls for notifications each return at once, and
+/// the broadcast still settles (the source writes the stuck receiver's
+/// missed chunks itself).
+#[test]
+#[ignore = "needs an RDMA device"]
+fn polling_for_notifications_never_waits_while_the_relay_dials_a_stuck_receiver() {
+    const LEN: usize = 256 << 10;
+    let source = agent("trainer", 64 << 10);
+    let r0 = agent_with("infer-0", 64 << 10, Duration::from_secs(3));
+    let r1 = agent("infer-1", 64 << 10);
+    let r2 = agent("infer-2", 64 << 10);
+    let params = source.alloc("params", LEN).unwrap();
+    let w: Vec<_> = [&r0, &r1, &r2].iter().map(|a| a.alloc("w", LEN).unwrap()).collect();
+    mesh(&[&source, &r0, &r1, &r2]);
+    // infer-0 learns infer-2 at a control address that never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut stuck = r2.metadata();
+    stuck.control = silent.local_addr().unwrap();
+    stuck.seal = r0.core.pool.key.tag(Label::Metadata, &[&stuck.encode_sealed_part().unwrap()]);
+    r0.load_remote(&stuck).unwrap();
+    let reapers: Vec<Reaper> = [&r1, &r2].iter().map(|a| Reaper::new(a)).collect();
+    let data = testkit::pattern(LEN, 3);
+    params.write_at(0, &data).unwrap();
+    let targets: Vec<_> = ["infer-0", "infer-1", "infer-2"].iter().map(|n| source.peer(n).unwrap().memory("w").unwrap().range(..).unwrap()).collect();
+    let cast = source.broadcast(&params.range(..).unwrap(), &targets, b"w").unwrap();
+    let src = std::thread::spawn(move || {
+        cast.post().unwrap();
+        cast.wait(T)
+    });
+    let (mut longest, mut polls) = (Duration::ZERO, 0u64);
+    let end = Instant::now() + Duration::from_secs(60);
+    let note = loop {
+        let t0 = Instant::now();
+        let got = r0.poll_notification().unwrap();
+        longest = longest.max(t0.elapsed());
+        polls += 1;
+        if let Some(n) = got {
+            break n;
+        }
+        assert!(Instant::now() < end, "infer-0 got no notification in 60 s");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    // Keep polling through the relay's dial, which takes its 3 s.
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        let t0 = Instant::now();
+        assert!(r0.poll_notification().unwrap().is_none());
+        longest = longest.max(t0.elapsed());
+        polls += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!((note.peer.as_str(), &note.msg[..]), ("trainer", &b"w"[..]));
+    src.join().unwrap().unwrap();
+    println!("{polls} polls, the longest {longest:?}");
+    assert!(longest < Duration::from_millis(1000), "a poll took {longest:?}: it waited on the relay's dial");
+    for (i, reg) in w.iter().enumerate() {
+        let mut got = vec![0; LEN];
+        reg.read_at(0, &mut got).unwrap();
+        assert!(got == data, "infer-{i}'s copy differs");
+    }
+    for r in reapers {
+        r.finish();
+    }
+    drop(silent);
+}
