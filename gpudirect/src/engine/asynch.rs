@@ -49,13 +49,13 @@ impl Core {
                 Phase::Failed(f) => return Err(f.to_error()),
                 Phase::Posted => {}
             }
-            if self.reap_sends(nics)? > 0 {
+            if self.reap_sends(nics.iter().copied())? > 0 {
                 continue;
             }
             for &nic in nics {
                 self.pool.nics[nic].send_cq.req_notify()?;
             }
-            if self.reap_sends(nics)? > 0 {
+            if self.reap_sends(nics.iter().copied())? > 0 {
                 continue;
             }
             self.sleep(fds, nics, &[Side::Send], notified).await?;
@@ -86,10 +86,6 @@ impl Core {
                 r?;
             }
         }
-    }
-
-    fn reap_sends(&self, nics: &[usize]) -> Result<usize, EngineError> {
-        nics.iter().try_fold(0, |got, &nic| Ok(got + self.progress_send(nic, None)?))
     }
 
     /// The next notification.

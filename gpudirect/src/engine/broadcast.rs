@@ -25,9 +25,10 @@
 //!   receiver dead if it fails too;
 //! - the chunks a dead receiver owned are written by the source to every
 //!   receiver still waiting;
-//! - a receiver that died after its chunks reached it but before it
-//!   forwarded them is found by a probe: once the source's own writes are
-//!   done, every receiver not yet whole gets a message each
+//! - a receiver that died before it took the plan, or after its chunks
+//!   reached it but before it forwarded them, is found by a probe: while
+//!   the source waits for receivers to take the plan, and once its own
+//!   writes are done, every receiver it waits for gets a message each
 //!   [`PROBE_EVERY`]; a probe that fails names it dead.
 //!
 //! The broadcast is settled when every receiver is whole or dead and
@@ -50,9 +51,15 @@ use super::notify::SLOT;
 use super::peer::RemoteRange;
 use super::transfer::{self, Op, TransferRequest, TransferStatus};
 
-/// How often the source probes receivers not yet whole once its own
-/// writes are done.
+/// How often the source probes receivers not yet whole: while it waits
+/// for them to take the plan, and once its own writes are done.
 pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// Chunks one broadcast has in flight from the source at once: each is
+/// one message at its owner and, forwarded, one at every other receiver,
+/// so this bounds what a broadcast of thousands of chunks puts in each
+/// receiver's receive queue at once (and the source's message slots).
+const SCATTER_AHEAD: usize = 64;
 
 /// How one receiver of a broadcast stands.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -95,8 +102,12 @@ struct Run {
     ready: Vec<bool>,
     /// Whether its turn came and the plan went out.
     started: bool,
-    /// Whether the chunks went out (every receiver took the plan or failed).
+    /// Whether the chunks go out (every receiver took the plan or failed).
     scattered: bool,
+    /// The next chunk to write to its owner, and the receivers its
+    /// owner skips.
+    next: u32,
+    skip: u64,
     probed: Instant,
 }
 
@@ -183,6 +194,7 @@ pub(crate) fn prepare(core: &Arc<Core>, local: &LocalRange, remote: &[RemoteRang
 /// their messages fit the budget.
 fn drive(core: &Core) -> Result<(), EngineError> {
     core.reap_recvs()?;
+    core.reap_sends(0..core.pool.nics.len())?;
     let posted: Vec<Arc<dyn Posted>> = core.posted.lock().iter().filter_map(std::sync::Weak::upgrade).collect();
     let budget = core.pool.nics.iter().map(|n| n.slots.len() / SLOT).min().unwrap_or(0) / 2;
     let (mut used, mut any) = (0, false);
@@ -265,6 +277,8 @@ impl Broadcast {
                 ready: vec![false; n],
                 started: false,
                 scattered: false,
+                next: 0,
+                skip: 0,
                 probed: Instant::now(),
             });
         }
@@ -282,7 +296,7 @@ impl Posted for Cast {
     fn look(&self) -> Look {
         let mut slot = self.run.lock();
         let Some(run) = slot.as_mut() else { return Look::Settled };
-        let cost = 1 + self.plan.chunks() as usize;
+        let cost = 1 + (self.plan.chunks() as usize).min(SCATTER_AHEAD);
         if !run.started {
             return Look::Waiting(cost);
         }
@@ -314,35 +328,43 @@ impl Posted for Cast {
 
 impl Cast {
 
-    /// Once every receiver took the plan or failed: writes every chunk to
-    /// its owner with the request to forward it (to every receiver but
-    /// those failed), and the failed owners' chunks to every receiver.
+    /// Once every receiver took the plan or failed: the failed owners'
+    /// chunks to every receiver, and the others' chunks to their owners
+    /// (`scatter_more`) with the request to forward them (to every
+    /// receiver but those failed).
     fn scatter(&self, run: &mut Run) {
         let waiting = |k: usize| run.receivers[k] == ReceiverStatus::Pending && !run.ready[k];
         if run.scattered || (0..run.receivers.len()).any(waiting) {
             return;
         }
         run.scattered = true;
-        let skip = run.receivers.iter().enumerate().filter(|(_, s)| **s != ReceiverStatus::Pending).fold(0u64, |m, (k, _)| m | 1 << k);
-        let mut dead = Vec::new();
-        for index in 0..self.plan.chunks() as u32 {
+        let failed: Vec<usize> = (0..run.receivers.len()).filter(|&k| run.receivers[k] != ReceiverStatus::Pending).collect();
+        run.skip = failed.iter().fold(0u64, |m, &k| m | 1 << k);
+        for k in failed {
+            self.mend(run, k);
+        }
+        self.scatter_more(run);
+    }
+
+    /// Writes the next chunks to their owners, up to [`SCATTER_AHEAD`] in
+    /// flight (a failed owner's were mended instead).
+    fn scatter_more(&self, run: &mut Run) {
+        let chunks = self.plan.chunks() as u32;
+        let mut ahead = run.flights.iter().filter(|f| matches!(f.kind, Kind::Scatter(_))).count();
+        while run.scattered && run.next < chunks && ahead < SCATTER_AHEAD {
+            let index = run.next;
+            run.next += 1;
             let owner = self.plan.owner(u64::from(index));
             if run.receivers[owner] != ReceiverStatus::Pending {
                 continue;
             }
-            match self.write(run.id, index, owner, Some(skip)) {
-                Ok(req) => run.flights.push(Flight { req, target: owner, kind: Kind::Scatter(index) }),
-                Err(e) => {
-                    run.receivers[owner] = ReceiverStatus::Failed(e.to_string());
-                    dead.push(owner);
+            match self.write(run.id, index, owner, Some(run.skip)) {
+                Ok(req) => {
+                    run.flights.push(Flight { req, target: owner, kind: Kind::Scatter(index) });
+                    ahead += 1;
                 }
+                Err(e) => self.fail(run, owner, e.to_string()),
             }
-        }
-        dead.extend((0..run.receivers.len()).filter(|&k| run.receivers[k] != ReceiverStatus::Pending));
-        dead.sort_unstable();
-        dead.dedup();
-        for k in dead {
-            self.mend(run, k);
         }
     }
 
@@ -417,7 +439,7 @@ impl Cast {
             }
         }
         let mut failed = Vec::new();
-        run.flights.retain(|f| match f.req.status() {
+        run.flights.retain(|f| match f.req.phase() {
             Ok(TransferStatus::InFlight) => true,
             Ok(_) => false,
             Err(e) => {
@@ -434,12 +456,15 @@ impl Cast {
             self.fail(run, to, why);
         }
         self.scatter(run);
-        let scattering = run.flights.iter().any(|f| matches!(f.kind, Kind::Scatter(_)));
+        self.scatter_more(run);
+        // Probes while receivers are to take the plan (one that died
+        // then never answers) and once the source's own writes are done.
+        let scattering = run.scattered && (run.next < self.plan.chunks() as u32 || run.flights.iter().any(|f| matches!(f.kind, Kind::Scatter(_))));
         if !scattering && run.probed.elapsed() >= PROBE_EVERY {
             run.probed = Instant::now();
             for to in 0..run.receivers.len() {
                 let probing = run.flights.iter().any(|f| f.target == to && matches!(f.kind, Kind::Probe));
-                if run.receivers[to] != ReceiverStatus::Pending || probing {
+                if run.receivers[to] != ReceiverStatus::Pending || probing || (!run.scattered && run.ready[to]) {
                     continue;
                 }
                 let probe = transfer::message(&self.core, self.remote[to].mem.md.clone(), Msg::Probe { id: run.id }.encode());
@@ -509,10 +534,15 @@ impl Broadcast {
                 Some(l) => l.min(Duration::from_millis(5)),
                 None => Duration::from_millis(5),
             };
-            // Answers arrive as receives: sleep on one NIC's in turn.
+            // Answers arrive as receives, the room to write more chunks
+            // as send completions: sleep on one queue of one NIC in turn.
             let core = &self.cast.core;
-            turn = (turn + 1) % core.pool.nics.len();
-            core.progress_recv(turn, Some(slice))?;
+            turn = (turn + 1) % (2 * core.pool.nics.len());
+            if turn % 2 == 0 {
+                core.progress_recv(turn / 2, Some(slice))?;
+            } else {
+                core.progress_send(turn / 2, Some(slice))?;
+            }
         }
     }
 

@@ -253,7 +253,8 @@ impl ConnPool {
         Ok((conn, true))
     }
 
-    fn sending_on(&self, peer: &str, path: Path) -> Option<Arc<Conn>> {
+    /// The connection to `peer` on `path`, if there is one (never set up).
+    pub(crate) fn sending_on(&self, peer: &str, path: Path) -> Option<Arc<Conn>> {
         let sending = self.sending.lock();
         let c = sending.get(peer)?.iter().find(|(k, _)| *k == path).map(|(_, c)| c.clone())?;
         self.touch(&c);

@@ -21,7 +21,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::cq::CompletionQueue;
-use crate::mr::MemoryRegion;
 use crate::wr::SendWr;
 use crate::deadline::Deadline;
 use crate::error::Error;
@@ -32,6 +31,7 @@ use super::castmsg::{self, Msg};
 use super::conn::{Conn, ConnPool};
 use super::error::EngineError;
 use super::memory::Registry;
+use super::msgbuf::MsgBuf;
 use super::stats::{Counters, Refusal, RefusalCounters};
 use super::notify::{self, Notification, SLOT};
 use super::ready::Readiness;
@@ -121,7 +121,7 @@ impl Conns {
 /// A notification to post once a post's other parts completed.
 pub(crate) struct Deferred {
     pub(crate) conn: Arc<Conn>,
-    pub(crate) region: MemoryRegion,
+    pub(crate) buf: Arc<MsgBuf>,
 }
 
 struct Outstanding {
@@ -372,7 +372,7 @@ impl Core {
             std::mem::take(&mut *r)
         };
         for (id, d) in ready {
-            let posted = d.region.slice(..).and_then(|s| d.conn.qp.post_send(&[SendWr::send(s).wr_id(id << 1 | 1)]));
+            let posted = d.buf.slice().and_then(|s| d.conn.qp.post_send(&[SendWr::send(s).wr_id(id << 1 | 1)]));
             match posted {
                 Ok(()) => {}
                 Err(Error::QueueFull { .. }) => self.ready.lock().push((id, d)),
@@ -522,6 +522,12 @@ impl Core {
             r.progress(self);
         }
         Ok(got)
+    }
+
+    /// Reaps the send completions of `nics` that are there, never
+    /// waiting; how many.
+    pub(crate) fn reap_sends(&self, nics: impl IntoIterator<Item = usize>) -> Result<usize, EngineError> {
+        nics.into_iter().try_fold(0, |got, nic| Ok(got + self.progress_send(nic, None)?))
     }
 
     /// Whether the broadcast relay has requests in flight to follow.

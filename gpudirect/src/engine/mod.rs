@@ -241,6 +241,7 @@ mod desc;
 mod error;
 mod events;
 mod memory;
+mod msgbuf;
 mod meta;
 mod nic;
 mod notify;

@@ -4,6 +4,7 @@
 //! notifications, so receive memory does not grow with the peer count.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::context::Context;
 use crate::cq::CompletionQueue;
@@ -17,6 +18,7 @@ use crate::wr::RecvWr;
 use crate::sync::Mutex;
 
 use super::desc::NicDesc;
+use super::msgbuf::MsgPool;
 use super::notify::SLOT;
 
 /// What [`Nic::open`] needs from the agent's configuration.
@@ -56,6 +58,8 @@ pub(crate) struct Nic {
     pub(crate) srq: SharedReceiveQueue,
     /// `srq_depth` receive slots of [`SLOT`] bytes.
     pub(crate) slots: MemoryRegion,
+    /// The engine messages it sends, in reused slots.
+    pub(crate) msgs: Arc<MsgPool>,
     /// Slots whose repost failed, to be posted again at the next reap.
     held: Mutex<Vec<usize>>,
     pub(crate) desc: NicDesc,
@@ -118,6 +122,7 @@ impl Nic {
             recv_cq,
             srq,
             slots,
+            msgs: Arc::default(),
             held: Mutex::default(),
             desc,
             gid,

@@ -136,7 +136,9 @@ struct State {
     finished: VecDeque<u64>,
     finished_set: HashSet<u64>,
     jobs: VecDeque<Job>,
-    /// Requests the queued jobs will post.
+    /// Jobs that need a connection set up first: the relay's thread's.
+    dial: VecDeque<Job>,
+    /// Requests the queued jobs (both kinds) will post.
     queued: usize,
     sent: Vec<Sent>,
     /// The relay's thread, while it runs.
@@ -144,19 +146,25 @@ struct State {
 }
 
 impl State {
+
     fn room(&self) -> usize {
         MAX_SENT.saturating_sub(self.queued + self.sent.len())
     }
 
     /// Queues `job` if there is room (an answer always has some: one per
-    /// start, chunk asked for or forward failed, each bounded).
-    fn queue(&mut self, job: Job) {
+    /// start, chunk asked for or forward failed, each bounded), for the
+    /// next reaping thread or, with `dial`, for the relay's thread.
+    fn queue(&mut self, job: Job, dial: bool) {
         if self.queued + self.sent.len() >= 2 * MAX_SENT {
             tracing::warn!("a broadcast message was not sent: {} requests queued or in flight here", 2 * MAX_SENT);
             return;
         }
         self.queued += job.posts();
-        self.jobs.push_back(job);
+        if dial {
+            self.dial.push_back(job);
+        } else {
+            self.jobs.push_back(job);
+        }
     }
 
     fn finish(&mut self, at: usize) {
@@ -184,12 +192,12 @@ impl Relaying {
     fn recount(&self, st: &State) {
         // Locked read-modify-writes, not plain loads and stores: the
         // valgrind build's helgrind and drd see only those (as `touch`).
-        self.busy.swap(st.copies.len() + st.jobs.len() + st.sent.len(), Ordering::Relaxed);
+        self.busy.swap(st.copies.len() + st.jobs.len() + st.dial.len() + st.sent.len(), Ordering::Relaxed);
     }
 
     /// Wakes the relay's thread, starting it if it is not running.
     fn kick(&self, core: &Core, st: &mut State) {
-        if st.jobs.is_empty() {
+        if st.dial.is_empty() {
             return;
         }
         if let Some(t) = &st.worker {
@@ -222,7 +230,7 @@ impl Relaying {
         let refuse = |st: &mut State, why: Refusal, text: String| {
             core.cast_refusals.count(why);
             tracing::warn!(peer = from, id, "refused a broadcast: {text}");
-            st.queue(Job::Answer { to: from.to_owned(), id, msg: Msg::Refuse { id, why: text } });
+            st.queue(Job::Answer { to: from.to_owned(), id, msg: Msg::Refuse { id, why: text } }, false);
         };
         if plan.source != from {
             return refuse(st, Refusal::Forged, format!("started by {from:?}, while its plan names {:?} as the source", plan.source));
@@ -297,7 +305,7 @@ impl Relaying {
             unreachable: vec![false; n],
             last: Instant::now(),
         });
-        st.queue(Job::Answer { to: from.to_owned(), id, msg: Msg::Ready { id } });
+        st.queue(Job::Answer { to: from.to_owned(), id, msg: Msg::Ready { id } }, false);
     }
 
     /// Chunk `index` of broadcast `id` is in place, says `from`, asking
@@ -360,51 +368,83 @@ impl Relaying {
             st.finish(at);
         }
         for j in jobs {
-            st.queue(j);
+            st.queue(j, false);
         }
         note
     }
 
-    /// Runs `job` (on the relay's thread): its requests, posted.
-    fn run(&self, core: &Arc<Core>, job: Job) -> Vec<Sent> {
-        let mut sent = Vec::new();
+    /// Runs `job`: its requests, posted; with `dial` false (a reaping
+    /// thread, which must not wait) only those whose connections are set
+    /// up, the rest returned as a job for the relay's thread.
+    fn run(&self, core: &Arc<Core>, job: Job, dial: bool, sent: &mut Vec<Sent>) -> Option<Job> {
         match job {
-            Job::Answer { to, id, msg } => match answer(core, &to, &msg) {
-                Ok(req) => sent.push(Sent { req, source: to, id, forward: None }),
+            Job::Answer { to, id, msg } => match answer(core, &to, &msg, dial) {
+                Ok(Some(req)) => sent.push(Sent { req, source: to, id, forward: None }),
+                Ok(None) => return Some(Job::Answer { to, id, msg }),
                 Err(e) => tracing::warn!(peer = %to, id, "a broadcast message was not sent: {e}"),
             },
             Job::Forward { id, index, plan, range, to } => {
+                let mut later = Vec::new();
                 for t in to {
-                    match forward(core, &plan, &range, id, index, t) {
-                        Ok(req) => sent.push(Sent { req, source: plan.source.clone(), id, forward: Some((index, t as u8)) }),
+                    match forward(core, &plan, &range, id, index, t, dial) {
+                        Ok(Some(req)) => sent.push(Sent { req, source: plan.source.clone(), id, forward: Some((index, t as u8)) }),
+                        Ok(None) => later.push(t),
                         Err(e) => {
                             tracing::warn!(source = %plan.source, id, chunk = index, to = %plan.targets[t].agent, "broadcast chunk not forwarded: {e}");
                             if let Some(c) = self.state.lock().copies.iter_mut().find(|c| c.id == id) {
                                 c.unreachable[t] = true;
                             }
-                            match answer(core, &plan.source, &Msg::Miss { id, index, target: t as u8 }) {
-                                Ok(req) => sent.push(Sent { req, source: plan.source.clone(), id, forward: None }),
-                                Err(e) => tracing::warn!(source = %plan.source, id, "a broadcast's source was not told of a missed chunk: {e}"),
+                            let miss = Job::Answer { to: plan.source.clone(), id, msg: Msg::Miss { id, index, target: t as u8 } };
+                            if let Some(job) = self.run(core, miss, dial, sent) {
+                                self.state.lock().queue(job, true);
                             }
                         }
                     }
                 }
+                if !later.is_empty() {
+                    return Some(Job::Forward { id, index, plan, range, to: later });
+                }
             }
         }
-        sent
+        None
+    }
+
+    /// Runs on this (reaping) thread the queued jobs that need no
+    /// connection set up; the rest go to the relay's thread.
+    fn run_here(&self, core: &Core) {
+        let jobs = {
+            let mut st = self.state.lock();
+            let jobs = std::mem::take(&mut st.jobs);
+            st.queued -= jobs.iter().map(Job::posts).sum::<usize>();
+            jobs
+        };
+        if jobs.is_empty() {
+            return;
+        }
+        let Some(core) = core.me.upgrade() else { return };
+        let mut sent = Vec::new();
+        let later: Vec<Job> = jobs.into_iter().filter_map(|j| self.run(&core, j, false, &mut sent)).collect();
+        let mut st = self.state.lock();
+        st.sent.extend(sent);
+        for j in later {
+            st.queue(j, true);
+        }
+        self.kick(&core, &mut st);
+        self.recount(&st);
     }
 }
 
-/// Sends `msg` to agent `to` (a loaded peer); the request, to follow.
-fn answer(core: &Arc<Core>, to: &str, msg: &Msg) -> Result<TransferRequest, EngineError> {
+/// Sends `msg` to agent `to` (a loaded peer); the request, to follow
+/// (`None`: not posted, it needs a connection set up and `dial` is false).
+fn answer(core: &Arc<Core>, to: &str, msg: &Msg, dial: bool) -> Result<Option<TransferRequest>, EngineError> {
     let req = transfer::message(core, core.peer(to)?.md, msg.encode())?;
-    req.post()?;
-    Ok(req)
+    posted(req, dial)
 }
 
 /// Writes chunk `index` of `plan` from this agent's copy `range` to
-/// receiver `to`'s, followed by the chunk message that tells it.
-fn forward(core: &Arc<Core>, plan: &Plan, range: &LocalRange, id: u64, index: u32, to: usize) -> Result<TransferRequest, EngineError> {
+/// receiver `to`'s, followed by the chunk message that tells it (`None`
+/// as for [`answer`]).
+fn forward(core: &Arc<Core>, plan: &Plan, range: &LocalRange, id: u64, index: u32, to: usize, dial: bool) -> Result<Option<TransferRequest>, EngineError> {
     let (at, len) = plan.span(u64::from(index));
     let (at, len) = (at as usize, len as usize);
     let local = range.reg.range(range.offset + at..range.offset + at + len)?;
@@ -412,8 +452,16 @@ fn forward(core: &Arc<Core>, plan: &Plan, range: &LocalRange, id: u64, index: u3
     let remote = core.peer(&theirs.agent)?.memory(&theirs.memory)?.range(theirs.offset + at as u64..theirs.offset + (at + len) as u64)?;
     let wire = Msg::Chunk { id, index, forward: false, skip: 0 }.encode();
     let req = transfer::prepare(core, Op::Write, &[(local, remote)], Some(wire))?;
-    req.post()?;
-    Ok(req)
+    posted(req, dial)
+}
+
+/// Posts `req`: always with `dial`, else only over connections set up.
+fn posted(req: TransferRequest, dial: bool) -> Result<Option<TransferRequest>, EngineError> {
+    if dial {
+        req.post()?;
+        return Ok(Some(req));
+    }
+    Ok(req.post_connected()?.then_some(req))
 }
 
 impl Relay for Relaying {
@@ -428,8 +476,9 @@ impl Relay for Relaying {
             // A probe asks nothing: its completion at the source is the answer.
             _ => None,
         };
-        self.kick(core, &mut st);
         self.recount(&st);
+        drop(st);
+        self.run_here(core);
         note
     }
 
@@ -441,9 +490,14 @@ impl Relay for Relaying {
         if self.busy.fetch_add(0, Ordering::Relaxed) == 0 {
             return;
         }
+        // One reap, then a look at each request (a status call each
+        // would reap once per request).
+        if let Err(e) = core.reap_sends(0..core.pool.nics.len()) {
+            tracing::warn!("the broadcast relay could not reap: {e}");
+        }
         let mut st = self.state.lock();
         let mut misses = Vec::new();
-        st.sent.retain(|s| match s.req.status() {
+        st.sent.retain(|s| match s.req.phase() {
             Ok(TransferStatus::InFlight) => true,
             Ok(_) => false,
             Err(e) => {
@@ -458,20 +512,23 @@ impl Relay for Relaying {
             }
         });
         for m in misses {
-            st.queue(m);
+            st.queue(m, false);
         }
-        self.kick(core, &mut st);
         self.recount(&st);
+        drop(st);
+        self.run_here(core);
     }
 
     fn work(&self, core: &Arc<Core>) -> bool {
         let job = {
             let mut st = self.state.lock();
-            let Some(job) = st.jobs.pop_front() else { return false };
+            let Some(job) = st.dial.pop_front() else { return false };
             st.queued -= job.posts();
             job
         };
-        let sent = self.run(core, job);
+        let mut sent = Vec::new();
+        // Dialing allowed: every job runs to its end here.
+        let _ = self.run(core, job, true, &mut sent);
         let mut st = self.state.lock();
         st.sent.extend(sent);
         self.recount(&st);
@@ -480,7 +537,7 @@ impl Relay for Relaying {
 
     fn retire_worker(&self) -> bool {
         let mut st = self.state.lock();
-        if st.jobs.is_empty() {
+        if st.dial.is_empty() {
             st.worker = None;
             true
         } else {

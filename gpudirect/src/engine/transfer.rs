@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::mr::{AccessFlags, MemoryRegion};
 use crate::wr::SendWr;
 
 use super::core::{Conns, Core, Deferred, Failure, Phase, ReqState, MAX_LANES};
 use super::desc::AgentMetadata;
 use super::error::EngineError;
 use super::memory::LocalRange;
+use super::msgbuf::MsgBuf;
 use super::peer::RemoteRange;
 use super::stats::{Counters, TransferStats};
 
@@ -69,7 +69,7 @@ impl Lane {
 /// a read, or a request sliced over several rails) or follows its lane's
 /// writes on their queue pair.
 pub(crate) struct Notify {
-    pub(crate) region: MemoryRegion,
+    pub(crate) buf: Arc<MsgBuf>,
     pub(crate) lane: usize,
     pub(crate) after_completions: bool,
 }
@@ -175,9 +175,9 @@ pub(crate) fn message(core: &Arc<Core>, peer: Arc<AgentMetadata>, wire: Vec<u8>)
 /// `wire` in a region of the NIC of the last of `lanes`.
 fn notification(core: &Core, lanes: &[Lane], wire: Vec<u8>, after_completions: bool) -> Result<Notify, EngineError> {
     let lane = lanes.len() - 1;
-    let region = MemoryRegion::alloc(&core.pool.nics[lanes[lane].nic].pd, wire.len(), AccessFlags::LOCAL_WRITE)?;
-    region.write_at(0, &wire)?;
-    Ok(Notify { region, lane, after_completions })
+    let nic = &core.pool.nics[lanes[lane].nic];
+    let buf = Arc::new(nic.msgs.put(&nic.pd, &wire)?);
+    Ok(Notify { buf, lane, after_completions })
 }
 
 /// A prepared transfer: made by [`Agent::prepare`](super::Agent::prepare),
@@ -273,15 +273,31 @@ impl TransferRequest {
     /// posting (when nothing went out the request is idle again and may be
     /// posted again; when part went out it is failed).
     pub fn post(&self) -> Result<(), EngineError> {
+        self.post_on(true).map(|_| ())
+    }
+
+    /// Posts it only if every connection it needs is set up already
+    /// (never dialing, for a thread that must not wait); whether it went.
+    pub(crate) fn post_connected(&self) -> Result<bool, EngineError> {
+        self.post_on(false)
+    }
+
+    fn post_on(&self, dial: bool) -> Result<bool, EngineError> {
         // With no subscriber at debug, the span costs a level check.
         let _span = tracing::debug_span!("transfer", peer = %self.peer.name, op = ?self.op, bytes = self.bytes).entered();
         let conns = match &self.lanes[..] {
-            [one] => Conns::One(self.conn(one).map_err(|e| self.refused(e))?),
-            lanes => Conns::Many(lanes.iter().map(|l| self.conn(l)).collect::<Result<_, _>>().map_err(|e| self.refused(e))?),
+            [one] => match self.conn(one, dial).map_err(|e| self.refused(e))? {
+                Some(c) => Conns::One(c),
+                None => return Ok(false),
+            },
+            lanes => match lanes.iter().map(|l| self.conn(l, dial)).collect::<Result<Option<_>, _>>().map_err(|e| self.refused(e))? {
+                Some(v) => Conns::Many(v),
+                None => return Ok(false),
+            },
         };
         let deferred = match &self.notify {
             Some(nt) if nt.after_completions => {
-                Some(Deferred { conn: conns.as_slice()[nt.lane].clone(), region: nt.region.clone() })
+                Some(Deferred { conn: conns.as_slice()[nt.lane].clone(), buf: nt.buf.clone() })
             }
             _ => None,
         };
@@ -338,16 +354,21 @@ impl TransferRequest {
             self.core.reaped();
         }
         self.counted_post();
-        Ok(())
+        Ok(true)
     }
 
-    /// The connection of one lane, set up if there is none (and counted).
-    fn conn(&self, lane: &Lane) -> Result<Arc<super::conn::Conn>, EngineError> {
-        let (conn, new) = self.core.pool.get(&self.peer, (lane.nic, lane.remote_nic, lane.qp))?;
+    /// The connection of one lane, set up if there is none (and counted)
+    /// when `dial`, else `None` then.
+    fn conn(&self, lane: &Lane, dial: bool) -> Result<Option<Arc<super::conn::Conn>>, EngineError> {
+        let path = (lane.nic, lane.remote_nic, lane.qp);
+        if !dial {
+            return Ok(self.core.pool.sending_on(&self.peer.name, path));
+        }
+        let (conn, new) = self.core.pool.get(&self.peer, path)?;
         if new {
             self.state.count(Counters::connected);
         }
-        Ok(conn)
+        Ok(Some(conn))
     }
 
     /// Counts a post that went out, all or part of it.
@@ -403,7 +424,7 @@ impl TransferRequest {
             }
         }
         if let Some(n) = self.notify.as_ref().filter(|n| n.lane == lane && !n.after_completions) {
-            wrs.push(SendWr::send(n.region.slice(..)?).wr_id(id << 1).unsignaled());
+            wrs.push(SendWr::send(n.buf.slice()?).wr_id(id << 1).unsignaled());
         }
         let last = wrs.pop().expect("a lane has a piece");
         wrs.push(SendWr { signaled: true, ..last }.wr_id(id << 1 | 1));
@@ -419,6 +440,12 @@ impl TransferRequest {
         for &nic in &self.nics {
             self.core.progress_send(nic, None)?;
         }
+        self.phase()
+    }
+
+    /// Where the last post stands as of the last reap (for those that
+    /// follow many requests: one reap per NIC, then a look at each).
+    pub(crate) fn phase(&self) -> Result<TransferStatus, EngineError> {
         match &*self.state.phase.lock() {
             Phase::Idle => Ok(TransferStatus::Idle),
             Phase::Posted => Ok(TransferStatus::InFlight),
