@@ -48,6 +48,14 @@ impl Deadline {
         self.0.map(|d| d.saturating_duration_since(Instant::now()))
     }
 
+    /// The sooner of the two.
+    pub(crate) fn earlier(self, other: Deadline) -> Deadline {
+        match (self.0, other.0) {
+            (Some(a), Some(b)) => Deadline(Some(a.min(b))),
+            (a, b) => Deadline(a.or(b)),
+        }
+    }
+
     /// Whether the deadline has passed.
     pub(crate) fn passed(&self) -> bool {
         self.left().is_some_and(|l| l.is_zero())
@@ -74,6 +82,46 @@ impl Deadline {
             }
         }
         Ok(true)
+    }
+}
+
+/// A TCP stream whose reads and writes all end by one [`Deadline`]: a
+/// peer that trickles its bytes cannot stretch an exchange past it (a
+/// per-read timeout resets with every byte).
+pub(crate) struct Bounded<'a> {
+    stream: &'a std::net::TcpStream,
+    deadline: Deadline,
+}
+
+impl<'a> Bounded<'a> {
+    pub(crate) fn new(stream: &'a std::net::TcpStream, deadline: Deadline) -> Bounded<'a> {
+        Bounded { stream, deadline }
+    }
+
+    /// What is left, as a socket timeout (`None`: block), or `TimedOut`.
+    fn left(&self) -> std::io::Result<Option<Duration>> {
+        match self.deadline.left() {
+            Some(l) if l.is_zero() => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the exchange's deadline passed")),
+            left => Ok(left),
+        }
+    }
+}
+
+impl std::io::Read for Bounded<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.stream.set_read_timeout(self.left()?)?;
+        (&mut &*self.stream).read(buf)
+    }
+}
+
+impl std::io::Write for Bounded<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.set_write_timeout(self.left()?)?;
+        (&mut &*self.stream).write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -34,7 +34,7 @@ pub const MAX_BUFFERS: usize = 1024;
 pub(crate) mod error;
 mod serve;
 pub use error::BootstrapError;
-pub(crate) use serve::{serve_each, Server, WhenFull};
+pub(crate) use serve::{serve_each, Server, Slot, WhenFull};
 
 impl From<Truncated> for BootstrapError {
     fn from(t: Truncated) -> Self {
@@ -185,6 +185,8 @@ fn header(kind: u8, len: usize) -> [u8; HEADER_LEN] {
 pub struct OobChannel {
     stream: TcpStream,
     timeout: Duration,
+    /// The whole exchange's end, when one is set ([`within`](Self::within)).
+    whole: Deadline,
 }
 
 /// Default bound on every bootstrap write, incoming message and connect attempt.
@@ -288,7 +290,7 @@ impl OobChannel {
             s.set_write_timeout(Some(timeout))
         };
         setup(&stream).map_err(|e| io_err("socket setup", e, timeout))?;
-        Ok(OobChannel { stream, timeout })
+        Ok(OobChannel { stream, timeout, whole: Deadline::never() })
     }
 
     /// The peer's address: where to reach it by other means too (rdma_cm
@@ -300,7 +302,20 @@ impl OobChannel {
         self.stream.peer_addr().map_err(|e| io_err("getpeername", e, self.timeout))
     }
 
+    /// Bounds the rest of the exchange as a whole to `whole` from now, on
+    /// top of each message's own bound: a peer that answers each message
+    /// just in time cannot stretch a handshake of several.
+    pub(crate) fn within(&mut self, whole: Duration) {
+        self.whole = Deadline::after(whole);
+    }
+
     fn send(&mut self, kind: u8, payload: &[u8]) -> Result<(), BootstrapError> {
+        if let Some(left) = self.whole.left() {
+            if left.is_zero() {
+                return Err(BootstrapError::Timeout(self.timeout));
+            }
+            self.stream.set_write_timeout(Some(left.min(self.timeout))).map_err(|e| io_err("socket setup", e, self.timeout))?;
+        }
         let mut msg = Vec::with_capacity(HEADER_LEN + payload.len());
         msg.extend_from_slice(&header(kind, payload.len()));
         msg.extend_from_slice(payload);
@@ -331,7 +346,7 @@ impl OobChannel {
 
     /// Reads one message; the whole of it must arrive within the timeout.
     fn recv(&mut self, expected: u8) -> Result<Vec<u8>, BootstrapError> {
-        let deadline = Deadline::after(self.timeout);
+        let deadline = Deadline::after(self.timeout).earlier(self.whole);
         let mut h = [0; HEADER_LEN];
         self.read_exact(&mut h, deadline)?;
         let (kind, len) = decode_header(&h)?;

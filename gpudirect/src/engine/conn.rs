@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bootstrap::{serve_each, Server, WhenFull};
+use crate::bootstrap::{serve_each, Server, Slot, WhenFull};
 use crate::bootstrap::{BootstrapError, OobChannel};
 use crate::deadline::Deadline;
 use crate::qp::{QpConfig, QueuePair};
@@ -437,12 +437,17 @@ impl ConnPool {
     }
 
     /// Serves one control request on an accepted control stream.
-    fn accept(&self, stream: TcpStream) -> Result<(), EngineError> {
+    fn accept(&self, stream: TcpStream, slot: &Slot<'_>) -> Result<(), EngineError> {
         let from = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
         let mut oob = OobChannel::from_stream(stream, self.timeout.min(ACCEPT_TIMEOUT)).map_err(control_err(&from))?;
+        oob.within(self.timeout.min(ACCEPT_TIMEOUT));
         let me = Identity { name: self.name.to_string(), instance: self.instance };
         let proven = match control::receive(&mut oob, &self.key, &me) {
-            Ok(p) => p,
+            Ok(p) => {
+                // It holds the secret: no newcomer may take its slot now.
+                slot.proven();
+                p
+            }
             Err(NotProven::Failed(e)) => return Err(control_err(&from)(e)),
             Err(NotProven::Refuse { session, reason, auth }) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
@@ -599,8 +604,9 @@ const MAX_SERVING: usize = 16;
 pub(crate) fn serve(pool: Arc<ConnPool>, listener: TcpListener, stop: Arc<Mutex<bool>>) {
     let name = format!("gpudirect-engine-{}", pool.name);
     let server = Server { name: &name, max: MAX_SERVING, when_full: WhenFull::Wait };
-    serve_each(&listener, &stop, &server, |s, from| {
-        if let Err(e) = pool.accept(s) {
+    // The client speaks first (both sides send their hello at once).
+    serve_each(&listener, &stop, &server, |_| Ok(()), |s, from, (), slot| {
+        if let Err(e) = pool.accept(s, slot) {
             tracing::warn!(%from, "engine connection request not served: {e}");
         }
     });

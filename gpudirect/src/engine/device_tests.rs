@@ -181,3 +181,80 @@ fn a_posts_fallback_reaping_tells_the_sleeping_tasks() {
         long.wait(T).unwrap();
     }
 }
+
+/// Raises this process's open-file limit to `n` (or its hard limit).
+fn allow_files(n: u64) {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit on a valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+            r.rlim_cur = n.min(r.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+/// 1,000 silent connections and 32 clients that trickle a handshake
+/// (each reconnecting when cut off), all from this address, against an
+/// agent's control port: the legitimate peer's first connection (with a
+/// 3 s setup timeout) and its transfers go through meanwhile, and none of
+/// them got a queue pair.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn silent_and_trickling_clients_keep_no_peer_off_the_control_port() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    allow_files(4096);
+    let s = secret(1);
+    let decode = agent("decode-0", Some(s.clone()));
+    let prefill = {
+        let mut c = AgentConfig::named("prefill-0");
+        c.devices = vec![testkit::device()];
+        c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        c.secret = Some(s);
+        c.timeout = Duration::from_secs(3);
+        Agent::new(c).unwrap()
+    };
+    let table = decode.alloc("t", 1 << 16).unwrap();
+    let src = prefill.alloc("s", 1 << 16).unwrap();
+    decode.load_remote(&prefill.metadata()).unwrap();
+    let remote = prefill.load_remote(&decode.metadata()).unwrap().memory("t").unwrap();
+    let addr = decode.control_addr();
+    let qps = decode.core.pool.qps_created();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        for _ in 0..32 {
+            sc.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut c) = std::net::TcpStream::connect(addr) else { continue };
+                    // A handshake header, a byte every 200 ms.
+                    for b in [b'G', b'D', b'B', b'S'].iter().cycle() {
+                        if stop.load(Ordering::Relaxed) || c.write_all(&[*b]).is_err() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                }
+            });
+        }
+        let silent: Vec<std::net::TcpStream> = (0..1000).filter_map(|_| std::net::TcpStream::connect(addr).ok()).collect();
+        println!("{} silent connections open", silent.len());
+        std::thread::sleep(Duration::from_millis(500));
+        let t = std::time::Instant::now();
+        let req = prefill.prepare(Op::Write, &[(src.range(..).unwrap(), remote.range(..).unwrap())], Some(b"legit")).unwrap();
+        for fill in 1..=3u8 {
+            src.fill(.., fill).unwrap();
+            req.post().unwrap();
+            req.wait(T).unwrap();
+            let n = decode.wait_notification(T).unwrap();
+            assert_eq!(n.msg, b"legit");
+            let mut got = vec![0; 1 << 16];
+            table.read_at(0, &mut got).unwrap();
+            assert!(got.iter().all(|&b| b == fill));
+        }
+        println!("the legitimate peer connected and wrote 3 times in {:?} beside 1000 silent and 32 trickling clients", t.elapsed());
+        stop.store(true, Ordering::Relaxed);
+        drop(silent);
+    });
+    assert_eq!(decode.core.pool.qps_created() - qps, 1, "only the legitimate peer got a queue pair");
+}

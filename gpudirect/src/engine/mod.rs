@@ -173,23 +173,34 @@
 //! [`Agent::broadcast`] delivers one range of this agent into a range of
 //! each of up to [`MAX_BROADCAST_TARGETS`] peers (weights from a trainer
 //! to inference engines), each receiver notified once its copy is whole.
-//! The source writes each chunk ([`AgentConfig::broadcast_chunk`]) to one
-//! receiver only, which forwards it to the others as it lands, so the
-//! source's NIC sends the payload about once instead of once per
+//! The source first sends every receiver the plan and waits for each to
+//! take it; then it writes each chunk ([`AgentConfig::broadcast_chunk`])
+//! to one receiver only, which forwards it to the others as it lands, so
+//! the source's NIC sends the payload about once instead of once per
 //! receiver, and a receiver's NIC sends (N-1)/N of it. Receivers forward
 //! from their progress: while any thread of theirs waits for or polls
-//! notifications, as they do to see their copy; a receiver's first
-//! forward to another sets up their connection from that thread (up to
-//! [`AgentConfig::timeout`] against a peer that does not answer), so
-//! connect receivers to each other ahead ([`Agent::connect`]) to keep
-//! setup off the waits. Every agent of a broadcast loads every other's
-//! metadata. A receiver that dies fails
-//! alone: the source writes what it owed the others itself, probes
-//! receivers not yet whole once its own writes are done
-//! ([`PROBE_EVERY`]), and [`Broadcast::wait`] names the receivers that did
-//! not get the data ([`EngineError::BroadcastIncomplete`]). Host and GPU
-//! memory alike: every write is an engine transfer, under the same
-//! placement and fail-closed rules.
+//! notifications, as they do to see their copy. A forward whose
+//! connection is not set up yet is handed to the relay's own thread,
+//! which sets it up, so a poll never waits on another agent.
+//!
+//! Every agent of a broadcast loads every other's metadata (receivers
+//! write to each other and answer the source), and each receiver's range
+//! lies in memory it published: a receiver that lacks a peer's metadata,
+//! or is named for memory it did not publish, refuses the broadcast with
+//! the reason, and [`Broadcast::wait`] names it among those that did not
+//! get the data ([`EngineError::BroadcastIncomplete`]); the source never
+//! writes a refusing receiver's share to the others in its place, so a
+//! mistake never turns into N times the traffic unseen. A receiver that
+//! dies fails alone: the source writes what it owed the others itself,
+//! probes receivers it still waits for ([`PROBE_EVERY`]), and
+//! [`Broadcast::wait`] names the receivers that did not get the data.
+//! Many broadcasts may be posted at once (one per tensor): an agent starts
+//! them in post order, as many as keep each receiver's burst of messages
+//! within half its receive slots, and a wait on any of them moves all on.
+//! What a member holding the secret can make a receiver do through
+//! broadcast messages is bounded and checked (the relay's module docs,
+//! [`Agent::broadcast_refusals`]). Host and GPU memory alike: every write
+//! is an engine transfer, under the same placement and fail-closed rules.
 //!
 //! # Observability
 //! [`TransferRequest::stats`] and [`Agent::peer_stats`] count posts,

@@ -15,7 +15,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::bootstrap::{serve_each, Server, WhenFull};
+use crate::bootstrap::{serve_each, Server, Slot, WhenFull};
+use crate::deadline::{Bounded, Deadline};
 use crate::sync::Mutex;
 
 use super::super::auth::{random, ClusterSecret, Key, Label, TAG};
@@ -225,22 +226,28 @@ impl Store {
 fn serve(listener: TcpListener, stop: Arc<Mutex<bool>>, store: Store) {
     let store = Mutex::new(store);
     let server = Server { name: "gpudirect-rendezvous", max: MAX_CLIENTS, when_full: WhenFull::Close };
-    serve_each(&listener, &stop, &server, |s, from| {
-        if let Err(e) = answer(s, from.ip(), &store) {
+    serve_each(&listener, &stop, &server, hello, |s, from, nonce, slot| {
+        if let Err(e) = answer(s, from.ip(), nonce, &store, slot) {
             tracing::warn!(%from, "rendezvous request not served: {e}");
         }
     });
 }
 
-fn answer(mut s: TcpStream, from: IpAddr, store: &Mutex<Store>) -> std::io::Result<()> {
-    s.set_nonblocking(false)?;
-    s.set_read_timeout(Some(SERVE_TIMEOUT))?;
-    s.set_write_timeout(Some(SERVE_TIMEOUT))?;
+/// The server's opening, sent on accepting (a fresh socket's buffer
+/// takes it whole): magic, version and the nonce the request must prove.
+fn hello(s: &TcpStream) -> std::io::Result<[u8; TAG]> {
     let nonce: [u8; TAG] = random();
     let mut hello = MAGIC.to_vec();
     hello.push(VERSION);
     hello.extend_from_slice(&nonce);
-    s.write_all(&hello)?;
+    (&mut &*s).write_all(&hello)?;
+    Ok(nonce)
+}
+
+/// Serves the request after `hello`, the whole exchange within
+/// [`SERVE_TIMEOUT`].
+fn answer(s: TcpStream, from: IpAddr, nonce: [u8; TAG], store: &Mutex<Store>, slot: &Slot<'_>) -> std::io::Result<()> {
+    let mut s = Bounded::new(&s, Deadline::after(SERVE_TIMEOUT));
     let req = read_request(&mut s)?;
     let key = store.lock().key.clone();
     let (status, body) = match req {
@@ -250,6 +257,7 @@ fn answer(mut s: TcpStream, from: IpAddr, store: &Mutex<Store>) -> std::io::Resu
             b"the request's proof did not verify: this client does not hold the rendezvous server's cluster secret (GPUDIRECT_SECRET_FILE, RendezvousConfig::secret, TcpRendezvous::with_secret)".to_vec(),
         ),
         Ok(r) => {
+            slot.proven();
             let now = Instant::now();
             let mut store = store.lock();
             store.sweep(now);

@@ -12,6 +12,8 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use crate::deadline::{Bounded, Deadline};
+
 use super::super::auth::{ClusterSecret, Key, Label, TAG};
 use super::super::desc::{AgentMetadata, MAX_METADATA};
 use super::super::error::EngineError;
@@ -35,7 +37,7 @@ pub(super) const NOT_FOUND: u8 = 1;
 pub(super) const REFUSED: u8 = 2;
 
 /// Reads exactly `n` bytes.
-fn take(s: &mut TcpStream, n: usize) -> io::Result<Vec<u8>> {
+fn take(s: &mut impl Read, n: usize) -> io::Result<Vec<u8>> {
     let mut v = vec![0; n];
     s.read_exact(&mut v)?;
     Ok(v)
@@ -53,7 +55,7 @@ pub(super) struct Incoming {
 
 /// One request, or why it is refused (the connection stays usable for
 /// the answer). An I/O error ends the connection.
-pub(super) fn read_request(s: &mut TcpStream) -> io::Result<Result<Incoming, String>> {
+pub(super) fn read_request(s: &mut impl Read) -> io::Result<Result<Incoming, String>> {
     let head = take(s, 7)?;
     if head[..4] != MAGIC {
         return Ok(Err("not a gpudirect rendezvous request".into()));
@@ -125,26 +127,43 @@ impl TcpRendezvous {
     }
 
     /// One request; the answer's (status, bytes).
+    /// A server that closed it unanswered is asked again within the
+    /// timeout: it was busy, not gone.
     fn call(&self, op: Op, name: &str, blob: &[u8]) -> Result<(u8, Vec<u8>), EngineError> {
-        self.try_call(op, name, blob).map_err(|e| match e {
-            Call::NotUp(e) => rdv_err(&self.server.to_string(), e.to_string()),
-            Call::Failed(e) => e,
-        })
+        let started = Instant::now();
+        loop {
+            match self.try_call(op, name, blob, self.timeout) {
+                Ok(a) => return Ok(a),
+                Err(Call::Busy(_)) if started.elapsed() < self.timeout => std::thread::sleep(LOOKUP_EVERY),
+                Err(Call::NotUp(e) | Call::Busy(e)) => return Err(rdv_err(&self.server.to_string(), e.to_string())),
+                Err(Call::Failed(e)) => return Err(e),
+            }
+        }
     }
 
     /// [`call`](Self::call), telling a server that is not up (nothing
     /// listens: the connection is refused) from every other failure.
-    fn try_call(&self, op: Op, name: &str, blob: &[u8]) -> Result<(u8, Vec<u8>), Call> {
+    fn try_call(&self, op: Op, name: &str, blob: &[u8], within: Duration) -> Result<(u8, Vec<u8>), Call> {
         check_name(name)?;
         let server = self.server.to_string();
-        let io = |e: io::Error| rdv_err(&server, e.to_string());
-        let mut s = TcpStream::connect_timeout(&self.server, self.timeout).map_err(|e| match e.kind() {
+        let io = |e: io::Error| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => rdv_err(&server, format!("no whole answer within {within:?}")),
+            _ => rdv_err(&server, e.to_string()),
+        };
+        // The whole exchange within the bound, not each read.
+        let deadline = Deadline::after(within);
+        let stream = TcpStream::connect_timeout(&self.server, within.max(Duration::from_millis(1))).map_err(|e| match e.kind() {
             io::ErrorKind::ConnectionRefused => Call::NotUp(e),
             _ => Call::Failed(io(e)),
         })?;
-        s.set_read_timeout(Some(self.timeout)).map_err(io)?;
-        s.set_write_timeout(Some(self.timeout)).map_err(io)?;
-        let hello = take(&mut s, 5 + TAG).map_err(io)?;
+        let mut s = Bounded::new(&stream, deadline);
+        // A server with every slot taken closes a newcomer unanswered: it
+        // is busy, not gone, and a lookup asks again within its wait.
+        let busy = |e: io::Error| match e.kind() {
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => Call::Busy(e),
+            _ => Call::Failed(io(e)),
+        };
+        let hello = take(&mut s, 5 + TAG).map_err(busy)?;
         if hello[..4] != MAGIC || hello[4] != VERSION {
             return Err(Call::Failed(rdv_err(&server, format!("not a gpudirect rendezvous v{VERSION} server (it opened with {:02x?})", &hello[..5]))));
         }
@@ -157,7 +176,7 @@ impl TcpRendezvous {
         let tag = self.key.tag(Label::RendezvousRequest, &[nonce, &out]);
         out.extend_from_slice(&tag);
         s.write_all(&out).map_err(io)?;
-        let mut answer = take(&mut s, 5).map_err(io)?;
+        let mut answer = take(&mut s, 5).map_err(busy)?;
         let len = u32::from_be_bytes(answer[1..5].try_into().expect("4 bytes")) as usize;
         if len > MAX_METADATA {
             return Err(Call::Failed(rdv_err(&server, format!("an answer of {len} bytes (at most {MAX_METADATA})"))));
@@ -182,10 +201,11 @@ impl TcpRendezvous {
     }
 }
 
-/// Why a request failed: nothing listens at the server (yet), or any
-/// other failure.
+/// Why a request failed: nothing listens at the server (yet), it closed
+/// the connection unanswered (every slot taken), or any other failure.
 enum Call {
     NotUp(io::Error),
+    Busy(io::Error),
     Failed(EngineError),
 }
 
@@ -207,12 +227,14 @@ impl Rendezvous for TcpRendezvous {
         let started = Instant::now();
         loop {
             let waited = started.elapsed();
-            match self.try_call(Op::Lookup, name, &[]) {
+            // Each try within what is left of the wait (and the timeout).
+            let left = timeout.saturating_sub(waited).max(LOOKUP_EVERY).min(self.timeout);
+            match self.try_call(Op::Lookup, name, &[], left) {
                 Ok((OK, blob)) => return decode_for(name, &blob, &self.server.to_string()),
                 Ok((NOT_FOUND, _)) if waited < timeout => {}
                 Ok((NOT_FOUND, _)) => return Err(EngineError::NotPublished { name: name.to_owned(), waited: timeout }),
-                Err(Call::NotUp(_)) if waited < timeout => {}
-                Err(Call::NotUp(e)) => return Err(rdv_err(&self.server.to_string(), e.to_string())),
+                Err(Call::NotUp(_) | Call::Busy(_)) if waited < timeout => {}
+                Err(Call::NotUp(e) | Call::Busy(e)) => return Err(rdv_err(&self.server.to_string(), e.to_string())),
                 Err(Call::Failed(e)) => return Err(e),
                 Ok(other) => return self.check(other).and(Err(rdv_err(&self.server.to_string(), "an unknown status".into()))),
             }
@@ -413,6 +435,93 @@ mod tests {
             rdv.publish(&sample()).unwrap();
             assert_eq!(waiter.join().unwrap().unwrap().name, "decode-0", "the lookup waited for the server");
             drop(again);
+        });
+    }
+
+    /// Clients that trickle their bytes (each reconnecting when cut off)
+    /// and hundreds of silent ones, all from this address, starve no
+    /// lookup: 128 at once of a published name all succeed.
+    #[test]
+    fn trickling_and_silent_clients_starve_no_lookup() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let server = RendezvousServer::bind("127.0.0.1:0").unwrap();
+        let rdv = client(&server);
+        rdv.publish(&sample()).unwrap();
+        let addr = server.addr();
+        let stop = AtomicBool::new(false);
+        let (ok, failed) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut slowest = Duration::ZERO;
+        std::thread::scope(|sc| {
+            for _ in 0..32 {
+                sc.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        let Ok(mut c) = TcpStream::connect(addr) else { continue };
+                        let _ = take(&mut c, 5 + TAG);
+                        // One byte every 200 ms: each read in time, the
+                        // request never whole.
+                        while !stop.load(Ordering::Relaxed) && c.write_all(&MAGIC[..1]).is_ok() {
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                    }
+                });
+            }
+            let silent: Vec<TcpStream> = (0..300).filter_map(|_| TcpStream::connect(addr).ok()).collect();
+            std::thread::sleep(Duration::from_millis(500));
+            let lookups: Vec<_> = (0..128)
+                .map(|_| {
+                    sc.spawn(|| {
+                        let t = Instant::now();
+                        match client(&server).lookup("decode-0", Duration::from_secs(20)) {
+                            Ok(md) if md.name == "decode-0" => ok.fetch_add(1, Ordering::Relaxed),
+                            other => {
+                                eprintln!("lookup: {other:?}");
+                                failed.fetch_add(1, Ordering::Relaxed)
+                            }
+                        };
+                        t.elapsed()
+                    })
+                })
+                .collect();
+            for l in lookups {
+                slowest = slowest.max(l.join().unwrap());
+            }
+            stop.store(true, Ordering::Relaxed);
+            drop(silent);
+        });
+        let (ok, failed) = (ok.into_inner(), failed.into_inner());
+        println!("128 lookups beside 32 trickling and 300 silent clients: {ok} ok, {failed} failed, the slowest {slowest:?} ({:?} in all)", started.elapsed());
+        assert_eq!((ok, failed), (128, 0));
+    }
+
+    /// A server that trickles its opening cannot hold a lookup past the
+    /// lookup's own wait.
+    #[test]
+    fn a_trickling_server_holds_a_lookup_no_longer_than_its_wait() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                listener.set_nonblocking(true).unwrap();
+                let mut held = Vec::new();
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok((c, _)) = listener.accept() {
+                        held.push(c);
+                    }
+                    for c in &mut held {
+                        let _ = c.write_all(b"G");
+                    }
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            });
+            let rdv = TcpRendezvous::new(addr, Duration::from_secs(30)).unwrap();
+            let t = Instant::now();
+            let got = rdv.lookup("decode-0", Duration::from_secs(2));
+            let took = t.elapsed();
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            println!("a lookup of 2 s against a trickling server: {took:?}, {got:?}");
+            assert!(got.is_err() && took < Duration::from_secs(4), "{took:?}: {got:?}");
         });
     }
 }
