@@ -282,6 +282,9 @@ impl TransferRequest {
         self.post_on(false)
     }
 
+    // Inlined into both: `post` (the hot path) then has no branch on
+    // `dial` left (callgrind: ~70 instructions per request otherwise).
+    #[inline(always)]
     fn post_on(&self, dial: bool) -> Result<bool, EngineError> {
         // With no subscriber at debug, the span costs a level check.
         let _span = tracing::debug_span!("transfer", peer = %self.peer.name, op = ?self.op, bytes = self.bytes).entered();
@@ -359,6 +362,7 @@ impl TransferRequest {
 
     /// The connection of one lane, set up if there is none (and counted)
     /// when `dial`, else `None` then.
+    #[inline(always)]
     fn conn(&self, lane: &Lane, dial: bool) -> Result<Option<Arc<super::conn::Conn>>, EngineError> {
         let path = (lane.nic, lane.remote_nic, lane.qp);
         if !dial {
