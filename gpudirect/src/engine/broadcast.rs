@@ -195,7 +195,12 @@ pub(crate) fn prepare(core: &Arc<Core>, local: &LocalRange, remote: &[RemoteRang
 fn drive(core: &Core) -> Result<(), EngineError> {
     core.reap_recvs()?;
     core.reap_sends(0..core.pool.nics.len())?;
-    let posted: Vec<Arc<dyn Posted>> = core.posted.lock().iter().filter_map(std::sync::Weak::upgrade).collect();
+    let (posted, listed) = {
+        let list = core.posted.lock();
+        (list.iter().filter_map(std::sync::Weak::upgrade).collect::<Vec<Arc<dyn Posted>>>(), list.len())
+    };
+    // Broadcasts dropped unsettled leave the list too.
+    let dropped = posted.len() != listed;
     let budget = core.pool.nics.iter().map(|n| n.slots.len() / SLOT).min().unwrap_or(0) / 2;
     let (mut used, mut any) = (0, false);
     let mut settled = Vec::new();
@@ -214,7 +219,7 @@ fn drive(core: &Core) -> Result<(), EngineError> {
         p.start();
         (used, any) = (used + cost, true);
     }
-    if !settled.is_empty() {
+    if !settled.is_empty() || dropped {
         core.posted.lock().retain(|w| w.strong_count() > 0 && !settled.iter().any(|s| std::ptr::addr_eq(w.as_ptr(), Arc::as_ptr(s))));
     }
     Ok(())
