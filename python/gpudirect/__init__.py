@@ -124,10 +124,17 @@ class Agent(_native.Agent):
     every RDMA device), the memory registered with it under names, the
     peers loaded into it, and the transfers between them.
 
-    ``secret_file`` names the cluster's secret (or ``GPUDIRECT_SECRET_FILE``
-    in the environment); without one the agent listens only on loopback
-    unless ``insecure=True``. Errors are :class:`EngineError` subclasses,
-    one per kind of the Rust ``EngineError``, with its message.
+    ``listen`` is where its control port binds, ``"IP:PORT"`` (port 0: a
+    free one; ``agent.control_addr`` says which). The default is any
+    address with a free port when the agent has a cluster secret, and
+    ``"127.0.0.1:0"`` (this host only) when it has none, so one host works
+    out of the box. For several hosts, give every agent and the rendezvous
+    the same secret: ``secret_file=`` (or ``GPUDIRECT_SECRET_FILE`` in the
+    environment) naming a file of 32 random bytes. A network ``listen``
+    address without a secret raises :class:`AuthError` naming that fix,
+    unless ``insecure=True`` (anyone who reaches the port is then
+    believed). Errors are :class:`EngineError` subclasses, one per kind of
+    the Rust ``EngineError``, with its message.
     """
 
     def register(self, name: str, buffer: Any) -> int:

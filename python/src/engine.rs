@@ -36,6 +36,15 @@ fn status_name(s: TransferStatus) -> &'static str {
     }
 }
 
+/// `Ok` unless `status` says it was never posted: waiting for that would
+/// return at once and hide the missing `post()`.
+fn posted(what: &str, status: Result<TransferStatus, gpudirect::engine::EngineError>) -> PyResult<()> {
+    match status {
+        Ok(TransferStatus::Idle) => Err(crate::errors::EngineError::new_err(format!("this {what} was never posted (or its post was refused): call post() first, then wait or await"))),
+        _ => Ok(()),
+    }
+}
+
 fn poisoned() -> PyErr {
     ConfigError::new_err("a thread panicked holding this agent's registrations")
 }
@@ -411,6 +420,7 @@ impl Request {
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        posted("request", py.detach(|| self.inner.status()))?;
         py.detach(|| self.inner.wait(timeout)).map_err(to_py)
     }
 
@@ -423,6 +433,9 @@ impl Request {
     /// `await request`: until the last post finished, on the running
     /// asyncio loop (`gpudirect._aio`).
     fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let this = slf.borrow();
+        let inner = &this.inner;
+        posted("request", slf.py().detach(|| inner.status()))?;
         let aio = slf.py().import("gpudirect._aio")?;
         aio.call_method1("completed", (slf,))?.call_method0("__await__")
     }
@@ -473,6 +486,7 @@ impl Broadcast {
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        posted("broadcast", py.detach(|| self.inner.status()))?;
         py.detach(|| self.inner.wait(timeout)).map_err(to_py)
     }
 
@@ -485,6 +499,9 @@ impl Broadcast {
     /// `await broadcast`: until the last post settled, on the running
     /// asyncio loop (`gpudirect._aio`).
     fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let this = slf.borrow();
+        let inner = &this.inner;
+        posted("broadcast", slf.py().detach(|| inner.status()))?;
         let aio = slf.py().import("gpudirect._aio")?;
         aio.call_method1("settled", (slf,))?.call_method0("__await__")
     }

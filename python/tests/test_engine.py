@@ -362,3 +362,34 @@ def test_a_broadcast_awaited_reaches_every_receiver_and_the_source_nic_sends_it_
         src.broadcast("params", 0, size, [("infer-0", "weights", 1)], b"x")  # past its end
     with pytest.raises(gpudirect.UnknownPeerError):
         src.broadcast("params", 0, size, [("nobody", "weights", 0)], b"x")
+
+
+@needs_device
+def test_an_agent_without_a_secret_listens_on_loopback_and_a_network_address_needs_one():
+    for var in ("GPUDIRECT_SECRET_FILE", "GPUDIRECT_SECRET"):
+        assert var not in os.environ, f"{var} is set: this test checks an agent without a secret"
+    a = gpudirect.Agent("solo", devices=[DEVICE])
+    assert a.control_addr.startswith("127.0.0.1:"), a.control_addr
+    with pytest.raises(gpudirect.AuthError, match="secret"):
+        gpudirect.Agent("exposed", devices=[DEVICE], listen="0.0.0.0:18998")
+
+
+@needs_device
+def test_waiting_for_a_request_never_posted_raises():
+    a, b = pair()
+    src = np.arange(16, dtype=np.uint8)
+    a.register("s", src)
+    b.register("t", np.zeros(16, dtype=np.uint8))
+    a.load_remote(b.metadata())
+    req = a.prepare("write", [("s", 0, "decode", "t", 0, 16)])
+    with pytest.raises(gpudirect.EngineError, match="never posted"):
+        req.wait(1.0)
+
+    async def main():
+        with pytest.raises(gpudirect.EngineError, match="never posted"):
+            await req
+
+    asyncio.run(main())
+    req.post()
+    req.wait(10.0)
+    assert req.status() == "done"

@@ -231,7 +231,6 @@ impl Key {
     }
 
     /// Whether a cluster secret keys it.
-    #[cfg(test)]
     pub(crate) fn is_secret(&self) -> bool {
         self.secret.is_some()
     }

@@ -44,7 +44,13 @@ pub struct AgentConfig {
     pub port: u8,
     /// GID index override; `None` chooses as [`choose_gid`](crate::choose_gid) does.
     pub gid_index: Option<u32>,
-    /// Where the control listener binds. Port 0 picks a free one.
+    /// Where the control listener binds. Port 0 picks a free one. The
+    /// default, [`DEFAULT_LISTEN`] (any address, a free port), binds
+    /// loopback instead when the agent has no cluster secret (nor
+    /// `insecure`): one host works out of the box, and a log line at
+    /// `info` says how to reach other hosts (a secret, then any address
+    /// or a network one). Any other network address without a secret is
+    /// refused ([`AuthError::Unprotected`](super::AuthError::Unprotected)).
     pub listen: SocketAddr,
     /// The address peers reach the control listener at. `None`: the
     /// listen address, or, when that is unspecified (`0.0.0.0`), the IPv4
@@ -85,7 +91,7 @@ impl AgentConfig {
     /// requests of 256 KiB and more sliced across rails, two queue pairs
     /// per rail on hardware NICs (one on rxe/siw), broadcasts in 1 MiB
     /// chunks, port 1, a control
-    /// listener on any address and a free port, 128-deep send queues, 256 notification slots, 64 connections, 30 s setup
+    /// listener on any address (loopback without a secret) and a free port, 128-deep send queues, 256 notification slots, 64 connections, 30 s setup
     /// bound, GPU memory over paths up to PXB (NCCL's default), the
     /// cluster secret from the environment (see [`secret`](Self::secret)).
     pub fn named(name: impl Into<String>) -> AgentConfig {
@@ -97,7 +103,7 @@ impl AgentConfig {
             broadcast_chunk: 1 << 20,
             port: 1,
             gid_index: None,
-            listen: SocketAddr::from(([0, 0, 0, 0], 0)),
+            listen: DEFAULT_LISTEN,
             advertise: None,
             send_depth: 128,
             srq_depth: 256,
@@ -109,3 +115,7 @@ impl AgentConfig {
         }
     }
 }
+
+/// [`AgentConfig::listen`]'s default: any address, a free port (loopback
+/// for an agent without a cluster secret).
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), 0);

@@ -258,3 +258,40 @@ fn silent_and_trickling_clients_keep_no_peer_off_the_control_port() {
     });
     assert_eq!(decode.core.pool.qps_created() - qps, 1, "only the legitimate peer got a queue pair");
 }
+
+/// Without a secret, the default listener binds loopback (one host works
+/// out of the box) and peers on this host connect to it; a network
+/// address without a secret is still refused, naming the fix.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn without_a_secret_the_default_listener_is_loopback_and_a_network_address_is_refused() {
+    for var in [super::auth::SECRET_FILE_ENV, "GPUDIRECT_SECRET"] {
+        assert!(std::env::var_os(var).is_none(), "{var} is set: this test checks an agent without a secret");
+    }
+    let config = |name: &str| {
+        let mut c = AgentConfig::named(name);
+        c.devices = vec![testkit::device()];
+        c
+    };
+    let a = Agent::new(config("a")).unwrap();
+    let b = Agent::new(config("b")).unwrap();
+    assert!(a.control_addr().ip().is_loopback(), "{}", a.control_addr());
+    let ta = a.alloc("t", 4096).unwrap();
+    let sb = b.alloc("s", 4096).unwrap();
+    a.load_remote(&b.metadata()).unwrap();
+    let remote = b.load_remote(&a.metadata()).unwrap().memory("t").unwrap();
+    sb.fill(.., 7).unwrap();
+    let req = b.prepare(Op::Write, &[(sb.range(..).unwrap(), remote.range(..).unwrap())], Some(b"hi")).unwrap();
+    req.post().unwrap();
+    req.wait(T).unwrap();
+    assert_eq!(a.wait_notification(T).unwrap().msg, b"hi");
+    let mut got = [0u8; 4096];
+    ta.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&x| x == 7));
+    let mut net = config("c");
+    net.listen = SocketAddr::from(([0, 0, 0, 0], 18999));
+    match Agent::new(net) {
+        Err(EngineError::Auth { source: AuthError::Unprotected { .. }, .. }) => {}
+        other => panic!("a network address without a secret: {other:?}"),
+    }
+}

@@ -284,7 +284,7 @@ use crate::topology::PathLevel;
 
 pub use broadcast::{Broadcast, ReceiverStatus, PROBE_EVERY};
 pub use castmsg::MAX_BROADCAST_TARGETS;
-pub use config::{AgentConfig, MAX_QPS_PER_RAIL};
+pub use config::{AgentConfig, DEFAULT_LISTEN, MAX_QPS_PER_RAIL};
 pub use auth::{AuthError, ClusterSecret, MIN_SECRET, SECRET_ENV, SECRET_FILE_ENV};
 pub use desc::{AgentMetadata, MemoryDesc, MetadataError, NicDesc, MAX_MEMORIES, MAX_METADATA, MAX_NAME, MAX_NICS, METADATA_MAGIC, METADATA_VERSION, SEAL_LEN};
 pub use error::EngineError;
@@ -347,13 +347,25 @@ impl Agent {
     /// [`EngineError::Config`] for a bad name, zero depths, or no address
     /// to advertise; [`EngineError::Auth`] with
     /// [`AuthError::Unprotected`] for a network listen address without a
-    /// cluster secret (nor `insecure`), [`AuthError::Secret`] for an
+    /// cluster secret (nor `insecure`; the default address then binds
+    /// loopback), [`AuthError::Secret`] for an
     /// unusable one; [`EngineError::Verbs`] opening the device or creating
     /// its queues; [`EngineError::Control`] binding the listener.
-    pub fn new(config: AgentConfig) -> Result<Agent, EngineError> {
+    pub fn new(mut config: AgentConfig) -> Result<Agent, EngineError> {
         meta::check_name(&config.name)?;
-        let key = auth::Key::resolve(config.secret.as_ref(), config.insecure, "the control listener", Some(config.listen.ip()))
+        // The default address is checked once the secret is known: without
+        // one it binds loopback rather than refusing.
+        let default = config.listen == DEFAULT_LISTEN;
+        let key = auth::Key::resolve(config.secret.as_ref(), config.insecure, "the control listener", (!default).then_some(config.listen.ip()))
             .map_err(|source| EngineError::Auth { peer: config.name.clone(), source })?;
+        if default && !key.is_secret() && !config.insecure {
+            config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+            tracing::info!(
+                agent = %config.name,
+                "no cluster secret: the control listener is on loopback, for agents on this host only; for other hosts, give every agent and the rendezvous the same secret ({} naming a file of 32 random bytes, or AgentConfig::secret)",
+                auth::SECRET_FILE_ENV
+            );
+        }
         if config.send_depth < 2 || config.srq_depth == 0 || config.max_connections == 0 {
             return Err(EngineError::Config("send_depth must be at least 2, srq_depth and max_connections at least 1".into()));
         }
