@@ -17,7 +17,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use gpudirect::engine::{
     self, AgentConfig, AgentMetadata, Broadcast as RustBroadcast, ClusterSecret, EngineError as Rust, Op, ReceiverStatus, Registration,
-    RendezvousServer as RustServer, TcpRendezvous, TransferRequest, TransferStats, TransferStatus,
+    RendezvousConfig, RendezvousServer as RustServer, TcpRendezvous, TransferRequest, TransferStats, TransferStatus,
 };
 use gpudirect::{Gpu, GpuBuffer, GpuPolicy, Registerable};
 
@@ -34,6 +34,11 @@ fn status_name(s: TransferStatus) -> &'static str {
         TransferStatus::InFlight => "in-flight",
         TransferStatus::Done => "done",
     }
+}
+
+/// The cluster secret in the file `path` names, if given.
+fn secret_from(path: Option<String>) -> PyResult<Option<ClusterSecret>> {
+    path.map(|f| ClusterSecret::from_file(&f).map_err(|source| to_py(Rust::Auth { peer: format!("secret file {f}"), source }))).transpose()
 }
 
 /// `Ok` unless `status` says it was never posted: waiting for that would
@@ -120,9 +125,7 @@ impl Agent {
         if let Some(l) = listen {
             config.listen = l.parse().map_err(|e| PyValueError::new_err(format!("listen address {l:?}: {e} (give IP:PORT)")))?;
         }
-        if let Some(f) = secret_file {
-            config.secret = Some(ClusterSecret::from_file(&f).map_err(|source| to_py(Rust::Auth { peer: format!("secret file {f}"), source }))?);
-        }
+        config.secret = secret_from(secret_file)?;
         config.insecure = insecure;
         config.timeout = seconds("timeout", timeout)?;
         let inner = py.detach(|| engine::Agent::new(config)).map_err(to_py)?;
@@ -541,9 +544,13 @@ pub struct Rendezvous {
 #[pymethods]
 impl Rendezvous {
     #[new]
-    #[pyo3(signature = (server, *, timeout=10.0))]
-    fn new(server: &str, timeout: f64) -> PyResult<Rendezvous> {
-        Ok(Rendezvous { inner: TcpRendezvous::new(server, seconds("timeout", timeout)?).map_err(to_py)? })
+    #[pyo3(signature = (server, *, timeout=10.0, secret_file=None))]
+    fn new(server: &str, timeout: f64, secret_file: Option<String>) -> PyResult<Rendezvous> {
+        let mut inner = TcpRendezvous::new(server, seconds("timeout", timeout)?).map_err(to_py)?;
+        if let Some(secret) = secret_from(secret_file)? {
+            inner = inner.with_secret(secret);
+        }
+        Ok(Rendezvous { inner })
     }
 }
 
@@ -557,11 +564,12 @@ pub struct RendezvousServer {
 #[pymethods]
 impl RendezvousServer {
     /// Binds `listen` ("IP:PORT"; port 0: a free one). A network address
-    /// needs the cluster's secret in the environment.
+    /// needs the cluster's secret: `secret_file`, or the environment's.
     #[new]
-    #[pyo3(signature = (listen="127.0.0.1:0"))]
-    fn new(py: Python<'_>, listen: &str) -> PyResult<RendezvousServer> {
-        let s = py.detach(|| RustServer::bind(listen)).map_err(to_py)?;
+    #[pyo3(signature = (listen="127.0.0.1:0", *, secret_file=None))]
+    fn new(py: Python<'_>, listen: &str, secret_file: Option<String>) -> PyResult<RendezvousServer> {
+        let config = RendezvousConfig { secret: secret_from(secret_file)?, ..RendezvousConfig::default() };
+        let s = py.detach(|| RustServer::bind_with(listen, config)).map_err(to_py)?;
         Ok(RendezvousServer { inner: Some(s) })
     }
 

@@ -393,3 +393,35 @@ def test_waiting_for_a_request_never_posted_raises():
     req.post()
     req.wait(10.0)
     assert req.status() == "done"
+
+
+def test_the_rendezvous_takes_a_secret_file_as_the_agent_does(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    with pytest.raises(gpudirect.AuthError, match="secret"):
+        gpudirect.RendezvousServer("0.0.0.0:0")
+    server = gpudirect.RendezvousServer("0.0.0.0:0", secret_file=str(secret))
+    port = server.addr.rsplit(":", 1)[1]
+    gpudirect.Rendezvous(f"127.0.0.1:{port}", timeout=5, secret_file=str(secret))
+    with pytest.raises(gpudirect.AuthError):
+        gpudirect.Rendezvous(f"127.0.0.1:{port}", secret_file=str(tmp_path / "missing"))
+    server.close()
+
+
+@needs_device
+def test_publish_and_lookup_with_a_secret_file_everywhere(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    server = gpudirect.RendezvousServer("127.0.0.1:0", secret_file=str(secret))
+    rdv = gpudirect.Rendezvous(server.addr, timeout=5, secret_file=str(secret))
+    a = gpudirect.Agent("prefill", devices=[DEVICE], listen="127.0.0.1:0", secret_file=str(secret))
+    b = gpudirect.Agent("decode", devices=[DEVICE], listen="127.0.0.1:0", secret_file=str(secret))
+    b.register("t", bytearray(16))
+    b.publish(rdv)
+    assert a.lookup("decode", rdv, timeout=5) == "decode"
+    stranger = gpudirect.Rendezvous(server.addr, timeout=2)
+    with pytest.raises(gpudirect.RendezvousError):
+        a.lookup("decode", stranger, timeout=1)
+    server.close()
