@@ -10,12 +10,12 @@ use gpudirect::engine::EngineError as Rust;
 
 use crate::GpudirectError;
 
-create_exception!(_native, EngineError, GpudirectError, "A transfer-engine error; each kind has its subclass. The message is the Rust EngineError's.");
+create_exception!(gpudirect._native, EngineError, GpudirectError, "A transfer-engine error; each kind has its subclass. The message is the Rust EngineError's.");
 
 /// Declares each kind's exception and what `add` puts in the module.
 macro_rules! kinds {
     ($($name:ident: $doc:literal),* $(,)?) => {
-        $(create_exception!(_native, $name, EngineError, $doc);)*
+        $(create_exception!(gpudirect._native, $name, EngineError, $doc);)*
 
         /// Adds `EngineError` and every kind's exception to the module.
         pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {

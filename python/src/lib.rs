@@ -18,9 +18,9 @@ use gpudirect_tools::nccl_log;
 mod engine;
 mod errors;
 
-create_exception!(_native, GpudirectError, PyException, "Base class of every error gpudirect raises.");
+create_exception!(gpudirect._native, GpudirectError, PyException, "Base class of every error gpudirect raises.");
 create_exception!(
-    _native,
+    gpudirect._native,
     DoctorError,
     GpudirectError,
     "The doctor could not run: an input (capture, env file, process, NCCL log) could not be read, or a capture could not be written."

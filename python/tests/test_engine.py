@@ -425,3 +425,21 @@ def test_publish_and_lookup_with_a_secret_file_everywhere(tmp_path):
     with pytest.raises(gpudirect.RendezvousError):
         a.lookup("decode", stranger, timeout=1)
     server.close()
+
+
+def test_engine_errors_pickle_with_their_kind_and_message():
+    """multiprocessing and Ray send exceptions between processes by pickle."""
+    import pickle
+
+    for message, exc in gpudirect._native._error_kinds():
+        assert type(exc).__module__ == "gpudirect._native"
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == message
+    try:
+        raise gpudirect.PeerLostError("transfer to agent \"decode\" failed")
+    except gpudirect.EngineError as e:
+        back = pickle.loads(pickle.dumps(e))
+        assert isinstance(back, gpudirect.PeerLostError) and str(back) == str(e)
+    for cls in (gpudirect.GpudirectError, gpudirect.DoctorError):
+        e = cls("x")
+        assert cls.__module__ == "gpudirect._native" and str(pickle.loads(pickle.dumps(e))) == "x"
