@@ -6,6 +6,8 @@
 //! not shown (their evidence may differ in harmless ways, such as link
 //! speeds of idle GPUs).
 
+use std::collections::HashMap;
+
 use serde_json::Value;
 
 /// The difference of two reports, for printing.
@@ -38,6 +40,15 @@ fn findings(r: &Value) -> Vec<(String, String, String)> {
         .unwrap_or_default()
 }
 
+/// Each check's first finding, by its name.
+fn by_check(f: &[(String, String, String)]) -> HashMap<&str, &(String, String, String)> {
+    let mut m = HashMap::with_capacity(f.len());
+    for x in f {
+        m.entry(x.0.as_str()).or_insert(x);
+    }
+    m
+}
+
 /// Compares report `a` (before) with `b` (after).
 ///
 /// # Errors
@@ -62,8 +73,12 @@ pub fn diff(a: &Value, b: &Value) -> Result<Diff, String> {
         lines.push(format!("verdict unchanged: {}", vb["line"].as_str().unwrap_or("?")));
     }
     let (fa, fb) = (findings(a), findings(b));
-    let before = |check: &str| fa.iter().find(|f| f.0 == check);
-    let after = |check: &str| fb.iter().find(|f| f.0 == check);
+    // Each check's first finding, by name: one pass per report, so the
+    // diff grows with the findings, not with their square (a report of
+    // a million findings took minutes with a search per finding).
+    let (ia, ib) = (by_check(&fa), by_check(&fb));
+    let before = |check: &str| ia.get(check).copied();
+    let after = |check: &str| ib.get(check).copied();
     let mut worse = Vec::new();
     let mut better = Vec::new();
     for (check, status, summary) in &fb {
@@ -130,5 +145,25 @@ mod tests {
         assert!(!same.verdict_changed);
         assert_eq!(same.lines[1], "no finding changed its status");
         assert!(diff(&json!({"x": 1}), &before).unwrap_err().contains("not a `gpudirect doctor --json` report"));
+    }
+
+    /// Hundreds of thousands of findings diff in one pass each: the
+    /// worse, better, new and gone ones all found.
+    #[test]
+    fn large_reports_diff_by_lookup() {
+        let n = 200_000;
+        let mk = |f: &dyn Fn(usize) -> (String, &'static str)| {
+            let v: Vec<_> = (0..n).map(|i| { let (c, s) = f(i); json!({"check": c, "status": s, "summary": "", "evidence": [], "fix": null}) }).collect();
+            json!({"schema": 1, "verdict": {"available": true, "line": "x"}, "findings": v})
+        };
+        let a = mk(&|i| (format!("c{i}"), "ok"));
+        let b = mk(&|i| (format!("c{}", i + 1), if i % 1000 == 0 { "fail" } else { "ok" }));
+        let t = std::time::Instant::now();
+        let d = diff(&a, &b).unwrap();
+        let took = t.elapsed();
+        assert_eq!(d.lines.iter().filter(|l| l.starts_with("worse")).count(), n / 1000, "c1, c1001, c2001, ... got worse");
+        assert_eq!(d.lines.iter().filter(|l| l.starts_with("gone")).count(), 1);
+        assert_eq!(d.lines.iter().filter(|l| l.starts_with("new")).count(), 1);
+        println!("{n} findings diffed in {took:?}");
     }
 }
