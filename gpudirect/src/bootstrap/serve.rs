@@ -231,6 +231,7 @@ where
             }
             // The pending connections that spoke (or closed), oldest first.
             let mut spoke: Vec<usize> = (1..fds.len()).filter(|&i| fds[i].revents != 0).map(|i| i - 1).collect();
+            let spoke_any = !spoke.is_empty();
             spoke.sort_by_key(|&i| pending[i].since);
             let mut taken = Vec::new();
             for i in spoke {
@@ -265,6 +266,11 @@ where
                     Ok(h) => running.push(h),
                     Err(e) => tracing::warn!(%from, "{name}: cannot start a thread: {e}; connection closed"),
                 }
+            }
+            // Waiting for a slot: the connections that spoke stay readable,
+            // so poll would return at once; look again a little later.
+            if taken.is_empty() && spoke_any {
+                std::thread::sleep(SLOT_LOOK);
             }
             taken.sort_unstable();
             for i in taken.into_iter().rev() {
