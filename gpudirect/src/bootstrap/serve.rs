@@ -72,22 +72,27 @@ impl Table {
     /// Closes the oldest unproven connection of the address holding the
     /// most unproven ones (at least [`MIN_AGE`] old); whether there was one.
     fn evict(&mut self, now: Instant) -> bool {
-        let open = |s: &&Serving| !s.proven && !s.evicted && now.duration_since(s.since) >= MIN_AGE;
-        let mut by_addr: HashMap<IpAddr, usize> = HashMap::new();
-        for s in self.serving.iter().filter(open) {
-            *by_addr.entry(s.from).or_default() += 1;
-        }
-        let Some((&addr, _)) = by_addr.iter().max_by_key(|(_, n)| **n) else { return false };
-        let Some(victim) = self.serving.iter_mut().filter(|s| !s.proven && !s.evicted && s.from == addr && now.duration_since(s.since) >= MIN_AGE).min_by_key(|s| s.since)
-        else {
-            return false;
-        };
+        let open = self.serving.iter().enumerate().filter(|(_, s)| !s.proven && !s.evicted && now.duration_since(s.since) >= MIN_AGE);
+        let Some(at) = oldest_of_busiest(open.map(|(i, s)| (i, s.from, s.since))) else { return false };
+        let victim = &mut self.serving[at];
         victim.evicted = true;
         if let Some(st) = victim.stream.take() {
             let _ = st.shutdown(std::net::Shutdown::Both);
         }
         true
     }
+}
+
+/// Of candidates `(index, address, since)`, the index of the oldest of
+/// the address with the most: whom a server lets go first, so one
+/// address's flood costs that address, not the others.
+fn oldest_of_busiest(candidates: impl Iterator<Item = (usize, IpAddr, Instant)> + Clone) -> Option<usize> {
+    let mut by_addr: HashMap<IpAddr, usize> = HashMap::new();
+    for (_, addr, _) in candidates.clone() {
+        *by_addr.entry(addr).or_default() += 1;
+    }
+    let (&busiest, _) = by_addr.iter().max_by_key(|(_, n)| **n)?;
+    candidates.filter(|(_, addr, _)| *addr == busiest).min_by_key(|(_, _, since)| *since).map(|(i, _, _)| i)
 }
 
 /// A handler's hold on its connection's slot: given back when dropped
@@ -132,12 +137,7 @@ struct Pending<G> {
 
 /// Drops the oldest pending connection of the address holding the most.
 fn drop_one<G>(pending: &mut Vec<Pending<G>>) {
-    let mut by_addr: HashMap<IpAddr, usize> = HashMap::new();
-    for p in pending.iter() {
-        *by_addr.entry(p.from.ip()).or_default() += 1;
-    }
-    let Some((&addr, _)) = by_addr.iter().max_by_key(|(_, n)| **n) else { return };
-    if let Some(at) = pending.iter().enumerate().filter(|(_, p)| p.from.ip() == addr).min_by_key(|(_, p)| p.since).map(|(i, _)| i) {
+    if let Some(at) = oldest_of_busiest(pending.iter().enumerate().map(|(i, p)| (i, p.from.ip(), p.since))) {
         pending.swap_remove(at);
     }
 }
