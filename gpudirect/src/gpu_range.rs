@@ -18,9 +18,12 @@
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct GpuMapping {
-    /// First address (`CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`).
+    /// First address: `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR` for a
+    /// `cuMemAlloc` allocation; for a `cuMemMap` mapping, the first granule
+    /// mapped to the same allocation handle (the attribute gives the
+    /// address reservation around it).
     pub base: u64,
-    /// Bytes (`CU_POINTER_ATTRIBUTE_RANGE_SIZE`).
+    /// Bytes (`CU_POINTER_ATTRIBUTE_RANGE_SIZE`, or the mapping's granules).
     pub size: u64,
     /// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` (2: device; 0: CUDA does not know
     /// the address, e.g. reserved but unmapped).

@@ -171,25 +171,49 @@ pub(super) fn pointer_info(ptr: u64) -> Result<PointerInfo> {
     })
 }
 
+/// Most granules [`mappings`] looks at for one range, beyond those the
+/// range covers (the parts of its first and last mappings outside it).
+const MAX_WALK: u64 = 1 << 16;
+
 /// The driver's answers for every mapping `ptr..ptr + len` touches (a
 /// context is current): the one holding `ptr`, then the one at each
 /// mapping's end, until past the range, an unknown address, or
 /// [`MAX_GPU_MAPPINGS`](crate::gpu_range::MAX_GPU_MAPPINGS).
+///
+/// For a virtual-memory-management mapping, the pointer's range attributes
+/// describe the address reservation (`cuMemAddressReserve`), as CUDA
+/// documents and an H200 showed, not the physical allocation mapped there.
+/// A mapping is found by its allocation handle instead: the run of granules
+/// whose `cuMemRetainAllocationHandle` answers the same handle (`cuMemMap`
+/// maps whole granules). A granule of the reservation with no handle is not
+/// mapped, and is reported as memory CUDA does not know.
 pub(super) fn mappings(ptr: u64, len: u64) -> Result<Vec<GpuMapping>> {
     let end = ptr.saturating_add(len);
     let mut at = ptr;
     let mut out = Vec::new();
+    // The reservation of the last mapping seen, while it was a VMM one.
+    let mut reservation = None;
     while out.len() <= crate::gpu_range::MAX_GPU_MAPPINGS {
         let info = pointer_info(at)?;
         let mut m = GpuMapping { base: info.base, size: info.size, memory_type: info.memory_type, ordinal: info.ordinal, ..Default::default() };
-        if info.device_memory {
-            m.vmm = is_vmm(at);
+        let limits = (info.base, info.base.saturating_add(info.size));
+        let handle = if info.device_memory { allocation_handle(at) } else { None };
+        if let Some(h) = handle {
+            let (base, size) = vmm_extent(at, end, h, limits);
+            (m.base, m.size, m.vmm) = (base, size, true);
+            reservation = Some(limits);
+        } else if reservation.is_some_and(|(lo, hi)| (lo..hi).contains(&at)) {
+            // A granule of a reservation whose earlier granules were
+            // mapped: a hole, whatever the reservation's attributes say.
+            (m.base, m.size, m.memory_type) = (at, 0, 0);
+        }
+        if info.device_memory && m.memory_type != 0 {
             m.rdma_capable = rdma_capable(at);
             m.pool = from_pool(at);
         }
         out.push(m);
-        let next = info.base.saturating_add(info.size);
-        if !info.device_memory || next >= end || next <= at || !m.vmm {
+        let next = m.base.saturating_add(m.size);
+        if m.memory_type != crate::gpu_range::CU_MEMORYTYPE_DEVICE || next >= end || next <= at || !m.vmm {
             break;
         }
         at = next;
@@ -197,25 +221,72 @@ pub(super) fn mappings(ptr: u64, len: u64) -> Result<Vec<GpuMapping>> {
     Ok(out)
 }
 
-/// Whether `ptr` is mapped through the virtual-memory-management API:
-/// only such memory has an allocation handle to retain.
-fn is_vmm(ptr: u64) -> bool {
-    static SYMBOL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if !*SYMBOL.get_or_init(|| has_symbol("cuMemRetainAllocationHandle") && has_symbol("cuMemRelease")) {
-        return false;
+/// The allocation handle mapped at `ptr`, when it is mapped through the
+/// virtual-memory-management API (only such memory has one). The reference
+/// the lookup takes is dropped at once: the value only identifies the
+/// allocation, which stays mapped for as long as the caller's memory does.
+fn allocation_handle(ptr: u64) -> Option<cusys::CUmemGenericAllocationHandle> {
+    static SYMBOLS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let present = || {
+        ["cuMemRetainAllocationHandle", "cuMemRelease", "cuMemGetAllocationPropertiesFromHandle", "cuMemGetAllocationGranularity"]
+            .iter()
+            .all(|s| has_symbol(s))
+    };
+    if !*SYMBOLS.get_or_init(present) {
+        return None;
     }
     let mut handle: cusys::CUmemGenericAllocationHandle = 0;
     // SAFETY: `handle` is the out-parameter the call documents; `ptr` is
     // only looked up.
     let r = unsafe { cusys::cuMemRetainAllocationHandle(&mut handle, ptr as *mut std::ffi::c_void) };
-    if r.result().is_err() {
-        return false;
-    }
+    r.result().ok()?;
     // SAFETY: the handle was retained just above; this drops that reference.
     if let Err(e) = unsafe { cusys::cuMemRelease(handle) }.result() {
         tracing::warn!("cuMemRelease of a retained allocation handle: {e:?}");
     }
-    true
+    Some(handle)
+}
+
+/// The minimum mapping granularity of the allocation `handle` (its
+/// mappings start and end on multiples of it).
+fn granularity(handle: cusys::CUmemGenericAllocationHandle) -> Option<u64> {
+    // SAFETY: plain-data C struct, filled by the call below.
+    let mut prop: cusys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer; `handle` names a mapped allocation.
+    unsafe { cusys::cuMemGetAllocationPropertiesFromHandle(&mut prop, handle) }.result().ok()?;
+    let mut g = 0usize;
+    // SAFETY: valid out-pointer and the allocation's own properties.
+    unsafe { cusys::cuMemGetAllocationGranularity(&mut g, &prop, cusys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM) }
+        .result()
+        .ok()?;
+    (g as u64).is_power_of_two().then_some(g as u64)
+}
+
+/// The mapping of allocation `handle` that holds `at`, as `(base, size)`:
+/// granules of the same handle before and after `at`, within the
+/// reservation `limits`, walking no further than [`MAX_WALK`] granules
+/// outside `at..end`.
+fn vmm_extent(at: u64, end: u64, handle: cusys::CUmemGenericAllocationHandle, limits: (u64, u64)) -> (u64, u64) {
+    let Some(g) = granularity(handle) else {
+        // Without a granularity the driver's own range answer stands.
+        return (limits.0, limits.1 - limits.0);
+    };
+    let same = |a: u64| allocation_handle(a) == Some(handle);
+    let mut lo = at & !(g - 1);
+    let mut steps = 0;
+    while lo >= limits.0.saturating_add(g) && steps < MAX_WALK && same(lo - g) {
+        lo -= g;
+        steps += 1;
+    }
+    let mut hi = (at & !(g - 1)).saturating_add(g);
+    let mut beyond = 0;
+    while hi < limits.1 && beyond < MAX_WALK && same(hi) {
+        hi += g;
+        if hi > end {
+            beyond += 1;
+        }
+    }
+    (lo, hi - lo)
 }
 
 /// `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE`; `None` when the
