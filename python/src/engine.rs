@@ -344,8 +344,10 @@ impl Agent {
     }
 
     /// What happened to peers since the last call: `(events, dropped)`,
-    /// each event a dict (`kind` "lost" with `peer` and `completion`, or
-    /// "replaced" with `peer`, `old` and `new` instance ids).
+    /// each event a dict (`kind` "lost" with `peer` and `completion`,
+    /// "replaced" with `peer`, `old` and `new` instance ids, or "impostor"
+    /// with `peer`, `control` and `gid`: connections made under a peer's
+    /// name from elsewhere than its metadata, retired when it was loaded).
     fn peer_events<'py>(&self, py: Python<'py>) -> PyResult<(Vec<Bound<'py, PyDict>>, u64)> {
         let (events, dropped) = self.inner.peer_events();
         let events = events
@@ -363,6 +365,12 @@ impl Agent {
                         d.set_item("peer", peer)?;
                         d.set_item("old", old)?;
                         d.set_item("new", new)?;
+                    }
+                    engine::PeerEvent::Impostor { peer, control, gid } => {
+                        d.set_item("kind", "impostor")?;
+                        d.set_item("peer", peer)?;
+                        d.set_item("control", control.to_string())?;
+                        d.set_item("gid", gid.to_string())?;
                     }
                     other => d.set_item("kind", format!("{other:?}"))?,
                 }

@@ -7,7 +7,9 @@
 //! The setup is the control protocol (`control`): both sides prove they
 //! hold the cluster's secret over fresh nonces before the target creates
 //! a queue pair, and the target checks the initiator is the agent (and
-//! run of it) whose metadata it loaded, if it loaded any. The target is
+//! run of it) whose metadata it loaded, if it loaded any. Loading a name's
+//! metadata later retires the connections made under that name that do
+//! not match it (another run, control address or GID). The target is
 //! ready to receive before the initiator can send.
 //!
 //! A NIC holds at most `max_connections` queue pairs; making one more
@@ -179,12 +181,56 @@ pub(crate) struct ConnPool {
     /// and never one destroyed while another thread may still hold it.
     connecting: Mutex<HashMap<ConnKey, Arc<Mutex<()>>>>,
     /// The peers of connections closed or retired, by (local NIC, queue
-    /// pair number), until the number is reused: completions of them
-    /// still in a completion queue (a notification not yet polled) keep
-    /// their sender.
-    gone: Mutex<HashMap<(usize, u32), Arc<str>>>,
+    /// pair number), until the number is reused or [`MAX_GONE`] newer ones
+    /// push it out: completions of them still in a completion queue (a
+    /// notification not yet polled) keep their sender.
+    gone: Mutex<Gone>,
     /// Counts uses, for [`Conn::used`].
     uses: AtomicU64,
+}
+
+/// Most closed connections whose peer [`Gone`] remembers. A closed
+/// connection's completions are taken from its queue when it is destroyed
+/// and handed out at the next reap, so an entry is needed only until
+/// then; this many closings later, an unpolled notification of it reads
+/// as from a connection no longer known (logged, not delivered).
+pub(crate) const MAX_GONE: usize = 65_536;
+
+/// The peers of closed connections, oldest dropped first past [`MAX_GONE`].
+#[derive(Default)]
+struct Gone {
+    peers: HashMap<(usize, u32), (Arc<str>, u64)>,
+    /// Keys in the order they were closed, each with the closing's number
+    /// (a key closed again has a newer one in `peers`).
+    order: std::collections::VecDeque<((usize, u32), u64)>,
+    closed: u64,
+}
+
+impl Gone {
+    fn insert(&mut self, key: (usize, u32), peer: Arc<str>) {
+        self.closed += 1;
+        self.peers.insert(key, (peer, self.closed));
+        self.order.push_back((key, self.closed));
+        while self.peers.len() > MAX_GONE || self.order.len() > 2 * MAX_GONE {
+            let Some((old, n)) = self.order.pop_front() else { break };
+            if self.peers.get(&old).is_some_and(|(_, at)| *at == n) {
+                self.peers.remove(&old);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &(usize, u32)) {
+        self.peers.remove(key);
+    }
+
+    fn get(&self, key: &(usize, u32)) -> Option<&Arc<str>> {
+        self.peers.get(key).map(|(p, _)| p)
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.peers.len()
+    }
 }
 
 /// Takes `conn` out of the connections to send on, and its peer's entry
@@ -535,21 +581,58 @@ impl ConnPool {
     /// one fail on their own.
     /// Returns the earlier run's instance when there were any.
     pub(crate) fn retire_other_runs(&self, peer: &Identity) -> Option<u64> {
-        let stale: Vec<(usize, u32)> =
-            self.live.lock().iter().filter(|(_, c)| *c.peer == *peer.name && c.instance != peer.instance).map(|(k, _)| *k).collect();
         let mut old = None;
-        for (nic, qpn) in stale {
-            // Out of the `live` lock before `sending` is taken (the order
-            // elsewhere is sending, then live).
-            let removed = self.live.lock().remove(&(nic, qpn));
-            if let Some(conn) = removed {
-                self.gone.lock().insert((nic, qpn), conn.peer.clone());
-                unlist(&mut self.sending.lock(), &conn);
-                tracing::info!(peer = %peer.name, nic, qp = qpn, old = %format!("{:016x}", conn.instance), new = %format!("{:016x}", peer.instance), "engine connection to an earlier run of the peer retired");
-                old = Some(conn.instance);
-            }
+        for conn in self.retire_where(&peer.name, |c| c.instance != peer.instance) {
+            tracing::info!(peer = %peer.name, nic = conn.nic, qp = conn.qp.endpoint().qp_num, old = %format!("{:016x}", conn.instance), new = %format!("{:016x}", peer.instance), "engine connection to an earlier run of the peer retired");
+            old = Some(conn.instance);
         }
         old
+    }
+
+    /// Retires every connection under `md`'s name that does not go to the
+    /// agent `md` describes: another run of it (returned, as by
+    /// [`retire_other_runs`](Self::retire_other_runs)), or a member that
+    /// claimed the name before it was loaded here, with another control
+    /// address or from a GID that is not the named NIC's.
+    pub(crate) fn retire_unlike(&self, md: &AgentMetadata) -> Option<u64> {
+        let unlike = |c: &Conn| {
+            let gid_ok = md.nics.get(c.remote_nic).is_some_and(|n| n.gid == c.qp.remote().gid);
+            c.instance != md.instance || c.control != md.control || !gid_ok
+        };
+        let (mut old, mut impostor) = (None, None);
+        for conn in self.retire_where(&md.name, unlike) {
+            let qp = conn.qp.endpoint().qp_num;
+            if conn.instance != md.instance {
+                tracing::info!(peer = %md.name, nic = conn.nic, qp, old = %format!("{:016x}", conn.instance), new = %format!("{:016x}", md.instance), "engine connection to an earlier run of the peer retired");
+                old = Some(conn.instance);
+            } else {
+                let (control, gid) = (conn.control, conn.qp.remote().gid);
+                tracing::warn!(peer = %md.name, nic = conn.nic, qp, %control, %gid, "engine connection made under this peer's name before its metadata was loaded, from another control address or GID than the metadata's: retired");
+                impostor.get_or_insert(PeerEvent::Impostor { peer: md.name.clone(), control, gid });
+            }
+        }
+        if let Some(e) = impostor {
+            self.events.lock().push(e);
+        }
+        old
+    }
+
+    /// Takes the live connections named `peer` for which `stale` holds out
+    /// of the pool, remembering their peer for completions still queued.
+    fn retire_where(&self, peer: &str, stale: impl Fn(&Conn) -> bool) -> Vec<Arc<Conn>> {
+        let keys: Vec<(usize, u32)> = self.live.lock().iter().filter(|(_, c)| *c.peer == *peer && stale(c)).map(|(k, _)| *k).collect();
+        let mut out = Vec::new();
+        for key in keys {
+            // Out of the `live` lock before `sending` is taken (the order
+            // elsewhere is sending, then live).
+            let removed = self.live.lock().remove(&key);
+            if let Some(conn) = removed {
+                self.gone.lock().insert(key, conn.peer.clone());
+                unlist(&mut self.sending.lock(), &conn);
+                out.push(conn);
+            }
+        }
+        out
     }
 
     /// Records that `peer` is now run `new`, replacing run `old`.
@@ -610,4 +693,38 @@ pub(crate) fn serve(pool: Arc<ConnPool>, listener: TcpListener, stop: Arc<Mutex<
             tracing::warn!(%from, "engine connection request not served: {e}");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Closed connections' peers are remembered up to a bound, oldest out
+    /// first, a key closed again counting as new, and the order kept no
+    /// longer than twice the bound however keys are reused.
+    #[test]
+    fn closed_connections_are_remembered_up_to_a_bound() {
+        let mut g = Gone::default();
+        let peer: Arc<str> = "p".into();
+        for qpn in 0..MAX_GONE as u32 + 10 {
+            g.insert((0, qpn), peer.clone());
+        }
+        assert_eq!(g.len(), MAX_GONE);
+        assert!(g.get(&(0, 9)).is_none() && g.get(&(0, 10)).is_some());
+        // Closed again: newest now, so it outlives the ones after it.
+        g.insert((0, 10), "q".into());
+        for qpn in 0..5 {
+            g.insert((1, qpn), peer.clone());
+        }
+        assert_eq!(g.get(&(0, 10)).map(|p| &**p), Some("q"));
+        assert!(g.get(&(0, 11)).is_none());
+        // Reused numbers (taken out when a connection gets them again)
+        // never let the order grow without bound.
+        for _ in 0..3 * MAX_GONE {
+            g.insert((2, 1), peer.clone());
+            g.remove(&(2, 1));
+        }
+        assert!(g.order.len() <= 2 * MAX_GONE, "{}", g.order.len());
+        assert!(g.len() <= MAX_GONE);
+    }
 }

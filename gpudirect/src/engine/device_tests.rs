@@ -295,3 +295,56 @@ fn without_a_secret_the_default_listener_is_loopback_and_a_network_address_is_re
         other => panic!("a network address without a secret: {other:?}"),
     }
 }
+
+/// A member holding the secret that claims a peer's name (with its real
+/// run) before the target loaded that peer keeps nothing once the peer's
+/// metadata is loaded: connections from another control address, or from
+/// a GID that is not the named NIC's, are retired and reported
+/// (`PeerEvent::Impostor`), and the target's writes to that name reach
+/// the real peer.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_name_claimed_before_its_metadata_was_loaded_is_retired_at_the_load() {
+    let s = secret(1);
+    let key = Key::of(Some(s.clone()));
+    let mut other_gid = None;
+    for case in ["control address", "GID"] {
+        let target = agent("target", Some(s.clone()));
+        let real = agent("real", Some(s.clone()));
+        let me = Identity { name: "real".into(), instance: real.core.pool.instance };
+        let mut ep = endpoint(&target);
+        let control = if case == "GID" {
+            ep.gid.0[15] ^= 0xff;
+            other_gid = Some(ep.gid);
+            real.control_addr()
+        } else {
+            SocketAddr::from(([127, 0, 0, 9], 7))
+        };
+        // Nothing loaded under the name yet: a member's claim is taken.
+        assert!(matches!(ask(&target, &key, me.clone(), control, ep), Ok(Answer::Accepted(Some(_)))), "{case}");
+        assert_eq!(target.connections(), 1, "{case}");
+        let mem = real.alloc("m", 4096).unwrap();
+        let remote = target.load_remote(&real.metadata()).unwrap().memory("m").unwrap();
+        assert_eq!(target.connections(), 0, "{case}: the claimant's connection is retired at the load");
+        let (events, _) = target.peer_events();
+        match events.as_slice() {
+            [super::PeerEvent::Impostor { peer, control: c, gid }] => {
+                assert_eq!((peer.as_str(), *c, *gid), ("real", control, ep.gid), "{case}");
+            }
+            other => panic!("{case}: {other:?}"),
+        }
+        // The target's writes to the name go to the agent its metadata
+        // describes.
+        let src = target.alloc("s", 4096).unwrap();
+        src.fill(.., 0x5a).unwrap();
+        let req = target.prepare(Op::Write, &[(src.range(..).unwrap(), remote.range(..).unwrap())], Some(b"to the real one")).unwrap();
+        req.post().unwrap();
+        req.wait(T).unwrap();
+        let n = real.wait_notification(T).unwrap();
+        assert_eq!((n.peer.as_str(), n.msg.as_slice()), ("target", &b"to the real one"[..]));
+        let mut got = [0; 4096];
+        mem.read_at(0, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == 0x5a), "{case}");
+    }
+    assert!(other_gid.is_some());
+}

@@ -36,6 +36,19 @@ pub enum PeerEvent {
         /// The run that replaced it.
         new: u64,
     },
+    /// Connections made under `peer`'s name before its metadata was loaded
+    /// here came from another control address or GID than that metadata
+    /// gives: another member of the cluster claimed the name. They were
+    /// retired when the metadata was loaded; the next transfer connects
+    /// to the agent the metadata describes.
+    Impostor {
+        /// The name claimed.
+        peer: String,
+        /// The control address the claimant gave.
+        control: std::net::SocketAddr,
+        /// The GID it sent from.
+        gid: crate::gid::Gid,
+    },
 }
 
 /// The bounded queue of events.

@@ -664,7 +664,7 @@ impl Agent {
         }
         let md = Arc::new(md.clone());
         let before = pool.loaded.lock().insert(md.name.clone(), md.clone()).map(|b| b.instance);
-        let retired = pool.retire_other_runs(&control::Identity { name: md.name.clone(), instance: md.instance });
+        let retired = pool.retire_unlike(&md);
         if let Some(old) = retired.or(before).filter(|&old| old != md.instance) {
             pool.replaced(&md.name, old, md.instance);
         }
@@ -864,7 +864,8 @@ impl Agent {
 
     /// What happened to peers since the last call, oldest first: a
     /// connection lost ([`PeerEvent::Lost`]), a peer restarted
-    /// ([`PeerEvent::Replaced`]), and how many events were dropped
+    /// ([`PeerEvent::Replaced`]), a name claimed by another member
+    /// ([`PeerEvent::Impostor`]), and how many events were dropped
     /// unread (at most [`MAX_PEER_EVENTS`] are kept).
     pub fn peer_events(&self) -> (Vec<PeerEvent>, u64) {
         self.core.pool.events.lock().take()
