@@ -144,7 +144,7 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Doctor { action: Some(DoctorAction::Diff { before, after }), .. } => {
             let read = |p: &PathBuf| -> Result<serde_json::Value, String> {
-                let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                let text = doctor::input::read_text(p, "report", doctor::input::CAPTURE_LIMIT).map_err(|e| e.to_string())?;
                 let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", p.display()))?;
                 if v.get("format").is_none() {
                     return Ok(v);
@@ -202,15 +202,21 @@ fn main() -> ExitCode {
         Command::Lat(a) => perf_result(perf::lat::run(&a), a.common.json, "lat"),
         Command::NcclLog { file, json } => {
             // Streamed: memory stays bounded whatever the log's size.
+            // A path is read only when it is a regular file (a FIFO would
+            // wait for a writer): a stream comes in on stdin, as `-`.
             let read = if file == "-" {
-                nccl_log::explain_reader(std::io::stdin().lock())
+                nccl_log::explain_reader(std::io::stdin().lock()).map_err(|e| format!("cannot read stdin: {e}"))
             } else {
-                std::fs::File::open(&file).and_then(|f| nccl_log::explain_reader(std::io::BufReader::with_capacity(1 << 20, f)))
+                doctor::input::open_regular(std::path::Path::new(&file), "NCCL log", " or pipe it in (`... | gpudirect nccl-log -`)")
+                    .map_err(|e| e.to_string())
+                    .and_then(|f| {
+                        nccl_log::explain_reader(std::io::BufReader::with_capacity(1 << 20, f)).map_err(|e| format!("cannot read {file}: {e}"))
+                    })
             };
             let mut report = match read {
                 Ok(r) => r,
                 Err(e) => {
-                    eprintln!("gpudirect nccl-log: cannot read {file}: {e}");
+                    eprintln!("gpudirect nccl-log: {e}");
                     return ExitCode::from(2);
                 }
             };

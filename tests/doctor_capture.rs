@@ -247,3 +247,78 @@ fn the_committed_capture_still_judges_as_documented() {
     let out = doctor(&["--from", c], &[("NCCL_IB_DISABLE", "1")]);
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// Hostile or mistaken inputs: a capture judged with a job script reads
+/// the capture's own configuration files, never a file its tree links to
+/// on this machine; env files, captures and logs that are FIFOs, devices
+/// or too large are refused at once with the reason; a configuration
+/// file's other lines (credentials) never reach a capture.
+#[test]
+fn inputs_are_confined_to_the_capture_and_bounded() {
+    let dir = scratch("hostile-inputs");
+    let committed = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/captures/dgx-pix.json");
+    // A file of "the engineer's machine", and a capture whose tree links
+    // /etc/nccl.conf to it.
+    let host_conf = dir.join("host.conf");
+    std::fs::write(&host_conf, "NCCL_IB_DISABLE=1\naws_secret_access_key=AKIAEXAMPLESECRET\n").unwrap();
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(committed).unwrap()).unwrap();
+    c["files"].as_array_mut().unwrap().push(json!({"kind": "link", "path": "/etc/nccl.conf", "target": host_conf.to_str().unwrap()}));
+    let linked = dir.join("linked.json");
+    std::fs::write(&linked, c.to_string()).unwrap();
+    let script = dir.join("job.sh");
+    std::fs::write(&script, "export NCCL_DEBUG=INFO\n").unwrap();
+    let out = doctor(&["--from", linked.to_str().unwrap(), "--env-file", script.to_str().unwrap(), "--json"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "the host file was read: {text}");
+    assert!(!text.contains("NCCL_IB_DISABLE"), "{text}");
+    // The script naming a configuration file: not in the capture, said so.
+    std::fs::write(&script, format!("export NCCL_CONF_FILE={}\n", host_conf.display())).unwrap();
+    let out = doctor(&["--from", committed, "--env-file", script.to_str().unwrap(), "-v"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("that file is not in the capture"), "{text}");
+
+    // Files that are not regular files, or too large: refused at once.
+    let fifo = dir.join("fifo");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let big = dir.join("big.json");
+    std::fs::File::create(&big).unwrap().set_len(100 << 20).unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (&["--env-file", "/dev/zero"], "character device, not a regular file"),
+        (&["--env-file", fifo.to_str().unwrap()], "FIFO (pipe), not a regular file"),
+        (&["--from", "/dev/zero"], "character device"),
+        (&["--from", big.to_str().unwrap()], "larger than 67108864 bytes"),
+        (&["--from", committed, "--env-file", fifo.to_str().unwrap()], "FIFO"),
+        (&["--nccl-log", fifo.to_str().unwrap()], "FIFO"),
+    ];
+    for (args, why) in cases {
+        let started = std::time::Instant::now();
+        let out = doctor(args, &[]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "{args:?} took {:?}", started.elapsed());
+    }
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpudirect")).args(["nccl-log", fifo.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pipe it in"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+
+    // A configuration file's other names never reach a capture; its
+    // NCCL variables do, and judge the same from the capture.
+    std::fs::write(&script, format!("export NCCL_CONF_FILE={}\n", host_conf.display())).unwrap();
+    let answers = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/captures/dgx-pix.answers.json");
+    let captured = dir.join("captured.json");
+    // The live root, where the file named exists.
+    let out = doctor(&["--root", "/", "--answers", answers, "--env-file", script.to_str().unwrap(), "--capture", captured.to_str().unwrap()], &[]);
+    assert!(out.status.code().is_some_and(|c| c < 2), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&captured).unwrap();
+    assert!(!text.contains("AKIA") && !text.contains("aws_secret"), "a credential reached the capture");
+    assert!(text.contains("NCCL_IB_DISABLE"), "the configuration file's NCCL variable is captured");
+    let out = doctor(&["--from", captured.to_str().unwrap(), "--env-file", script.to_str().unwrap(), "-v"], &[]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("NCCL_IB_DISABLE"), "{}", String::from_utf8_lossy(&out.stdout));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

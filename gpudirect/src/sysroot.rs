@@ -176,10 +176,14 @@ impl SysRoot {
     fn open_regular(&self, machine_path: &str) -> io::Result<std::fs::File> {
         let resolved = self.resolve(machine_path).ok_or_else(|| io::Error::other("symlink loop or unreadable link"))?;
         let host = self.path(&resolved);
-        if !std::fs::metadata(&host)?.is_file() {
+        // Opened without blocking and checked once open: a FIFO swapped in
+        // after a check by path would hold the reader until a writer came.
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&host)?;
+        if !f.metadata()?.is_file() {
             return Err(io::Error::other("not a regular file"));
         }
-        std::fs::File::open(&host)
+        Ok(f)
     }
 
     /// At most `limit` bytes of a regular file.

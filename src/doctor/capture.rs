@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use gpudirect::gdr::{GpuFacts, HostFacts};
 use gpudirect::sysroot::{Access, Passed, SysRoot, TEXT_LIMIT};
 
+use super::input;
 use super::jobenv::JobEnv;
 use super::probes::{Probes, RdmaDevice};
 
@@ -72,7 +73,7 @@ impl Answers {
     /// [`CaptureError::Io`] or [`CaptureError::Malformed`].
     pub fn read(path: &Path) -> Result<Answers, CaptureError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| CaptureError::Io { path: shown.clone(), source })?;
+        let text = input::read_text(path, "probe answers", input::CAPTURE_LIMIT)?;
         serde_json::from_str(&text).map_err(|e| CaptureError::Malformed { path: shown, why: e.to_string() })
     }
 }
@@ -158,6 +159,9 @@ pub enum CaptureError {
         /// What is wrong.
         why: String,
     },
+    /// The file is not one the doctor reads (not a regular file, too large).
+    #[error(transparent)]
+    Input(#[from] input::InputError),
     /// An entry would unpack outside the capture's own tree, or past its bounds.
     #[error("the capture's entry {entry:?} is refused: {why}")]
     Refused {
@@ -313,11 +317,14 @@ impl Capture {
     /// when it is not a capture of [`CAPTURE_FORMAT`].
     pub fn read(path: &Path) -> Result<Capture, CaptureError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| CaptureError::Io { path: shown.clone(), source })?;
-        let format = serde_json::from_str::<serde_json::Value>(&text)
-            .map_err(|e| CaptureError::Malformed { path: shown.clone(), why: e.to_string() })?
-            .get("format")
-            .and_then(serde_json::Value::as_u64);
+        let text = input::read_text(path, "capture", input::CAPTURE_LIMIT)?;
+        /// The format alone: the rest is skipped, not built, so a file
+        /// that is not a capture costs no more than its text.
+        #[derive(Deserialize)]
+        struct Format {
+            format: Option<u64>,
+        }
+        let format = serde_json::from_str::<Format>(&text).map_err(|e| CaptureError::Malformed { path: shown.clone(), why: e.to_string() })?.format;
         if format != Some(u64::from(CAPTURE_FORMAT)) {
             let why =
                 format!("its format is {format:?}; this doctor reads format {CAPTURE_FORMAT} (write the capture again with this version)");

@@ -10,6 +10,10 @@
 
 use std::path::{Path, PathBuf};
 
+use gpudirect::sysroot::SysRoot;
+
+use super::input::SCRIPT_LIMIT;
+
 /// Variables, each with where it came from.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct JobEnv {
@@ -19,6 +23,22 @@ pub struct JobEnv {
     pub origins: Vec<(String, String)>,
     /// What was read and what could not be, for the report.
     pub notes: Vec<String>,
+    /// The NCCL configuration files read, in NCCL's order, with the
+    /// assignments the doctor judges: a capture carries them, so judging
+    /// it with another job's variables reads no file of the machine it is
+    /// judged on.
+    #[serde(default)]
+    pub conf_files: Vec<ConfFile>,
+}
+
+/// One NCCL configuration file as read.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConfFile {
+    /// Its path on the machine (`/etc/nccl.conf`).
+    pub path: String,
+    /// Its `NCCL_`/`UCX_` assignments, as NCCL reads them; other names
+    /// are not kept (a file may hold anything, credentials included).
+    pub vars: Vec<(String, String)>,
 }
 
 impl JobEnv {
@@ -96,44 +116,113 @@ pub fn from_nccl_log(settings: &[crate::nccl_log::EnvSetting], shown: &str) -> J
 }
 
 /// `process` (in order, a later name winning) completed by the NCCL
-/// configuration files under `root` (`/` normally): the user's file, in
-/// `home` unless `NCCL_CONF_FILE` names one, then `/etc/nccl.conf`.
-pub fn resolve(process: Vec<(String, String)>, process_origin: &str, root: &Path, home: Option<&Path>) -> JobEnv {
+/// configuration files of the machine under `root`: the user's file, in
+/// `home` unless `NCCL_CONF_FILE` names one, then `/etc/nccl.conf`. Each is
+/// read inside `root` (links resolved there), only when it is a regular
+/// file, and up to [`SCRIPT_LIMIT`].
+pub fn resolve(process: Vec<(String, String)>, process_origin: &str, root: &SysRoot, home: Option<&Path>) -> JobEnv {
+    let (files, notes) = read_conf_files(&process, root, home);
+    let mut env = layer(process, process_origin, files);
+    env.notes.splice(0..0, notes);
+    env
+}
+
+/// `process` completed by the configuration files a capture holds
+/// (`captured`), as they were read on the captured machine: nothing is
+/// read here. A `NCCL_CONF_FILE` in `process` that names a file the
+/// capture does not hold is noted, not looked for.
+pub fn over_captured_files(process: Vec<(String, String)>, process_origin: &str, captured: &[ConfFile]) -> JobEnv {
+    let named = process.iter().rev().find(|(n, _)| n == "NCCL_CONF_FILE").map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
+    let mut note = None;
+    if let Some(f) = &named {
+        if !captured.iter().any(|c| c.path == *f) {
+            note = Some(format!("NCCL_CONF_FILE={f}: that file is not in the capture (it holds {}); judged without it", held(captured)));
+        }
+    }
+    let mut env = layer(process, process_origin, captured.to_vec());
+    env.notes.extend(note);
+    env
+}
+
+fn held(files: &[ConfFile]) -> String {
+    if files.is_empty() {
+        return "no NCCL configuration file".into();
+    }
+    files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+/// The NCCL configuration files `process` makes NCCL read, as read under
+/// `root`, and notes on those that could not be.
+fn read_conf_files(process: &[(String, String)], root: &SysRoot, home: Option<&Path>) -> (Vec<ConfFile>, Vec<String>) {
+    let conf_file = process.iter().rev().find(|(n, _)| n == "NCCL_CONF_FILE").map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
+    let user: Option<PathBuf> = match conf_file {
+        Some(f) => Some(PathBuf::from(f)),
+        None => home.map(|h| h.join(".nccl.conf")),
+    };
+    let (mut files, mut notes) = (Vec::new(), Vec::new());
+    for file in user.into_iter().chain(std::iter::once(PathBuf::from("/etc/nccl.conf"))) {
+        let shown = file.display().to_string();
+        let machine_path = if file.is_absolute() {
+            shown.clone()
+        } else if *root == SysRoot::live() {
+            // NCCL opens a relative NCCL_CONF_FILE from the job's working
+            // directory: this one's, for a live judgement.
+            match std::env::current_dir() {
+                Ok(d) => d.join(&file).display().to_string(),
+                Err(e) => {
+                    notes.push(format!("{shown}: relative, and the working directory is unknown ({e})"));
+                    continue;
+                }
+            }
+        } else {
+            notes.push(format!("{shown}: a relative path, which only the job's working directory settles: not read"));
+            continue;
+        };
+        match root.read_bytes(&machine_path, SCRIPT_LIMIT + 1) {
+            Ok(b) if b.len() as u64 > SCRIPT_LIMIT => notes.push(format!("{shown}: larger than {SCRIPT_LIMIT} bytes: not read")),
+            Ok(b) => {
+                let text = String::from_utf8_lossy(&b);
+                let all = parse_nccl_conf(&text);
+                let others = all.iter().filter(|(n, _)| !judged(n.trim())).count();
+                if others > 0 {
+                    notes.push(format!("{shown}: {others} assignment(s) of other names than NCCL_ and UCX_ ones, not kept"));
+                }
+                files.push(ConfFile { path: shown, vars: all.into_iter().filter(|(n, _)| judged(n.trim())).collect() });
+            }
+            // Most machines have neither file: nothing worth a line.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => notes.push(format!("{shown}: cannot be read ({e})")),
+        }
+    }
+    (files, notes)
+}
+
+/// `process` (a later name winning) with each configuration file's
+/// assignments below it, in order: a name is set only if not set yet.
+fn layer(process: Vec<(String, String)>, process_origin: &str, files: Vec<ConfFile>) -> JobEnv {
     let mut env = JobEnv::default();
     for (n, v) in process {
         env.origins.push((n.clone(), process_origin.to_owned()));
         env.vars.push((n, v));
     }
-    let conf_file = env.vars.iter().rev().find(|(n, _)| n == "NCCL_CONF_FILE").map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
-    let user: Option<PathBuf> = match conf_file {
-        Some(f) => Some(PathBuf::from(f)),
-        None => home.map(|h| h.join(".nccl.conf")),
-    };
-    for file in user.into_iter().chain(std::iter::once(PathBuf::from("/etc/nccl.conf"))) {
-        let at = root.join(file.strip_prefix("/").unwrap_or(&file));
-        match std::fs::read_to_string(&at) {
-            Ok(text) => {
-                let shown = file.display().to_string();
-                let mut took = 0;
-                for (n, v) in parse_nccl_conf(&text) {
-                    if env.vars.iter().any(|(k, _)| *k == n) {
-                        env.notes.push(format!("{shown}: {n}={v} is not used: {n} is already set by {}", env.origin(&n)));
-                        continue;
-                    }
-                    if n.trim() != n {
-                        env.notes.push(format!("{shown}: {n:?} has spaces around its name: NCCL sets a variable of that exact name, which it never reads"));
-                    }
-                    env.origins.push((n.clone(), shown.clone()));
-                    env.vars.push((n, v));
-                    took += 1;
-                }
-                env.notes.push(format!("{shown}: read, {took} variable(s) taken"));
+    for file in &files {
+        let shown = &file.path;
+        let mut took = 0;
+        for (n, v) in &file.vars {
+            if env.vars.iter().any(|(k, _)| k == n) {
+                env.notes.push(format!("{shown}: {n}={v} is not used: {n} is already set by {}", env.origin(n)));
+                continue;
             }
-            // Most machines have neither file: nothing worth a line.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => env.notes.push(format!("{}: cannot be read ({e})", file.display())),
+            if n.trim() != n {
+                env.notes.push(format!("{shown}: {n:?} has spaces around its name: NCCL sets a variable of that exact name, which it never reads"));
+            }
+            env.origins.push((n.clone(), shown.clone()));
+            env.vars.push((n.clone(), v.clone()));
+            took += 1;
         }
+        env.notes.push(format!("{shown}: read, {took} variable(s) taken"));
     }
+    env.conf_files = files;
     env
 }
 
@@ -171,7 +260,7 @@ mod tests {
         std::fs::create_dir_all(root.join("home/u")).unwrap();
         std::fs::write(root.join("etc/nccl.conf"), "NCCL_IB_DISABLE=1\nNCCL_DEBUG=WARN\n#NCCL_NET=Socket\n").unwrap();
         std::fs::write(root.join("home/u/.nccl.conf"), "NCCL_DEBUG=INFO\nNCCL_IB_HCA = mlx5_0\n").unwrap();
-        let e = resolve(vec![("NCCL_NET_GDR_LEVEL".into(), "PIX".into())], "the environment", &root, Some(Path::new("/home/u")));
+        let e = resolve(vec![("NCCL_NET_GDR_LEVEL".into(), "PIX".into())], "the environment", &SysRoot::at(&root), Some(Path::new("/home/u")));
         let get = |n: &str| e.vars.iter().rev().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
         assert_eq!((get("NCCL_IB_DISABLE"), get("NCCL_DEBUG"), get("NCCL_NET")), (Some("1"), Some("INFO"), None), "the user's file wins over /etc's");
         assert_eq!(e.origin("NCCL_IB_DISABLE"), "/etc/nccl.conf");
@@ -181,7 +270,7 @@ mod tests {
         assert!(e.notes.iter().any(|n| n.contains("spaces around its name")), "{:?}", e.notes);
         // The environment wins over both; NCCL_CONF_FILE replaces ~/.nccl.conf.
         std::fs::write(root.join("job.conf"), "NCCL_NET=Socket\n").unwrap();
-        let e = resolve(vec![("NCCL_IB_DISABLE".into(), "0".into()), ("NCCL_CONF_FILE".into(), "/job.conf".into())], "process 7", &root, Some(Path::new("/home/u")));
+        let e = resolve(vec![("NCCL_IB_DISABLE".into(), "0".into()), ("NCCL_CONF_FILE".into(), "/job.conf".into())], "process 7", &SysRoot::at(&root), Some(Path::new("/home/u")));
         let get = |n: &str| e.vars.iter().rev().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
         assert_eq!((get("NCCL_IB_DISABLE"), get("NCCL_NET"), get("NCCL_DEBUG")), (Some("0"), Some("Socket"), Some("WARN")));
         assert_eq!(e.origin("NCCL_IB_DISABLE"), "process 7");

@@ -93,6 +93,7 @@ pub mod bandwidth;
 pub mod capture;
 pub mod diff;
 pub mod env;
+pub mod input;
 pub mod iommu;
 pub mod jobenv;
 pub mod pci;

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use gpudirect::sysroot::SysRoot;
 
 use super::capture::{Answers, Capture, Recorder, Unpacked};
+use super::input;
 use super::jobenv::{self, JobEnv};
 use super::probes::{LiveProbes, Probes};
 use super::report::{self, Options, Report};
@@ -57,7 +58,12 @@ pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
         let u = Unpacked::new(&c).map_err(|e| e.to_string())?;
         let job = match (&s.nccl_log, &s.env_file) {
             (Some(log), _) => job_from_log(log)?,
-            (None, Some(_)) => job_env(u.root().root(), s.env_file.as_deref(), None)?,
+            // The capture's own configuration files, never this machine's
+            // nor a path the capture's tree leads to.
+            (None, Some(f)) => {
+                let vars: Vec<(String, String)> = env_file_vars(f)?.into_iter().filter(|(k, _)| jobenv::judged(k)).collect();
+                jobenv::over_captured_files(vars, &f.display().to_string(), &c.env.conf_files)
+            }
             (None, None) if s.shell_over_capture => over_capture(c.env.clone(), std::env::vars()),
             (None, None) => c.env.clone(),
         };
@@ -97,7 +103,7 @@ pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
 
 /// The variables an NCCL log shows NCCL read.
 fn job_from_log(log: &std::path::Path) -> Result<JobEnv, String> {
-    let f = std::fs::File::open(log).map_err(|e| format!("cannot read the NCCL log {}: {e}", log.display()))?;
+    let f = input::open_regular(log, "NCCL log", "").map_err(|e| e.to_string())?;
     let report = crate::nccl_log::explain_reader(std::io::BufReader::new(f)).map_err(|e| format!("cannot read the NCCL log {}: {e}", log.display()))?;
     if report.environment.is_empty() {
         return Err(format!(
@@ -124,18 +130,22 @@ fn over_capture(mut env: JobEnv, own: impl Iterator<Item = (String, String)>) ->
 /// files (under `root`).
 fn job_env(root: &std::path::Path, env_file: Option<&std::path::Path>, pid: Option<u32>) -> Result<JobEnv, String> {
     let (vars, origin) = match (env_file, pid) {
-        (Some(f), _) => {
-            let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read the env file {}: {e}", f.display()))?;
-            (jobenv::parse_env_file(&text), f.display().to_string())
-        }
+        (Some(f), _) => (env_file_vars(f)?, f.display().to_string()),
         (None, Some(pid)) => {
             let path = root.join(format!("proc/{pid}/environ"));
-            let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {} ({e}): is process {pid} running, and yours (or are you root)?", path.display()))?;
+            let bytes = input::read_bounded(&path, "environment of the process", input::SCRIPT_LIMIT)
+                .map_err(|e| format!("{e}: is process {pid} running, and yours (or are you root)?"))?;
             (jobenv::parse_environ(&bytes), format!("process {pid}"))
         }
         (None, None) => (std::env::vars().collect(), "the environment".to_owned()),
     };
     let home = vars.iter().rev().find(|(k, _)| k == "HOME").map(|(_, v)| PathBuf::from(v)).or_else(|| std::env::var_os("HOME").map(PathBuf::from));
     let judged: Vec<(String, String)> = vars.into_iter().filter(|(k, _)| jobenv::judged(k)).collect();
-    Ok(jobenv::resolve(judged, &origin, root, home.as_deref()))
+    Ok(jobenv::resolve(judged, &origin, &SysRoot::at(root), home.as_deref()))
+}
+
+/// The assignments of an env file or job script.
+fn env_file_vars(f: &std::path::Path) -> Result<Vec<(String, String)>, String> {
+    let text = input::read_text(f, "env file", input::SCRIPT_LIMIT).map_err(|e| e.to_string())?;
+    Ok(jobenv::parse_env_file(&text))
 }

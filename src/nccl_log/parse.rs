@@ -49,17 +49,22 @@ const MARKER_LEN: usize = "NCCL INFO".len();
 /// ` INFO ` / ` WARN `: NCCL up to 2.2 printed no `NCCL` before the level.
 const LEGACY_MARKER_LEN: usize = " INFO ".len();
 
-/// The first `NCCL INFO` / `NCCL WARN` marker on a line.
+/// The first `NCCL INFO` / `NCCL WARN` marker on a line, in one pass (two
+/// searches, each to the end of the line, made a line of many markers
+/// cost their number times its length).
 fn find_marker(line: &str) -> Option<(usize, Level)> {
-    let info = line.find("NCCL INFO");
-    let warn = line.find("NCCL WARN");
-    match (info, warn) {
-        (Some(i), Some(w)) if w < i => Some((w, Level::Warn)),
-        (Some(i), _) => Some((i, Level::Info)),
-        (None, Some(w)) => Some((w, Level::Warn)),
-        (None, None) => None,
-    }
+    line.match_indices("NCCL ").find_map(|(at, _)| match line.as_bytes().get(at + 5..at + MARKER_LEN) {
+        Some(b"INFO") => Some((at, Level::Info)),
+        Some(b"WARN") => Some((at, Level::Warn)),
+        _ => None,
+    })
 }
+
+/// Most records read from one physical line. Terminal pastes glue a few
+/// records together; past this many, the rest of the line is one record
+/// (a line of thousands of markers is not a log, and would cost its
+/// reader thousands of records).
+pub(super) const MAX_RECORDS_PER_LINE: usize = 64;
 
 /// NCCL 2.0-2.2's marker, `host:pid:tid [dev] INFO msg`. Only taken after a
 /// whole `host:pid:tid [dev]` prefix: `INFO` alone is common in other tools'
@@ -89,6 +94,9 @@ pub(super) fn records(line: &str) -> Vec<&str> {
     while let Some((at, _)) = find_marker(&line[from..]) {
         markers.push(from + at);
         from += at + MARKER_LEN;
+        if markers.len() == MAX_RECORDS_PER_LINE {
+            break;
+        }
     }
     let Some(&first) = markers.first() else {
         return vec![line];

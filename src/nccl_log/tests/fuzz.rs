@@ -168,3 +168,83 @@ fn streamed_lines_are_bounded_and_read_as_in_memory() {
     assert_eq!((r.lines_read, r.lines_cut, r.connections.len()), (3, 1, 2));
     assert_eq!(r.connections[1].line, 3);
 }
+
+/// CPU per byte of a log made of one repeated piece, against ordinary
+/// log text of the same size: what a line full of markers, brackets or
+/// keywords costs. Printed; the bound is asserted in
+/// `no_line_costs_much_more_than_ordinary_text`.
+fn cost_ratios() -> Vec<(String, f64)> {
+    let ordinary = std::fs::read_to_string(super::data_dir().join("nccltests284-rtx4090-init-using-network-socket-2.25.1.txt")).unwrap();
+    let ordinary: String = ordinary.lines().skip_while(|l| *l != "---").skip(1).collect::<Vec<_>>().join("\n");
+    let size = 4 << 20;
+    let fill = |piece: &str| -> String {
+        let line: String = piece.repeat((60_000 / piece.len()).max(1));
+        let mut out = String::with_capacity(size + line.len());
+        while out.len() < size {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        out
+    };
+    let time = |text: &str| {
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            std::hint::black_box(explain(text));
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        best / text.len() as f64
+    };
+    let mut base_text = String::new();
+    while base_text.len() < size {
+        base_text.push_str(&ordinary);
+        base_text.push('\n');
+    }
+    let base = time(&base_text);
+    let pieces = [
+        "NCCL INFO ",
+        "NCCL WARN ",
+        "h:1:1 [0] NCCL INFO ",
+        " INFO ",
+        "h:1:1 [0] INFO ",
+        "[",
+        "[0",
+        "]",
+        "->",
+        " via NET/",
+        "NET/IB : Using ",
+        "GPU Direct RDMA ",
+        "Channel 00/0 : 0[0] -> 1[1] via NET/IB/0/GDRDMA ",
+        " set by environment to ",
+        "NCCL INFO [",
+        "/",
+        "CollNet ",
+        ":",
+        "1:",
+        "9",
+        " ",
+    ];
+    pieces.iter().map(|p| (p.to_string(), time(&fill(p)) / base)).collect()
+}
+
+#[test]
+#[ignore = "a measurement: run with --release --ignored --nocapture"]
+fn line_costs_against_ordinary_text() {
+    for (piece, r) in cost_ratios() {
+        println!("{r:7.1}x  {piece:?}");
+    }
+}
+
+/// A line of thousands of markers is read as at most
+/// `MAX_RECORDS_PER_LINE` records, and a glued paste of a few real
+/// records still splits into each of them.
+#[test]
+fn records_per_line_are_bounded() {
+    use super::super::parse::{records, MAX_RECORDS_PER_LINE};
+    let line = "h:1:1 [0] NCCL INFO x ".repeat(10_000);
+    let got = records(&line);
+    assert!(got.len() <= MAX_RECORDS_PER_LINE + 1, "{}", got.len());
+    assert_eq!(got.iter().map(|r| r.len()).sum::<usize>(), line.len(), "every byte in one record or another");
+    let glued = "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via NET/IB/0/GDRDMA      h:1:2 [1] NCCL INFO Connected all rings";
+    assert_eq!(records(glued).len(), 2);
+}
