@@ -146,9 +146,11 @@ class Agent(_native.Agent):
 
         The object stays alive, and a bytearray cannot be resized, until
         ``deregister(name)`` and until no prepared request names it: the
-        registration holds a buffer export on it. A PyTorch tensor is held
-        through its NumPy view, which PyTorch does not stop ``resize_``
-        from reallocating: do not resize a registered tensor.
+        registration holds a buffer export on it. A PyTorch tensor's
+        storage is held too, so ``set_()`` or assigning ``.data`` cannot
+        free the registered bytes; ``resize_`` that grows a tensor
+        reallocates its storage in place, which nothing can stop: do not
+        resize a registered tensor.
         """
         try:
             view = memoryview(buffer)
@@ -162,8 +164,8 @@ class Agent(_native.Agent):
         # A ctypes view holds a buffer export for as long as it lives, on
         # every CPython from 3.9 (the buffer API is in the stable ABI only
         # from 3.11).
-        keep = (ctypes.c_char * view.nbytes).from_buffer(view)
-        return self._register_raw(name, ctypes.addressof(keep), view.nbytes, keep)
+        export = (ctypes.c_char * view.nbytes).from_buffer(view)
+        return self._register_raw(name, ctypes.addressof(export), view.nbytes, (export, _gpu.owner(buffer)))
 
     def register_gpu(self, name: str, array: Any, *, policy: str = "require", gpu: Optional[int] = None) -> int:
         """Register a CUDA array (``__cuda_array_interface__`` or DLPack: a
@@ -178,14 +180,38 @@ class Agent(_native.Agent):
         memory, unmapped holes, and small tensors that share a page with
         others. ``policy``: ``"require"`` (GPUDirect RDMA or an error),
         ``"prefer"`` (else staged through host memory, with a warning) or
-        ``"host-staged"``. The array is kept alive until ``deregister(name)``
-        and until no request names it. ``registration(name)["took"]`` says
-        how long registering took.
+        ``"host-staged"``. The array, and a PyTorch tensor's storage, are
+        kept alive until ``deregister(name)`` and until no request names
+        it, so ``set_()`` or assigning ``.data`` cannot free the registered
+        memory (``resize_`` that grows a tensor reallocates its storage in
+        place: do not resize a registered tensor).
+        ``registration(name)["took"]`` says how long registering took.
+        Lengths and offsets everywhere are in bytes.
         """
         ptr, nbytes, ordinal = _gpu.cuda_range(array, gpu)
         if nbytes == 0 or ptr == 0:
             raise ValueError(f"{name}: an empty array cannot be registered")
-        return self._register_gpu_raw(name, ordinal, ptr, nbytes, array, policy)
+        return self._register_gpu_raw(name, ordinal, ptr, nbytes, _gpu.owner(array), policy)
+
+    def close(self) -> None:
+        """Close the agent now rather than when it is collected: its
+        registrations are dropped (each buffer is released once no request
+        holds it), its control port stops listening, and its NICs'
+        resources go once no request or broadcast holds them. Awaits on it
+        fail with :class:`EngineError`; every later call on it raises
+        :class:`EngineError`. Requests already made keep working or fail on
+        their own. Closing twice does nothing. ``with Agent(...) as a:``
+        closes it at the end of the block."""
+        d = getattr(self, "_aio_driver", None)
+        if d is not None:
+            d.close(EngineError(f"the agent {self.name!r} was closed while awaited"))
+        super().close()
+
+    def __enter__(self) -> "Agent":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     async def notification(self) -> Tuple[str, bytes]:
         """The next notification as ``(peer, bytes)``, awaited on the

@@ -86,9 +86,39 @@ class _Driver:
             raise ConfigError("the agent was dropped while awaited")
         return agent
 
+    def close(self, why: BaseException) -> None:
+        """The agent closes: every waiter fails with ``why`` and the
+        descriptor leaves the loop before it is closed."""
+        waiters, self._waiters = self._waiters, []
+        loop, fd = self._loop, self._fd
+        self._fd = None
+        if loop is None or loop.is_closed():
+            return
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
+            for _, fut in waiters:
+                _fail(fut, why)
+            if fd is not None and waiters:
+                loop.remove_reader(fd)
+        else:
+            # The loop is not thread-safe: it is told, and its selector
+            # forgets a descriptor closed meanwhile.
+            for _, fut in waiters:
+                loop.call_soon_threadsafe(_fail, fut, why)
+            if fd is not None and waiters:
+                loop.call_soon_threadsafe(loop.remove_reader, fd)
+
     def _stop(self) -> None:
         if self._loop is not None and self._fd is not None:
             self._loop.remove_reader(self._fd)
+
+
+def _fail(fut: "asyncio.Future[Any]", why: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(why)
 
 
 def driver(agent: Any) -> _Driver:

@@ -85,6 +85,21 @@ def _from_dlpack(obj: Any) -> Tuple[int, int, int]:
     return int(t.data or 0) + int(t.byte_offset), math.prod(shape) * itemsize, int(dev_id)
 
 
+def owner(obj: Any) -> Any:
+    """What keeps ``obj``'s memory allocated while it is registered: the
+    object, and for a PyTorch tensor its storage too. ``tensor.set_()`` or
+    assigning ``tensor.data`` moves a tensor to other memory and frees the
+    old storage when nothing else holds it, which would leave the NIC
+    writing memory the allocator hands to other tensors. Holding the
+    storage keeps those bytes allocated instead. (A ``resize_`` that grows
+    the storage itself reallocates it in place: do not resize a registered
+    tensor.)"""
+    storage = getattr(obj, "untyped_storage", None)
+    if callable(storage):
+        return (obj, storage())
+    return obj
+
+
 def cuda_range(obj: Any, gpu: Optional[int]) -> Tuple[int, int, int]:
     """(device pointer, bytes, GPU ordinal) of a CUDA array."""
     cai = getattr(obj, "__cuda_array_interface__", None)

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
@@ -98,8 +98,23 @@ fn stats_dict<'py>(py: Python<'py>, s: TransferStats) -> PyResult<Bound<'py, PyD
 /// and `notification`).
 #[pyclass(module = "gpudirect._native", subclass)]
 pub struct Agent {
-    inner: Arc<engine::Agent>,
+    /// `None` once closed.
+    inner: RwLock<Option<Arc<engine::Agent>>>,
+    name: String,
     regions: Mutex<HashMap<String, Registration>>,
+}
+
+impl Agent {
+    /// The agent, unless it was closed.
+    fn agent(&self) -> PyResult<Arc<engine::Agent>> {
+        let inner = self.inner.read().map_err(|_| poisoned())?;
+        inner.clone().ok_or_else(|| {
+            crate::errors::EngineError::new_err(format!(
+                "the agent {:?} is closed (close() or the end of its with block): make a new Agent",
+                self.name
+            ))
+        })
+    }
 }
 
 #[pymethods]
@@ -129,19 +144,38 @@ impl Agent {
         config.insecure = insecure;
         config.timeout = seconds("timeout", timeout)?;
         let inner = py.detach(|| engine::Agent::new(config)).map_err(to_py)?;
-        Ok(Agent { inner: Arc::new(inner), regions: Mutex::new(HashMap::new()) })
+        let name = inner.name().to_owned();
+        Ok(Agent { inner: RwLock::new(Some(Arc::new(inner))), name, regions: Mutex::new(HashMap::new()) })
     }
 
     /// This agent's name.
     #[getter]
     fn name(&self) -> &str {
-        self.inner.name()
+        &self.name
     }
+
+    /// Closes the agent now rather than when it is collected: its
+    /// registrations are dropped (each buffer is released once no request
+    /// holds it), its control port stops listening and, once no request
+    /// or broadcast holds them, its NICs' resources go. Every later call
+    /// on it raises `EngineError`; requests already made keep working or
+    /// fail on their own. Closing twice does nothing.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let agent = self.inner.write().map_err(|_| poisoned())?.take();
+        let regions = std::mem::take(&mut *self.regions.lock().map_err(|_| poisoned())?);
+        // Joining the listener thread waits: without the GIL.
+        py.detach(move || {
+            drop(regions);
+            drop(agent);
+        });
+        Ok(())
+    }
+
 
     /// Where its control port listens, as "IP:PORT".
     #[getter]
-    fn control_addr(&self) -> String {
-        self.inner.control_addr().to_string()
+    fn control_addr(&self) -> PyResult<String> {
+        Ok(self.agent()?.control_addr().to_string())
     }
 
     /// Registers `len` bytes at `addr`, exported by `keep` (the Python
@@ -153,7 +187,8 @@ impl Agent {
             return Err(PyValueError::new_err(format!("{name}: an empty buffer cannot be registered")));
         }
         let mem = PyMemory { _keep: keep, ptr: addr as *mut u8, len };
-        let reg = py.detach(|| self.inner.register(&name, mem)).map_err(to_py)?;
+        let agent = self.agent()?;
+        let reg = py.detach(|| agent.register(&name, mem)).map_err(to_py)?;
         self.regions.lock().map_err(|_| poisoned())?.insert(name, reg);
         Ok(len)
     }
@@ -173,6 +208,7 @@ impl Agent {
             "host-staged" => GpuPolicy::HostStaged,
             _ => return Err(PyValueError::new_err(format!("policy {policy:?}: use \"require\", \"prefer\" or \"host-staged\""))),
         };
+        let agent = self.agent()?;
         let reg = py
             .detach(|| {
                 let g = Gpu::open(gpu)?;
@@ -180,7 +216,7 @@ impl Agent {
                 // pointer came from, which frees it only when it goes),
                 // and the buffer holds it for as long as it lives.
                 let buf = unsafe { GpuBuffer::from_raw_owned(&g, ptr, len, Box::new(keep)) }?;
-                self.inner.register_gpu(&name, buf, policy)
+                agent.register_gpu(&name, buf, policy)
             })
             .map_err(to_py)?;
         self.regions.lock().map_err(|_| poisoned())?.insert(name, reg);
@@ -192,7 +228,7 @@ impl Agent {
     /// why)]}`.
     fn registration<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
         let regions = self.regions.lock().map_err(|_| poisoned())?;
-        let reg = regions.get(name).ok_or_else(|| to_py(Rust::UnknownMemory { peer: self.inner.name().to_owned(), name: name.to_owned() }))?;
+        let reg = regions.get(name).ok_or_else(|| to_py(Rust::UnknownMemory { peer: self.name.clone(), name: name.to_owned() }))?;
         let d = PyDict::new(py);
         d.set_item("name", reg.name())?;
         d.set_item("nbytes", reg.len())?;
@@ -206,26 +242,28 @@ impl Agent {
     /// holds it (drop or re-prepare the requests that name it).
     fn deregister(&self, name: &str) -> PyResult<()> {
         let reg = self.regions.lock().map_err(|_| poisoned())?.remove(name);
-        self.inner.deregister(name).map_err(to_py)?;
+        self.agent()?.deregister(name).map_err(to_py)?;
         drop(reg);
         Ok(())
     }
 
     /// The agent's sealed metadata, for `load_remote` on its peers.
     fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        Ok(PyBytes::new(py, &self.inner.metadata().encode().map_err(|e| to_py(e.into()))?))
+        Ok(PyBytes::new(py, &self.agent()?.metadata().encode().map_err(|e| to_py(e.into()))?))
     }
 
     /// Loads a peer's metadata; returns its name.
     fn load_remote(&self, py: Python<'_>, md: &[u8]) -> PyResult<String> {
         let md = AgentMetadata::decode(md).map_err(|e| to_py(e.into()))?;
-        py.detach(|| self.inner.load_remote(&md).map(|p| p.name().to_owned())).map_err(to_py)
+        let agent = self.agent()?;
+        py.detach(|| agent.load_remote(&md).map(|p| p.name().to_owned())).map_err(to_py)
     }
 
     /// Publishes this agent's metadata in the rendezvous (again after
     /// registering more).
     fn publish(&self, py: Python<'_>, rendezvous: &Rendezvous) -> PyResult<()> {
-        py.detach(|| self.inner.publish(&rendezvous.inner)).map_err(to_py)
+        let agent = self.agent()?;
+        py.detach(|| agent.publish(&rendezvous.inner)).map_err(to_py)
     }
 
     /// Looks the agent `name` up in the rendezvous, waiting up to `timeout`
@@ -233,7 +271,8 @@ impl Agent {
     #[pyo3(signature = (name, rendezvous, timeout=30.0))]
     fn lookup(&self, py: Python<'_>, name: &str, rendezvous: &Rendezvous, timeout: f64) -> PyResult<String> {
         let t = seconds("timeout", timeout)?;
-        py.detach(|| self.inner.lookup(name, &rendezvous.inner, t).map(|p| p.name().to_owned())).map_err(to_py)
+        let agent = self.agent()?;
+        py.detach(|| agent.lookup(name, &rendezvous.inner, t).map(|p| p.name().to_owned())).map_err(to_py)
     }
 
     /// A request: `op` is "write" or "read"; each entry is `(local name,
@@ -250,14 +289,14 @@ impl Agent {
         let regions = this.regions.lock().map_err(|_| poisoned())?;
         let mut list = Vec::with_capacity(entries.len());
         for (local, loff, peer, remote, roff, len) in entries {
-            let reg = regions.get(&local).ok_or_else(|| to_py(Rust::UnknownMemory { peer: this.inner.name().to_owned(), name: local.clone() }))?;
+            let reg = regions.get(&local).ok_or_else(|| to_py(Rust::UnknownMemory { peer: this.name.clone(), name: local.clone() }))?;
             let l = reg.range(loff..loff.checked_add(len).ok_or_else(|| PyValueError::new_err("offset + length overflows"))?).map_err(range)?;
-            let rmem = this.inner.peer(&peer).map_err(to_py)?.memory(&remote).map_err(to_py)?;
+            let rmem = this.agent()?.peer(&peer).map_err(to_py)?.memory(&remote).map_err(to_py)?;
             let r = rmem.range(roff..roff.checked_add(len as u64).ok_or_else(|| PyValueError::new_err("offset + length overflows"))?).map_err(range)?;
             list.push((l, r));
         }
         drop(regions);
-        let req = this.inner.prepare(op, &list, notify.as_deref()).map_err(to_py)?;
+        let req = this.agent()?.prepare(op, &list, notify.as_deref()).map_err(to_py)?;
         Ok(Request { inner: req, agent: slf.clone().into_any().unbind() })
     }
 
@@ -271,22 +310,23 @@ impl Agent {
         let end = offset.checked_add(length).ok_or_else(|| PyValueError::new_err("offset + length overflows"))?;
         let local = {
             let regions = this.regions.lock().map_err(|_| poisoned())?;
-            let reg = regions.get(source).ok_or_else(|| to_py(Rust::UnknownMemory { peer: this.inner.name().to_owned(), name: source.to_owned() }))?;
+            let reg = regions.get(source).ok_or_else(|| to_py(Rust::UnknownMemory { peer: this.name.clone(), name: source.to_owned() }))?;
             reg.range(offset..end).map_err(range)?
         };
         let mut list = Vec::with_capacity(targets.len());
         for (peer, remote, roff) in targets {
-            let rmem = this.inner.peer(&peer).map_err(to_py)?.memory(&remote).map_err(to_py)?;
+            let rmem = this.agent()?.peer(&peer).map_err(to_py)?.memory(&remote).map_err(to_py)?;
             let rend = roff.checked_add(length as u64).ok_or_else(|| PyValueError::new_err("offset + length overflows"))?;
             list.push(rmem.range(roff..rend).map_err(range)?);
         }
-        let inner = this.inner.broadcast(&local, &list, &notify).map_err(to_py)?;
+        let inner = this.agent()?.broadcast(&local, &list, &notify).map_err(to_py)?;
         Ok(Broadcast { inner, agent: slf.clone().into_any().unbind() })
     }
 
     /// Notifications delivered so far, as `(peer, bytes)`.
     fn notifications<'py>(&self, py: Python<'py>) -> PyResult<Vec<(String, Bound<'py, PyBytes>)>> {
-        let got = py.detach(|| self.inner.notifications()).map_err(to_py)?;
+        let agent = self.agent()?;
+        let got = py.detach(|| agent.notifications()).map_err(to_py)?;
         Ok(got.into_iter().map(|n| (n.peer, PyBytes::new(py, &n.msg))).collect())
     }
 
@@ -294,31 +334,33 @@ impl Agent {
     #[pyo3(signature = (timeout=None))]
     fn wait_notification<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<(String, Bound<'py, PyBytes>)> {
         let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
-        let n = py.detach(|| self.inner.wait_notification(timeout)).map_err(to_py)?;
+        let agent = self.agent()?;
+        let n = py.detach(|| agent.wait_notification(timeout)).map_err(to_py)?;
         Ok((n.peer, PyBytes::new(py, &n.msg)))
     }
 
     /// The descriptor an event loop watches (readable: poll again).
     fn _event_fd(&self) -> PyResult<i32> {
-        Ok(self.inner.readiness().map_err(to_py)?.as_raw_fd())
+        Ok(self.agent()?.readiness().map_err(to_py)?.as_raw_fd())
     }
 
     /// Takes the events that made the descriptor readable.
     fn _clear_events(&self) -> PyResult<()> {
-        self.inner.readiness().map_err(to_py)?.clear().map_err(|e| to_py(e.into()))
+        self.agent()?.readiness().map_err(to_py)?.clear().map_err(|e| to_py(e.into()))
     }
 
     /// The next notification if one is here; `None` arms the descriptor.
     fn _poll_notification<'py>(&self, py: Python<'py>) -> PyResult<Option<(String, Bound<'py, PyBytes>)>> {
         // Reaping takes locks other threads hold while they post: without
         // the GIL, as every call that may wait on another thread.
-        let n = py.detach(|| self.inner.poll_notification()).map_err(to_py)?;
+        let agent = self.agent()?;
+        let n = py.detach(|| agent.poll_notification()).map_err(to_py)?;
         Ok(n.map(|n| (n.peer, PyBytes::new(py, &n.msg))))
     }
 
     /// What each NIC carried: `[{"device", "bytes", "posts", "qp_bytes"}]`.
     fn nic_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
-        self.inner
+        self.agent()?
             .nic_stats()
             .into_iter()
             .map(|s| {
@@ -335,12 +377,12 @@ impl Agent {
     /// What every request to the peer did (`posts`, `bytes`, `completed`,
     /// `failed`, `refused`, `connects`); `None` before one was prepared.
     fn peer_stats<'py>(&self, py: Python<'py>, peer: &str) -> PyResult<Option<Bound<'py, PyDict>>> {
-        self.inner.peer_stats(peer).map(|s| stats_dict(py, s)).transpose()
+        self.agent()?.peer_stats(peer).map(|s| stats_dict(py, s)).transpose()
     }
 
     /// Connections alive now (set up by either side).
-    fn connections(&self) -> usize {
-        self.inner.connections()
+    fn connections(&self) -> PyResult<usize> {
+        Ok(self.agent()?.connections())
     }
 
     /// What happened to peers since the last call: `(events, dropped)`,
@@ -349,7 +391,7 @@ impl Agent {
     /// with `peer`, `control` and `gid`: connections made under a peer's
     /// name from elsewhere than its metadata, retired when it was loaded).
     fn peer_events<'py>(&self, py: Python<'py>) -> PyResult<(Vec<Bound<'py, PyDict>>, u64)> {
-        let (events, dropped) = self.inner.peer_events();
+        let (events, dropped) = self.agent()?.peer_events();
         let events = events
             .into_iter()
             .map(|e| {
@@ -381,15 +423,15 @@ impl Agent {
     }
 
     /// Control requests refused so far (unproven, not as loaded, malformed).
-    fn refused_requests(&self) -> u64 {
-        self.inner.refused_requests()
+    fn refused_requests(&self) -> PyResult<u64> {
+        Ok(self.agent()?.refused_requests())
     }
 
     /// Broadcast messages this agent refused, by reason: a dict of
     /// `forged`, `unknown`, `not_owner`, `unpublished`, `unknown_peers`,
     /// `busy` and `malformed` counts (each also logged with the peer).
     fn broadcast_refusals<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let r = self.inner.broadcast_refusals();
+        let r = self.agent()?.broadcast_refusals();
         let d = PyDict::new(py);
         for (k, v) in [
             ("forged", r.forged),

@@ -443,3 +443,51 @@ def test_engine_errors_pickle_with_their_kind_and_message():
     for cls in (gpudirect.GpudirectError, gpudirect.DoctorError):
         e = cls("x")
         assert cls.__module__ == "gpudirect._native" and str(pickle.loads(pickle.dumps(e))) == "x"
+
+
+@needs_device
+def test_close_and_with_release_the_agent_and_later_calls_raise():
+    import socket
+    import weakref
+
+    a = agent("prefill")
+    with agent("decode") as b:
+        assert a.load_remote(b.metadata()) == "decode"
+        src, dst = np.full(4096, 7, dtype=np.uint8), np.zeros(4096, dtype=np.uint8)
+        a.register("src", src)
+        b.register("dst", dst)
+        a.load_remote(b.metadata())
+        req = a.prepare("write", [("src", 0, "decode", "dst", 0, 4096)], notify=b"before close")
+        port = b.control_addr
+        held = weakref.ref(dst)
+
+        async def waiting():
+            return await b.notification()
+
+        async def main():
+            task = asyncio.ensure_future(waiting())
+            await asyncio.sleep(0.05)
+            b.close()
+            with pytest.raises(gpudirect.EngineError, match="closed while awaited"):
+                await asyncio.wait_for(task, 5)
+
+        asyncio.run(main())
+    # Closed (twice: by close() and by the with block): every call raises,
+    # the control port no longer listens, the registered array is let go.
+    b.close()
+    assert b.name == "decode"
+    for call in (b.metadata, b.notifications, b.connections, lambda: b.register("x", bytearray(64))):
+        with pytest.raises(gpudirect.EngineError, match="is closed"):
+            call()
+    host, p = port.rsplit(":", 1)
+    with pytest.raises(OSError):
+        socket.create_connection((host, int(p)), timeout=2).close()
+    del dst
+    gc.collect()
+    assert held() is None, "a closed agent still holds a registered array"
+    # The request made before: it fails on its own (the peer's port is
+    # gone), it does not hang.
+    with pytest.raises(gpudirect.ControlError, match="refused"):
+        req.post()
+        req.wait(30)
+    a.close()

@@ -95,3 +95,58 @@ def test_register_gpu_without_cuda_is_a_typed_error_and_registers_nothing():
     agent.register("host", bytearray(1 << 20))
     info = agent.registration("host")
     assert info["nbytes"] == 1 << 20 and 0 < info["took"] < 10 and info["paths"] == [(DEVICE, "host memory")]
+
+
+class Tensor(CudaArray):
+    """A PyTorch tensor's shape: the array, and the storage it sits in,
+    which ``set_()`` swaps for another."""
+
+    def __init__(self):
+        super().__init__(index=0)
+        self.storage = type("UntypedStorage", (), {})()
+
+    def untyped_storage(self):
+        return self.storage
+
+    def set_(self, other):
+        self.storage = other.storage
+
+
+def test_a_registered_tensor_s_storage_is_held_not_only_the_tensor():
+    import weakref
+
+    t = Tensor()
+    first = weakref.ref(t.storage)
+    keep = _gpu.owner(t)
+    # set_() moves the tensor to other memory; the registered storage stays.
+    t.set_(Tensor())
+    del t
+    assert first() is not None, "the registered storage went with set_()"
+    del keep
+    assert first() is None
+    # Anything else is held as itself.
+    a = CudaArray()
+    assert _gpu.owner(a) is a
+
+
+@needs_device
+def test_host_registration_holds_a_tensor_s_storage():
+    import weakref
+
+    class HostTensor:
+        def __init__(self):
+            self.array = np.zeros(1 << 16, dtype=np.uint8)
+            self.__array_interface__ = self.array.__array_interface__
+            self.storage = type("UntypedStorage", (), {})()
+
+        def untyped_storage(self):
+            return self.storage
+
+    agent = gpudirect.Agent("storage-holder", devices=[DEVICE], listen="127.0.0.1:0")
+    t = HostTensor()
+    first = weakref.ref(t.storage)
+    agent.register("t", t)
+    t.storage = None
+    assert first() is not None, "the storage went while registered"
+    agent.deregister("t")
+    assert first() is None
