@@ -3,7 +3,8 @@
 //! exception class per kind in `errors.rs`); the judging is
 //! `gpudirect_tools`' (the same code as the `gpudirect` command), whose
 //! reports cross as JSON that `gpudirect/__init__.py` turns into dicts. The
-//! GIL is released around every post, wait and probe.
+//! GIL is released around every post, wait and probe. The library's log
+//! records reach Python's `logging` (`logs.rs`).
 
 use std::path::PathBuf;
 
@@ -17,6 +18,7 @@ use gpudirect_tools::nccl_log;
 
 mod engine;
 mod errors;
+mod logs;
 
 create_exception!(gpudirect._native, GpudirectError, PyException, "Base class of every error gpudirect raises.");
 create_exception!(
@@ -77,6 +79,7 @@ fn explain_nccl_log(py: Python<'_>, text: String) -> PyResult<Rendered> {
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    logs::install(m.py())?;
     m.add_function(wrap_pyfunction!(doctor, m)?)?;
     m.add_function(wrap_pyfunction!(explain_nccl_log, m)?)?;
     m.add("GpudirectError", m.py().get_type::<GpudirectError>())?;

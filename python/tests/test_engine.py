@@ -491,3 +491,19 @@ def test_close_and_with_release_the_agent_and_later_calls_raise():
         req.post()
         req.wait(30)
     a.close()
+
+
+@needs_device
+def test_the_engine_s_warnings_reach_python_logging(caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="gpudirect")
+    a = gpudirect.Agent("open-to-all", devices=[DEVICE], listen="0.0.0.0:0", insecure=True)
+    deadline = time.monotonic() + 10
+    want = "anyone who reaches it is believed"
+    while time.monotonic() < deadline and not any(want in r.getMessage() for r in caplog.records):
+        time.sleep(0.05)
+    got = [r for r in caplog.records if want in r.getMessage()]
+    assert got, [r.getMessage() for r in caplog.records]
+    assert got[0].levelno == logging.WARNING and got[0].name.startswith("gpudirect.engine")
+    a.close()
