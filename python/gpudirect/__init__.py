@@ -38,7 +38,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import ctypes
 
-from . import _aio, _gpu
+from . import _aio, _gpu, types
+from .types import GpuPolicy
 
 from . import _native
 from ._native import (
@@ -79,6 +80,7 @@ from ._native import (
 )
 
 __all__ = [
+    "types",
     "Agent",
     "Request",
     "Broadcast",
@@ -133,8 +135,13 @@ class Agent(_native.Agent):
     environment) naming a file of 32 random bytes. A network ``listen``
     address without a secret raises :class:`AuthError` naming that fix,
     unless ``insecure=True`` (anyone who reaches the port is then
-    believed). Errors are :class:`EngineError` subclasses, one per kind of
-    the Rust ``EngineError``, with its message.
+    believed). ``timeout`` (seconds) bounds a connection's setup;
+    ``qps_per_rail`` sets the queue pairs per pair of NICs (1 to 8);
+    ``max_connections`` the connections per NIC before the least recently
+    used idle one is closed (default 64). Errors are :class:`EngineError`
+    subclasses, one per kind of the Rust ``EngineError``, with its message.
+    Lengths and offsets are in bytes everywhere; :mod:`gpudirect.types`
+    names the literal strings and the dicts the calls take and return.
     """
 
     def register(self, name: str, buffer: Any) -> int:
@@ -167,7 +174,7 @@ class Agent(_native.Agent):
         export = (ctypes.c_char * view.nbytes).from_buffer(view)
         return self._register_raw(name, ctypes.addressof(export), view.nbytes, (export, _gpu.owner(buffer)))
 
-    def register_gpu(self, name: str, array: Any, *, policy: str = "require", gpu: Optional[int] = None) -> int:
+    def register_gpu(self, name: str, array: Any, *, policy: GpuPolicy = "require", gpu: Optional[int] = None) -> int:
         """Register a CUDA array (``__cuda_array_interface__`` or DLPack: a
         ``torch.Tensor`` on a GPU, CuPy, JAX) under ``name`` on the NICs
         nearest its GPU; returns its length in bytes.

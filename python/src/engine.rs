@@ -120,7 +120,7 @@ impl Agent {
 #[pymethods]
 impl Agent {
     #[new]
-    #[pyo3(signature = (name, *, devices=None, listen=None, secret_file=None, insecure=false, timeout=30.0, qps_per_rail=None))]
+    #[pyo3(signature = (name, *, devices=None, listen=None, secret_file=None, insecure=false, timeout=30.0, qps_per_rail=None, max_connections=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -131,9 +131,13 @@ impl Agent {
         insecure: bool,
         timeout: f64,
         qps_per_rail: Option<u8>,
+        max_connections: Option<usize>,
     ) -> PyResult<Agent> {
         let mut config = AgentConfig::named(name);
         config.qps_per_rail = qps_per_rail;
+        if let Some(n) = max_connections {
+            config.max_connections = n;
+        }
         if let Some(d) = devices {
             config.devices = d;
         }

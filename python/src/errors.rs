@@ -10,7 +10,7 @@ use gpudirect::engine::EngineError as Rust;
 
 use crate::GpudirectError;
 
-create_exception!(gpudirect._native, EngineError, GpudirectError, "A transfer-engine error; each kind has its subclass. The message is the Rust EngineError's.");
+create_exception!(gpudirect._native, EngineError, GpudirectError, "A transfer-engine error; each kind has its subclass. The message is the Rust EngineError's, in Python's spellings.");
 
 /// Declares each kind's exception and what `add` puts in the module.
 macro_rules! kinds {
@@ -56,9 +56,63 @@ kinds! {
     UnsupportedError: "Something the engine does not do yet; the message says what instead.",
 }
 
-/// The Python exception for a Rust engine error, with its message.
+/// Rust spellings the library's messages use, as a Python user writes
+/// them; the longest first where one begins another.
+const SPELLINGS: &[(&str, &str)] = &[
+    ("AgentConfig::secret", "Agent(secret_file=...)"),
+    ("AgentConfig::qps_per_rail", "Agent(qps_per_rail=...)"),
+    ("AgentConfig::listen", "Agent(listen=...)"),
+    ("AgentConfig::devices", "Agent(devices=...)"),
+    ("AgentConfig::timeout", "Agent(timeout=...)"),
+    ("AgentConfig::max_connections", "Agent(max_connections=...)"),
+    // Settings Python does not take yet: the Rust field, as an attribute.
+    ("AgentConfig::", "AgentConfig."),
+    ("RendezvousConfig::", "RendezvousConfig."),
+    ("RendezvousConfig::secret", "RendezvousServer(secret_file=...)"),
+    ("TcpRendezvous::with_secret", "Rendezvous(secret_file=...)"),
+    ("TransferRequest::post", "Request.post()"),
+    ("TransferRequest::wait", "Request.wait()"),
+    ("Agent::load_remote", "Agent.load_remote()"),
+    ("Agent::register_gpu", "Agent.register_gpu()"),
+    ("Agent::register", "Agent.register()"),
+    ("Agent::publish", "Agent.publish()"),
+    ("Agent::lookup", "Agent.lookup()"),
+    ("Agent::prepare", "Agent.prepare()"),
+    ("Agent::broadcast", "Agent.broadcast()"),
+    ("Agent::", "Agent."),
+    ("TransferRequest::", "Request."),
+    ("Broadcast::", "Broadcast."),
+];
+
+/// `msg` with the library's Rust spellings in Python's.
+pub fn spelled(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    'scan: while let Some(at) = rest.find("::") {
+        // The type name before the `::`.
+        let start = rest[..at].rfind(|c: char| !c.is_ascii_alphanumeric()).map_or(0, |i| i + 1);
+        for (rust, python) in SPELLINGS {
+            let tail = &rest[start..];
+            // A whole name: `Agent::register` must not take `Agent::register_gpu`.
+            let whole = tail.starts_with(rust) && (rust.ends_with("::") || !tail[rust.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_'));
+            if whole {
+                out.push_str(&rest[..start]);
+                out.push_str(python);
+                rest = &tail[rust.len()..];
+                continue 'scan;
+            }
+        }
+        out.push_str(&rest[..at + 2]);
+        rest = &rest[at + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The Python exception for a Rust engine error, with its message in
+/// Python's spellings.
 pub fn to_py(e: Rust) -> PyErr {
-    let msg = e.to_string();
+    let msg = spelled(&e.to_string());
     match e {
         Rust::Verbs(gpudirect::Error::GpuMemory(_)) => GpuMemoryError::new_err(msg),
         Rust::Verbs(gpudirect::Error::Cuda { .. } | gpudirect::Error::CudaUnavailable(_) | gpudirect::Error::GpuNotFound { .. }) => CudaError::new_err(msg),
@@ -136,5 +190,5 @@ pub fn _error_kinds() -> Vec<(String, PyErr)> {
         Rust::Config("c".into()),
         Rust::Unsupported("u"),
     ];
-    all.into_iter().map(|e| (e.to_string(), to_py(e))).collect()
+    all.into_iter().map(|e| (spelled(&e.to_string()), to_py(e))).collect()
 }

@@ -41,6 +41,10 @@ def test_each_engine_error_kind_is_its_own_exception_with_the_rust_message():
         assert str(exc) == message
         classes.add(type(exc))
     assert len(classes) == 27, "two kinds share an exception class"
+    # Messages speak Python: no Rust paths.
+    assert not [m for m, _ in kinds if "::" in m], [m for m, _ in kinds if "::" in m]
+    unknown = [m for m, e in kinds if isinstance(e, gpudirect.UnknownPeerError)][0]
+    assert "load its metadata first (Agent.load_remote())" in unknown, unknown
     for cls in classes:
         assert cls.__name__ in gpudirect.__all__ and getattr(gpudirect, cls.__name__) is cls
 
