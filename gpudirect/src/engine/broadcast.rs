@@ -539,14 +539,20 @@ impl Broadcast {
                 Some(l) => l.min(Duration::from_millis(5)),
                 None => Duration::from_millis(5),
             };
-            // Answers arrive as receives, the room to write more chunks
-            // as send completions: sleep on one queue of one NIC in turn.
+            // While the source has writes or messages out, their
+            // completions are what moves it on (room for the next chunks):
+            // it sleeps on its send queues, and answers that came
+            // meanwhile are taken at the next look, which every completion
+            // brings. With nothing out it waits for answers. Alternating
+            // blindly slept a whole slice on answers that were not coming
+            // while chunks waited for room (1 ms per 256-byte chunk).
             let core = &self.cast.core;
-            turn = (turn + 1) % (2 * core.pool.nics.len());
-            if turn % 2 == 0 {
-                core.progress_recv(turn / 2, Some(slice))?;
+            let out = self.cast.run.lock().as_ref().is_some_and(|r| !r.flights.is_empty());
+            turn = (turn + 1) % core.pool.nics.len();
+            if out {
+                core.progress_send(turn, Some(slice))?;
             } else {
-                core.progress_send(turn / 2, Some(slice))?;
+                core.progress_recv(turn, Some(slice))?;
             }
         }
     }

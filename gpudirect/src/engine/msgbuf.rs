@@ -5,12 +5,18 @@
 //! of thousands of chunks pinned a page per chunk before); larger ones in
 //! a region of their own.
 //!
-//! A slot goes back to its slab when its [`MsgBuf`] is dropped. The NIC may
-//! still be reading it then (a request dropped while in flight): the next
-//! message put there finds the bytes claimed by that posted send
-//! (`Error::Busy` from the copy) and takes a region of its own instead,
-//! so a message in flight is never overwritten.
+//! A slot goes back to its slab when its [`MsgBuf`] is dropped. Most go
+//! back clean: the request that sent it finished (its last completion
+//! came after the send's) or never went out, so nothing reads the slot,
+//! and the next message is copied in without a claim (whose look at every
+//! posted work request naming the slab cost more than the message). A
+//! request dropped while in flight, or after a failed post, marks its
+//! slot suspect: the NIC may still read it. A suspect slot is reused only
+//! through the checked copy, which finds the bytes claimed by that posted
+//! send (`Error::Busy`) while it is out; then the message takes a region
+//! of its own, so a message in flight is never overwritten.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::error::Result;
@@ -35,8 +41,10 @@ pub(crate) struct MsgPool {
 #[derive(Default)]
 struct Slabs {
     regions: Vec<MemoryRegion>,
-    /// Free slots, `slab * SLAB_SLOTS + index`.
+    /// Free slots nothing reads, `slab * SLAB_SLOTS + index`.
     free: Vec<u32>,
+    /// Free slots a send may still read (see the module's docs).
+    suspect: Vec<u32>,
 }
 
 /// A message in registered memory.
@@ -46,6 +54,8 @@ pub(crate) struct MsgBuf {
     len: usize,
     /// The pool and slot to give back, for a slot.
     slot: Option<(Arc<MsgPool>, u32)>,
+    /// A send may still read it when it is dropped.
+    suspect: AtomicBool,
 }
 
 impl MsgBuf {
@@ -53,12 +63,22 @@ impl MsgBuf {
     pub(crate) fn slice(&self) -> Result<LocalSlice<'_>> {
         self.region.slice(self.at..self.at + self.len)
     }
+
+    /// A send of it may still be out: its slot goes back suspect.
+    pub(crate) fn suspect(&self) {
+        self.suspect.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Drop for MsgBuf {
     fn drop(&mut self) {
         if let Some((pool, slot)) = self.slot.take() {
-            pool.slabs.lock().free.push(slot);
+            let mut slabs = pool.slabs.lock();
+            if self.suspect.load(Ordering::Relaxed) {
+                slabs.suspect.push(slot);
+            } else {
+                slabs.free.push(slot);
+            }
         }
     }
 }
@@ -67,24 +87,33 @@ impl MsgPool {
     /// `bytes` in registered memory of `pd` (this pool's NIC's).
     pub(crate) fn put(self: &Arc<Self>, pd: &ProtectionDomain, bytes: &[u8]) -> Result<MsgBuf> {
         if bytes.len() <= MSG_SLOT {
-            if let Some((region, slot)) = self.take(pd) {
+            if let Some((region, slot, clean)) = self.take(pd) {
                 let at = (slot as usize % SLAB_SLOTS) * MSG_SLOT;
-                let buf = MsgBuf { region, at, len: bytes.len(), slot: Some((self.clone(), slot)) };
+                let buf = MsgBuf { region, at, len: bytes.len(), slot: Some((self.clone(), slot)), suspect: AtomicBool::new(false) };
+                if clean {
+                    // SAFETY: a clean slot: the request whose message it
+                    // held finished or never posted it, and the slot is
+                    // this buffer's alone from `take` on.
+                    unsafe { buf.region.write_owned_at(at, bytes) }?;
+                    return Ok(buf);
+                }
                 // Busy: a send still reads the slot (its request was
-                // dropped in flight); it goes back, and this message
-                // takes a region of its own.
+                // dropped in flight); it goes back suspect, and this
+                // message takes a region of its own.
                 if buf.region.write_at(at, bytes).is_ok() {
                     return Ok(buf);
                 }
+                buf.suspect();
             }
         }
         let region = MemoryRegion::alloc(pd, bytes.len(), AccessFlags::LOCAL_WRITE)?;
         region.write_at(0, bytes)?;
-        Ok(MsgBuf { region, at: 0, len: bytes.len(), slot: None })
+        Ok(MsgBuf { region, at: 0, len: bytes.len(), slot: None, suspect: AtomicBool::new(false) })
     }
 
-    /// A free slot and its slab, growing by a slab when none is free.
-    fn take(&self, pd: &ProtectionDomain) -> Option<(MemoryRegion, u32)> {
+    /// A free slot, its slab and whether it is clean: a clean one first,
+    /// growing by a slab when none is free, a suspect one last.
+    fn take(&self, pd: &ProtectionDomain) -> Option<(MemoryRegion, u32, bool)> {
         let mut s = self.slabs.lock();
         if s.free.is_empty() && s.regions.len() < MAX_SLABS {
             match MemoryRegion::alloc(pd, SLAB_SLOTS * MSG_SLOT, AccessFlags::LOCAL_WRITE) {
@@ -97,7 +126,10 @@ impl MsgPool {
                 Err(e) => tracing::debug!("no slab for engine messages: {e}"),
             }
         }
-        let slot = s.free.pop()?;
-        Some((s.regions[slot as usize / SLAB_SLOTS].clone(), slot))
+        let (slot, clean) = match s.free.pop() {
+            Some(slot) => (slot, true),
+            None => (s.suspect.pop()?, false),
+        };
+        Some((s.regions[slot as usize / SLAB_SLOTS].clone(), slot, clean))
     }
 }

@@ -214,6 +214,18 @@ impl std::fmt::Debug for TransferRequest {
     }
 }
 
+impl Drop for TransferRequest {
+    /// A message a send may still read (the request is dropped in flight,
+    /// or its post failed part way) must not be reused as clean.
+    fn drop(&mut self) {
+        if let Some(n) = &self.notify {
+            if !matches!(&*self.state.phase.lock(), super::core::Phase::Idle | super::core::Phase::Done) {
+                n.buf.suspect();
+            }
+        }
+    }
+}
+
 impl TransferRequest {
     pub(crate) fn new(
         core: Arc<Core>,

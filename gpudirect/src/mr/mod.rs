@@ -546,6 +546,55 @@ impl MemoryRegion {
         Ok(())
     }
 
+    /// [`read_at`](Self::read_at) of host memory without the claim: for a
+    /// caller that owns the range by its own bookkeeping (the engine's
+    /// receive slots, read once their receive completed and before they
+    /// are posted again), where the claim's look at every posted work
+    /// request naming the region cost more than the message it guards.
+    ///
+    /// # Safety
+    /// No work request posted on the range may be outstanding (a receive
+    /// or RDMA read into it completed and was reaped), and no other thread
+    /// may write the range until this returns.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`]; [`Error::InvalidArgument`] for GPU memory.
+    pub(crate) unsafe fn read_owned_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len())?;
+        if self.inner.gpu.is_some() {
+            return Err(Error::InvalidArgument("read_owned_at reads host memory only".into()));
+        }
+        // Order the copy after the completion that announced the data.
+        fence(Ordering::Acquire);
+        // SAFETY: in bounds (checked), host memory; the caller guarantees
+        // that neither the NIC nor another thread writes the range now.
+        unsafe { std::ptr::copy_nonoverlapping(self.inner.addr.add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// [`write_at`](Self::write_at) of host memory without the claim, for
+    /// a caller that owns the range by its own bookkeeping (the engine's
+    /// message slots, written when no send of them is out).
+    ///
+    /// # Safety
+    /// No work request posted on the range may be outstanding, and no
+    /// other thread may read or write the range until this returns.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`]; [`Error::InvalidArgument`] for GPU memory.
+    pub(crate) unsafe fn write_owned_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len())?;
+        if self.inner.gpu.is_some() {
+            return Err(Error::InvalidArgument("write_owned_at writes host memory only".into()));
+        }
+        // SAFETY: in bounds (checked), host memory; the caller guarantees
+        // that neither the NIC nor another thread touches the range now.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.inner.addr.add(offset), src.len()) };
+        // Make the bytes visible before a later post rings the doorbell.
+        fence(Ordering::Release);
+        Ok(())
+    }
+
     /// Copies the whole region into a new vector.
     ///
     /// # Errors
