@@ -65,7 +65,9 @@ impl Reaper {
         let flag = stop.clone();
         let handle = std::thread::spawn(move || {
             let mut got = Vec::new();
-            while !flag.load(Ordering::Relaxed) {
+            // Read-modify-writes, which helgrind and drd see, where a
+            // plain load and store would be reported as a race.
+            while !flag.fetch_or(false, Ordering::Relaxed) {
                 match a.wait_notification(Some(Duration::from_millis(50))) {
                     Ok(n) => got.push(n),
                     Err(EngineError::Timeout(_)) => {}
@@ -78,7 +80,7 @@ impl Reaper {
     }
 
     fn finish(self) -> Vec<Notification> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.swap(true, Ordering::Relaxed);
         self.handle.join().unwrap()
     }
 }
@@ -176,19 +178,22 @@ fn a_member_holding_the_secret_gets_nothing_it_was_not_given_and_a_real_broadcas
 #[test]
 #[ignore = "needs an RDMA device"]
 fn hundreds_of_broadcasts_in_flight_to_four_receivers_all_settle() {
-    const CASTS: usize = 256;
+    // Under helgrind and drd (testbed/sanitize --threads) fewer, still
+    // twice what once broke.
+    let quick = std::env::var_os("GPUDIRECT_SOUNDNESS_QUICK").is_some();
+    let casts_n: usize = if quick { 32 } else { 256 };
     const LEN: usize = 8 << 10;
     let source = agent("trainer", 4 << 10);
     let receivers: Vec<_> = (0..4).map(|i| agent(&format!("infer-{i}"), 4 << 10)).collect();
-    let params = source.alloc("params", CASTS * LEN).unwrap();
-    let data = testkit::pattern(CASTS * LEN, 7);
+    let params = source.alloc("params", casts_n * LEN).unwrap();
+    let data = testkit::pattern(casts_n * LEN, 7);
     params.write_at(0, &data).unwrap();
-    let weights: Vec<_> = receivers.iter().map(|r| r.alloc("w", CASTS * LEN).unwrap()).collect();
+    let weights: Vec<_> = receivers.iter().map(|r| r.alloc("w", casts_n * LEN).unwrap()).collect();
     let mut all: Vec<&Arc<Agent>> = receivers.iter().collect();
     all.push(&source);
     mesh(&all);
     let reapers: Vec<Reaper> = receivers.iter().map(Reaper::new).collect();
-    let casts: Vec<_> = (0..CASTS)
+    let casts: Vec<_> = (0..casts_n)
         .map(|c| {
             let at = (c * LEN) as u64..((c + 1) * LEN) as u64;
             let targets: Vec<_> = receivers.iter().map(|r| source.peer(r.name()).unwrap().memory("w").unwrap().range(at.clone()).unwrap()).collect();
@@ -203,19 +208,19 @@ fn hundreds_of_broadcasts_in_flight_to_four_receivers_all_settle() {
     for (i, c) in casts.iter().enumerate() {
         match c.wait(T) {
             Ok(()) => settled += 1,
-            Err(e) => panic!("broadcast {i}: {e} (settled {settled} of {CASTS}): {:?}", c.receivers()),
+            Err(e) => panic!("broadcast {i}: {e} (settled {settled} of {casts_n}): {:?}", c.receivers()),
         }
     }
-    println!("{CASTS} broadcasts in flight to 4 receivers: all settled in {:?}", t0.elapsed());
+    println!("{casts_n} broadcasts in flight to 4 receivers: all settled in {:?}", t0.elapsed());
     for (i, w) in weights.iter().enumerate() {
-        let mut got = vec![0; CASTS * LEN];
+        let mut got = vec![0; casts_n * LEN];
         w.read_at(0, &mut got).unwrap();
         assert!(got == data, "infer-{i}'s copies differ");
     }
     for (i, r) in reapers.into_iter().enumerate() {
         let mut seen: Vec<_> = r.finish().into_iter().map(|n| String::from_utf8(n.msg).unwrap()).collect();
         seen.sort();
-        let mut want: Vec<_> = (0..CASTS).map(|c| format!("tensor {c}")).collect();
+        let mut want: Vec<_> = (0..casts_n).map(|c| format!("tensor {c}")).collect();
         want.sort();
         assert_eq!(seen, want, "infer-{i}: one notification per broadcast");
     }
