@@ -7,7 +7,9 @@
 //! default, more with `RUST_LOG=info` or `RUST_LOG=debug`.
 //!
 //! Exit status: `doctor` 0 when GPUDirect RDMA is available, 1 when not,
-//! 2 when the tool itself could not run; `nccl-log` 0 when the log shows
+//! 3 when a variable that decides it is left to the running job (a job
+//! file's `${X:-...}`, `$(cmd)`, a branch), 2 when the tool itself could
+//! not run; `nccl-log` 0 when the log shows
 //! GPUDirect RDMA used, 1 when not or only partly, 3 when the log cannot
 //! tell, 2 when the log could not be read; `bw` and `lat` 0 on success, 1
 //! on any error; `rendezvous` runs until stopped, 2 when it cannot start.
@@ -182,7 +184,7 @@ fn main() -> ExitCode {
             if plan && !json {
                 let _ = std::io::stdout().lock().write_all(doctor::plan::Shown(&report.plan).to_string().as_bytes());
             }
-            ExitCode::from(if report.verdict.available { 0 } else { 1 })
+            ExitCode::from(report.exit_status())
         }
         Command::Rendezvous { listen, secret_file, insecure, lease, max_mib } => rendezvous(&listen, secret_file, insecure, lease, max_mib),
         Command::Bw(a) => {

@@ -24,13 +24,50 @@ fn finding<'a>(report: &'a serde_json::Value, check: &str) -> &'a serde_json::Va
 #[test]
 fn a_job_script_is_judged_without_running_it() {
     let script = std::env::temp_dir().join(format!("gpudirect-job-{}.sh", std::process::id()));
-    std::fs::write(&script, "#!/bin/sh\nexport NCCL_IB_DISABLE=1\nNCCL_NET_GDR_LEVEL='LOC'\npython train.py\n").unwrap();
+    std::fs::write(&script, "#!/bin/sh\nexport NCCL_IB_DISABLE=1\nexport NCCL_NET_GDR_LEVEL='LOC'  # off\nNCCL_IB_HCA=mlx5_9\npython train.py\n").unwrap();
     let r = doctor_json(&["--env-file", script.to_str().unwrap()]);
     let f = finding(&r, "env.nccl_ib_disable");
     assert_eq!(f["status"], "fail");
-    assert!(f["evidence"][0].as_str().unwrap().starts_with(&format!("set by {}", script.display())), "{f:#}");
+    assert_eq!(f["evidence"][0].as_str().unwrap(), format!("set by {} line 2 (export): NCCL_IB_DISABLE=\"1\"", script.display()), "{f:#}");
     assert_eq!(finding(&r, "env.nccl_net_gdr_level")["status"], "fail");
+    // Not exported: python does not see it; the sources say so.
+    assert!(r["findings"].as_array().unwrap().iter().all(|f| f["check"] != "env.nccl_ib_hca"), "{r:#}");
+    let sources = finding(&r, "env.sources")["evidence"].to_string();
+    assert!(sources.contains("line 4 (NAME=value): NCCL_IB_HCA is not exported"), "{sources}");
     std::fs::remove_file(&script).unwrap();
+}
+
+/// A value only the running job settles is never judged as its text: on a
+/// capture where GPUDirect RDMA is available, `${NCCL_IB_HCA:-...}` leaves
+/// the verdict open (exit 3), and the finding says what would settle it.
+#[test]
+fn a_value_the_job_file_cannot_settle_leaves_the_verdict_open() {
+    let dir = std::env::temp_dir().join(format!("gpudirect-unsettled-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let capture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/captures/dgx-pix.json");
+    let run = |text: &str| {
+        let job = dir.join("job.yaml");
+        std::fs::write(&job, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_gpudirect"))
+            .args(["doctor", "--json", "--from", capture, "--env-file", job.to_str().unwrap()])
+            .env_remove("NCCL_IB_HCA")
+            .output()
+            .unwrap();
+        (out.status.code(), serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap())
+    };
+    let (code, r) = run("env:\n- name: NCCL_IB_HCA\n  valueFrom:\n    configMapKeyRef: {name: nics, key: hca}\n- name: NCCL_DEBUG\n  value: INFO\n");
+    assert_eq!(code, Some(3), "{r:#}");
+    assert_eq!(r["verdict"]["available"], false);
+    assert_eq!(r["verdict"]["unsettled"], serde_json::json!(["NCCL_IB_HCA"]));
+    let line = r["verdict"]["line"].as_str().unwrap();
+    assert!(line.starts_with("GPUDirect RDMA: cannot tell:") && line.contains("valueFrom"), "{line}");
+    let f = finding(&r, "env.nccl_ib_hca");
+    assert_eq!(f["status"], "skipped");
+    assert!(f["evidence"].to_string().contains("--pid PID"), "{f:#}");
+    // A variable that does not decide it leaves the verdict as it is.
+    let (code, r) = run("env:\n- name: NCCL_DEBUG\n  valueFrom: {fieldRef: {fieldPath: x}}\n- name: NCCL_IB_HCA\n  value: mlx5\n");
+    assert_eq!((code, r["verdict"]["available"].as_bool()), (Some(0), Some(true)), "{r:#}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

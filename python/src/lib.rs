@@ -35,7 +35,7 @@ type Rendered = (String, String, u8);
 fn render(report: &Report, verbose: bool) -> PyResult<Rendered> {
     let json = serde_json::to_string(report).map_err(|e| GpudirectError::new_err(e.to_string()))?;
     let text = if verbose { report.to_string() } else { Brief(report).to_string() };
-    Ok((json, text, u8::from(!report.verdict.available)))
+    Ok((json, text, report.exit_status()))
 }
 
 /// Judges this machine (or a capture) for the job's environment; see

@@ -29,6 +29,24 @@ pub struct JobEnv {
     /// judged on.
     #[serde(default)]
     pub conf_files: Vec<ConfFile>,
+    /// Variables a job file sets to values only the running job settles
+    /// (`${X:-...}`, `$(cmd)`, a branch): not in `vars`, never judged as
+    /// their text.
+    #[serde(default)]
+    pub unsettled: Vec<Unsettled>,
+}
+
+/// A variable whose value the job file cannot settle.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Unsettled {
+    /// The variable.
+    pub name: String,
+    /// Its value as written.
+    pub text: String,
+    /// Why the file cannot settle it.
+    pub why: String,
+    /// Where it is set (`job.sh line 4 (export)`).
+    pub origin: String,
 }
 
 /// One NCCL configuration file as read.
@@ -54,29 +72,51 @@ pub fn judged(name: &str) -> bool {
     name.starts_with("NCCL_") || name.starts_with("UCX_")
 }
 
-/// `KEY=VALUE` lines of an env file or a job script: blank lines and
-/// `#` comments skipped, a leading `export ` dropped, one pair of
-/// matching quotes around the value removed (no expansion: `$X` stays as
-/// written). Lines that assign nothing (commands, functions) are skipped.
-pub fn parse_env_file(text: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let line = line.trim();
-        let line = line.strip_prefix("export ").map_or(line, str::trim_start);
-        if line.is_empty() || line.starts_with('#') {
+/// The job's variables as a job file sets them ([`super::jobfile`]): the
+/// `NCCL_*` and `UCX_*` names, each with its line and form; those the file
+/// unsets are left out, those it cannot settle are [`JobEnv::unsettled`],
+/// and plain assignments a script does not export are noted, not taken
+/// (its commands do not see them).
+pub fn from_job_file(file: &super::jobfile::JobFile, shown: &str) -> JobEnv {
+    let mut env = JobEnv::default();
+    for a in file.assignments.iter().filter(|a| judged(&a.name)) {
+        let origin = format!("{shown} line {} ({})", a.line, a.form.shown());
+        env.vars.retain(|(n, _)| *n != a.name);
+        env.unsettled.retain(|u| u.name != a.name);
+        if !a.reaches_the_job(file) {
+            let why = match a.form {
+                super::jobfile::Form::DockerArg => "a build argument, not in the container's environment",
+                _ => "not exported, so the script's commands do not see it (export it)",
+            };
+            env.notes.push(format!("{origin}: {} is {why}", a.name));
             continue;
         }
-        let Some((name, value)) = line.split_once('=') else { continue };
-        let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
-            continue;
+        match &a.value {
+            None => env.notes.push(format!("{origin}: {} is unset", a.name)),
+            Some(super::jobfile::Value::Known(v)) => {
+                env.origins.push((a.name.clone(), origin));
+                env.vars.push((a.name.clone(), v.clone()));
+            }
+            Some(super::jobfile::Value::Unknown { text, why }) => {
+                env.unsettled.push(Unsettled { name: a.name.clone(), text: text.clone(), why: why.clone(), origin });
+            }
         }
-        let value = value.trim_end();
-        let unquoted = ['"', '\''].iter().find_map(|q| value.strip_prefix(*q).and_then(|v| v.strip_suffix(*q))).unwrap_or(value);
-        out.push((name.to_owned(), unquoted.to_owned()));
     }
-    out
+    let (taken, unsettled) = (env.vars.len(), env.unsettled.len());
+    env.notes.insert(0, format!("{shown}: {taken} NCCL_/UCX_ variable(s) settled, {unsettled} left to the running job"));
+    env.notes.extend(file.notes.iter().map(|n| format!("{shown}: {n}")));
+    env
+}
+
+/// The variables of a process (or this one) as they are, each from
+/// `origin`.
+pub fn from_process(vars: Vec<(String, String)>, origin: &str) -> JobEnv {
+    let mut env = JobEnv::default();
+    for (n, v) in vars.into_iter().filter(|(n, _)| judged(n)) {
+        env.origins.push((n.clone(), origin.to_owned()));
+        env.vars.push((n, v));
+    }
+    env
 }
 
 /// The variables of `/proc/PID/environ` (NUL-separated `NAME=VALUE`).
@@ -120,10 +160,10 @@ pub fn from_nccl_log(settings: &[crate::nccl_log::EnvSetting], shown: &str) -> J
 /// `home` unless `NCCL_CONF_FILE` names one, then `/etc/nccl.conf`. Each is
 /// read inside `root` (links resolved there), only when it is a regular
 /// file, and up to [`SCRIPT_LIMIT`].
-pub fn resolve(process: Vec<(String, String)>, process_origin: &str, root: &SysRoot, home: Option<&Path>) -> JobEnv {
-    let (files, notes) = read_conf_files(&process, root, home);
-    let mut env = layer(process, process_origin, files);
-    env.notes.splice(0..0, notes);
+pub fn resolve(process: JobEnv, root: &SysRoot, home: Option<&Path>) -> JobEnv {
+    let (files, notes) = read_conf_files(&process.vars, root, home);
+    let mut env = layer(process, files);
+    env.notes.extend(notes);
     env
 }
 
@@ -131,15 +171,15 @@ pub fn resolve(process: Vec<(String, String)>, process_origin: &str, root: &SysR
 /// (`captured`), as they were read on the captured machine: nothing is
 /// read here. A `NCCL_CONF_FILE` in `process` that names a file the
 /// capture does not hold is noted, not looked for.
-pub fn over_captured_files(process: Vec<(String, String)>, process_origin: &str, captured: &[ConfFile]) -> JobEnv {
-    let named = process.iter().rev().find(|(n, _)| n == "NCCL_CONF_FILE").map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
+pub fn over_captured_files(process: JobEnv, captured: &[ConfFile]) -> JobEnv {
+    let named = process.vars.iter().rev().find(|(n, _)| n == "NCCL_CONF_FILE").map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
     let mut note = None;
     if let Some(f) = &named {
         if !captured.iter().any(|c| c.path == *f) {
             note = Some(format!("NCCL_CONF_FILE={f}: that file is not in the capture (it holds {}); judged without it", held(captured)));
         }
     }
-    let mut env = layer(process, process_origin, captured.to_vec());
+    let mut env = layer(process, captured.to_vec());
     env.notes.extend(note);
     env
 }
@@ -199,18 +239,17 @@ fn read_conf_files(process: &[(String, String)], root: &SysRoot, home: Option<&P
 
 /// `process` (a later name winning) with each configuration file's
 /// assignments below it, in order: a name is set only if not set yet.
-fn layer(process: Vec<(String, String)>, process_origin: &str, files: Vec<ConfFile>) -> JobEnv {
-    let mut env = JobEnv::default();
-    for (n, v) in process {
-        env.origins.push((n.clone(), process_origin.to_owned()));
-        env.vars.push((n, v));
-    }
+fn layer(mut env: JobEnv, files: Vec<ConfFile>) -> JobEnv {
     for file in &files {
         let shown = &file.path;
         let mut took = 0;
         for (n, v) in &file.vars {
             if env.vars.iter().any(|(k, _)| k == n) {
                 env.notes.push(format!("{shown}: {n}={v} is not used: {n} is already set by {}", env.origin(n)));
+                continue;
+            }
+            if let Some(u) = env.unsettled.iter().find(|u| u.name == *n) {
+                env.notes.push(format!("{shown}: {n}={v} is used only if the job leaves {n} unset ({} sets it to a value only the running job settles)", u.origin));
                 continue;
             }
             if n.trim() != n {
@@ -232,16 +271,17 @@ mod tests {
 
     #[test]
     fn env_files_and_scripts_are_read_without_running_them() {
-        let script = "#!/bin/bash\n# job\nexport NCCL_IB_DISABLE=1\nNCCL_NET_GDR_LEVEL='LOC'\n  export NCCL_IB_HCA=\"=mlx5_1:1\"\npython train.py --lr=3\nNCCL_SOCKET_IFNAME=$IFACE\n";
+        let script = "# job\nexport NCCL_IB_DISABLE=1\nNCCL_NET_GDR_LEVEL='LOC'\n  export NCCL_IB_HCA=\"=mlx5_1:1\"\npython train.py --lr=3\nexport NCCL_SOCKET_IFNAME=$IFACE\nPATH=/x\n";
+        let e = from_job_file(&crate::doctor::jobfile::read(script), "job.sh");
         assert_eq!(
-            parse_env_file(script),
-            vec![
-                ("NCCL_IB_DISABLE".into(), "1".into()),
-                ("NCCL_NET_GDR_LEVEL".into(), "LOC".into()),
-                ("NCCL_IB_HCA".into(), "=mlx5_1:1".into()),
-                ("NCCL_SOCKET_IFNAME".into(), "$IFACE".into()),
-            ]
+            e.vars,
+            vec![("NCCL_IB_DISABLE".into(), "1".into()), ("NCCL_NET_GDR_LEVEL".into(), "LOC".into()), ("NCCL_IB_HCA".into(), "=mlx5_1:1".into())]
         );
+        assert_eq!(e.origin("NCCL_IB_HCA"), "job.sh line 4 (export)");
+        assert_eq!((e.unsettled.len(), e.unsettled[0].name.as_str(), e.unsettled[0].text.as_str()), (1, "NCCL_SOCKET_IFNAME", "$IFACE"));
+        assert_eq!(e.unsettled[0].origin, "job.sh line 6 (export)");
+        let run = from_job_file(&crate::doctor::jobfile::read("#!/bin/bash\nNCCL_IB_HCA=mlx5_0\npython x.py\n"), "run.sh");
+        assert!(run.vars.is_empty() && run.notes.iter().any(|n| n.contains("not exported")), "{run:?}");
         assert_eq!(parse_environ(b"A=1\0NCCL_NET=Socket\0junk\0=x\0"), vec![("A".into(), "1".into()), ("NCCL_NET".into(), "Socket".into())]);
     }
 
@@ -260,7 +300,7 @@ mod tests {
         std::fs::create_dir_all(root.join("home/u")).unwrap();
         std::fs::write(root.join("etc/nccl.conf"), "NCCL_IB_DISABLE=1\nNCCL_DEBUG=WARN\n#NCCL_NET=Socket\n").unwrap();
         std::fs::write(root.join("home/u/.nccl.conf"), "NCCL_DEBUG=INFO\nNCCL_IB_HCA = mlx5_0\n").unwrap();
-        let e = resolve(vec![("NCCL_NET_GDR_LEVEL".into(), "PIX".into())], "the environment", &SysRoot::at(&root), Some(Path::new("/home/u")));
+        let e = resolve(from_process(vec![("NCCL_NET_GDR_LEVEL".into(), "PIX".into())], "the environment"), &SysRoot::at(&root), Some(Path::new("/home/u")));
         let get = |n: &str| e.vars.iter().rev().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
         assert_eq!((get("NCCL_IB_DISABLE"), get("NCCL_DEBUG"), get("NCCL_NET")), (Some("1"), Some("INFO"), None), "the user's file wins over /etc's");
         assert_eq!(e.origin("NCCL_IB_DISABLE"), "/etc/nccl.conf");
@@ -270,7 +310,7 @@ mod tests {
         assert!(e.notes.iter().any(|n| n.contains("spaces around its name")), "{:?}", e.notes);
         // The environment wins over both; NCCL_CONF_FILE replaces ~/.nccl.conf.
         std::fs::write(root.join("job.conf"), "NCCL_NET=Socket\n").unwrap();
-        let e = resolve(vec![("NCCL_IB_DISABLE".into(), "0".into()), ("NCCL_CONF_FILE".into(), "/job.conf".into())], "process 7", &SysRoot::at(&root), Some(Path::new("/home/u")));
+        let e = resolve(from_process(vec![("NCCL_IB_DISABLE".into(), "0".into()), ("NCCL_CONF_FILE".into(), "/job.conf".into())], "process 7"), &SysRoot::at(&root), Some(Path::new("/home/u")));
         let get = |n: &str| e.vars.iter().rev().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
         assert_eq!((get("NCCL_IB_DISABLE"), get("NCCL_NET"), get("NCCL_DEBUG")), (Some("0"), Some("Socket"), Some("WARN")));
         assert_eq!(e.origin("NCCL_IB_DISABLE"), "process 7");

@@ -96,6 +96,7 @@ pub mod env;
 pub mod input;
 pub mod iommu;
 pub mod jobenv;
+pub mod jobfile;
 pub mod pci;
 pub mod plan;
 pub mod pod;

@@ -52,6 +52,23 @@ pub struct Verdict {
     pub nic: Option<String>,
     /// The PCIe relation of the best pair (`PIX`, `PXB`, `PHB`, `NODE`, `SYS`).
     pub topology: Option<String>,
+    /// Variables that decide NCCL's use of GPUDirect RDMA but that the job
+    /// file leaves to the running job: when not empty, the machine allows
+    /// it and what the file settles lets NCCL use it, but the verdict is
+    /// open (`available` is false, the exit status 3).
+    pub unsettled: Vec<String>,
+}
+
+impl Report {
+    /// The doctor's exit status: 0 available, 1 not, 3 left open by
+    /// variables only the running job settles.
+    pub fn exit_status(&self) -> u8 {
+        match (self.verdict.available, self.verdict.unsettled.is_empty()) {
+            (true, _) => 0,
+            (false, false) => 3,
+            (false, true) => 1,
+        }
+    }
 }
 
 /// What to look at.
@@ -146,7 +163,23 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
             .collect();
     }
     findings.extend(nic_per_gpu(&candidates, &m.job.vars));
-    let verdict = decide(&candidates, &rdma, &gpus, &m.job.vars);
+    let mut verdict = decide(&candidates, &rdma, &gpus, &m.job.vars);
+    let open = env::unsettled_deciding(&m.job);
+    if verdict.available && !open.is_empty() {
+        // What the file settles lets NCCL use it; what it leaves open may not.
+        let names: Vec<String> = open.iter().map(|u| u.name.clone()).collect();
+        let first = open[0];
+        verdict.line = format!(
+            "GPUDirect RDMA: cannot tell: {}, but the job file leaves {} to the running job ({}: `{}`, {})",
+            verdict.line.trim_start_matches("GPUDirect RDMA: ").replacen("available", "the hardware and the settled variables allow it", 1),
+            names.join(", "),
+            first.origin,
+            first.text,
+            first.why
+        );
+        verdict.available = false;
+        verdict.unsettled = names;
+    }
     let start = candidates.iter().find(|c| verdict.gpu.as_deref() == Some(c.gpu.label.as_str()) && verdict.nic.as_deref() == Some(c.nic.as_str()));
     let start = start.map(|c| super::plan::Start { ordinal: c.gpu.ordinal, bdf: c.gpu.pci_bus_id.as_deref(), nic: &c.nic });
     let ordinal_of = |e: &super::bandwidth::Estimate| {
@@ -220,6 +253,7 @@ fn decide(
         gpu: None,
         nic: None,
         topology: None,
+        unsettled: Vec::new(),
     };
     match (rdma, gpus) {
         (Err(e), _) => return not(format!("no RDMA device can be used ({e})")),
@@ -261,6 +295,7 @@ fn decide(
             gpu: Some(c.gpu.label.clone()),
             nic: Some(c.nic.clone()),
             topology: c.level.map(|l| l.to_string()),
+            unsettled: Vec::new(),
         };
     }
     // The machine allows it, the environment stops NCCL from using it.
@@ -279,6 +314,7 @@ fn decide(
             gpu: Some(c.gpu.label.clone()),
             nic: Some(c.nic.clone()),
             topology: c.level.map(|l| l.to_string()),
+            unsettled: Vec::new(),
         };
     }
     // Not available: name the first reason of the closest pair.
@@ -299,6 +335,7 @@ fn decide(
         gpu: Some(c.gpu.label.clone()),
         nic: Some(c.nic.clone()),
         topology: c.level.map(|l| l.to_string()),
+        unsettled: Vec::new(),
     }
 }
 

@@ -60,10 +60,7 @@ pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
             (Some(log), _) => job_from_log(log)?,
             // The capture's own configuration files, never this machine's
             // nor a path the capture's tree leads to.
-            (None, Some(f)) => {
-                let vars: Vec<(String, String)> = env_file_vars(f)?.into_iter().filter(|(k, _)| jobenv::judged(k)).collect();
-                jobenv::over_captured_files(vars, &f.display().to_string(), &c.env.conf_files)
-            }
+            (None, Some(f)) => jobenv::over_captured_files(read_env_file(f)?.0, &c.env.conf_files),
             (None, None) if s.shell_over_capture => over_capture(c.env.clone(), std::env::vars()),
             (None, None) => c.env.clone(),
         };
@@ -129,23 +126,37 @@ fn over_capture(mut env: JobEnv, own: impl Iterator<Item = (String, String)>) ->
 /// file, of process `pid`, or of this process, then NCCL's configuration
 /// files (under `root`).
 fn job_env(root: &std::path::Path, env_file: Option<&std::path::Path>, pid: Option<u32>) -> Result<JobEnv, String> {
-    let (vars, origin) = match (env_file, pid) {
-        (Some(f), _) => (env_file_vars(f)?, f.display().to_string()),
+    let (process, home) = match (env_file, pid) {
+        (Some(f), _) => read_env_file(f)?,
         (None, Some(pid)) => {
             let path = root.join(format!("proc/{pid}/environ"));
             let bytes = input::read_bounded(&path, "environment of the process", input::SCRIPT_LIMIT)
                 .map_err(|e| format!("{e}: is process {pid} running, and yours (or are you root)?"))?;
-            (jobenv::parse_environ(&bytes), format!("process {pid}"))
+            let vars = jobenv::parse_environ(&bytes);
+            let home = home_of(&vars);
+            (jobenv::from_process(vars, &format!("process {pid}")), home)
         }
-        (None, None) => (std::env::vars().collect(), "the environment".to_owned()),
+        (None, None) => {
+            let vars: Vec<(String, String)> = std::env::vars().collect();
+            let home = home_of(&vars);
+            (jobenv::from_process(vars, "the environment"), home)
+        }
     };
-    let home = vars.iter().rev().find(|(k, _)| k == "HOME").map(|(_, v)| PathBuf::from(v)).or_else(|| std::env::var_os("HOME").map(PathBuf::from));
-    let judged: Vec<(String, String)> = vars.into_iter().filter(|(k, _)| jobenv::judged(k)).collect();
-    Ok(jobenv::resolve(judged, &origin, &SysRoot::at(root), home.as_deref()))
+    let home = home.or_else(|| std::env::var_os("HOME").map(PathBuf::from));
+    Ok(jobenv::resolve(process, &SysRoot::at(root), home.as_deref()))
 }
 
-/// The assignments of an env file or job script.
-fn env_file_vars(f: &std::path::Path) -> Result<Vec<(String, String)>, String> {
+fn home_of(vars: &[(String, String)]) -> Option<PathBuf> {
+    vars.iter().rev().find(|(k, _)| k == "HOME").map(|(_, v)| PathBuf::from(v))
+}
+
+/// What an env file or job script sets, and the `HOME` it settles.
+fn read_env_file(f: &std::path::Path) -> Result<(JobEnv, Option<PathBuf>), String> {
     let text = input::read_text(f, "env file", input::SCRIPT_LIMIT).map_err(|e| e.to_string())?;
-    Ok(jobenv::parse_env_file(&text))
+    let file = super::jobfile::read(&text);
+    let home = match file.last("HOME").and_then(|a| a.value.clone()) {
+        Some(super::jobfile::Value::Known(h)) => Some(PathBuf::from(h)),
+        _ => None,
+    };
+    Ok((jobenv::from_job_file(&file, &f.display().to_string()), home))
 }

@@ -236,7 +236,8 @@ pub fn check(job: &JobEnv) -> Vec<Finding> {
         }
         sources.push(f);
     }
-    if set.is_empty() {
+    let unsettled: Vec<Finding> = job.unsettled.iter().filter(|u| super::jobenv::judged(&u.name)).map(unsettled_finding).collect();
+    if set.is_empty() && unsettled.is_empty() {
         return sources.into_iter().chain([Finding::new(
             "env.defaults",
             Status::Ok,
@@ -252,6 +253,7 @@ pub fn check(job: &JobEnv) -> Vec<Finding> {
         .collect();
     }
     let mut out = sources;
+    out.extend(unsettled);
     let mut unjudged = Vec::new();
     let mut overrides = Vec::new();
     for (name, value) in &set {
@@ -310,6 +312,29 @@ pub fn check(job: &JobEnv) -> Vec<Finding> {
         out.push(f);
     }
     out
+}
+
+/// The variables [`nccl_stops`] reads: one of them left to the running
+/// job leaves the verdict open.
+pub const DECIDING: [&str; 5] = ["NCCL_NET", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_NET_GDR_LEVEL", "NCCL_DMABUF_ENABLE"];
+
+/// The variables the job file leaves to the running job that decide
+/// whether NCCL uses GPUDirect RDMA.
+pub fn unsettled_deciding(job: &JobEnv) -> Vec<&super::jobenv::Unsettled> {
+    job.unsettled.iter().filter(|u| DECIDING.contains(&u.name.as_str())).collect()
+}
+
+/// What would settle a value the job file cannot.
+const SETTLE: &str = "judge the running job instead (--pid PID, or --nccl-log with NCCL_DEBUG=INFO, which prints each variable NCCL read), or write the value out in the file";
+
+fn unsettled_finding(u: &super::jobenv::Unsettled) -> Finding {
+    Finding::new(
+        format!("env.{}", u.name.to_ascii_lowercase()),
+        Status::Skipped,
+        format!("{}: left to the running job: {} sets it to `{}`, and {}", u.name, u.origin, u.text, u.why),
+    )
+    .evidence(format!("set by {}: {}={:?}", u.origin, u.name, u.text))
+    .evidence(format!("to settle it, {SETTLE}"))
 }
 
 fn judge(name: &str, value: &str, all: &BTreeMap<&str, &str>) -> Option<Verdict> {
