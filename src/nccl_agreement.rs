@@ -9,7 +9,7 @@ use crate::nccl_log::{explain, Verdict};
 /// The doctor's finding for one variable.
 fn doctor(name: &str, value: &str) -> Status {
     let job = crate::doctor::jobenv::JobEnv { vars: vec![(name.to_string(), value.to_string())], ..Default::default() };
-    let f = env::check(&job);
+    let f = env::check(&job, &env::Site::default());
     let id = format!("env.{}", name.to_ascii_lowercase());
     f.iter().find(|f| f.check == id).unwrap_or_else(|| panic!("no {id} in {f:#?}")).status
 }

@@ -34,6 +34,10 @@ pub struct JobEnv {
     /// their text.
     #[serde(default)]
     pub unsettled: Vec<Unsettled>,
+    /// The job's `LD_LIBRARY_PATH`, where NCCL's network plugin is looked
+    /// for first.
+    #[serde(default)]
+    pub library_path: Option<String>,
 }
 
 /// A variable whose value the job file cannot settle.
@@ -79,6 +83,9 @@ pub fn judged(name: &str) -> bool {
 /// (its commands do not see them).
 pub fn from_job_file(file: &super::jobfile::JobFile, shown: &str) -> JobEnv {
     let mut env = JobEnv::default();
+    if let Some(super::jobfile::Value::Known(p)) = file.last("LD_LIBRARY_PATH").and_then(|a| a.value.clone()) {
+        env.library_path = Some(p);
+    }
     for a in file.assignments.iter().filter(|a| judged(&a.name)) {
         let origin = format!("{shown} line {} ({})", a.line, a.form.shown());
         env.vars.retain(|(n, _)| *n != a.name);
@@ -111,7 +118,7 @@ pub fn from_job_file(file: &super::jobfile::JobFile, shown: &str) -> JobEnv {
 /// The variables of a process (or this one) as they are, each from
 /// `origin`.
 pub fn from_process(vars: Vec<(String, String)>, origin: &str) -> JobEnv {
-    let mut env = JobEnv::default();
+    let mut env = JobEnv { library_path: vars.iter().rev().find(|(n, _)| n == "LD_LIBRARY_PATH").map(|(_, v)| v.clone()), ..JobEnv::default() };
     for (n, v) in vars.into_iter().filter(|(n, _)| judged(n)) {
         env.origins.push((n.clone(), origin.to_owned()));
         env.vars.push((n, v));

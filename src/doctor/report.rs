@@ -97,8 +97,8 @@ struct Candidate {
 
 impl Candidate {
     /// Why NCCL, run with `vars`, will not use GPUDirect RDMA on this pair.
-    fn stopped_by(&self, vars: &[(String, String)]) -> Option<String> {
-        let pair = env::PairInEnv { nic: &self.nic, level: self.level, dma_buf_only: self.dma_buf_only, nccl_default: self.nccl_default };
+    fn stopped_by(&self, vars: &[(String, String)], site: &env::Site) -> Option<String> {
+        let pair = env::PairInEnv { nic: &self.nic, level: self.level, dma_buf_only: self.dma_buf_only, nccl_default: self.nccl_default, site };
         env::nccl_stops(vars, &pair)
     }
 }
@@ -146,7 +146,15 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
     findings.extend(stack::host(&host, &left));
     let (pci_findings, estimates) = pci::check(root, &topo, &m.job.vars);
     findings.extend(pci_findings);
-    findings.extend(env::check(&m.job));
+    // What the variables are judged against: the devices seen, the
+    // plugins on the machine, whether dma-buf is the only path.
+    let usable_paths: Vec<bool> = candidates.iter().filter(|c| c.path.is_ok()).map(|c| c.dma_buf_only).collect();
+    let site = env::Site {
+        rdma_devices: rdma.as_ref().ok().map(|v| v.iter().map(|d| d.name.clone()).collect()),
+        net_libs: env::find_net_libs(root, m.job.library_path.as_deref()),
+        dma_buf_only: !usable_paths.is_empty() && usable_paths.iter().all(|b| *b),
+    };
+    findings.extend(env::check(&m.job, &site));
     findings.extend(super::pod::check(root, &rdma, || probes.ip_link(), &m.job.vars));
 
     // What the registration facts cannot see blocks a pair whatever its
@@ -162,8 +170,8 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
             .map(|f| f.summary.clone())
             .collect();
     }
-    findings.extend(nic_per_gpu(&candidates, &m.job.vars));
-    let mut verdict = decide(&candidates, &rdma, &gpus, &m.job.vars);
+    findings.extend(nic_per_gpu(&candidates, &m.job.vars, &site));
+    let mut verdict = decide(&candidates, &rdma, &gpus, &m.job.vars, &site);
     let open = env::unsettled_deciding(&m.job);
     if verdict.available && !open.is_empty() {
         // What the file settles lets NCCL use it; what it leaves open may not.
@@ -198,7 +206,7 @@ fn nearness(c: &&Candidate) -> (PathLevel, bool) {
 /// `NCCL_IB_HCA` lets it open, as NCCL's topology search prefers) and the
 /// one it should (the nearest usable), with the `NCCL_IB_HCA` value that
 /// gives every GPU its own when they differ.
-fn nic_per_gpu(cands: &[Candidate], vars: &[(String, String)]) -> Vec<Finding> {
+fn nic_per_gpu(cands: &[Candidate], vars: &[(String, String)], site: &env::Site) -> Vec<Finding> {
     let usable: Vec<&Candidate> = cands.iter().filter(|c| c.path.is_ok() && c.blocked.is_empty()).collect();
     let mut gpus: Vec<usize> = usable.iter().map(|c| c.gpu.ordinal).collect();
     gpus.dedup();
@@ -218,7 +226,7 @@ fn nic_per_gpu(cands: &[Candidate], vars: &[(String, String)]) -> Vec<Finding> {
             continue;
         }
         let will = usable.iter().filter(|c| c.gpu.ordinal == g && env::hca_allows(vars, &c.nic)).min_by_key(|c| nearness(c)).copied();
-        let stops = |c: &Candidate| c.stopped_by(vars);
+        let stops = |c: &Candidate| c.stopped_by(vars, site);
         let f = match will {
             None => Finding::new(check, Status::Fail, format!("{}: NCCL_IB_HCA lets NCCL open none of the NICs this GPU can use", should.gpu.label))
                 .fix(format!("set {value}")),
@@ -243,6 +251,7 @@ fn decide(
     rdma: &Result<Vec<super::probes::RdmaDevice>, String>,
     gpus: &Result<Vec<GpuFacts>, String>,
     vars: &[(String, String)],
+    site: &env::Site,
 ) -> Verdict {
     let not = |why: String| Verdict {
         available: false,
@@ -263,7 +272,7 @@ fn decide(
         _ => {}
     }
     let rank = nearness;
-    let stops = |c: &Candidate| c.stopped_by(vars);
+    let stops = |c: &Candidate| c.stopped_by(vars, site);
     let usable = || cands.iter().filter(|c| c.path.is_ok() && c.blocked.is_empty());
     // With dma-buf turned off and peer memory possible, NCCL registers
     // through peer memory: that is the path it uses, not the first the

@@ -26,11 +26,14 @@ use super::jobenv::JobEnv;
 use super::{Finding, Status};
 
 mod nccl;
+mod site;
 mod tuning;
 mod ucx;
 
+pub use site::{find_net_libs, plugin_names, LibSearch, Site};
+
 use nccl::{
-    debug, debug_subsys, dmabuf, gdr_c2c, gdr_level, gdr_read, gid_index, hca_selects, ib_cuda_support, ib_disable,
+    comm_id, debug, debug_file, debug_subsys, dmabuf, gdr_c2c, gdr_level, gdr_read, gid_index, hca_selects, ib_cuda_support, ib_disable,
     ib_hca, net, net_plugin, p2p_disable, socket_ifname,
 };
 use ucx::{ucx_gdr, ucx_net_devices, ucx_tls};
@@ -59,8 +62,8 @@ impl Kind {
     }
 }
 
-/// A judged variable, before it becomes a [`Finding`].
-struct Verdict {
+/// A variable as judged, before it becomes a [`Finding`].
+struct Judged {
     kind: Kind,
     status: Status,
     meaning: String,
@@ -68,17 +71,17 @@ struct Verdict {
     fix: Option<String>,
 }
 
-impl Verdict {
-    fn new(kind: Kind, status: Status, meaning: impl Into<String>) -> Verdict {
-        Verdict { kind, status, meaning: meaning.into(), notes: Vec::new(), fix: None }
+impl Judged {
+    fn new(kind: Kind, status: Status, meaning: impl Into<String>) -> Judged {
+        Judged { kind, status, meaning: meaning.into(), notes: Vec::new(), fix: None }
     }
 
-    fn note(mut self, n: impl Into<String>) -> Verdict {
+    fn note(mut self, n: impl Into<String>) -> Judged {
         self.notes.push(n.into());
         self
     }
 
-    fn fix(mut self, f: impl Into<String>) -> Verdict {
+    fn fix(mut self, f: impl Into<String>) -> Judged {
         self.fix = Some(f.into());
         self
     }
@@ -99,7 +102,7 @@ fn int_note(raw: &str, read: Int) -> Option<String> {
     }
 }
 
-fn with_int_note(v: Verdict, raw: &str, read: Int) -> Verdict {
+fn with_int_note(v: Judged, raw: &str, read: Int) -> Judged {
     match int_note(raw, read) {
         Some(n) => v.note(n),
         None => v,
@@ -117,6 +120,8 @@ pub struct PairInEnv<'a> {
     /// Whether NCCL's default `NCCL_NET_GDR_LEVEL` uses GPUDirect RDMA on
     /// this pair's path, when the topology knows.
     pub nccl_default: Option<bool>,
+    /// What the machine offers (its network plugins).
+    pub site: &'a Site,
 }
 
 /// Judges the variables an NCCL log shows NCCL read (its `environment`)
@@ -127,7 +132,7 @@ pub fn judge_log_environment(report: &mut crate::nccl_log::Report, source: &str)
         return;
     }
     let env = super::jobenv::from_nccl_log(&report.environment, source);
-    report.environment_judged = check(&env)
+    report.environment_judged = check(&env, &Site::default())
         .into_iter()
         .filter(|f| f.check != "env.sources")
         .map(|f| crate::nccl_log::EnvJudgement { check: f.check, status: f.status.to_string(), summary: f.summary })
@@ -163,6 +168,25 @@ pub fn transport_off(vars: &[(String, String)]) -> Option<String> {
     None
 }
 
+/// Why NCCL, run with `vars` on `site`, stops at initialization: `NCCL_NET`
+/// names a network only a plugin provides and the plugin library NCCL
+/// would load is not on the machine (NCCL then fails "to initialize any
+/// NET plugin"; it does not fall back). `None` when the plugins were not
+/// looked for.
+pub fn plugin_network_missing(vars: &[(String, String)], site: &Site) -> Option<String> {
+    let net = var(vars, "NCCL_NET").filter(|v| !gpudirect::nccl::is_tcp_network(v) && !v.trim().eq_ignore_ascii_case("ib"))?;
+    let libs = site.net_libs.as_ref()?;
+    let names = plugin_names(var(vars, "NCCL_NET_PLUGIN"));
+    if names.iter().any(|n| libs.find(n).is_some()) {
+        return None;
+    }
+    let tried = if names.is_empty() { "no plugin (NCCL_NET_PLUGIN=none)".to_owned() } else { names.join(" or ") };
+    Some(format!(
+        "NCCL_NET={net} names a network only a plugin provides, and NCCL would load {tried}, which is not in the library directories here: \
+         NCCL stops at initialization (\"Failed to initialize any NET plugin\") (install the plugin that provides {net:?}, or unset NCCL_NET)"
+    ))
+}
+
 /// `NCCL_DMABUF_ENABLE`'s value when it turns dma-buf off (reads as 0).
 pub fn dmabuf_disabled(vars: &[(String, String)]) -> Option<&str> {
     var(vars, "NCCL_DMABUF_ENABLE").filter(|v| gpudirect::nccl::param_int(v).used() == Some(0))
@@ -174,7 +198,7 @@ pub fn dmabuf_disabled(vars: &[(String, String)]) -> Option<&str> {
 /// one judge of that, for the verdict; each variable's own finding says
 /// the same at length. The last assignment of a name wins.
 pub fn nccl_stops(vars: &[(String, String)], pair: &PairInEnv<'_>) -> Option<String> {
-    if let Some(why) = transport_off(vars) {
+    if let Some(why) = transport_off(vars).or_else(|| plugin_network_missing(vars, pair.site)) {
         return Some(why);
     }
     if let Some(v) = var(vars, "NCCL_IB_HCA").filter(|v| !hca_selects(v, pair.nic)) {
@@ -199,9 +223,11 @@ pub fn nccl_stops(vars: &[(String, String)], pair: &PairInEnv<'_>) -> Option<Str
     } else if pair.nccl_default == Some(false) {
         // Unset, the limit is NCCL's own: the job runs staged by default.
         let level = pair.level.map_or_else(|| "this pair's".to_owned(), |l| l.to_string());
+        // NCCL's own name for the path (it knows no NODE: that is PHB to it).
+        let value = pair.level.map_or_else(|| "PHB".to_owned(), |l| gpudirect::topology::nccl_path_type(l).to_string());
         return Some(format!(
             "NCCL's default NCCL_NET_GDR_LEVEL (PXB) stops short of this {level} path, so NCCL stages through host memory \
-             (set NCCL_NET_GDR_LEVEL={level} where that path carries peer-to-peer traffic well, or pair the GPU with a NIC under its PCIe switch)"
+             (set NCCL_NET_GDR_LEVEL={value} where that path carries peer-to-peer traffic well, or pair the GPU with a NIC under its PCIe switch)"
         ));
     }
     if pair.dma_buf_only {
@@ -221,7 +247,7 @@ pub fn nccl_stops(vars: &[(String, String)], pair: &PairInEnv<'_>) -> Option<Str
 ///
 /// Each finding says where its variable came from ([`JobEnv::origin`]);
 /// what was read to find them is a finding of its own when there is any.
-pub fn check(job: &JobEnv) -> Vec<Finding> {
+pub fn check(job: &JobEnv, site: &Site) -> Vec<Finding> {
     let mut set: BTreeMap<&str, &str> = BTreeMap::new();
     for (k, v) in &job.vars {
         if super::jobenv::judged(k) {
@@ -257,7 +283,7 @@ pub fn check(job: &JobEnv) -> Vec<Finding> {
     let mut unjudged = Vec::new();
     let mut overrides = Vec::new();
     for (name, value) in &set {
-        match judge(name, value, &set) {
+        match judge(name, value, &set, site) {
             Some(v) => {
                 if v.kind == Kind::Overrides && !name.starts_with("UCX_") {
                     overrides.push(format!("{name}={value}"));
@@ -337,39 +363,43 @@ fn unsettled_finding(u: &super::jobenv::Unsettled) -> Finding {
     .evidence(format!("to settle it, {SETTLE}"))
 }
 
-fn judge(name: &str, value: &str, all: &BTreeMap<&str, &str>) -> Option<Verdict> {
+fn judge(name: &str, value: &str, all: &BTreeMap<&str, &str>, site: &Site) -> Option<Judged> {
+    if let Some(j) = nccl::dead_name(name) {
+        return Some(j);
+    }
     Some(match name {
         "NCCL_NET_GDR_LEVEL" => gdr_level(value),
-        "NCCL_IB_GDR_LEVEL" => Verdict::new(
+        "NCCL_IB_GDR_LEVEL" => Judged::new(
             Kind::Overrides,
             Status::Warn,
             "the pre-2.4 name of NCCL_NET_GDR_LEVEL; current NCCL doesn't read it, so it changes nothing",
         )
         .fix("Remove it; if the limit is really wanted, set NCCL_NET_GDR_LEVEL instead."),
         "NCCL_NET_GDR_READ" => gdr_read(value),
-        "NCCL_DMABUF_ENABLE" => dmabuf(value),
+        "NCCL_DMABUF_ENABLE" => dmabuf(value, site),
         "NCCL_IB_DISABLE" => ib_disable(value),
-        "NCCL_IB_HCA" => ib_hca(value),
+        "NCCL_IB_HCA" => ib_hca(value, site),
         "NCCL_SOCKET_IFNAME" => socket_ifname(value),
         "NCCL_P2P_DISABLE" => p2p_disable(value),
-        "NCCL_P2P_LEVEL" => Verdict::new(
+        "NCCL_P2P_LEVEL" => Judged::new(
             Kind::Overrides,
             Status::Ok,
             "limits GPU-to-GPU peer-to-peer inside the node; it does not decide GPU<->NIC GPUDirect RDMA (that is \
              NCCL_NET_GDR_LEVEL)",
         ),
         "NCCL_IB_GID_INDEX" => gid_index(value),
-        "NCCL_NET" => net(value),
-        "NCCL_NET_PLUGIN" => net_plugin(value),
+        "NCCL_NET" => net(value, all, site),
+        "NCCL_NET_PLUGIN" => net_plugin(value, site),
+        "NCCL_COMM_ID" => comm_id(value),
         "NCCL_IB_CUDA_SUPPORT" => ib_cuda_support(value),
         "NCCL_NET_GDR_C2C" => gdr_c2c(value),
-        "NCCL_GDRCOPY_ENABLE" => Verdict::new(
+        "NCCL_GDRCOPY_ENABLE" => Judged::new(
             Kind::Configures,
             Status::Ok,
             "GDRCopy (the CPU mapping GPU memory for small copies) is not GPUDirect RDMA; it neither enables nor \
              disables the NIC's direct access to GPU memory",
         ),
-        "NCCL_TOPO_FILE" => Verdict::new(
+        "NCCL_TOPO_FILE" => Judged::new(
             Kind::Overrides,
             Status::Warn,
             "NCCL takes the PCIe topology from this XML file instead of sysfs, so its GPU<->NIC distances (and GDR \
@@ -378,7 +408,7 @@ fn judge(name: &str, value: &str, all: &BTreeMap<&str, &str>) -> Option<Verdict>
         .fix(format!(
             "Make sure {value} describes this machine (compare with NCCL_TOPO_DUMP_FILE output), or unset it."
         )),
-        "NCCL_TOPO_DUMP_FILE" => Verdict::new(
+        "NCCL_TOPO_DUMP_FILE" => Judged::new(
             Kind::Diagnoses,
             Status::Ok,
             "NCCL writes the topology it detected to this file: it shows the path types (PIX, PXB, PHB, SYS) NCCL \
@@ -386,11 +416,7 @@ fn judge(name: &str, value: &str, all: &BTreeMap<&str, &str>) -> Option<Verdict>
         ),
         "NCCL_DEBUG" => debug(value, all),
         "NCCL_DEBUG_SUBSYS" => debug_subsys(value),
-        "NCCL_DEBUG_FILE" => Verdict::new(
-            Kind::Diagnoses,
-            Status::Ok,
-            "NCCL's log goes to this file (%h = host, %p = pid) instead of stdout: look for /GDRDMA there",
-        ),
+        "NCCL_DEBUG_FILE" => debug_file(value),
         "UCX_IB_GPU_DIRECT_RDMA" => ucx_gdr(value),
         "UCX_TLS" => ucx_tls(value),
         "UCX_NET_DEVICES" => ucx_net_devices(value),
@@ -402,6 +428,10 @@ fn judge(name: &str, value: &str, all: &BTreeMap<&str, &str>) -> Option<Verdict>
 mod tests {
     use super::*;
     use nccl::subsys_shows_net;
+
+    fn check(job: &JobEnv) -> Vec<Finding> {
+        super::check(job, &Site::default())
+    }
 
     fn job(pairs: &[(&str, &str)]) -> JobEnv {
         JobEnv { vars: vars(pairs), ..Default::default() }
@@ -508,6 +538,64 @@ mod tests {
                 _ => assert!(fix.is_empty(), "{name}={value}: table expects a fix for a passing value"),
             }
         }
+    }
+
+    /// Judged against what the machine offers: a plugin network without its
+    /// plugin stops NCCL; NCCL_NET_PLUGIN names the files NCCL tries;
+    /// dma-buf off where it is the only path fails; NCCL_IB_HCA naming
+    /// interfaces or absent devices; a shared debug file; a bad
+    /// NCCL_COMM_ID; names NCCL never read.
+    #[test]
+    fn variables_are_judged_against_the_site() {
+        use Status::*;
+        let libs = |found: &[&str]| Some(LibSearch { dirs: vec!["/usr/lib".into()], found: found.iter().map(|f| f.to_string()).collect() });
+        let none = Site { rdma_devices: Some(vec!["mlx5_0".into(), "mlx5_1".into()]), net_libs: libs(&[]), dma_buf_only: true };
+        let ofi = Site { net_libs: libs(&["/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", "/usr/lib/libnccl-net.so"]), ..Site::default() };
+        let at = |site: &Site, pairs: &[(&str, &str)], name: &str| {
+            let f = super::check(&job(pairs), site);
+            f.into_iter().find(|f| f.check == format!("env.{}", name.to_ascii_lowercase())).unwrap_or_else(|| panic!("{name}"))
+        };
+        let f = at(&none, &[("NCCL_NET", "UCX")], "NCCL_NET");
+        assert_eq!(f.status, Fail, "{f:#?}");
+        assert!(f.summary.contains("Failed to initialize any NET plugin") && f.summary.contains("libnccl-net.so"), "{}", f.summary);
+        assert_eq!(at(&ofi, &[("NCCL_NET", "AWS Libfabric")], "NCCL_NET").status, Ok);
+        let f = at(&ofi, &[("NCCL_NET", "AWS Libfabric"), ("NCCL_NET_PLUGIN", "aws-ofi")], "NCCL_NET");
+        assert_eq!(f.status, Fail, "aws-ofi means aws-ofi or libnccl-net-aws-ofi.so, neither here: {f:#?}");
+        assert_eq!(at(&ofi, &[("NCCL_NET", "AWS Libfabric"), ("NCCL_NET_PLUGIN", "ofi")], "NCCL_NET").status, Ok);
+        let f = at(&ofi, &[("NCCL_NET_PLUGIN", "libX.so")], "NCCL_NET_PLUGIN");
+        assert!(f.status == Warn && f.summary.contains("NCCL tries libX.so, and none") && !f.summary.contains("libnccl-net-libX"), "{f:#?}");
+        assert_eq!(plugin_names(Some("libX.so")), ["libX.so"]);
+        assert_eq!(plugin_names(Some("/opt/p/libnccl-net-x.so")), ["/opt/p/libnccl-net-x.so"]);
+        assert_eq!(plugin_names(Some("ofi")), ["ofi", "libnccl-net-ofi.so"]);
+        assert_eq!(plugin_names(None), ["libnccl-net.so"]);
+        assert!(plugin_names(Some("NONE")).is_empty());
+        assert_eq!(at(&none, &[("NCCL_DMABUF_ENABLE", "0")], "NCCL_DMABUF_ENABLE").status, Fail);
+        assert_eq!(at(&ofi, &[("NCCL_DMABUF_ENABLE", "0")], "NCCL_DMABUF_ENABLE").status, Warn);
+        let f = at(&Site::default(), &[("NCCL_IB_HCA", "eth0")], "NCCL_IB_HCA");
+        assert!(f.status == Fail && f.evidence.iter().any(|e| e.contains("network interface names")), "{f:#?}");
+        assert_eq!(at(&Site::default(), &[("NCCL_IB_HCA", "mlx5_0,hsn0")], "NCCL_IB_HCA").status, Warn);
+        let f = at(&none, &[("NCCL_IB_HCA", "=mlx5_4:1")], "NCCL_IB_HCA");
+        assert!(f.status == Fail && f.evidence.iter().any(|e| e.contains("mlx5_4 match(es) no RDMA device here (mlx5_0, mlx5_1)")), "{f:#?}");
+        assert_eq!(at(&none, &[("NCCL_IB_HCA", "mlx5")], "NCCL_IB_HCA").status, Ok);
+        assert_eq!(at(&none, &[("NCCL_IB_HCA", "^mlx5_4")], "NCCL_IB_HCA").status, Ok);
+        let f = at(&none, &[("NCCL_DEBUG_FILE", "/tmp/nccl.log")], "NCCL_DEBUG_FILE");
+        assert!(f.status == Warn && f.fix.as_deref() == Some("Add the pid: NCCL_DEBUG_FILE=/tmp/nccl.%h.%p"), "{f:#?}");
+        for (v, status) in [("10.0.0.1:29600", Ok), ("[fd00::1]:29600", Ok), ("node1:80", Ok), ("10.0.0.1", Fail), ("fd00::1:29600", Fail), ("h:0", Fail), (":29600", Fail)] {
+            assert_eq!(at(&none, &[("NCCL_COMM_ID", v)], "NCCL_COMM_ID").status, status, "NCCL_COMM_ID={v}");
+        }
+        for dead in ["NCCL_SINGLE_RING_THRESHOLD", "NCCL_NET_GDR_DISABLE", "NCCL_LL_THRESHOLD"] {
+            let f = at(&none, &[(dead, "1")], dead);
+            assert!(f.status == Warn && f.summary.contains("NCCL does not read this name"), "{f:#?}");
+        }
+        // The verdict's judge says the same of a plugin network.
+        let pair = PairInEnv { nic: "mlx5_0", level: None, dma_buf_only: false, nccl_default: Some(true), site: &none };
+        assert!(nccl_stops(&vars(&[("NCCL_NET", "gIB")]), &pair).is_some_and(|w| w.contains("Failed to initialize any NET plugin")));
+        let pair = PairInEnv { site: &Site::default(), ..pair };
+        assert_eq!(nccl_stops(&vars(&[("NCCL_NET", "gIB")]), &pair), None, "plugins not looked for: not judged absent");
+        // NCCL knows no NODE: the fix names the value NCCL reads.
+        let node = PairInEnv { level: Some(gpudirect::topology::PathLevel::Node), nccl_default: Some(false), ..pair };
+        let why = nccl_stops(&[], &node).unwrap();
+        assert!(why.contains("this NODE path") && why.contains("set NCCL_NET_GDR_LEVEL=PHB "), "{why}");
     }
 
     #[test]

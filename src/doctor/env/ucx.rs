@@ -1,29 +1,29 @@
 //! The `UCX_*` variables that decide UCX's use of GPUDirect RDMA.
 
-use super::{Kind, Verdict};
+use super::{Kind, Judged};
 use crate::doctor::Status;
 
-pub(super) fn ucx_gdr(value: &str) -> Verdict {
+pub(super) fn ucx_gdr(value: &str) -> Judged {
     let v = value.trim();
     let lower = v.to_ascii_lowercase();
     if lower == "try" || lower == "maybe" {
-        Verdict::new(Kind::Overrides, Status::Ok, "UCX's default: use GPUDirect RDMA when available, else stage")
+        Judged::new(Kind::Overrides, Status::Ok, "UCX's default: use GPUDirect RDMA when available, else stage")
     } else if lower == "y" || lower == "yes" || v == "1" {
-        Verdict::new(
+        Judged::new(
             Kind::Overrides,
             Status::Ok,
             "GPUDirect RDMA required: UCX fails (\"Couldn't enable GPUDirect RDMA\") instead of silently staging \
              through host memory, which makes a missing GDR path visible",
         )
     } else if lower == "n" || lower == "no" || v == "0" {
-        Verdict::new(
+        Judged::new(
             Kind::Overrides,
             Status::Fail,
             "UCX never lets the NIC access GPU memory: GPU buffers are staged through host memory",
         )
         .fix("Unset UCX_IB_GPU_DIRECT_RDMA (default try), or set yes to fail loudly when GDR is missing.")
     } else {
-        Verdict::new(
+        Judged::new(
             Kind::Overrides,
             Status::Fail,
             "not a value UCX accepts (yes/no/try): UCX reports a configuration error and doesn't start",
@@ -55,7 +55,7 @@ fn is_ib_transport(t: &str) -> bool {
     )
 }
 
-pub(super) fn ucx_tls(value: &str) -> Verdict {
+pub(super) fn ucx_tls(value: &str) -> Judged {
     let (negate, list) = match value.strip_prefix('^') {
         Some(rest) => (true, rest),
         None => (false, value),
@@ -73,7 +73,7 @@ pub(super) fn ucx_tls(value: &str) -> Verdict {
         (all || has(&|n| is_ib_transport(n)), all || has(&|n| n == "cuda" || n == "cuda_copy"))
     };
     let mut v = if !ib {
-        Verdict::new(
+        Judged::new(
             Kind::Overrides,
             Status::Fail,
             "no InfiniBand/RoCE transport (rc, dc, ud or ib) is allowed: UCX moves data over TCP or shared memory, \
@@ -81,7 +81,7 @@ pub(super) fn ucx_tls(value: &str) -> Verdict {
         )
         .fix("Allow an IB transport, e.g. UCX_TLS=rc,cuda_copy,cuda_ipc (or unset UCX_TLS).")
     } else if !cuda {
-        Verdict::new(
+        Judged::new(
             Kind::Overrides,
             Status::Fail,
             "no CUDA transport (cuda_copy or cuda): UCX can't recognize GPU memory, so GPU buffers can't use \
@@ -89,7 +89,7 @@ pub(super) fn ucx_tls(value: &str) -> Verdict {
         )
         .fix("Add cuda_copy (and cuda_ipc for intra-node), e.g. UCX_TLS=rc,cuda_copy,cuda_ipc, or unset UCX_TLS.")
     } else {
-        Verdict::new(
+        Judged::new(
             Kind::Overrides,
             Status::Ok,
             "an IB transport and a CUDA transport are allowed, which GPUDirect RDMA through UCX needs",
@@ -101,14 +101,14 @@ pub(super) fn ucx_tls(value: &str) -> Verdict {
     v
 }
 
-pub(super) fn ucx_net_devices(value: &str) -> Verdict {
+pub(super) fn ucx_net_devices(value: &str) -> Judged {
     let devices: Vec<&str> = value.split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
     if devices.iter().any(|d| d.eq_ignore_ascii_case("all")) {
-        return Verdict::new(Kind::Configures, Status::Ok, "all devices (UCX's default)");
+        return Judged::new(Kind::Configures, Status::Ok, "all devices (UCX's default)");
     }
     let rdma: Vec<&str> = devices.iter().copied().filter(|d| d.contains(':')).collect();
     if rdma.is_empty() {
-        Verdict::new(
+        Judged::new(
             Kind::Configures,
             Status::Warn,
             format!(
@@ -119,7 +119,7 @@ pub(super) fn ucx_net_devices(value: &str) -> Verdict {
         )
         .fix("List RDMA ports, e.g. UCX_NET_DEVICES=mlx5_0:1 (see `ucx_info -d`), or unset it.")
     } else {
-        Verdict::new(Kind::Configures, Status::Ok, format!("UCX uses only {} for RDMA", rdma.join(", "))).note(
+        Judged::new(Kind::Configures, Status::Ok, format!("UCX uses only {} for RDMA", rdma.join(", "))).note(
             "pick the port(s) closest to each GPU (the topology findings name them), or GDR may be off by distance",
         )
     }
