@@ -322,3 +322,25 @@ fn inputs_are_confined_to_the_capture_and_bounded() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("NCCL_IB_DISABLE"), "{}", String::from_utf8_lossy(&out.stdout));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The real capture of the H200 VM's container (driver 580.159, CUDA 13.0,
+/// a virtio NIC, no RDMA device): the verdict names the missing RDMA
+/// device; missing peer memory does not claim dma-buf is ruled out (the GPU
+/// and kernel support it); the virtio NIC is not "full rate".
+#[test]
+fn the_h200_vm_capture_is_judged_as_the_machine_is() {
+    let capture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/captures/h200-vm-container.json");
+    let out = doctor(&["--json", "--from", capture], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let r = json_of(&out);
+    assert_eq!(r["verdict"]["line"], "GPUDirect RDMA: not available: no RDMA device is visible");
+    let find = |check: &str| r["findings"].as_array().unwrap().iter().find(|f| f["check"] == check).cloned().unwrap_or_else(|| panic!("no {check}"));
+    let peer = find("peermem.client");
+    assert_eq!(peer["status"], "ok", "{peer:#}");
+    assert!(!peer["summary"].as_str().unwrap().contains("dma-buf is ruled out"), "{peer:#}");
+    assert_eq!(find("cuda.dmabuf.gpu0")["status"], "ok");
+    let fabric = find("pod.fabric");
+    assert_eq!(fabric["status"], "fail", "{fabric:#}");
+    let summary = fabric["summary"].as_str().unwrap();
+    assert!(summary.contains("eth0 have no RDMA device") && !summary.contains("full rate"), "{summary}");
+}

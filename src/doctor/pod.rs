@@ -23,9 +23,12 @@ use super::{Finding, Status};
 /// How one interface of the pod reaches other hosts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Class {
-    /// A NIC's physical function: the node's own NIC (host networking, or
-    /// bare metal).
+    /// A NIC's physical function with an RDMA device: the node's own NIC
+    /// (host networking, or bare metal).
     Fabric,
+    /// A NIC function with no RDMA device (virtio, an Intel X710 VF, a
+    /// NIC whose RDMA driver is not loaded): TCP only.
+    PlainNic,
     /// An SR-IOV virtual function, with its physical function's address.
     Vf(String),
     /// A macvlan or ipvlan on the fabric NIC: carries a RoCE GID of an
@@ -42,6 +45,7 @@ impl std::fmt::Display for Class {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Class::Fabric => f.write_str("the node's NIC"),
+            Class::PlainNic => f.write_str("a NIC without RDMA"),
             Class::Vf(pf) => write!(f, "an SR-IOV VF of {pf}"),
             Class::SharedFabric => f.write_str("a macvlan/ipvlan on the fabric NIC"),
             Class::Overlay => f.write_str("the overlay"),
@@ -114,9 +118,15 @@ pub fn interfaces(root: &SysRoot, ip_link: &Result<String, String>) -> Vec<Iface
         let iface = if root.exists(&format!("{base}/device")) {
             let fn_bdf = bdf(&format!("{base}/device")).unwrap_or_default();
             let rdma = root.list_dir(&format!("{base}/device/infiniband")).ok().and_then(|d| d.into_iter().next());
-            match root.exists(&format!("{base}/device/physfn")).then(|| bdf(&format!("{base}/device/physfn"))).flatten() {
-                Some(pf) => Iface { name, class: Class::Vf(pf.clone()), rdma, why: format!("PCI function {fn_bdf}, a virtual function of {pf}") },
-                None => Iface { name, class: Class::Fabric, rdma, why: format!("PCI function {fn_bdf}") },
+            let driver = bdf(&format!("{base}/device/driver")).filter(|d| d != "driver").map_or_else(String::new, |d| format!(" (driver {d})"));
+            // A virtio NIC's `device` is its virtio device, not a PCI function.
+            let function = if fn_bdf.contains(':') { format!("PCI function {fn_bdf}") } else { format!("device {fn_bdf}") };
+            let pf = root.exists(&format!("{base}/device/physfn")).then(|| bdf(&format!("{base}/device/physfn"))).flatten();
+            match (pf, &rdma) {
+                (Some(pf), Some(_)) => Iface { name, class: Class::Vf(pf.clone()), rdma, why: format!("PCI function {fn_bdf}, a virtual function of {pf}") },
+                (Some(pf), None) => Iface { name, class: Class::PlainNic, rdma, why: format!("{function}{driver}, a virtual function of {pf} with no RDMA device") },
+                (None, Some(_)) => Iface { name, class: Class::Fabric, rdma, why: format!("PCI function {fn_bdf}") },
+                (None, None) => Iface { name, class: Class::PlainNic, rdma, why: format!("{function}{driver}, no RDMA device") },
             }
         } else if let Some((dev, port)) = gid_owner.get(&name) {
             let why = format!("virtual ({}), carries a RoCE GID of {dev} port {port}", kind.as_deref().unwrap_or("macvlan or ipvlan"));
@@ -214,19 +224,61 @@ pub fn check(
     let devices: Vec<&RdmaDevice> = rdma.as_ref().map(|v| v.iter().collect()).unwrap_or_default();
     let listed = |f: Finding| ifaces.iter().fold(f, |f, i| f.evidence(format!("{}: {}: {}", i.name, i.class, i.why)));
     let of = |c: fn(&Class) -> bool| ifaces.iter().filter(|i| c(&i.class)).map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
-    let vfs = of(|c| matches!(c, Class::Vf(_)));
+    // A VF whose RDMA port is not active carries nothing.
+    let port_active = |dev: &Option<String>| {
+        devices.iter().find(|d| Some(&d.name) == dev.as_ref()).is_none_or(|d| d.ports.first().is_none_or(|p| p.state == gpudirect::PortState::Active))
+    };
+    let vfs = ifaces.iter().filter(|i| matches!(i.class, Class::Vf(_)) && port_active(&i.rdma)).map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ");
+    let vfs_down = ifaces.iter().filter(|i| matches!(i.class, Class::Vf(_)) && !port_active(&i.rdma)).map(|i| format!("{} ({})", i.name, i.rdma.as_deref().unwrap_or("?"))).collect::<Vec<_>>();
     let shared = of(|c| *c == Class::SharedFabric);
     let fabric = of(|c| *c == Class::Fabric);
-    let ib_only = !devices.is_empty() && devices.iter().all(|d| d.ports.first().is_some_and(|p| p.link_layer != gpudirect::LinkLayer::Ethernet));
-    let f = if !fabric.is_empty() {
+    let plain = of(|c| *c == Class::PlainNic);
+    // Devices the kernel lists that this process could not open (no
+    // uverbs node, no user-space provider): their ports are unknown.
+    let unopened: Vec<&str> = devices.iter().filter(|d| d.ports.is_empty()).map(|d| d.name.as_str()).collect();
+    let link_layer = |d: &RdmaDevice| match d.ports.first() {
+        Some(p) => Some(p.link_layer != gpudirect::LinkLayer::Ethernet),
+        None => root.read(&format!("/sys/class/infiniband/{}/ports/1/link_layer", d.name)).ok().map(|l| l.trim() == "InfiniBand"),
+    };
+    let ib_only = !devices.is_empty() && devices.iter().all(|d| link_layer(d) == Some(true));
+    // An InfiniBand VF has no netdev to find it by: its own PCI function says.
+    let ib_vfs: Vec<String> = devices
+        .iter()
+        .filter(|d| !ifaces.iter().any(|i| i.rdma.as_deref() == Some(d.name.as_str())))
+        .filter_map(|d| {
+            let link = format!("/sys/class/infiniband/{}/device/physfn", d.name);
+            let pf = root.exists(&link).then(|| root.resolve(&link)).flatten()?;
+            Some(format!("{} (a virtual function of {})", d.name, pf.rsplit('/').next().unwrap_or_default()))
+        })
+        .collect();
+    let f = if !unopened.is_empty() && unopened.len() == devices.len() {
+        let why = devices.first().and_then(|d| d.chosen_gid.as_ref().err()).cloned().unwrap_or_default();
+        Finding::new(
+            "pod.fabric",
+            Status::Fail,
+            format!("RDMA device(s) {} are in this pod's sysfs but cannot be opened ({why}): NCCL finds no usable device and uses TCP sockets", unopened.join(", ")),
+        )
+        .fix("pass the device nodes in (/dev/infiniband/uverbs* through the RDMA device plugin, or --device), and install the NIC's user-space provider (rdma-core's libmlx5, libbnxt_re, libefa ...) in the image")
+    } else if !fabric.is_empty() {
         Finding::new("pod.fabric", Status::Ok, format!("host networking: the pod has the node's NICs ({fabric}): full rate, and no isolation between pods"))
-    } else if !vfs.is_empty() {
-        Finding::new("pod.fabric", Status::Ok, format!("SR-IOV virtual function ({vfs}): line rate through the NIC's embedded switch, one function per pod, GPUDirect RDMA as on the node"))
+    } else if !vfs.is_empty() || !ib_vfs.is_empty() {
+        let all = [vfs.clone(), ib_vfs.join(", ")].into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join(", ");
+        Finding::new("pod.fabric", Status::Ok, format!("SR-IOV virtual function ({all}): line rate through the NIC's embedded switch, one function per pod, GPUDirect RDMA as on the node"))
+    } else if !vfs_down.is_empty() {
+        Finding::new("pod.fabric", Status::Fail, format!("SR-IOV virtual function(s) {} whose RDMA port is not active: nothing reaches the fabric through them, so NCCL uses TCP sockets", vfs_down.join(", ")))
+            .fix("check the VF's link on the node (`ip link show` on the PF: the VF's link-state, VLAN and trust) and the switch port; `ibv_devinfo` in the pod must show PORT_ACTIVE")
     } else if !shared.is_empty() {
         Finding::new("pod.fabric", Status::Ok, format!("macvlan/ipvlan on the fabric NIC ({shared}): full rate; the NIC's RDMA device is shared with the other pods on it (RDMA shared device plugin)"))
     } else if ib_only {
         let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
         Finding::new("pod.fabric", Status::Ok, format!("InfiniBand devices {} with no netdev in the pod: InfiniBand needs none; the overlay carries NCCL's bootstrap only", names.join(", ")))
+    } else if devices.is_empty() && !plain.is_empty() {
+        Finding::new(
+            "pod.fabric",
+            Status::Fail,
+            format!("the pod's NIC(s) {plain} have no RDMA device: NCCL can only use TCP sockets through them, staged in host memory, well below the NIC's rate"),
+        )
+        .fix("use a NIC with RDMA (InfiniBand, RoCE: mlx5, bnxt_re, irdma; EFA on AWS) and its RDMA driver; in a VM, pass the NIC or an SR-IOV VF through instead of a virtio NIC")
     } else if devices.is_empty() {
         Finding::new("pod.fabric", Status::Fail, "only the pod network (overlay): no RDMA device in this pod, so NCCL uses TCP sockets through the overlay, staged in host memory")
             .fix("attach the fabric: an SR-IOV virtual function (sriov-network-device-plugin and Multus), a macvlan or ipvlan on the fabric NIC with the RDMA shared device plugin, or hostNetwork: true with /dev/infiniband passed in")
@@ -311,6 +363,18 @@ mod tests {
                 self.0.dir(&format!("/sys/devices/pci0000:3a/0000:3a:00.0/{pf}"));
             }
             self.0.link(&format!("/sys/class/net/{name}"), &format!("../../devices/pci0000:3a/0000:3a:00.0/{bdf}/net/{name}"));
+            self
+        }
+        /// A NIC function with no RDMA device (virtio, an X710 VF).
+        fn plain_if(&self, name: &str, device: &str, pf: Option<&str>) -> &Self {
+            let dev = format!("/sys/devices/pci0000:00/0000:00:05.0/{device}");
+            self.0.file(&format!("{dev}/net/{name}/ifindex"), "2\n").file(&format!("{dev}/net/{name}/iflink"), "2\n");
+            self.0.link(&format!("{dev}/net/{name}/device"), &format!("../../../{device}"));
+            if let Some(pf) = pf {
+                self.0.link(&format!("{dev}/physfn"), &format!("../{pf}"));
+                self.0.dir(&format!("/sys/devices/pci0000:00/0000:00:05.0/{pf}"));
+            }
+            self.0.link(&format!("/sys/class/net/{name}"), &format!("../../devices/pci0000:00/0000:00:05.0/{device}/net/{name}"));
             self
         }
         fn gid(&self, dev: &str, netdev: &str) -> &Self {
@@ -430,6 +494,64 @@ mod tests {
         let f = check(&SysRoot::at(bare.path()), &Ok(vec![roce("mlx5_0")]), || panic!("ip -d link asked outside a container"), &[]);
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].summary, "not in a container: the node's own NICs are used as they are");
+    }
+
+    /// The H200 VM's container: a virtio NIC and no RDMA device is not
+    /// "host networking at full rate"; an X710 VF without RDMA is not "as on
+    /// the node".
+    #[test]
+    fn a_nic_without_rdma_is_never_full_rate() {
+        let p = Pod::new("pod-virtio", false);
+        p.0.file("/.dockerenv", "");
+        p.plain_if("eth0", "virtio2", None);
+        let f = check(&p.root(), &Ok(vec![]), || Err("not asked".into()), &[]);
+        let fabric = find(&f, "pod.fabric");
+        assert_eq!(fabric.status, Status::Fail, "{fabric:#?}");
+        assert!(fabric.summary.starts_with("the pod's NIC(s) eth0 have no RDMA device"), "{}", fabric.summary);
+        assert!(fabric.evidence.iter().any(|e| e == "eth0: a NIC without RDMA: device virtio2, no RDMA device"), "{:?}", fabric.evidence);
+        let p = Pod::new("pod-x710", true);
+        p.virtual_if("eth0", 3, 60).plain_if("net1", "0000:00:05.2", Some("0000:00:05.0"));
+        let f = check(&p.root(), &Ok(vec![]), || Err("ip not installed".into()), &[]);
+        let fabric = find(&f, "pod.fabric");
+        assert_eq!(fabric.status, Status::Fail, "{fabric:#?}");
+        assert!(fabric.summary.contains("net1 have no RDMA device"), "{}", fabric.summary);
+    }
+
+    /// A VF whose RDMA port is down carries nothing; an InfiniBand VF with
+    /// no netdev is found by its own `physfn`; devices the pod cannot open
+    /// are named as such, not as RoCE without GIDs.
+    #[test]
+    fn vfs_by_their_port_and_their_own_function_and_devices_that_cannot_open() {
+        let p = Pod::new("pod-vf-down", true);
+        p.virtual_if("eth0", 1757, 1758).pci_if("net1", "0000:3b:02.1", Some("0000:3b:00.0"), "mlx5_3");
+        let mut down = roce("mlx5_3");
+        down.ports[0].state = PortState::Down;
+        let f = check(&p.root(), &Ok(vec![down]), || Err("ip not installed".into()), &[]);
+        let fabric = find(&f, "pod.fabric");
+        assert_eq!(fabric.status, Status::Fail, "{fabric:#?}");
+        assert!(fabric.summary.contains("net1 (mlx5_3) whose RDMA port is not active"), "{}", fabric.summary);
+
+        let p = Pod::new("pod-ib-vf", true);
+        p.virtual_if("eth0", 2, 9);
+        p.0.dir("/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0");
+        p.0.link("/sys/devices/pci0000:3a/0000:3a:00.0/0000:3b:00.4/physfn", "../0000:3b:00.0");
+        p.0.link("/sys/class/infiniband/mlx5_4/device", "../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.4");
+        let mut ib = roce("mlx5_4");
+        ib.ports[0].link_layer = LinkLayer::InfiniBand;
+        let f = check(&p.root(), &Ok(vec![ib]), || Err("ip not installed".into()), &[]);
+        let fabric = find(&f, "pod.fabric");
+        assert_eq!(fabric.status, Status::Ok, "{fabric:#?}");
+        assert!(fabric.summary.starts_with("SR-IOV virtual function (mlx5_4 (a virtual function of 0000:3b:00.0))"), "{}", fabric.summary);
+
+        let p = Pod::new("pod-ib-closed", true);
+        p.virtual_if("eth0", 2, 9);
+        p.0.file("/sys/class/infiniband/mlx5_0/ports/1/link_layer", "InfiniBand\n").file("/sys/class/infiniband/mlx5_1/ports/1/link_layer", "InfiniBand\n");
+        let closed = |n: &str| RdmaDevice { ports: vec![], chosen_gid: Err("ibv_open_device: No such file or directory".into()), ..roce(n) };
+        let f = check(&p.root(), &Ok(vec![closed("mlx5_0"), closed("mlx5_1")]), || Err("ip not installed".into()), &[]);
+        let fabric = find(&f, "pod.fabric");
+        assert_eq!(fabric.status, Status::Fail, "{fabric:#?}");
+        assert!(fabric.summary.starts_with("RDMA device(s) mlx5_0, mlx5_1 are in this pod's sysfs but cannot be opened (ibv_open_device"), "{}", fabric.summary);
+        assert!(!fabric.summary.contains("GIDs"));
     }
 
     /// sriov-network-device-plugin#94's Calico pod: the veth and the IP-in-IP

@@ -21,23 +21,34 @@ pub struct PathsLeft {
     pub gpus: Vec<usize>,
     /// RDMA device names.
     pub nics: Vec<String>,
+    /// There is no GPU–NIC pair at all (no RDMA device, or no GPU): a
+    /// fact can rule out its own path but says nothing of the other.
+    pub no_pairs: bool,
+}
+
+impl PathsLeft {
+    /// Whether a path remains where a fact applies; `None` with no pair.
+    fn at(&self, here: bool) -> Option<bool> {
+        (!self.no_pairs).then_some(here)
+    }
 }
 
 /// A judged fact as a finding: its status is what the fact rules out,
-/// given whether `left` (a path remains where the fact applies).
-pub fn judged(check: String, j: &Judgement, left: bool) -> Finding {
+/// given whether `left` (a path remains where the fact applies; `None`
+/// where there is no GPU–NIC pair, so only the fact's own path is known).
+pub fn judged(check: String, j: &Judgement, left: Option<bool>) -> Finding {
     let (status, suffix) = match (j.known, j.rules_out()) {
         (false, _) => (Status::Skipped, String::new()),
         (true, []) => (Status::Ok, String::new()),
         // dma-buf is the path NVIDIA recommends and needs no peer-memory
         // module: losing peer memory where dma-buf remains is no problem.
-        (true, [RegistrationPath::PeerMemory]) if left => (Status::Ok, ": not needed, dma-buf is possible".to_string()),
+        (true, [RegistrationPath::PeerMemory]) if left == Some(true) => (Status::Ok, ": not needed, dma-buf is possible".to_string()),
         (true, [p]) => {
             let other = if *p == RegistrationPath::DmaBuf { RegistrationPath::PeerMemory } else { RegistrationPath::DmaBuf };
-            if left {
-                (Status::Warn, format!(": rules out {p}; {other} is still possible"))
-            } else {
-                (Status::Fail, format!(": rules out {p}, and {other} is ruled out too"))
+            match left {
+                Some(true) => (Status::Warn, format!(": rules out {p}; {other} is still possible")),
+                Some(false) => (Status::Fail, format!(": rules out {p}, and {other} is ruled out too")),
+                None => (Status::Warn, format!(": rules out {p}; no GPU–NIC pair here to say whether {other} is left")),
             }
         }
         (true, _) => (Status::Fail, ": rules out both zero-copy paths".to_string()),
@@ -60,6 +71,21 @@ pub fn rdma(root: &SysRoot, devices: &Result<Vec<RdmaDevice>, String>, left: &Pa
                 .evidence(why.clone())
                 .fix("install rdma-core and the NIC's kernel driver (mlx5_ib, efa, irdma, bnxt_re), or for tests `rdma link add rxe0 type rxe netdev <if>`"),
         ),
+        Ok(list) if list.is_empty() && !sys_devs.is_empty() => {
+            // The kernel has them; libibverbs lists only devices it has a
+            // user-space provider for.
+            let drivers: Vec<String> = sys_devs.iter().map(|d| format!("{d}: {}", driver_of(root, d))).collect();
+            out.push(
+                Finding::new(
+                    "rdma.devices",
+                    Status::Fail,
+                    format!("the kernel has RDMA device(s) {}, but libibverbs lists none: it has no user-space provider for their driver", sys_devs.join(", ")),
+                )
+                .evidence(format!("/sys/class/infiniband: {}", sys_devs.join(", ")))
+                .evidence(format!("drivers: {}", drivers.join("; ")))
+                .fix("install rdma-core's provider for that driver in this image or host (ibverbs-providers on Debian/Ubuntu, rdma-core on RHEL: libmlx5, libbnxt_re, libefa, libirdma); `ibv_devices` must list the device"),
+            );
+        }
         Ok(list) if list.is_empty() => out.push(
             Finding::new("rdma.devices", Status::Fail, "no RDMA device is visible to this process")
                 .evidence(format!("/sys/class/infiniband: {}", none_or(&sys_devs)))
@@ -79,16 +105,32 @@ pub fn rdma(root: &SysRoot, devices: &Result<Vec<RdmaDevice>, String>, left: &Pa
     } else if uverbs.is_empty() {
         Finding::new("rdma.uverbs", Status::Skipped, "no RDMA devices, so no uverbs nodes to check")
     } else {
-        Finding::new("rdma.uverbs", Status::Ok, format!("uverbs nodes present: {}", uverbs.join(", ")))
+        // Each device's node by its own number: a pod given some of the
+        // nodes cannot open the others.
+        let missing: Vec<String> = sys_devs
+            .iter()
+            .filter_map(|d| {
+                let node = list_dir(root, &format!("/sys/class/infiniband/{d}/device/infiniband_verbs")).into_iter().find(|n| n.starts_with("uverbs"))?;
+                (!uverbs.contains(&node)).then(|| format!("{d} (/dev/infiniband/{node})"))
+            })
+            .collect();
+        if missing.is_empty() {
+            Finding::new("rdma.uverbs", Status::Ok, format!("uverbs nodes present: {}", uverbs.join(", ")))
+        } else {
+            let status = if missing.len() == sys_devs.len() { Status::Fail } else { Status::Warn };
+            Finding::new("rdma.uverbs", status, format!("{} of {} RDMA devices have no uverbs node here: {}", missing.len(), sys_devs.len(), missing.join(", ")))
+                .evidence(format!("/dev/infiniband: {}", uverbs.join(", ")))
+                .fix("pass every device's node into the container (the RDMA device plugin's resource for each NIC, or `--device /dev/infiniband/uverbsN`), or leave the devices out of NCCL_IB_HCA")
+        }
     };
     out.push(f);
     for d in devices.as_ref().map(|v| v.as_slice()).unwrap_or_default() {
-        out.extend(device(root, d, left.nics.contains(&d.name)));
+        out.extend(device(root, d, left.at(left.nics.contains(&d.name))));
     }
     out
 }
 
-fn device(root: &SysRoot, d: &RdmaDevice, left: bool) -> Vec<Finding> {
+fn device(root: &SysRoot, d: &RdmaDevice, left: Option<bool>) -> Vec<Finding> {
     let mut out = Vec::new();
     let id = |what: &str| format!("rdma.{what}.{}", d.name);
     // Hardware NICs list their netdevs under the PCI function; software
@@ -174,7 +216,7 @@ pub fn cuda(root: &SysRoot, gpus: &Result<Vec<GpuFacts>, String>, left: &PathsLe
             out.push(f.evidence(version));
             for g in list {
                 let [gdr, dma_buf] = g.judge();
-                let here = left.gpus.contains(&g.ordinal);
+                let here = left.at(left.gpus.contains(&g.ordinal));
                 out.push(judged(format!("cuda.gdr.gpu{}", g.ordinal), &gdr, here));
                 out.push(judged(format!("cuda.dmabuf.gpu{}", g.ordinal), &dma_buf, here));
             }
@@ -186,8 +228,26 @@ pub fn cuda(root: &SysRoot, gpus: &Result<Vec<GpuFacts>, String>, left: &PathsLe
 /// The host's facts: kernel dma-buf support and the peer-memory client.
 pub fn host(host: &HostFacts, left: &PathsLeft) -> Vec<Finding> {
     let [kernel, peer] = host.judge();
-    let any = !left.gpus.is_empty();
+    if left.no_pairs {
+        // No pair to judge: each host fact is weighed against the other
+        // alone (no NIC rules dma-buf out here; a missing NIC is its own
+        // finding).
+        let keeps = |j: &Judgement, p: RegistrationPath| !j.known || !j.rules_out().contains(&p);
+        return vec![
+            judged("peermem.client".into(), &peer, Some(keeps(&kernel, RegistrationPath::DmaBuf))),
+            judged("dmabuf.kernel".into(), &kernel, Some(keeps(&peer, RegistrationPath::PeerMemory))),
+        ];
+    }
+    let any = Some(!left.gpus.is_empty());
     vec![judged("peermem.client".into(), &peer, any), judged("dmabuf.kernel".into(), &kernel, any)]
+}
+
+/// The kernel driver of an RDMA device (`bnxt_re` ...), from sysfs.
+fn driver_of(root: &SysRoot, dev: &str) -> String {
+    root.resolve(&format!("/sys/class/infiniband/{dev}/device/driver"))
+        .and_then(|p| p.rsplit('/').next().map(str::to_owned))
+        .filter(|d| d != "driver")
+        .unwrap_or_else(|| "unknown".to_owned())
 }
 
 /// Entry names of a machine directory (none when it is missing).
@@ -255,7 +315,7 @@ mod tests {
         assert_eq!(d.evidence, vec!["ibv_reg_dmabuf_mr(fd = -1) answered EOPNOTSUPP (Operation not supported)".to_string()]);
         assert!(d.fix.as_deref().unwrap().contains("Soft-RoCE (rxe) never does"));
         // Where peer memory still gives the NIC a path, the same fact is a warning.
-        let f = rdma(&root_of(&t), &rxe0(), &PathsLeft { gpus: vec![0], nics: vec!["rxe0".into()] });
+        let f = rdma(&root_of(&t), &rxe0(), &PathsLeft { gpus: vec![0], nics: vec!["rxe0".into()], no_pairs: false });
         let d = find(&f, "rdma.dmabuf.rxe0");
         assert_eq!((d.status, d.summary.as_str()), (Status::Warn, "rxe0 cannot register dma-buf memory: rules out dma-buf; peer memory is still possible"));
     }
@@ -269,6 +329,54 @@ mod tests {
         let u = find(&f, "rdma.uverbs");
         assert_eq!(u.status, Status::Fail);
         assert!(u.fix.as_deref().unwrap().contains("--device /dev/infiniband/uverbs0"));
+    }
+
+    /// bnxt_re devices with no user-space provider: the kernel lists them,
+    /// libibverbs does not; the fix names the provider, not the driver.
+    #[test]
+    fn kernel_devices_without_a_provider_name_the_provider() {
+        let t = Tree::new("noprovider");
+        t.file("/sys/devices/pci0000:00/0000:41:00.0/infiniband/bnxt_re0/ports/1/state", "4: ACTIVE\n");
+        t.dir("/sys/bus/pci/drivers/bnxt_en");
+        t.link("/sys/devices/pci0000:00/0000:41:00.0/driver", "../../../bus/pci/drivers/bnxt_en");
+        t.link("/sys/class/infiniband/bnxt_re0", "../../devices/pci0000:00/0000:41:00.0/infiniband/bnxt_re0");
+        t.link("/sys/devices/pci0000:00/0000:41:00.0/infiniband/bnxt_re0/device", "../../../0000:41:00.0");
+        t.file("/dev/infiniband/uverbs0", "");
+        let f = rdma(&root_of(&t), &Ok(vec![]), &PathsLeft::default());
+        let d = find(&f, "rdma.devices");
+        assert_eq!(d.status, Status::Fail);
+        assert!(d.summary.contains("the kernel has RDMA device(s) bnxt_re0, but libibverbs lists none"), "{d:#?}");
+        assert!(d.evidence.iter().any(|e| e == "drivers: bnxt_re0: bnxt_en"), "{d:#?}");
+        assert!(d.fix.as_deref().unwrap().contains("libbnxt_re"));
+    }
+
+    /// Two of four InfiniBand devices without their uverbs node in the pod.
+    #[test]
+    fn uverbs_nodes_are_checked_per_device() {
+        let t = Tree::new("someuverbs");
+        for (i, d) in ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"].iter().enumerate() {
+            t.file(&format!("/sys/class/infiniband/{d}/device/infiniband_verbs/uverbs{i}/ibdev"), format!("{d}\n"));
+        }
+        t.file("/dev/infiniband/uverbs0", "").file("/dev/infiniband/uverbs1", "");
+        let f = rdma(&root_of(&t), &Ok(vec![]), &PathsLeft::default());
+        let u = find(&f, "rdma.uverbs");
+        assert_eq!(u.status, Status::Warn, "{u:#?}");
+        assert_eq!(u.summary, "2 of 4 RDMA devices have no uverbs node here: mlx5_2 (/dev/infiniband/uverbs2), mlx5_3 (/dev/infiniband/uverbs3)");
+    }
+
+    /// No GPU–NIC pair at all (a GPU machine without an RDMA device): the
+    /// host facts are weighed against each other only; missing peer memory
+    /// with a dma-buf kernel is not "dma-buf ruled out too".
+    #[test]
+    fn without_a_pair_the_host_facts_do_not_rule_out_the_other_path() {
+        let h = HostFacts { kernel_release: Some("6.8.0".into()), peer_memory_found: vec![], peer_memory_api: Some(false) };
+        let f = host(&h, &PathsLeft { no_pairs: true, ..PathsLeft::default() });
+        let p = find(&f, "peermem.client");
+        assert_eq!(p.status, Status::Ok, "{p:#?}");
+        assert!(p.summary.ends_with("not needed, dma-buf is possible"), "{}", p.summary);
+        let old = HostFacts { kernel_release: Some("5.4.0".into()), ..h };
+        let p = find(&host(&old, &PathsLeft { no_pairs: true, ..PathsLeft::default() }), "peermem.client").clone();
+        assert_eq!(p.status, Status::Fail, "a 5.4 kernel rules dma-buf out: {p:#?}");
     }
 
     #[test]
@@ -297,7 +405,7 @@ mod tests {
     fn cuda_findings() {
         let t = Tree::new("cuda");
         t.file("/proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n");
-        let gpu0 = PathsLeft { gpus: vec![0], nics: vec!["mlx5_0".into()] };
+        let gpu0 = PathsLeft { gpus: vec![0], nics: vec!["mlx5_0".into()], no_pairs: false };
         let f = cuda(&root_of(&t), &Ok(vec![gpu(true, false)]), &gpu0);
         assert_eq!(find(&f, "cuda.driver").summary, "CUDA driver 12.8, 1 GPU(s)");
         assert_eq!(find(&f, "cuda.gdr.gpu0").status, Status::Ok);
@@ -336,7 +444,7 @@ mod tests {
         assert_eq!(find(&f, "dmabuf.kernel").status, Status::Fail);
         // No peer memory where dma-buf works: nothing to fix.
         let h = HostFacts { kernel_release: Some("6.8.0-45-generic".into()), ..h };
-        let f = host(&h, &PathsLeft { gpus: vec![0], nics: vec!["mlx5_0".into()] });
+        let f = host(&h, &PathsLeft { gpus: vec![0], nics: vec!["mlx5_0".into()], no_pairs: false });
         assert_eq!(find(&f, "peermem.client").status, Status::Ok);
         assert_eq!(find(&f, "peermem.client").summary, "no peer-memory client is loaded: not needed, dma-buf is possible");
         let h = HostFacts { kernel_release: Some("6.8.0-45-generic".into()), peer_memory_found: vec!["/sys/module/nvidia_peermem/version".into()], peer_memory_api: Some(true) };
