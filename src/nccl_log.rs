@@ -28,8 +28,12 @@
 //!    line (no `Enabled` anywhere), `NCCL_NET_GDR_LEVEL` at a limit below
 //!    `PIX` (`LOC`, `0`, `00`: read as NCCL reads it, [`gpudirect::nccl`],
 //!    so `loc` is ignored), `NCCL_NET` naming a TCP transport (`Socket`,
-//!    `FastSocket`), or `NCCL_IB_DISABLE` non-zero with NCCL's internal
-//!    network.
+//!    `FastSocket`), `NCCL_IB_DISABLE` non-zero with NCCL's internal
+//!    network, or (a WARN-only log) libibverbs failing to load with no
+//!    plugin loaded.
+//!    A log of one node (every `nNodes` 1, or one rank) had no inter-node
+//!    traffic: its headline says what traffic between nodes *would* do,
+//!    and when it cannot tell, it says no one-node run can show it.
 //! 3. Anything else is "cannot tell", with the setting or line that would
 //!    settle it. `DMA-BUF is available`, the `use ring PXN 0 GDR 1` summary
 //!    and GDRCopy lines never count as evidence (see [`Misleading`]);
@@ -49,14 +53,20 @@
 //!   (otherwise `null`).
 //! - `nccl_versions`: distinct `NCCL version` strings, e.g. `"2.5.7+cuda10.0"`.
 //! - `networks`: distinct `Using network <name>` names.
-//! - `net_devices`: `NET/<plugin> : Using ...` lines ([`NetDevices`]).
+//! - `net_devices`: the lines where a network plugin lists its devices
+//!   (`NET/<plugin> : Using [0]mlx5_0:1/RoCE ...`, 2.27's `NET/IB :
+//!   [0]...`), each quoted as printed in `printed` ([`NetDevices`]); lines
+//!   naming no device (`Using internal network plugin`, `Using 2 threads`,
+//!   `Using [RO]; OOB eth0`) are not NIC lists.
 //! - `providers`: aws-ofi-nccl's selected libfabric providers ([`Provider`]).
 //! - `plugin_dmabuf`: aws-ofi-nccl's `Support for DMA-BUF registrations`
 //!   (`false` when any rank said so), or `null`.
 //! - `gdr_support`: per-HCA / per-GPU `GPU Direct RDMA Enabled|Disabled`
 //!   lines ([`GdrSupport`]), with the registration path (`mechanism`:
 //!   `DMABUF`, `nvidia-peermem`) and the per-GPU `read` flag when printed.
-//! - `environment`: `NAME set by environment to VALUE` lines ([`EnvSetting`]).
+//! - `environment`: `NAME set by environment to VALUE` lines ([`EnvSetting`]);
+//!   `set_by_plugin` is the line where a plugin set the variable itself
+//!   (aws-ofi-nccl's `Setting NCCL_TOPO_FILE environment variable to ...`).
 //! - `environment_judged`: those variables judged by the doctor's rules
 //!   ([`EnvJudgement`]: `check`, `status`, `summary`), filled in by the
 //!   command; empty when the log shows none.
@@ -180,6 +190,8 @@ pub struct NetDevices {
     pub devices: Vec<String>,
     /// Everything after `Using `.
     pub text: String,
+    /// The line as NCCL printed it (after the prefix), quoted as it is.
+    pub printed: String,
 }
 
 /// A `GPU Direct RDMA Enabled|Disabled for HCA n 'name'` line (NIC side) or
@@ -219,6 +231,10 @@ pub struct EnvSetting {
     pub name: String,
     /// Value, without the trailing period NCCL prints.
     pub value: String,
+    /// The line where a network plugin set this variable itself
+    /// (aws-ofi-nccl sets `NCCL_TOPO_FILE` for the instance types it
+    /// knows): not the job's setting.
+    pub set_by_plugin: Option<usize>,
 }
 
 /// One variable of the log's environment as the doctor judges it.
@@ -418,7 +434,10 @@ impl Report {
     }
 }
 
-fn report(scan: Scan) -> Report {
+fn report(mut scan: Scan) -> Report {
+    for e in &mut scan.env {
+        e.set_by_plugin = scan.plugin_env.iter().find(|(n, v, _)| *n == e.name && *v == e.value).map(|(_, _, l)| *l);
+    }
     let decision = verdict::decide(&scan);
     let causes = verdict::causes(&scan, &decision);
     let ranks = summarise_ranks(&scan.conns);
@@ -519,6 +538,9 @@ const HEAD_PARTIAL: &str = "GPUDirect RDMA was partially used";
 /// (GPU to host, host to NIC) and shares host memory bandwidth.
 const HEAD_NOT_USED: &str =
     "GPUDirect RDMA was NOT used: inter-node traffic went through host memory, crossing PCIe twice: expect about half the multi-node bandwidth";
+/// A one-node log whose setup rules GPUDirect RDMA out.
+const HEAD_NOT_USED_ONE_NODE: &str = "GPUDirect RDMA would NOT be used between nodes: this run was on one node, so no traffic crossed the network";
+const HEAD_WOULD_STAGE: &str = "with this setup inter-node traffic would go through host memory, crossing PCIe twice, at about half the multi-node bandwidth";
 /// The cost of a partial use, appended to its headline.
 const PARTIAL_COST: &str = "the ranks without it move about half as much, and each collective waits for them";
 const HEAD_UNKNOWN: &str = "cannot tell from this log whether GPUDirect RDMA was used";

@@ -155,6 +155,10 @@ pub fn parse_nccl_conf(text: &str) -> Vec<(String, String)> {
 pub fn from_nccl_log(settings: &[crate::nccl_log::EnvSetting], shown: &str) -> JobEnv {
     let mut env = JobEnv::default();
     for s in settings {
+        if let Some(l) = s.set_by_plugin {
+            env.notes.push(format!("{shown}: {}={} was set by the network plugin itself (line {l}), not by the job: not judged", s.name, s.value));
+            continue;
+        }
         env.origins.push((s.name.clone(), format!("the NCCL log {shown} (line {})", s.line)));
         env.vars.push((s.name.clone(), s.value.clone()));
     }

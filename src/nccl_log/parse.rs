@@ -604,10 +604,42 @@ pub(super) fn parse_net_using(msg: &str) -> Option<(String, String)> {
     let list = match tail.strip_prefix("Using ") {
         Some(list) if !list.starts_with("interface ") => list,
         Some(_) => return None,
-        None if tail.starts_with('[') && !net_device_names(tail).is_empty() => tail,
+        None if tail.starts_with('[') => tail,
         None => return None,
     };
+    // Only a list of devices is a NIC list: `Using internal network
+    // plugin`, `Using 2 threads`, and 2.27's `Using [RO]; OOB eth0` with no
+    // device are not.
+    if net_device_names(list).is_empty() {
+        return None;
+    }
     Some((name.to_string(), list.trim().to_string()))
+}
+
+/// `nNodes N` in a communicator's summary line.
+pub(super) fn parse_n_nodes(msg: &str) -> Option<u64> {
+    word_after(msg, "nNodes ")
+}
+
+/// `nranks N` or `nRanks N` in an init or summary line.
+pub(super) fn parse_n_ranks(msg: &str) -> Option<u64> {
+    word_after(msg, " nranks ").or_else(|| word_after(msg, " nRanks "))
+}
+
+fn word_after(msg: &str, key: &str) -> Option<u64> {
+    let at = msg.find(key)? + key.len();
+    let digits: String = msg[at..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// A plugin setting a variable in NCCL's environment itself:
+/// aws-ofi-nccl's `Setting NCCL_TOPO_FILE environment variable to PATH`.
+pub(super) fn parse_plugin_setenv(msg: &str) -> Option<(String, String)> {
+    let at = msg.find("Setting NCCL_")?;
+    let rest = &msg[at + "Setting ".len()..];
+    let (name, tail) = rest.split_once(' ')?;
+    let value = tail.strip_prefix("environment variable to ")?.trim();
+    (!value.is_empty() && name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')).then(|| (name.to_owned(), value.to_owned()))
 }
 
 /// The network NCCL chose: `Using network IB` (2.4+) or `Using internal

@@ -35,6 +35,17 @@ pub(super) struct Scan {
     pub(super) internal_net: Option<LogLine>,
     pub(super) plugin_loaded: Option<LogLine>,
     pub(super) geforce: Option<LogLine>,
+    /// `nNodes N` of each communicator (`comm 0x... rank r nRanks n nNodes
+    /// N ...`), and the largest `nranks`/`nRanks` printed.
+    pub(super) n_nodes: Vec<(u64, LogLine)>,
+    pub(super) max_ranks: Option<u64>,
+    /// `NET/IB : Failed to open libibverbs` (or NCCL's ibvwrap WARN): the
+    /// IB transport cannot start.
+    pub(super) no_libibverbs: Option<LogLine>,
+    /// Variables a plugin set in NCCL's environment itself (aws-ofi-nccl's
+    /// `Setting NCCL_TOPO_FILE environment variable to ...`): name, value,
+    /// line.
+    pub(super) plugin_env: Vec<(String, String, usize)>,
     /// Distinct facts past the limits below: counted, not listed.
     pub(super) not_kept: usize,
     /// Lines longer than [`MAX_LINE`]: only their start was read.
@@ -212,7 +223,22 @@ impl Scan {
                     devices: parse::net_device_names(&list),
                     net,
                     text: clip(&list),
+                    printed: clip(msg),
                 });
+            }
+            return;
+        }
+        if let Some(nodes) = parse::parse_n_nodes(msg) {
+            if self.n_nodes.len() < MAX_QUOTED && !self.n_nodes.iter().any(|(k, _)| *k == nodes) {
+                self.n_nodes.push((nodes, here(msg)));
+            }
+        }
+        if let Some(r) = parse::parse_n_ranks(msg) {
+            self.max_ranks = Some(self.max_ranks.map_or(r, |m| m.max(r)));
+        }
+        if let Some((name, value)) = parse::parse_plugin_setenv(msg) {
+            if self.plugin_env.len() < MAX_QUOTED {
+                self.plugin_env.push((name, clip(&value), n));
             }
             return;
         }
@@ -247,6 +273,7 @@ impl Scan {
                     line: n,
                     name,
                     value: clip(&value),
+                    set_by_plugin: None,
                 });
             }
             return;
@@ -306,6 +333,9 @@ impl Scan {
                 self.plugin_gdr_off.push(here(msg));
             }
             return;
+        }
+        if lower.contains("libibverbs") && ["failed to open", "cannot open", "could not open", "failed to load"].iter().any(|w| lower.contains(w)) {
+            self.no_libibverbs.get_or_insert_with(|| here(msg));
         }
         if msg.contains("NET/IB") && msg.contains("No device found") {
             self.no_ib_device.get_or_insert_with(|| here(msg));
@@ -369,6 +399,15 @@ impl Scan {
             || self
                 .net_conns()
                 .any(|c| !c.net.as_deref().is_some_and(is_tcp_network))
+    }
+
+    /// The line showing this log is of one node: every communicator's
+    /// `nNodes` is 1, or (with none printed) the largest rank count is 1.
+    pub(super) fn single_node(&self) -> Option<String> {
+        if !self.n_nodes.is_empty() {
+            return self.n_nodes.iter().all(|(n, _)| *n == 1).then(|| format!("{}: nNodes 1", quote(&self.n_nodes[0].1)));
+        }
+        (self.max_ranks == Some(1)).then(|| "every communicator has one rank (nranks 1)".to_owned())
     }
 
     pub(super) fn socket_devices(&self) -> Vec<&NetDevices> {

@@ -63,10 +63,9 @@ impl fmt::Display for Report {
             for d in &self.net_devices {
                 writeln!(
                     f,
-                    "  line {}: NET/{} : Using {}{}",
+                    "  line {}: {}{}",
                     d.line,
-                    d.net,
-                    d.text,
+                    d.printed,
                     on(d.host.as_deref())
                 )?;
             }

@@ -7,7 +7,7 @@ use gpudirect::nccl::is_tcp_network;
 
 use super::{
     describe_support, quote, CompletionError, Connection, Direction, GdrSupport, Scan,
-    Verdict, HEAD_NOT_USED, HEAD_PARTIAL, HEAD_UNKNOWN, HEAD_USED, PARTIAL_COST, SETTLE_SUBSYS,
+    Verdict, HEAD_NOT_USED, HEAD_NOT_USED_ONE_NODE, HEAD_PARTIAL, HEAD_WOULD_STAGE, HEAD_UNKNOWN, HEAD_USED, PARTIAL_COST, SETTLE_SUBSYS,
 };
 
 /// The verdict and what it rests on, before causes are added.
@@ -26,9 +26,15 @@ pub(super) fn decide(scan: &Scan) -> Decision {
         return decide_from_connections(scan, &net);
     }
     let mut evidence = Vec::new();
+    // One node: nothing crossed a network; the log says what inter-node
+    // traffic would do, not what it did.
+    let headline = match scan.single_node() {
+        Some(why) => format!("{HEAD_NOT_USED_ONE_NODE} ({why}): {HEAD_WOULD_STAGE}"),
+        None => HEAD_NOT_USED.to_string(),
+    };
     let not_used = |evidence: Vec<String>| Decision {
         verdict: Verdict::NotUsed,
-        headline: HEAD_NOT_USED.to_string(),
+        headline: headline.clone(),
         evidence,
         settle_with: None,
     };
@@ -44,11 +50,21 @@ pub(super) fn decide(scan: &Scan) -> Decision {
         }
         for d in socket_devices {
             evidence.push(format!(
-                "NET/{} chose its interfaces (line {}: 'NET/{} : Using {}'): TCP sockets stage \
-                 every transfer in host memory",
-                d.net, d.line, d.net, d.text
+                "NET/{} chose its interfaces (line {}: '{}'): TCP sockets stage every transfer \
+                 in host memory",
+                d.net, d.line, d.printed
             ));
         }
+        return not_used(evidence);
+    }
+    // A WARN-only log: libibverbs could not be loaded, so NCCL's IB
+    // transport never started and only sockets were left.
+    if let (Some(l), None, false) = (&scan.no_libibverbs, &scan.plugin_loaded, scan.rdma_network_named()) {
+        evidence.push(format!(
+            "libibverbs could not be loaded ({}): NCCL's InfiniBand/RoCE transport cannot start, \
+             so NCCL's network is TCP sockets, staged in host memory",
+            quote(l)
+        ));
         return not_used(evidence);
     }
     if let Some(l) = scan.plugin_gdr_off.first() {
@@ -173,6 +189,11 @@ pub(super) fn decide(scan: &Scan) -> Decision {
             scan.conns.len()
         ));
     }
+    let one_node = scan.single_node();
+    if let (Some(why), false) = (&one_node, no_nccl) {
+        evidence.push(format!("this log is of one node ({why}): NCCL opens no network connection there, so no line can show whether GPUDirect RDMA works between nodes"));
+        settle = "run across two nodes with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET (each 'Channel ... via NET/...' line ends in /GDRDMA exactly when that connection uses GPUDirect RDMA), or judge each node with `gpudirect doctor`".to_owned();
+    }
     let reason = if no_nccl {
         "no NCCL debug output in it; run with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET"
     } else if scan
@@ -182,6 +203,8 @@ pub(super) fn decide(scan: &Scan) -> Decision {
     {
         "the run failed with IB error 4 before any NET channel line; rerun with \
          NCCL_DEBUG_SUBSYS=INIT,NET and check PCIe ACS"
+    } else if one_node.is_some() {
+        "it is of one node, with no inter-node traffic to show; run across two nodes, or judge the node with `gpudirect doctor`"
     } else if !scan.conns.is_empty() {
         "it shows only intra-node connections; keep the NET channel lines \
          (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET)"
@@ -431,12 +454,11 @@ pub(super) fn causes(scan: &Scan, d: &Decision) -> Vec<String> {
                  RDMA NICs (InfiniBand, RoCE, EFA) and the NCCL net plugin that drives them"
             ));
         }
-        out.add(
-            "NCCL used TCP sockets between nodes: check that every node has an RDMA NIC with \
-             a link up (`ibv_devinfo`), that NCCL can see it (NCCL_IB_HCA, container devices) \
-             and that no setting disables it"
-                .to_string(),
-        );
+        let used = if scan.single_node().is_some() { "would use TCP sockets between nodes (this run had one node)" } else { "used TCP sockets between nodes" };
+        out.add(format!(
+            "NCCL {used}: check that every node has an RDMA NIC with a link up (`ibv_devinfo`), \
+             that NCCL can see it (NCCL_IB_HCA, container devices) and that no setting disables it"
+        ));
     }
     let hca_off: Vec<&GdrSupport> = scan
         .support

@@ -132,11 +132,18 @@ pub fn judge_log_environment(report: &mut crate::nccl_log::Report, source: &str)
         return;
     }
     let env = super::jobenv::from_nccl_log(&report.environment, source);
-    report.environment_judged = check(&env, &Site::default())
+    let by_plugin = report.environment.iter().filter_map(|e| e.set_by_plugin.map(|l| (e, l))).map(|(e, l)| crate::nccl_log::EnvJudgement {
+        check: format!("env.{}", e.name.to_ascii_lowercase()),
+        status: Status::Ok.to_string(),
+        summary: format!("{}={} was set by the network plugin itself (line {l}), not by the job: not a user override", e.name, e.value),
+    });
+    let mut judged: Vec<crate::nccl_log::EnvJudgement> = check(&env, &Site::default())
         .into_iter()
-        .filter(|f| f.check != "env.sources")
+        .filter(|f| f.check != "env.sources" && f.check != "env.defaults")
         .map(|f| crate::nccl_log::EnvJudgement { check: f.check, status: f.status.to_string(), summary: f.summary })
         .collect();
+    judged.extend(by_plugin);
+    report.environment_judged = judged;
 }
 
 /// Whether an NCCL name list (`NCCL_IB_HCA`, `NCCL_SOCKET_IFNAME`:

@@ -149,3 +149,82 @@ fn json_shape_is_stable() {
     assert_eq!(v["ranks"][0]["net_with_gdr"][0], "receive");
     assert_eq!(verdict_word(Verdict::NotUsed), "not-used");
 }
+
+/// One node (`nNodes 1`, one rank): no traffic crossed a network, so the
+/// log says what inter-node traffic would do, and never "went through"
+/// or "between nodes" as a fact; the real H200 log of one rank.
+#[test]
+fn a_single_node_log_says_what_would_happen_between_nodes() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/nccl-logs/h200-vm-1rank-no-rdma-socket-2.28.9.txt")).unwrap();
+    let body = text.split_once("\n---\n").unwrap().1;
+    let r = explain(body);
+    assert_eq!(r.verdict, Verdict::NotUsed);
+    assert!(r.headline.starts_with("GPUDirect RDMA would NOT be used between nodes: this run was on one node"), "{}", r.headline);
+    assert!(r.headline.contains("nNodes 1") && !r.headline.contains("went through"), "{}", r.headline);
+    assert!(r.causes.iter().any(|c| c.starts_with("NCCL would use TCP sockets between nodes (this run had one node)")), "{:#?}", r.causes);
+    assert!(!r.causes.iter().any(|c| c.starts_with("NCCL used TCP sockets")), "{:#?}", r.causes);
+    // Only device lists are NIC lists: 2.27+'s `NET/IB : Using [RO]; OOB eth0` has none.
+    assert_eq!(r.net_devices.iter().map(|d| d.printed.as_str()).collect::<Vec<_>>(), ["NET/Socket : Using [0]eth0:192.0.2.2<0>"]);
+    // A multi-node log with the same lines keeps the plain headline.
+    let multi = body.replace("nNodes 1", "nNodes 2").replace("nranks 1", "nranks 2").replace("nRanks 1", "nRanks 2");
+    assert!(explain(&multi).headline.starts_with("GPUDirect RDMA was NOT used: inter-node traffic went through host memory"));
+}
+
+/// A one-node log with only intra-node connections is not told to rerun
+/// with NET debug output: no run on one node can show it.
+#[test]
+fn a_single_node_log_without_network_lines_names_what_would_settle_it() {
+    let log = "h:1:2 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0\n\
+               h:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM\n";
+    let r = explain(log);
+    assert_eq!(r.verdict, Verdict::Unknown);
+    assert!(r.headline.contains("it is of one node") && !r.headline.contains("NCCL_DEBUG_SUBSYS"), "{}", r.headline);
+    assert!(r.settle_with.as_deref().unwrap().starts_with("run across two nodes"), "{:?}", r.settle_with);
+}
+
+/// A WARN-only log (NCCL_DEBUG=WARN) where libibverbs failed to load:
+/// NCCL's IB transport never started, so sockets are all that is left.
+#[test]
+fn a_warn_only_log_without_libibverbs_is_sockets_only() {
+    let log = "node1:7:7 [0] NCCL WARN Failed to open libibverbs.so[.1]\n";
+    let r = explain(log);
+    assert_eq!(r.verdict, Verdict::NotUsed, "{r:#?}");
+    assert!(r.evidence[0].contains("libibverbs could not be loaded (line 1"), "{:?}", r.evidence);
+    // With a plugin loaded, it is the plugin's network that counts.
+    let with_plugin = format!("{log}node1:7:7 [0] NCCL INFO NET/Plugin: Loaded net plugin AWS Libfabric (v8)\n");
+    assert_eq!(explain(&with_plugin).verdict, Verdict::Unknown);
+}
+
+/// Lines that name no device are not NIC lists, and device lists are
+/// quoted as NCCL printed them, never rewritten.
+#[test]
+fn nic_lists_are_only_device_lists_quoted_as_printed() {
+    let log = "h:1:2 [0] NCCL INFO NET/Plugin : Using internal network plugin.\n\
+               h:1:2 [0] NCCL INFO NET/Socket : Using 2 threads and 8 sockets per thread\n\
+               h:1:2 [0] NCCL INFO NET/IB : [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; OOB eth0:10.0.0.1<0>\n\
+               h:1:2 [0] NCCL INFO NET/IB : Using [0]mlx5_2:1/IB ; OOB ib0:10.1.0.1<0>\n";
+    let r = explain(log);
+    let printed: Vec<&str> = r.net_devices.iter().map(|d| d.printed.as_str()).collect();
+    assert_eq!(printed, ["NET/IB : [0]mlx5_0:1/RoCE [1]mlx5_1:1/RoCE [RO]; OOB eth0:10.0.0.1<0>", "NET/IB : Using [0]mlx5_2:1/IB ; OOB ib0:10.1.0.1<0>"]);
+    assert_eq!(r.net_devices[0].devices, ["mlx5_0", "mlx5_1"]);
+    let text = r.to_string();
+    assert!(text.contains("line 3: NET/IB : [0]mlx5_0:1/RoCE") && !text.contains("NET/IB : Using [0]mlx5_0"), "{text}");
+}
+
+/// aws-ofi-nccl sets NCCL_TOPO_FILE itself for the instance types it knows:
+/// that is not the job overriding NCCL's topology.
+#[test]
+fn a_topology_file_the_plugin_set_is_not_a_user_override() {
+    let log = "h:1:2 [0] NCCL INFO NET/OFI Setting NCCL_TOPO_FILE environment variable to /opt/amazon/ofi-nccl/share/aws-ofi-nccl/xml/p5.48xlarge-topo.xml\n\
+               h:1:2 [0] NCCL INFO NCCL_TOPO_FILE set by environment to /opt/amazon/ofi-nccl/share/aws-ofi-nccl/xml/p5.48xlarge-topo.xml\n\
+               h:1:2 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 1.\n";
+    let mut r = explain(log);
+    assert_eq!(r.environment[0].set_by_plugin, Some(1));
+    crate::doctor::env::judge_log_environment(&mut r, "job.log");
+    let topo = r.environment_judged.iter().find(|j| j.check == "env.nccl_topo_file").unwrap();
+    assert_eq!(topo.status, "ok");
+    assert!(topo.summary.contains("set by the network plugin itself (line 1)"), "{}", topo.summary);
+    assert_eq!(r.environment_judged.iter().find(|j| j.check == "env.nccl_ib_disable").unwrap().status, "fail");
+    let env = crate::doctor::jobenv::from_nccl_log(&r.environment, "job.log");
+    assert_eq!(env.vars, vec![("NCCL_IB_DISABLE".to_owned(), "1".to_owned())]);
+}
