@@ -73,6 +73,15 @@ fn a_value_the_job_file_cannot_settle_leaves_the_verdict_open() {
 #[test]
 fn a_running_process_is_judged_by_its_pid() {
     let mut job = Command::new("sleep").arg("30").env("NCCL_NET", "Socket").spawn().unwrap();
+    // Under load the new image's environment can show a moment after
+    // spawn returns: wait for it, so the test judges the doctor only.
+    let environ = format!("/proc/{}/environ", job.id());
+    for _ in 0..500 {
+        if std::fs::read(&environ).is_ok_and(|b| b.windows(15).any(|w| w == b"NCCL_NET=Socket")) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let r = doctor_json(&["--pid", &job.id().to_string()]);
     let _ = job.kill();
     let _ = job.wait();

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use gpudirect::sysroot::SysRoot;
 use gpudirect::topology::acs::{acs_flags, acs_from_config, pcie_port_type, port_role, ConfigAcs, ACS_CR, ACS_EC, ACS_RR, CONFIG_LIMIT};
-use gpudirect::topology::{Pair, PathLevel, PCI_DEVICES};
+use gpudirect::topology::{Pair, PCI_DEVICES};
 
-use super::{Finding, Status};
+use super::{Blocker, Finding, Status};
 
 /// One ACS finding per bridge on the placed pairs' paths.
 pub(super) fn acs_findings(root: &SysRoot, pairs: &[Pair]) -> Vec<Finding> {
@@ -16,7 +16,7 @@ pub(super) fn acs_findings(root: &SysRoot, pairs: &[Pair]) -> Vec<Finding> {
         return vec![Finding::new("acs.path", Status::Skipped, "ACS not checked: no GPU–NIC pair could be placed")];
     }
     let mut by_bridge: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for p in pairs.iter().filter(|p| matches!(p.level, PathLevel::Pix | PathLevel::Pxb)) {
+    for p in pairs.iter().filter(|p| p.level.turns_in_a_switch()) {
         for b in &p.bridges {
             by_bridge.entry(b.as_str()).or_default().push(p.label());
         }
@@ -98,6 +98,7 @@ fn acs_bridge_finding(root: &SysRoot, bdf: &str, labels: &[String]) -> Finding {
                 )
                 .evidence(regs)
                 .evidence(on_path)
+                .blocking(Blocker::AcsBridge(bdf.to_owned()))
                 .fix(format!(
                     "Disable ACS redirection on {bdf}: as root, `setpci -s {bdf} ECAP_ACS+6.w=0000` (or \
                      `setpci -s {bdf} {:#x}.w=0000` with pciutils too old to know ECAP_ACS), run at every boot \

@@ -49,12 +49,47 @@ pub struct Finding {
     pub evidence: Vec<String>,
     /// What to do, when status is warn or fail.
     pub fix: Option<String>,
+    /// Which GPU–NIC pairs this finding makes unusable whatever their
+    /// registration path: the verdict reads this, never the `check` text.
+    #[serde(skip)]
+    pub blocks: Option<Blocker>,
+}
+
+/// What a finding blocks, typed: the NIC's port or GID, the device
+/// nodes, ACS on a bridge.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Blocker {
+    /// This NIC's port is not active (or the device cannot be opened).
+    Port(String),
+    /// This NIC has no usable GID.
+    Gid(String),
+    /// These devices have no uverbs node here (every device when empty).
+    DeviceNodes(Vec<String>),
+    /// This bridge's ACS redirects peer-to-peer traffic.
+    AcsBridge(String),
+}
+
+impl Blocker {
+    /// Whether it blocks the pair of `nic` whose path crosses `bridges`.
+    pub fn blocks(&self, nic: &str, bridges: &[String]) -> bool {
+        match self {
+            Blocker::Port(n) | Blocker::Gid(n) => n == nic,
+            Blocker::DeviceNodes(devs) => devs.is_empty() || devs.iter().any(|d| d == nic),
+            Blocker::AcsBridge(b) => bridges.contains(b),
+        }
+    }
 }
 
 impl Finding {
     /// A finding with no evidence or fix yet.
     pub fn new(check: impl Into<String>, status: Status, summary: impl Into<String>) -> Finding {
-        Finding { check: check.into(), status, summary: summary.into(), evidence: Vec::new(), fix: None }
+        Finding { check: check.into(), status, summary: summary.into(), evidence: Vec::new(), fix: None, blocks: None }
+    }
+
+    /// Marks what it blocks.
+    pub fn blocking(mut self, b: Blocker) -> Finding {
+        self.blocks = Some(b);
+        self
     }
 
     /// Adds a line of evidence.

@@ -160,15 +160,7 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
     // What the registration facts cannot see blocks a pair whatever its
     // path: the NIC's port and GID, the device nodes, ACS on its bridges.
     for c in &mut candidates {
-        let (port, gid) = (format!("rdma.port.{}", c.nic), format!("rdma.gid.{}", c.nic));
-        c.blocked = findings
-            .iter()
-            .filter(|f| f.status == Status::Fail)
-            .filter(|f| {
-                f.check == port || f.check == gid || f.check == "rdma.uverbs" || c.bridges.iter().any(|b| f.check == format!("acs.bridge.{b}"))
-            })
-            .map(|f| f.summary.clone())
-            .collect();
+        c.blocked = findings.iter().filter(|f| f.blocks.as_ref().is_some_and(|b| b.blocks(&c.nic, &c.bridges))).map(|f| f.summary.clone()).collect();
     }
     findings.extend(nic_per_gpu(&candidates, &m.job.vars, &site));
     let mut verdict = decide(&candidates, &rdma, &gpus, &m.job.vars, &site);
@@ -714,7 +706,7 @@ mod tests {
                                     .filter(|f| f.status == Status::Fail)
                                     .find(|f| r.verdict.line.ends_with(&f.summary))
                                     .unwrap_or_else(|| panic!("{what}: not available although registration would succeed, and no blocking finding named"));
-                                assert!(by.check.starts_with("rdma.port.") || by.check.starts_with("rdma.gid.") || by.check == "rdma.uverbs" || by.check.starts_with("acs.bridge."), "{what}: blocked by {}", by.check);
+                                assert!(by.blocks.as_ref().is_some_and(|b| b.blocks(nic, &[])) || matches!(by.blocks, Some(super::super::Blocker::AcsBridge(_))), "{what}: blocked by {} ({:?})", by.check, by.blocks);
                             }
                         }
                     }

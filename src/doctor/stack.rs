@@ -10,7 +10,7 @@ use gpudirect::sysroot::SysRoot;
 use gpudirect::{GidType, LinkLayer, Mtu, PortState};
 
 use super::probes::RdmaDevice;
-use super::{Finding, Status};
+use super::{Blocker, Finding, Status};
 
 /// Which GPUs and NICs are in a pair that still has a zero-copy path by the
 /// library's [`plan`](gpudirect::gdr::plan): a fact that rules out one path
@@ -99,6 +99,7 @@ pub fn rdma(root: &SysRoot, devices: &Result<Vec<RdmaDevice>, String>, left: &Pa
     // Containers: the kernel knows the devices but the process has no node to open.
     let f = if !sys_devs.is_empty() && uverbs.is_empty() {
         Finding::new("rdma.uverbs", Status::Fail, "RDMA devices exist but /dev/infiniband/uverbs* is missing (a container without the device nodes?)")
+            .blocking(Blocker::DeviceNodes(Vec::new()))
             .evidence(format!("/sys/class/infiniband: {}", sys_devs.join(", ")))
             .evidence("/dev/infiniband/uverbs*: none")
             .fix("pass the nodes into the container (`--device /dev/infiniband/uverbs0 ...`, the Kubernetes RDMA device plugin) or run with host networking")
@@ -107,18 +108,20 @@ pub fn rdma(root: &SysRoot, devices: &Result<Vec<RdmaDevice>, String>, left: &Pa
     } else {
         // Each device's node by its own number: a pod given some of the
         // nodes cannot open the others.
-        let missing: Vec<String> = sys_devs
+        let missing: Vec<(String, String)> = sys_devs
             .iter()
             .filter_map(|d| {
                 let node = list_dir(root, &format!("/sys/class/infiniband/{d}/device/infiniband_verbs")).into_iter().find(|n| n.starts_with("uverbs"))?;
-                (!uverbs.contains(&node)).then(|| format!("{d} (/dev/infiniband/{node})"))
+                (!uverbs.contains(&node)).then(|| (d.clone(), format!("{d} (/dev/infiniband/{node})")))
             })
             .collect();
         if missing.is_empty() {
             Finding::new("rdma.uverbs", Status::Ok, format!("uverbs nodes present: {}", uverbs.join(", ")))
         } else {
             let status = if missing.len() == sys_devs.len() { Status::Fail } else { Status::Warn };
-            Finding::new("rdma.uverbs", status, format!("{} of {} RDMA devices have no uverbs node here: {}", missing.len(), sys_devs.len(), missing.join(", ")))
+            let shown: Vec<&str> = missing.iter().map(|(_, s)| s.as_str()).collect();
+            Finding::new("rdma.uverbs", status, format!("{} of {} RDMA devices have no uverbs node here: {}", missing.len(), sys_devs.len(), shown.join(", ")))
+                .blocking(Blocker::DeviceNodes(missing.iter().map(|(d, _)| d.clone()).collect()))
                 .evidence(format!("/dev/infiniband: {}", uverbs.join(", ")))
                 .fix("pass every device's node into the container (the RDMA device plugin's resource for each NIC, or `--device /dev/infiniband/uverbsN`), or leave the devices out of NCCL_IB_HCA")
         }
@@ -147,9 +150,11 @@ fn device(root: &SysRoot, d: &RdmaDevice, left: Option<bool>) -> Vec<Finding> {
     };
     out.push(Finding::new(id("netdev"), Status::Ok, format!("{} sits on {on}", d.name)).evidence(source));
     let Some(p) = d.ports.first() else {
-        out.push(Finding::new(id("port"), Status::Fail, format!("{}: the device could not be opened or queried", d.name)).evidence(
-            d.chosen_gid.as_ref().err().cloned().unwrap_or_default(),
-        ));
+        out.push(
+            Finding::new(id("port"), Status::Fail, format!("{}: the device could not be opened or queried", d.name))
+                .evidence(d.chosen_gid.as_ref().err().cloned().unwrap_or_default())
+                .blocking(Blocker::Port(d.name.clone())),
+        );
         return out;
     };
     let mtu = p.active_mtu.map(|m| m.to_string()).unwrap_or_else(|| "unknown".into());
@@ -161,7 +166,7 @@ fn device(root: &SysRoot, d: &RdmaDevice, left: Option<bool>) -> Vec<Finding> {
     .evidence(format!("ibv_query_port: state {:?}, link_layer {:?}, active_mtu {mtu}, max_mtu {:?}, lid {}", p.state, p.link_layer, p.max_mtu, p.lid))
     .evidence(format!("firmware {}", d.fw_ver));
     if p.state != PortState::Active {
-        f = f.fix("bring the link up (cable, switch port, `ip link set <if> up`; on InfiniBand a running subnet manager)");
+        f = f.fix("bring the link up (cable, switch port, `ip link set <if> up`; on InfiniBand a running subnet manager)").blocking(Blocker::Port(d.name.clone()));
     } else if p.link_layer == LinkLayer::Ethernet && p.active_mtu.is_some_and(|m| m < Mtu::Mtu4096) {
         f.status = Status::Warn;
         f = f.fix("RoCE MTU follows the interface MTU: set it to 9000 (jumbo frames, end to end) for a 4096-byte RDMA MTU");
@@ -175,7 +180,10 @@ fn device(root: &SysRoot, d: &RdmaDevice, left: Option<bool>) -> Vec<Finding> {
             }
             Ok(c) => Finding::new(id("gid"), Status::Warn, format!("{}: would use {c}", d.name))
                 .fix("give the interface an IPv4 address so a RoCE v2 IPv4-mapped GID exists, and use the same GID index on every node (NCCL_IB_GID_INDEX)"),
-            Err(e) => Finding::new(id("gid"), Status::Fail, format!("{}: no usable GID", d.name)).evidence(e.clone()).fix("bring the interface up and give it an IP address"),
+            Err(e) => Finding::new(id("gid"), Status::Fail, format!("{}: no usable GID", d.name))
+                .evidence(e.clone())
+                .fix("bring the interface up and give it an IP address")
+                .blocking(Blocker::Gid(d.name.clone())),
         };
         out.push(d.gids.iter().fold(f.evidence(format!("{} RoCE v2 entries of {}", v2, d.gids.len())), |f, g| f.evidence(g.to_string())));
     }

@@ -4,7 +4,7 @@
 //! is slow or blocked. The judge of that, [`ConfigAcs::redirects`], is
 //! shared by `gpudirect doctor` and the transfer engine's NIC choice.
 
-use super::{Pair, PathLevel, PCI_DEVICES};
+use super::{Pair, PCI_DEVICES};
 use crate::sysroot::SysRoot;
 
 /// PCIe configuration space is 4 KiB; nothing past it has meaning.
@@ -176,7 +176,7 @@ pub fn bridge_acs(root: &SysRoot, bdf: &str) -> Result<ConfigAcs, String> {
 /// traffic goes through the root complex anyway (PHB and farther) have
 /// none to check; bridges whose ACS cannot be read are not counted.
 pub fn redirecting_bridge(root: &SysRoot, pair: &Pair) -> Option<(String, u16)> {
-    if !matches!(pair.level, PathLevel::Pix | PathLevel::Pxb) {
+    if !pair.level.turns_in_a_switch() {
         return None;
     }
     pair.bridges.iter().find_map(|b| match bridge_acs(root, b) {

@@ -186,6 +186,15 @@ pub enum PathLevel {
     Sys,
 }
 
+impl PathLevel {
+    /// Whether peer-to-peer traffic on such a path turns around in a PCIe
+    /// switch, below the root complex: only there can a bridge's ACS
+    /// redirect it (PHB and farther paths cross the root complex anyway).
+    pub fn turns_in_a_switch(self) -> bool {
+        matches!(self, PathLevel::Pix | PathLevel::Pxb)
+    }
+}
+
 impl fmt::Display for PathLevel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
