@@ -23,7 +23,9 @@
 //! With `GPUDIRECT_INSNS_LOOP=N` it measures nothing itself: it posts N
 //! requests of 16 writes of 64 bytes, through the engine
 //! (`GPUDIRECT_INSNS_PATH=engine`) or the raw verbs (`raw`: a `SendWr`
-//! batch on a queue pair, the last signaled, `CompletionQueue::wait`),
+//! batch built afresh on a queue pair, the last signaled,
+//! `CompletionQueue::wait`; `raw-list`: the same batch prepared once as a
+//! `SendList` and reposted, as the engine reposts a prepared request),
 //! waiting for each, and exits: `testbed/engine-insns` counts the
 //! user-space instructions of N and 2N under callgrind.
 
@@ -86,7 +88,7 @@ fn insns_loop(device: &str, n: u64, path: &str) {
                 req.wait(Some(common::COMPLETION_TIMEOUT)).or_die("waiting");
             }
         }
-        "raw" => {
+        "raw" | "raw-list" => {
             let ctx = Context::open(Some(device)).or_die("opening the device");
             let pd = ProtectionDomain::new(&ctx).or_die("pd");
             let cq = CompletionQueue::new(&ctx, 1024).or_die("cq");
@@ -101,20 +103,29 @@ fn insns_loop(device: &str, n: u64, path: &str) {
             let dst = MemoryRegion::alloc(&pd, LOOP_SIZE, access).or_die("mr");
             let remote = dst.remote();
             let mut wc = [WorkCompletion::default(); 1];
-            for _ in 0..n {
-                // Built afresh each time, as the engine builds its batch.
-                let wrs: Vec<SendWr<'_>> = (0..LOOP_ENTRIES)
+            let batch = || -> Vec<SendWr<'_>> {
+                (0..LOOP_ENTRIES)
                     .map(|i| {
                         let wr = SendWr::write(src.slice(..).or_die("slice"), &remote, 0).or_die("write");
                         if i + 1 == LOOP_ENTRIES { wr } else { wr.unsignaled() }
                     })
-                    .collect();
-                a.post_send(&wrs).or_die("posting");
+                    .collect()
+            };
+            let mut list = (path == "raw-list").then(|| gpudirect::SendList::new(&batch()).or_die("preparing the list"));
+            for round in 0..n {
+                match &mut list {
+                    Some(list) => {
+                        list.set_wr_id(LOOP_ENTRIES - 1, round).or_die("numbering");
+                        a.post_list(list).or_die("posting");
+                    }
+                    // Built afresh each time, as hand-written verbs code does.
+                    None => a.post_send(&batch()).or_die("posting"),
+                }
                 cq.wait(&mut wc, Some(common::COMPLETION_TIMEOUT)).or_die("waiting");
                 wc[0].ok().or_die("completion");
             }
         }
-        other => common::usage_error(&format!("GPUDIRECT_INSNS_PATH={other}: expected engine or raw")),
+        other => common::usage_error(&format!("GPUDIRECT_INSNS_PATH={other}: expected engine, raw or raw-list")),
     }
 }
 

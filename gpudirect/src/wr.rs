@@ -510,6 +510,17 @@ impl<'a> SendList<'a> {
         Ok(())
     }
 
+    /// Sets every request's id to `each`, the last one's to `last` (the
+    /// engine numbers a prepared list this way at each post).
+    pub(crate) fn set_wr_ids(&mut self, each: u64, last: u64) {
+        if let Some((end, rest)) = self.wrs.split_last_mut() {
+            for w in rest {
+                w.wr_id = each;
+            }
+            end.wr_id = last;
+        }
+    }
+
     fn request(&mut self, index: usize) -> Result<&mut SendWr<'a>> {
         let n = self.wrs.len();
         self.wrs

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::wr::SendWr;
+use crate::wr::{SendList, SendWr};
 
 use super::core::{Conns, Core, Deferred, Failure, Phase, ReqState, MAX_LANES};
 use super::desc::AgentMetadata;
@@ -161,7 +161,7 @@ pub(crate) fn prepare(core: &Arc<Core>, op: Op, entries: &[(LocalRange, RemoteRa
     // reads and other queue pairs' writes are not.
     let after_completions = op == Op::Read || lanes.len() > 1;
     let notify = wire.map(|w| notification(core, &lanes, w, after_completions)).transpose()?;
-    Ok(TransferRequest::new(core.clone(), op, peer, entries.to_vec(), lanes, notify, bytes))
+    TransferRequest::new(core.clone(), op, peer, entries.to_vec(), lanes, notify, bytes)
 }
 
 /// A request that moves no bytes and only sends `wire` (an engine
@@ -169,7 +169,7 @@ pub(crate) fn prepare(core: &Arc<Core>, op: Op, entries: &[(LocalRange, RemoteRa
 pub(crate) fn message(core: &Arc<Core>, peer: Arc<AgentMetadata>, wire: Vec<u8>) -> Result<TransferRequest, EngineError> {
     let lanes = vec![Lane::whole((0, 0), &[])];
     let notify = notification(core, &lanes, wire, false)?;
-    Ok(TransferRequest::new(core.clone(), Op::Write, peer, Vec::new(), lanes, Some(notify), 0))
+    TransferRequest::new(core.clone(), Op::Write, peer, Vec::new(), lanes, Some(notify), 0)
 }
 
 /// `wire` in a region of the NIC of the last of `lanes`.
@@ -185,6 +185,13 @@ fn notification(core: &Core, lanes: &[Lane], wire: Vec<u8>, after_completions: b
 /// [`wait`](Self::wait). It holds its local memory registered, so a posted
 /// request can never outlive the memory it names.
 pub struct TransferRequest {
+    /// Each lane's work requests, checked and written out once, when the
+    /// request is made: a post only numbers them (building and checking
+    /// them per post cost ~200 instructions per descriptor, callgrind).
+    /// They borrow the regions of `entries` and `notify`, which live in
+    /// `Arc`s this request holds and never changes: declared first, so
+    /// dropped before them.
+    lists: crate::sync::Mutex<Vec<SendList<'static>>>,
     core: Arc<Core>,
     op: Op,
     peer: Arc<AgentMetadata>,
@@ -192,10 +199,6 @@ pub struct TransferRequest {
     lanes: Vec<Lane>,
     notify: Option<Notify>,
     state: Arc<ReqState>,
-    /// The allocation each post builds its work requests in, kept from
-    /// one post to the next (an allocation per post cost ~9 instructions
-    /// per descriptor, callgrind). Empty between posts: see [`recycle`].
-    scratch: crate::sync::Mutex<Vec<SendWr<'static>>>,
     bytes: u64,
     /// The NICs its lanes use, each once: where its completions arrive.
     nics: Vec<usize>,
@@ -235,12 +238,22 @@ impl TransferRequest {
         lanes: Vec<Lane>,
         notify: Option<Notify>,
         bytes: u64,
-    ) -> TransferRequest {
+    ) -> Result<TransferRequest, EngineError> {
         let mut nics: Vec<usize> = lanes.iter().map(|l| l.nic).collect();
         nics.sort_unstable();
         nics.dedup();
+        let every = (core.pool.qp.max_send_wr / 2).max(1) as usize;
+        let mut lists = Vec::with_capacity(lanes.len());
+        for lane in 0..lanes.len() {
+            let list = SendList::new(&requests(op, &entries, &lanes, notify.as_ref(), lane, every)?)?;
+            // SAFETY: the list borrows regions owned by `entries`' and
+            // `notify`'s `Arc`s, which the request keeps unchanged for its
+            // whole life and drops only after `lists` (declared first);
+            // moving the request moves the `Arc`s, not the regions.
+            lists.push(unsafe { std::mem::transmute::<SendList<'_>, SendList<'static>>(list) });
+        }
         let state = Arc::new(ReqState::new(core.peer_counters(&peer.name)));
-        TransferRequest { core, op, peer, entries, lanes, notify, state, bytes, nics, scratch: Default::default() }
+        Ok(TransferRequest { lists: crate::sync::Mutex::new(lists), core, op, peer, entries, lanes, notify, state, bytes, nics })
     }
 
     /// What its posts did so far; the same counters summed over every
@@ -323,14 +336,9 @@ impl TransferRequest {
         for (i, lane) in self.lanes.iter().enumerate() {
             let conn = &conns.as_slice()[i];
             let qp = &conn.qp;
-            let wrs = match self.requests(id, i) {
-                Ok(w) => w,
-                Err(e) if i == 0 => {
-                    self.core.abandon(id);
-                    return Err(self.refused(e.into()));
-                }
-                Err(e) => return Err(self.partly(id, total, total + 1, e.to_string(), e)),
-            };
+            let mut lists = self.lists.lock();
+            let list = &mut lists[i];
+            list.set_wr_ids(id << 1, id << 1 | 1);
             let core = &self.core;
             let nic = lane.nic;
             #[cfg(feature = "fault-injection")]
@@ -341,10 +349,10 @@ impl TransferRequest {
             // signaled, but pieces of two threads' requests side by side
             // could fill the queue with unsignaled ones that no completion
             // would ever free.
-            let posted = match qp.post_send(&wrs) {
+            let posted = match qp.post_list(list) {
                 Err(crate::error::Error::QueueFull { .. }) => {
                     let _turn = conn.posting.lock();
-                    qp.post_send_all(&wrs, Some(core.pool.timeout), |wc| {
+                    qp.post_send_all(list.requests(), Some(core.pool.timeout), |wc| {
                         core.on_send(nic, &wc);
                         reaped = true;
                         Ok(())
@@ -355,15 +363,14 @@ impl TransferRequest {
             match posted {
                 Ok(()) => {
                     self.core.pool.nics[nic].count(lane.qp, lane.bytes);
-                    total += wrs.len();
+                    total += list.len();
                 }
                 Err(p) if p.posted == 0 && i == 0 => {
                     self.core.abandon(id);
                     return Err(self.refused(p.error.into()));
                 }
-                Err(p) => return Err(self.partly(id, total + p.posted, total + wrs.len(), p.error.to_string(), p.error)),
+                Err(p) => return Err(self.partly(id, total + p.posted, total + list.len(), p.error.to_string(), p.error)),
             }
-            *self.scratch.lock() = recycle(wrs);
         }
         if reaped {
             self.core.reaped();
@@ -406,45 +413,6 @@ impl TransferRequest {
         self.counted_post();
         self.core.fail(id, Failure::Partial { peer: self.peer.name.clone(), posted, total, reason });
         error.into()
-    }
-
-    /// The work requests of lane `lane` of post `id`: every piece
-    /// unsignaled but one in each half send queue (so a long list keeps
-    /// the queue draining), the last (the notification when it follows
-    /// this lane's writes) signaled and final.
-    fn requests<'a>(&'a self, id: u64, lane: usize) -> Result<Vec<SendWr<'a>>> {
-        let every = (self.core.pool.qp.max_send_wr / 2).max(1) as usize;
-        let l = &self.lanes[lane];
-        let mut wrs = recycle(std::mem::take(&mut *self.scratch.lock()));
-        wrs.reserve(l.pieces.len() + 1);
-        let wr = |local: &'a LocalRange, remote: &'a RemoteRange, at: u64, len: u64| -> Result<SendWr<'a>> {
-            let start = local.offset + at as usize;
-            let slice = local.reg.inner.on_rail(l.nic).slice(start..start + len as usize)?;
-            let rb = remote.mem.desc().on_nic(l.remote_nic).expect("prepare checked the key exists");
-            let wr = match self.op {
-                Op::Write => SendWr::write(slice, rb, remote.offset + at)?,
-                Op::Read => SendWr::read(slice, rb, remote.offset + at)?,
-            };
-            Ok(wr.wr_id(id << 1))
-        };
-        let signal = |i: usize, wr: SendWr<'a>| if i % every == every - 1 { wr } else { wr.unsignaled() };
-        if l.whole {
-            // The common case, one rail: the entries as they are.
-            for (i, (local, remote)) in self.entries.iter().enumerate() {
-                wrs.push(signal(i, wr(local, remote, 0, remote.len)?));
-            }
-        } else {
-            for (i, &(entry, at, len)) in l.pieces.iter().enumerate() {
-                let (local, remote) = &self.entries[entry];
-                wrs.push(signal(i, wr(local, remote, at, len)?));
-            }
-        }
-        if let Some(n) = self.notify.as_ref().filter(|n| n.lane == lane && !n.after_completions) {
-            wrs.push(SendWr::send(n.buf.slice()?).wr_id(id << 1).unsignaled());
-        }
-        let last = wrs.pop().expect("a lane has a piece");
-        wrs.push(SendWr { signaled: true, ..last }.wr_id(id << 1 | 1));
-        Ok(wrs)
     }
 
     /// Where the last post stands, reaping what completed.
@@ -517,14 +485,47 @@ impl TransferRequest {
     }
 }
 
-/// An empty vector of work requests of any lifetime, in `v`'s allocation.
-/// Collecting a vector's `into_iter` back into one of the same layout
-/// reuses its allocation (std's in-place collection); no element crosses
-/// over, so no reference outlives what it borrows. Were std to stop
-/// reusing it, this would allocate again, nothing worse.
-fn recycle<'x, 'y>(mut v: Vec<SendWr<'x>>) -> Vec<SendWr<'y>> {
-    v.clear();
-    v.into_iter().map(|_| unreachable!("the vector was cleared")).collect()
+/// The work requests of lane `lane`: every piece unsignaled but one in
+/// each `every` (half the send queue, so a long list keeps the queue
+/// draining), the last (the notification when it follows this lane's
+/// writes) signaled. Their ids are set at each post.
+fn requests<'a>(
+    op: Op,
+    entries: &'a [(LocalRange, RemoteRange)],
+    lanes: &[Lane],
+    notify: Option<&'a Notify>,
+    lane: usize,
+    every: usize,
+) -> Result<Vec<SendWr<'a>>, EngineError> {
+    let l = &lanes[lane];
+    let mut wrs = Vec::with_capacity(l.pieces.len() + 1);
+    let wr = |local: &'a LocalRange, remote: &'a RemoteRange, at: u64, len: u64| -> crate::error::Result<SendWr<'a>> {
+        let start = local.offset + at as usize;
+        let slice = local.reg.inner.on_rail(l.nic).slice(start..start + len as usize)?;
+        let rb = remote.mem.desc().on_nic(l.remote_nic).expect("prepare checked the key exists");
+        match op {
+            Op::Write => SendWr::write(slice, rb, remote.offset + at),
+            Op::Read => SendWr::read(slice, rb, remote.offset + at),
+        }
+    };
+    let signal = |i: usize, wr: SendWr<'a>| if i % every == every - 1 { wr } else { wr.unsignaled() };
+    if l.whole {
+        // The common case, one rail: the entries as they are.
+        for (i, (local, remote)) in entries.iter().enumerate() {
+            wrs.push(signal(i, wr(local, remote, 0, remote.len)?));
+        }
+    } else {
+        for (i, &(entry, at, len)) in l.pieces.iter().enumerate() {
+            let (local, remote) = &entries[entry];
+            wrs.push(signal(i, wr(local, remote, at, len)?));
+        }
+    }
+    if let Some(n) = notify.filter(|n| n.lane == lane && !n.after_completions) {
+        wrs.push(SendWr::send(n.buf.slice()?).unsignaled());
+    }
+    let last = wrs.pop().expect("a lane has a piece");
+    wrs.push(SendWr { signaled: true, ..last });
+    Ok(wrs)
 }
 
 #[cfg(test)]
@@ -544,15 +545,6 @@ mod tests {
         }
         assert_eq!(next, lens);
         lanes
-    }
-
-    #[test]
-    fn work_request_vectors_are_recycled_in_place() {
-        let mut v: Vec<SendWr<'static>> = Vec::with_capacity(40);
-        let at = v.as_ptr();
-        let short: Vec<SendWr<'_>> = recycle(v);
-        v = recycle(short);
-        assert_eq!((v.as_ptr(), v.capacity(), v.len()), (at, 40, 0));
     }
 
     #[test]
