@@ -239,35 +239,41 @@
 //! with a warning. Host-staged memory is the local side of transfers only
 //! ([`Registration::is_targetable`]). Which NIC carried what:
 //! [`Registration::paths`], [`Agent::nic_stats`].
-#[cfg(feature = "tokio")]
-mod asynch;
-mod auth;
-mod broadcast;
-mod castmsg;
+// By concern: the agent and its configuration here; who it talks to
+// (`peers/`), moving bytes (`transfers/`), one range to many (`cast/`),
+// waiting from async code (`waiting/`), finding peers (`meta/`).
+mod cast;
 mod config;
-mod conn;
-mod control;
-mod core;
-mod desc;
 mod error;
-mod events;
-mod memory;
-mod msgbuf;
 mod meta;
-mod nic;
-mod notify;
-mod peer;
-mod placement;
-mod ready;
-mod relay;
-mod stats;
-mod transfer;
-#[cfg(feature = "tokio")]
-mod wake;
+mod peers;
+mod transfers;
+mod waiting;
 #[cfg(test)]
 mod device_tests;
-#[cfg(test)]
-mod cast_tests;
+
+// The modules by their own names, as every engine module names them
+// (`crate::engine::core`), wherever their concern's folder keeps them.
+use peers::auth;
+use peers::conn;
+use peers::control;
+use peers::desc;
+use peers::events;
+use peers::peer;
+use transfers::core;
+use transfers::transfer;
+use transfers::memory;
+use transfers::msgbuf;
+use transfers::nic;
+use transfers::notify;
+use transfers::placement;
+use transfers::stats;
+use cast::broadcast;
+use cast::castmsg;
+use cast::relay;
+use waiting::ready;
+#[cfg(feature = "tokio")]
+use waiting::wake;
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::Arc;

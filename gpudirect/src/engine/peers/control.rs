@@ -22,9 +22,9 @@ use std::net::SocketAddr;
 use crate::bootstrap::{BootstrapError, Handshake, OobChannel};
 use crate::wire::{Endpoint, Reader};
 
-use super::auth::{random, AuthError, Key, Label, TAG};
-use super::desc::MAX_NAME;
-use super::error::EngineError;
+use crate::engine::auth::{random, AuthError, Key, Label, TAG};
+use crate::engine::desc::MAX_NAME;
+use crate::engine::error::EngineError;
 
 /// The control protocol's version (1 and 2 had no proofs, 3 no queue
 /// pair index).

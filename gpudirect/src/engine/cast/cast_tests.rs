@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::castmsg::{Msg, Plan, Target};
-use super::notify::Notification;
-use super::transfer;
-use super::auth::Label;
-use super::{Agent, AgentConfig, BroadcastRefusals, EngineError};
+use crate::engine::castmsg::{Msg, Plan, Target};
+use crate::engine::notify::Notification;
+use crate::engine::transfer;
+use crate::engine::auth::Label;
+use crate::engine::{Agent, AgentConfig, BroadcastRefusals, EngineError};
 
 const T: Option<Duration> = Some(Duration::from_secs(60));
 
@@ -395,7 +395,7 @@ fn a_broadcast_of_8192_chunks_pins_its_data_and_a_bounded_constant() {
     }
     // The same chunk size written with a notification to one peer.
     let one = source.peer("infer-0").unwrap().memory("w").unwrap().range(0..CHUNK).unwrap();
-    let req = source.prepare(super::Op::Write, &[(params.range(0..CHUNK as usize).unwrap(), one)], Some(b"w")).unwrap();
+    let req = source.prepare(crate::engine::Op::Write, &[(params.range(0..CHUNK as usize).unwrap(), one)], Some(b"w")).unwrap();
     let n = 1000;
     let t1 = Instant::now();
     for _ in 0..n {

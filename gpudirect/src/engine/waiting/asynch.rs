@@ -23,9 +23,9 @@ use tokio::sync::futures::Notified;
 
 use crate::error::Error;
 
-use super::core::{Core, Phase};
-use super::error::EngineError;
-use super::wake::{NicFds, Waiting};
+use crate::engine::core::{Core, Phase};
+use crate::engine::error::EngineError;
+use crate::engine::wake::{NicFds, Waiting};
 
 /// Which of a NIC's two CQs a wait sleeps on.
 #[derive(Clone, Copy)]
@@ -37,7 +37,7 @@ enum Side {
 impl Core {
     /// Until the post `state` is in has finished (or failed), reaping the
     /// send completions of `nics`.
-    pub(crate) async fn completed(&self, state: &super::core::ReqState, nics: &[usize]) -> Result<(), EngineError> {
+    pub(crate) async fn completed(&self, state: &crate::engine::core::ReqState, nics: &[usize]) -> Result<(), EngineError> {
         let fds = self.channels.get(&self.pool.nics)?;
         let _w = Waiting::new(&self.progress);
         loop {
@@ -89,7 +89,7 @@ impl Core {
     }
 
     /// The next notification.
-    pub(crate) async fn notification(&self) -> Result<super::notify::Notification, EngineError> {
+    pub(crate) async fn notification(&self) -> Result<crate::engine::notify::Notification, EngineError> {
         let fds = self.channels.get(&self.pool.nics)?;
         let all: Vec<usize> = (0..self.pool.nics.len()).collect();
         let _w = Waiting::new(&self.progress);

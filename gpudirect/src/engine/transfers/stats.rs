@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// What a request, or every request of an agent to one peer, did so far
-/// ([`TransferRequest::stats`](super::TransferRequest::stats),
-/// [`Agent::peer_stats`](super::Agent::peer_stats)).
+/// ([`TransferRequest::stats`](crate::engine::TransferRequest::stats),
+/// [`Agent::peer_stats`](crate::engine::Agent::peer_stats)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct TransferStats {
@@ -71,7 +71,7 @@ impl Counters {
 }
 
 /// Broadcast messages this agent refused, by reason
-/// ([`Agent::broadcast_refusals`](super::Agent::broadcast_refusals)).
+/// ([`Agent::broadcast_refusals`](crate::engine::Agent::broadcast_refusals)).
 /// Every one came over a connection of a peer that proved the cluster's
 /// secret, and is something no honest source or receiver sends (or a
 /// broadcast this agent could not take); none was acted on, and a

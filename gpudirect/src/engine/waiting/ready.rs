@@ -19,11 +19,11 @@ use crate::error::{Errno, Error};
 
 /// A descriptor that turns readable when a request an event loop waits
 /// for may have finished, or a notification may have arrived
-/// ([`Agent::readiness`](super::Agent::readiness)). Level-triggered:
+/// ([`Agent::readiness`](crate::engine::Agent::readiness)). Level-triggered:
 /// it stays readable until [`clear`](Self::clear).
 ///
-/// The loop goes: [`TransferRequest::poll_completed`](super::TransferRequest::poll_completed)
-/// (or [`Agent::poll_notification`](super::Agent::poll_notification));
+/// The loop goes: [`TransferRequest::poll_completed`](crate::engine::TransferRequest::poll_completed)
+/// (or [`Agent::poll_notification`](crate::engine::Agent::poll_notification));
 /// if it is not ready, wait until this is readable, `clear`, and poll
 /// again. A poll that finds nothing arms everything it needs, so no wakeup
 /// is lost whichever thread reaps.

@@ -141,15 +141,15 @@ impl MemoryDesc {
 
 /// Everything a peer needs to reach an agent: its name, its control
 /// listener (where connections are set up on demand), its NICs and its
-/// registered memory. Take it from [`Agent::metadata`](super::Agent::metadata),
-/// give it to [`Agent::load_remote`](super::Agent::load_remote) on the peer.
+/// registered memory. Take it from [`Agent::metadata`](crate::engine::Agent::metadata),
+/// give it to [`Agent::load_remote`](crate::engine::Agent::load_remote) on the peer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct AgentMetadata {
     /// The agent's name, unique among the agents that talk to each other.
     pub name: String,
     /// Which run of the agent this is: random, new for every
-    /// [`Agent::new`](super::Agent::new). A process restarted under the
+    /// [`Agent::new`](crate::engine::Agent::new). A process restarted under the
     /// same name has another, so peers tell a restart from a reconnect.
     pub instance: u64,
     /// Where its control listener accepts connection requests.
@@ -159,9 +159,9 @@ pub struct AgentMetadata {
     /// The memory it registered.
     pub memories: Vec<MemoryDesc>,
     /// The proof, made with the cluster's secret by the agent itself
-    /// ([`Agent::metadata`](super::Agent::metadata)), that an agent
+    /// ([`Agent::metadata`](crate::engine::Agent::metadata)), that an agent
     /// holding the secret wrote every other field as they are:
-    /// [`Agent::load_remote`](super::Agent::load_remote) refuses metadata
+    /// [`Agent::load_remote`](crate::engine::Agent::load_remote) refuses metadata
     /// whose seal does not verify. Zero: not sealed.
     pub seal: [u8; SEAL_LEN],
 }

@@ -7,7 +7,7 @@
 //! it names is not published there, the receiver has not loaded another
 //! receiver's metadata, it is at its bound of broadcasts in progress); a
 //! receiver that refused fails with its reason, and the others never
-//! forward to it. Then the bytes are cut into chunks ([`AgentConfig::broadcast_chunk`](super::AgentConfig::broadcast_chunk));
+//! forward to it. Then the bytes are cut into chunks ([`AgentConfig::broadcast_chunk`](crate::engine::AgentConfig::broadcast_chunk));
 //! chunk `c` is written by the source to receiver `c mod N` only (its
 //! owner), followed on the same queue pair by a message asking it to
 //! forward; each owner, as each of its chunks lands, writes it on to
@@ -43,13 +43,13 @@ use std::time::{Duration, Instant};
 use crate::deadline::Deadline;
 use crate::sync::Mutex;
 
-use super::castmsg::{Msg, Plan, Target, MAX_BROADCAST_TARGETS, MAX_CHUNKS};
-use super::core::{Core, Inbox, Look, Posted};
-use super::error::EngineError;
-use super::memory::LocalRange;
-use super::notify::SLOT;
-use super::peer::RemoteRange;
-use super::transfer::{self, Op, TransferRequest, TransferStatus};
+use crate::engine::castmsg::{Msg, Plan, Target, MAX_BROADCAST_TARGETS, MAX_CHUNKS};
+use crate::engine::core::{Core, Inbox, Look, Posted};
+use crate::engine::error::EngineError;
+use crate::engine::memory::LocalRange;
+use crate::engine::notify::SLOT;
+use crate::engine::peer::RemoteRange;
+use crate::engine::transfer::{self, Op, TransferRequest, TransferStatus};
 
 /// How often the source probes receivers not yet whole: while it waits
 /// for them to take the plan, and once its own writes are done.
@@ -111,15 +111,15 @@ struct Run {
     probed: Instant,
 }
 
-/// A prepared broadcast, from [`Agent::broadcast`](super::Agent::broadcast):
+/// A prepared broadcast, from [`Agent::broadcast`](crate::engine::Agent::broadcast):
 /// posted by [`post`](Self::post) (again for each new content of the
 /// source range, once the last post settled), followed by
 /// [`status`](Self::status), [`wait`](Self::wait) or, with the `tokio`
 /// feature, `completed().await`.
 ///
 /// Every receiver forwards chunks while any thread of its agent reaps its
-/// notifications ([`Agent::wait_notification`](super::Agent::wait_notification),
-/// [`Agent::notifications`](super::Agent::notifications), their async and
+/// notifications ([`Agent::wait_notification`](crate::engine::Agent::wait_notification),
+/// [`Agent::notifications`](crate::engine::Agent::notifications), their async and
 /// polling forms), as receivers do anyway to see their copy arrive; and
 /// every agent of a broadcast must have loaded the metadata of every
 /// other (the source and the receivers), since receivers write to each
@@ -130,7 +130,7 @@ struct Run {
 ///
 /// Posts wait their turn: an agent starts its broadcasts in post order,
 /// as many at once as keep the messages each receiver may get in a burst
-/// within half of [`AgentConfig::srq_depth`](super::AgentConfig::srq_depth)
+/// within half of [`AgentConfig::srq_depth`](crate::engine::AgentConfig::srq_depth)
 /// (one start and one message per chunk each; always at least one), and
 /// the next when one settles. Any wait or poll of one of them moves all
 /// of them on, so they settle in whatever order they are waited for.
@@ -269,7 +269,7 @@ impl Broadcast {
                 }
                 core.sources.lock().remove(&run.id);
             }
-            let id = u64::from_be_bytes(super::auth::random());
+            let id = u64::from_be_bytes(crate::engine::auth::random());
             let inbox = Arc::new(Inbox::default());
             core.sources.lock().insert(id, Arc::downgrade(&inbox));
             let n = self.cast.plan.targets.len();
@@ -559,14 +559,14 @@ impl Broadcast {
 
     /// Whether the last post settled, never waiting (an error if it
     /// settled with receivers that did not get the data). `false` arms
-    /// the agent's [`Readiness`](super::Readiness), which turns readable
+    /// the agent's [`Readiness`](crate::engine::Readiness), which turns readable
     /// on the next completion or receiver answer; call again within
     /// [`PROBE_EVERY`] even when it does not, since probes are due by
     /// time. How an event loop other than tokio waits.
     ///
     /// # Errors
     /// As [`status`](Self::status); as
-    /// [`Agent::readiness`](super::Agent::readiness).
+    /// [`Agent::readiness`](crate::engine::Agent::readiness).
     pub fn poll_completed(&self) -> Result<bool, EngineError> {
         let ready = self.cast.core.readiness()?;
         if self.status()? != TransferStatus::InFlight {

@@ -17,9 +17,9 @@ use crate::srq::{SharedReceiveQueue, SrqConfig};
 use crate::wr::RecvWr;
 use crate::sync::Mutex;
 
-use super::desc::NicDesc;
-use super::msgbuf::MsgPool;
-use super::notify::SLOT;
+use crate::engine::desc::NicDesc;
+use crate::engine::msgbuf::MsgPool;
+use crate::engine::notify::SLOT;
 
 /// What [`Nic::open`] needs from the agent's configuration.
 pub(crate) struct NicSetup {
@@ -35,7 +35,7 @@ pub(crate) struct NicSetup {
 }
 
 /// What one of an agent's NICs carried, from
-/// [`Agent::nic_stats`](super::Agent::nic_stats).
+/// [`Agent::nic_stats`](crate::engine::Agent::nic_stats).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct NicStats {
     /// The RDMA device.
@@ -47,7 +47,7 @@ pub struct NicStats {
     pub posts: u64,
     /// Bytes each of its queue pairs per rail carried (index `i`: the
     /// rail's queue pair `i` to every peer, summed); as many as it uses
-    /// ([`AgentConfig::qps_per_rail`](super::AgentConfig::qps_per_rail)).
+    /// ([`AgentConfig::qps_per_rail`](crate::engine::AgentConfig::qps_per_rail)).
     pub qp_bytes: Vec<u64>,
 }
 

@@ -1,13 +1,13 @@
 //! Which of an agent's NICs carry a GPU's memory: the ones nearest the GPU
 //! in the PCIe tree ([`crate::topology`]), and only while that distance is
-//! within the agent's limit ([`AgentConfig::gpu_path_limit`](super::AgentConfig::gpu_path_limit)).
+//! within the agent's limit ([`AgentConfig::gpu_path_limit`](crate::engine::AgentConfig::gpu_path_limit)).
 //! A NIC farther than the nearest ones would carry the GPU's bytes over
 //! the CPU's root complex or the inter-socket link at a fraction of the
 //! NIC's rate (why NCCL turns GPUDirect RDMA off for such pairs); a NIC
 //! whose path a bridge's ACS redirects to the root complex is blocked
 //! ([`crate::topology::acs`]); a software NIC cannot reach GPU memory at
 //! all. Every NIC left out gets a reason the registration reports
-//! ([`Registration::skipped`](super::Registration::skipped)).
+//! ([`Registration::skipped`](crate::engine::Registration::skipped)).
 //!
 //! Pure over a [`SysRoot`], so fixture machines test it.
 

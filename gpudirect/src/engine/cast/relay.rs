@@ -19,7 +19,7 @@
 //!   writes them to the plan's receivers (whose metadata was loaded here,
 //!   checked at the start);
 //! - anything else is refused, counted by reason
-//!   ([`Agent::broadcast_refusals`](super::Agent::broadcast_refusals))
+//!   ([`Agent::broadcast_refusals`](crate::engine::Agent::broadcast_refusals))
 //!   and logged, never acted on.
 //!
 //! It runs in two places. A message is taken by whichever thread reaps it
@@ -44,13 +44,13 @@ use std::time::{Duration, Instant};
 
 use crate::sync::Mutex;
 
-use super::castmsg::{Msg, Plan};
-use super::core::{Core, Relay};
-use super::error::EngineError;
-use super::memory::LocalRange;
-use super::notify::Notification;
-use super::stats::Refusal;
-use super::transfer::{self, Op, TransferRequest, TransferStatus};
+use crate::engine::castmsg::{Msg, Plan};
+use crate::engine::core::{Core, Relay};
+use crate::engine::error::EngineError;
+use crate::engine::memory::LocalRange;
+use crate::engine::notify::Notification;
+use crate::engine::stats::Refusal;
+use crate::engine::transfer::{self, Op, TransferRequest, TransferStatus};
 
 /// Broadcasts one agent receives at once, from every source.
 pub(crate) const MAX_COPIES: usize = 1024;

@@ -15,8 +15,8 @@ use crate::mr::{Location, MemoryRegion};
 use crate::sync::Mutex;
 use crate::wire::RemoteBuffer;
 
-use super::desc::{cut, MemoryDesc};
-use super::error::EngineError;
+use crate::engine::desc::{cut, MemoryDesc};
+use crate::engine::error::EngineError;
 
 pub(crate) struct RegInner {
     pub(crate) name: String,
@@ -36,7 +36,7 @@ pub(crate) struct RegInner {
 /// Memory registered with an agent under a name: on each of its NICs, a
 /// memory region that peers may write and read. Cheap to clone. It stays
 /// registered, and in the agent's metadata, until
-/// [`Agent::deregister`](super::Agent::deregister); then for as long as a
+/// [`Agent::deregister`](crate::engine::Agent::deregister); then for as long as a
 /// clone, a [`LocalRange`] of it or a transfer request naming it lives.
 ///
 /// CPU copies go through [`write_at`](Self::write_at) and
@@ -114,7 +114,7 @@ impl Registration {
 
     /// The agent's NICs that do not carry it, and why (GPU memory only:
     /// a NIC farther from the GPU than the nearest, beyond
-    /// [`AgentConfig::gpu_path_limit`](super::AgentConfig::gpu_path_limit),
+    /// [`AgentConfig::gpu_path_limit`](crate::engine::AgentConfig::gpu_path_limit),
     /// a software NIC, a failed zero-copy registration under
     /// [`GpuPolicy::Prefer`](crate::GpuPolicy::Prefer), or host staging's
     /// single mirror). Transfers of it use the other NICs only.

@@ -15,8 +15,8 @@ use crate::cq::CompletionQueue;
 use crate::error::Error;
 use crate::sync::Mutex;
 
-use super::error::EngineError;
-use super::nic::Nic;
+use crate::engine::error::EngineError;
+use crate::engine::nic::Nic;
 
 /// Told when a reap found completions, for the tasks that sleep.
 #[derive(Default)]

@@ -13,13 +13,13 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::wr::{SendList, SendWr};
 
-use super::core::{Conns, Core, Deferred, Failure, Phase, ReqState, MAX_LANES};
-use super::desc::AgentMetadata;
-use super::error::EngineError;
-use super::memory::LocalRange;
-use super::msgbuf::MsgBuf;
-use super::peer::RemoteRange;
-use super::stats::{Counters, TransferStats};
+use crate::engine::core::{Conns, Core, Deferred, Failure, Phase, ReqState, MAX_LANES};
+use crate::engine::desc::AgentMetadata;
+use crate::engine::error::EngineError;
+use crate::engine::memory::LocalRange;
+use crate::engine::msgbuf::MsgBuf;
+use crate::engine::peer::RemoteRange;
+use crate::engine::stats::{Counters, TransferStats};
 
 /// What a transfer does to the remote memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -134,7 +134,7 @@ pub(crate) fn slice(lens: impl IntoIterator<Item = u64>, paths: &[(usize, usize)
 
 /// A transfer of `entries` (checked here) followed, if given, by the
 /// notification or engine message `wire` (already encoded), planned over
-/// the rails and queue pairs as [`Agent::prepare`](super::Agent::prepare)
+/// the rails and queue pairs as [`Agent::prepare`](crate::engine::Agent::prepare)
 /// documents.
 pub(crate) fn prepare(core: &Arc<Core>, op: Op, entries: &[(LocalRange, RemoteRange)], wire: Option<Vec<u8>>) -> Result<TransferRequest, EngineError> {
     let first = entries.first().ok_or(EngineError::EmptyRequest)?;
@@ -180,7 +180,7 @@ fn notification(core: &Core, lanes: &[Lane], wire: Vec<u8>, after_completions: b
     Ok(Notify { buf, lane, after_completions })
 }
 
-/// A prepared transfer: made by [`Agent::prepare`](super::Agent::prepare),
+/// A prepared transfer: made by [`Agent::prepare`](crate::engine::Agent::prepare),
 /// posted by [`post`](Self::post), followed by [`status`](Self::status) or
 /// [`wait`](Self::wait). It holds its local memory registered, so a posted
 /// request can never outlive the memory it names.
@@ -222,7 +222,7 @@ impl Drop for TransferRequest {
     /// or its post failed part way) must not be reused as clean.
     fn drop(&mut self) {
         if let Some(n) = &self.notify {
-            if !matches!(&*self.state.phase.lock(), super::core::Phase::Idle | super::core::Phase::Done) {
+            if !matches!(&*self.state.phase.lock(), crate::engine::core::Phase::Idle | crate::engine::core::Phase::Done) {
                 n.buf.suspect();
             }
         }
@@ -257,7 +257,7 @@ impl TransferRequest {
     }
 
     /// What its posts did so far; the same counters summed over every
-    /// request to its peer: [`Agent::peer_stats`](super::Agent::peer_stats).
+    /// request to its peer: [`Agent::peer_stats`](crate::engine::Agent::peer_stats).
     pub fn stats(&self) -> TransferStats {
         self.state.own.read()
     }
@@ -382,7 +382,7 @@ impl TransferRequest {
     /// The connection of one lane, set up if there is none (and counted)
     /// when `dial`, else `None` then.
     #[inline(always)]
-    fn conn(&self, lane: &Lane, dial: bool) -> Result<Option<Arc<super::conn::Conn>>, EngineError> {
+    fn conn(&self, lane: &Lane, dial: bool) -> Result<Option<Arc<crate::engine::conn::Conn>>, EngineError> {
         let path = (lane.nic, lane.remote_nic, lane.qp);
         if !dial {
             return Ok(self.core.pool.sending_on(&self.peer.name, path));
@@ -450,13 +450,13 @@ impl TransferRequest {
 
     /// Whether the last post finished, never waiting (an idle request
     /// counts as finished). `false` arms the agent's
-    /// [`Readiness`](super::Readiness): it turns readable when the post may
-    /// have finished; then [`Readiness::clear`](super::Readiness::clear)
+    /// [`Readiness`](crate::engine::Readiness): it turns readable when the post may
+    /// have finished; then [`Readiness::clear`](crate::engine::Readiness::clear)
     /// and poll again. How an event loop other than tokio waits.
     ///
     /// # Errors
     /// As [`status`](Self::status); as
-    /// [`Agent::readiness`](super::Agent::readiness).
+    /// [`Agent::readiness`](crate::engine::Agent::readiness).
     pub fn poll_completed(&self) -> Result<bool, EngineError> {
         self.core.poll_completed(&self.state, &self.nics)
     }
@@ -466,7 +466,7 @@ impl TransferRequest {
     /// dropping the future (`tokio::time::timeout`, `select!`) leaves the
     /// post as it is, to be awaited, waited for or polled again. The
     /// agent's completion channels are registered with the runtime of its
-    /// first await ([`Agent::notification`](super::Agent::notification)).
+    /// first await ([`Agent::notification`](crate::engine::Agent::notification)).
     ///
     /// ```no_run
     /// # async fn f(req: &gpudirect::engine::TransferRequest) -> Result<(), gpudirect::engine::EngineError> {
@@ -477,7 +477,7 @@ impl TransferRequest {
     ///
     /// # Errors
     /// As [`status`](Self::status); as
-    /// [`Agent::notification`](super::Agent::notification) for the runtime.
+    /// [`Agent::notification`](crate::engine::Agent::notification) for the runtime.
     #[cfg(feature = "tokio")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
     pub async fn completed(&self) -> Result<(), EngineError> {

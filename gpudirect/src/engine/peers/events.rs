@@ -9,13 +9,13 @@ use crate::wc::WcError;
 /// Most events kept; past it the oldest go (and are counted as dropped).
 pub const MAX_PEER_EVENTS: usize = 1024;
 
-/// Something that happened to a peer, as [`Agent::peer_events`](super::Agent::peer_events) reports it.
+/// Something that happened to a peer, as [`Agent::peer_events`](crate::engine::Agent::peer_events) reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PeerEvent {
     /// A connection to `peer` failed (the peer died, its memory went
     /// away, the link did) and was retired; transfers in flight on it
-    /// failed with [`EngineError::PeerLost`](super::EngineError::PeerLost).
+    /// failed with [`EngineError::PeerLost`](crate::engine::EngineError::PeerLost).
     /// The next transfer reconnects; after a restart, load the peer's new
     /// metadata first.
     Lost {
@@ -25,7 +25,7 @@ pub enum PeerEvent {
         completion: WcError,
     },
     /// `peer` restarted: its run `new` replaced run `old` (the
-    /// [`AgentMetadata::instance`](super::AgentMetadata::instance)es),
+    /// [`AgentMetadata::instance`](crate::engine::AgentMetadata::instance)es),
     /// seen when its new metadata was loaded or its new run connected.
     /// Connections to the old run were retired.
     Replaced {

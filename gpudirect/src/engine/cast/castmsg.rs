@@ -29,7 +29,7 @@
 
 use crate::wire::Reader;
 
-use super::desc::MAX_NAME;
+use crate::engine::desc::MAX_NAME;
 
 const MAGIC: [u8; 2] = *b"GB";
 const VERSION: u8 = 2;

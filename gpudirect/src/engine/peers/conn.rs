@@ -36,13 +36,13 @@ use crate::qp::{QpConfig, QueuePair};
 use crate::sync::Mutex;
 use crate::wire::Endpoint;
 
-use super::auth::{AuthError, Key};
-use super::config::MAX_QPS_PER_RAIL;
-use super::control::{self, Answer, Ask, Identity, NotProven, Request};
-use super::desc::AgentMetadata;
-use super::error::EngineError;
-use super::events::{Events, PeerEvent};
-use super::nic::Nic;
+use crate::engine::auth::{AuthError, Key};
+use crate::engine::config::MAX_QPS_PER_RAIL;
+use crate::engine::control::{self, Answer, Ask, Identity, NotProven, Request};
+use crate::engine::desc::AgentMetadata;
+use crate::engine::error::EngineError;
+use crate::engine::events::{Events, PeerEvent};
+use crate::engine::nic::Nic;
 /// Bound on serving one connection request: a peer that connects and
 /// stalls holds one of the listener's [`MAX_SERVING`] slots this long at
 /// most.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::error::Result;
 
-use super::desc::{cut, AgentMetadata, MemoryDesc};
-use super::error::EngineError;
+use crate::engine::desc::{cut, AgentMetadata, MemoryDesc};
+use crate::engine::error::EngineError;
 
 /// A peer agent, as of the metadata loaded for it. Cheap to clone.
 #[derive(Clone, Debug)]

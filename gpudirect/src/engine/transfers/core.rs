@@ -27,14 +27,14 @@ use crate::error::Error;
 use crate::sync::Mutex;
 use crate::wc::{WcError, WcStatus, WorkCompletion};
 
-use super::castmsg::{self, Msg};
-use super::conn::{Conn, ConnPool};
-use super::error::EngineError;
-use super::memory::Registry;
-use super::msgbuf::MsgBuf;
-use super::stats::{Counters, Refusal, RefusalCounters};
-use super::notify::{self, Notification, SLOT};
-use super::ready::Readiness;
+use crate::engine::castmsg::{self, Msg};
+use crate::engine::conn::{Conn, ConnPool};
+use crate::engine::error::EngineError;
+use crate::engine::memory::Registry;
+use crate::engine::msgbuf::MsgBuf;
+use crate::engine::stats::{Counters, Refusal, RefusalCounters};
+use crate::engine::notify::{self, Notification, SLOT};
+use crate::engine::ready::Readiness;
 
 /// How long one wait on a completion channel sleeps before looking again
 /// (another thread may have reaped what this one waits for).
@@ -222,9 +222,9 @@ pub(crate) struct Core {
     pub(crate) event_loop: OnceLock<Readiness>,
     /// First: dropped while `pool`'s CQs are open (their descriptors).
     #[cfg(feature = "tokio")]
-    pub(crate) channels: super::wake::Channels,
+    pub(crate) channels: crate::engine::wake::Channels,
     #[cfg(feature = "tokio")]
-    pub(crate) progress: super::wake::Progress,
+    pub(crate) progress: crate::engine::wake::Progress,
     pub(crate) pool: Arc<ConnPool>,
     pub(crate) registry: Registry,
     outstanding: Mutex<HashMap<u64, Outstanding, BuildHasherDefault<IdHasher>>>,
@@ -281,9 +281,9 @@ impl Core {
     }
 
     /// A peer loaded before, by name.
-    pub(crate) fn peer(&self, name: &str) -> Result<super::peer::Peer, EngineError> {
+    pub(crate) fn peer(&self, name: &str) -> Result<crate::engine::peer::Peer, EngineError> {
         let md = self.pool.loaded.lock().get(name).cloned().ok_or_else(|| EngineError::UnknownPeer(name.to_owned()))?;
-        Ok(super::peer::Peer { md })
+        Ok(crate::engine::peer::Peer { md })
     }
 
     /// The counters of the requests to `peer`.
@@ -292,7 +292,7 @@ impl Core {
     }
 
     /// What the requests to `peer` did, if any was prepared.
-    pub(crate) fn peer_stats(&self, peer: &str) -> Option<super::stats::TransferStats> {
+    pub(crate) fn peer_stats(&self, peer: &str) -> Option<crate::engine::stats::TransferStats> {
         self.peers.lock().get(peer).map(|c| c.read())
     }
 
