@@ -1,6 +1,10 @@
-//! Safe RDMA over rdma-core's verbs, for host memory today and GPU memory
-//! next, with nothing hidden: every choice the library makes (which GID,
-//! which MTU, which registration path) is visible and logged.
+//! Safe RDMA over rdma-core's verbs, for host and GPU memory (dma-buf or
+//! peer memory, judged before anything is registered and refused with the
+//! cause and the fix where GPUDirect RDMA cannot work), with nothing
+//! hidden: every choice the library makes (which GID, which MTU, which
+//! registration path) is visible and logged. How the crate is layered and
+//! the path of a byte through the engine: `docs/architecture.md` in the
+//! repository.
 //!
 //! # The path of a byte
 //! 1. Register memory: [`MemoryRegion`] (`mr/`), described to a peer by
