@@ -10,15 +10,15 @@ use std::sync::Arc;
 
 use gpudirect_sys as sys;
 
-use crate::cq::{CompletionQueue, Reservation};
+use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
 use crate::gid::GidChoice;
 use crate::mr::{AccessFlags, MemoryRegion, SgList};
 use crate::pd::ProtectionDomain;
-use crate::qp::{check_cqs, destroy_qp, modify_qp};
+use crate::qp::QpCore;
 use crate::sync::Mutex;
-use crate::port::{LinkLayer, Mtu, PortAttr};
-use crate::tracker::{finish_post, holder, posted_count, Pending, Tracker, RECV_BIT, SEQ_MASK};
+use crate::port::{LinkLayer, Mtu};
+use crate::tracker::{finish_post, posted_count, Pending, Tracker, RECV_BIT, SEQ_MASK};
 use crate::wc::WcOpcode;
 use crate::wire::Endpoint;
 use crate::wr::RecvWr;
@@ -110,7 +110,7 @@ impl AddressHandle {
         if remote.qp_num > 0xff_ffff {
             return Err(Error::InvalidArgument(format!("peer endpoint out of range: {remote}")));
         }
-        let ethernet = q.port.link_layer == LinkLayer::Ethernet;
+        let ethernet = q.core.port.link_layer == LinkLayer::Ethernet;
         if !ethernet && remote.lid == 0 {
             return Err(Error::InvalidArgument(format!("peer endpoint has no LID on an InfiniBand port: {remote}")));
         }
@@ -118,15 +118,15 @@ impl AddressHandle {
         if ethernet {
             attr.is_global = 1;
             attr.grh.dgid.raw = remote.gid.0;
-            attr.grh.sgid_index = q.gid.entry.index as u8;
+            attr.grh.sgid_index = q.core.gid.entry.index as u8;
             attr.grh.hop_limit = 64;
         }
         // SAFETY: valid PD; `attr` is fully set.
-        let ah = unsafe { sys::ibv_create_ah(q.pd.as_ptr(), &mut attr) };
+        let ah = unsafe { sys::ibv_create_ah(q.core.pd.as_ptr(), &mut attr) };
         let ah = NonNull::new(ah).ok_or_else(|| Error::last("ibv_create_ah"))?;
         let mtu = q.mtu().min(remote.mtu);
         Ok(AddressHandle {
-            inner: Arc::new(AhInner { ah, pd: q.pd.clone(), qp_num: remote.qp_num, qkey, max_message: mtu.bytes() as usize }),
+            inner: Arc::new(AhInner { ah, pd: q.core.pd.clone(), qp_num: remote.qp_num, qkey, max_message: mtu.bytes() as usize }),
         })
     }
 
@@ -194,16 +194,9 @@ impl<'a> UdSendWr<'a> {
 }
 
 struct UdInner {
-    qp: NonNull<sys::ibv_qp>,
-    qp_num: u32,
-    pd: ProtectionDomain,
-    send_cq: CompletionQueue,
-    recv_cq: CompletionQueue,
-    tracker: Arc<Tracker>,
-    gid: GidChoice,
-    port: PortAttr,
+    /// The verbs object and what every queue pair holds.
+    core: QpCore,
     config: UdConfig,
-    max_inline: u32,
     /// One GRH slot per receive-queue entry; receive `seq` uses slot
     /// `seq % max_recv_wr` (at most that many are outstanding, with
     /// consecutive numbers, so no two share one).
@@ -211,19 +204,14 @@ struct UdInner {
     /// Every address handle a send named, by identity, destroyed only
     /// after the queue pair (so never under a send in flight).
     ahs: Mutex<HashMap<usize, AddressHandle>>,
-    room: [Option<Reservation>; 2],
 }
-
-// SAFETY: posting and modifying are thread-safe verbs; Rust-side state
-// lives behind the tracker's mutexes.
-unsafe impl Send for UdInner {}
-// SAFETY: as above.
-unsafe impl Sync for UdInner {}
 
 impl Drop for UdInner {
     fn drop(&mut self) {
-        if !destroy_qp(self.qp, self.qp_num, &self.pd, [&self.send_cq, &self.recv_cq], &self.tracker, &mut self.room) {
-            // The NIC may still write the GRH slots and read the handles.
+        // The queue pair goes first: the NIC writes the GRH slots and reads
+        // the handles until it is destroyed.
+        if !self.core.destroy() {
+            // It may still do so.
             std::mem::forget(self.grh.clone());
             std::mem::forget(std::mem::take(&mut *self.ahs.lock()));
         }
@@ -232,11 +220,7 @@ impl Drop for UdInner {
 
 impl UdInner {
     fn mtu(&self) -> Mtu {
-        self.port.active_mtu.unwrap_or(Mtu::Mtu1024)
-    }
-
-    fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32) -> Result<()> {
-        modify_qp(self.qp, attr, mask)
+        self.core.port.active_mtu.unwrap_or(Mtu::Mtu1024)
     }
 }
 
@@ -260,9 +244,9 @@ pub struct UdQueuePair {
 impl fmt::Debug for UdQueuePair {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("UdQueuePair")
-            .field("device", &self.inner.pd.context().name())
-            .field("qp_num", &format_args!("{:#x}", self.inner.qp_num))
-            .field("gid", &format_args!("{}", self.inner.gid))
+            .field("device", &self.inner.core.pd.context().name())
+            .field("qp_num", &format_args!("{:#x}", self.inner.core.qp_num))
+            .field("gid", &format_args!("{}", self.inner.core.gid))
             .finish()
     }
 }
@@ -275,15 +259,12 @@ impl UdQueuePair {
     /// [`Error::CqTooSmall`]; [`Error::Gid`] / [`Error::InvalidPort`];
     /// [`Error::Verb`] from `ibv_create_qp` or `ibv_modify_qp`.
     pub fn create(pd: &ProtectionDomain, send_cq: &CompletionQueue, recv_cq: &CompletionQueue, config: &UdConfig) -> Result<UdQueuePair> {
-        let ctx = pd.context();
-        check_cqs(pd, [send_cq, recv_cq])?;
         if config.max_recv_wr == 0 {
             return Err(Error::InvalidArgument("UdConfig::max_recv_wr must be at least 1".into()));
         }
-        let port = ctx.query_port(config.port)?;
-        let gid = ctx.choose_gid_on(&port, config.gid_index)?;
+        let cqs = [send_cq, recv_cq];
+        let prepared = QpCore::prepare(pd, cqs, config.port, config.gid_index, config.max_send_wr, Some(config.max_recv_wr))?;
         let grh = MemoryRegion::alloc(pd, config.max_recv_wr as usize * GRH_LEN, AccessFlags::LOCAL_WRITE)?;
-        let room = [Some(send_cq.reserve(config.max_send_wr)?), Some(recv_cq.reserve(config.max_recv_wr)?)];
         let mut init = sys::ibv_qp_init_attr {
             send_cq: send_cq.as_ptr(),
             recv_cq: recv_cq.as_ptr(),
@@ -301,45 +282,31 @@ impl UdQueuePair {
         // SAFETY: valid PD and CQs of the same device; `init` is fully set.
         let qp = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) };
         let qp = NonNull::new(qp).ok_or_else(|| Error::last("ibv_create_qp"))?;
-        // SAFETY: a created QP is readable.
-        let qp_num = unsafe { (*qp.as_ptr()).qp_num };
         let tracker = Arc::new(Tracker::new(config.max_send_wr, config.max_recv_wr, pd.inner.stages_in.clone()).with_recv_prefix(GRH_LEN as u32));
-        send_cq.register(qp_num, tracker.clone());
-        recv_cq.register(qp_num, tracker.clone());
-        pd.inner.holders.add(holder(&tracker));
         let inner = UdInner {
-            qp,
-            qp_num,
-            pd: pd.clone(),
-            send_cq: send_cq.clone(),
-            recv_cq: recv_cq.clone(),
-            tracker,
-            gid,
-            port,
+            core: QpCore::adopt(qp, pd, cqs, tracker, prepared, init.cap.max_inline_data),
             config: config.clone(),
-            max_inline: init.cap.max_inline_data,
             grh,
             ahs: Mutex::new(HashMap::new()),
-            room,
         };
         let mut attr = sys::ibv_qp_attr { qp_state: sys::IBV_QPS_INIT, port_num: config.port, qkey: config.qkey, ..Default::default() };
-        inner.modify(&mut attr, sys::IBV_QP_STATE | sys::IBV_QP_PKEY_INDEX | sys::IBV_QP_PORT | sys::IBV_QP_QKEY)?;
-        inner.modify(&mut sys::ibv_qp_attr { qp_state: sys::IBV_QPS_RTR, ..Default::default() }, sys::IBV_QP_STATE)?;
+        inner.core.modify(&mut attr, sys::IBV_QP_STATE | sys::IBV_QP_PKEY_INDEX | sys::IBV_QP_PORT | sys::IBV_QP_QKEY)?;
+        inner.core.modify(&mut sys::ibv_qp_attr { qp_state: sys::IBV_QPS_RTR, ..Default::default() }, sys::IBV_QP_STATE)?;
         let mut attr = sys::ibv_qp_attr { qp_state: sys::IBV_QPS_RTS, sq_psn: 0, ..Default::default() };
-        inner.modify(&mut attr, sys::IBV_QP_STATE | sys::IBV_QP_SQ_PSN)?;
-        tracing::debug!(qp = ?inner.qp_num, gid = %inner.gid, "created UD queue pair");
+        inner.core.modify(&mut attr, sys::IBV_QP_STATE | sys::IBV_QP_SQ_PSN)?;
+        tracing::debug!(qp = ?inner.core.qp_num, gid = %inner.core.gid, "created UD queue pair");
         Ok(UdQueuePair { inner })
     }
 
     /// This queue pair's endpoint, for peers' [`AddressHandle`]s.
     pub fn endpoint(&self) -> Endpoint {
         let q = &self.inner;
-        Endpoint { qp_num: q.qp_num, psn: 0, lid: q.port.lid, gid: q.gid.entry.gid, mtu: q.mtu() }
+        Endpoint { qp_num: q.core.qp_num, psn: 0, lid: q.core.port.lid, gid: q.core.gid.entry.gid, mtu: q.mtu() }
     }
 
     /// The GID this queue pair sends from, and why it was chosen.
     pub fn gid(&self) -> &GidChoice {
-        &self.inner.gid
+        &self.inner.core.gid
     }
 
     /// Posts a batch of datagrams with one call. Each one's memory is held
@@ -361,24 +328,24 @@ impl UdQueuePair {
             return Ok(());
         }
         for wr in wrs {
-            if !wr.to.inner.pd.same_as(&q.pd) {
+            if !wr.to.inner.pd.same_as(&q.core.pd) {
                 return Err(Error::ForeignMemoryRegion);
             }
-            wr.local.check(&q.pd)?;
+            wr.local.check(&q.core.pd)?;
             if wr.local.len() > wr.to.inner.max_message {
                 return Err(Error::TooLong(wr.local.len() as u64));
             }
             if wr.local.gather_sges() > 0 {
                 return Err(Error::InvalidArgument("a UD send carries one slice".into()));
             }
-            if wr.inline && (wr.local.len() > q.max_inline as usize || !wr.local.cpu_addressable()) {
+            if wr.inline && (wr.local.len() > q.core.max_inline as usize || !wr.local.cpu_addressable()) {
                 return Err(Error::InvalidArgument(format!(
                     "an inline datagram is copied by the CPU, at most {} bytes (UdConfig::max_inline_data) of host memory",
-                    q.max_inline
+                    q.core.max_inline
                 )));
             }
         }
-        let mut guard = q.tracker.send.lock();
+        let mut guard = q.core.tracker.send.lock();
         let wq = &mut *guard;
         wq.room_for(n, "send")?;
         let (first_seq, kept) = (wq.next_seq, wq.pending.len());
@@ -395,7 +362,7 @@ impl UdQueuePair {
             let (raw, sg) = unsafe { (&mut *chain.add(i), &mut *sges.add(i)) };
             // SAFETY: as above.
             raw.next = unsafe { chain.add(i + 1) };
-            raw.wr_id = q.tracker.tag | seq;
+            raw.wr_id = q.core.tracker.tag | seq;
             (raw.opcode, raw.__bindgen_anon_1.imm_data) = match wr.imm {
                 Some(imm) => (sys::IBV_WR_SEND_WITH_IMM, imm.to_be()),
                 None => (sys::IBV_WR_SEND, 0),
@@ -414,7 +381,7 @@ impl UdQueuePair {
         // SAFETY: a valid, NULL-terminated chain whose SGEs name registered
         // memory the pending entries hold, and address handles the requests
         // borrow (kept alive below until their completions).
-        let ret = unsafe { sys::ibv_post_send(q.qp.as_ptr(), chain.as_mut_ptr(), &mut bad) };
+        let ret = unsafe { sys::ibv_post_send(q.core.qp.as_ptr(), chain.as_mut_ptr(), &mut bad) };
         let posted = posted_count(ret, bad, chain);
         // Inline payloads were copied: nothing of theirs stays held.
         for (p, wr) in wq.pending.iter_mut().skip(kept).zip(wrs).take(posted) {
@@ -446,13 +413,13 @@ impl UdQueuePair {
             return Ok(());
         }
         for wr in wrs {
-            wr.local.check(&q.pd)?;
+            wr.local.check(&q.core.pd)?;
             if wr.local.gather_sges() > 0 {
                 return Err(Error::InvalidArgument("a UD receive takes one slice (after the GRH the library receives)".into()));
             }
         }
         let depth = u64::from(q.config.max_recv_wr);
-        let mut guard = q.tracker.recv.lock();
+        let mut guard = q.core.tracker.recv.lock();
         let wq = &mut *guard;
         wq.room_for(n, "receive")?;
         let (first_seq, kept) = (wq.next_seq, wq.pending.len());
@@ -469,7 +436,7 @@ impl UdQueuePair {
             let (raw, pair) = unsafe { (&mut *chain.add(i), std::slice::from_raw_parts_mut(sges.add(2 * i), 2)) };
             // SAFETY: as above.
             raw.next = unsafe { chain.add(i + 1) };
-            raw.wr_id = RECV_BIT | q.tracker.tag | seq;
+            raw.wr_id = RECV_BIT | q.core.tracker.tag | seq;
             pair[0] = sys::ibv_sge { addr: q.grh.addr() + slot as u64, length: GRH_LEN as u32, lkey: q.grh.lkey() };
             let k = match wr.local.one().filter(|s| !s.is_empty()) {
                 Some(s) => {
@@ -486,7 +453,7 @@ impl UdQueuePair {
         // SAFETY: a valid, NULL-terminated chain whose SGEs name the GRH
         // slots (registered, owned by the queue pair) and memory the
         // pending entries hold.
-        let ret = unsafe { sys::ibv_post_recv(q.qp.as_ptr(), chain.as_mut_ptr(), &mut bad) };
+        let ret = unsafe { sys::ibv_post_recv(q.core.qp.as_ptr(), chain.as_mut_ptr(), &mut bad) };
         let posted = posted_count(ret, bad, chain);
         finish_post(wq, n, posted, "ibv_post_recv", ret)
     }

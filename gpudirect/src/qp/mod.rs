@@ -9,100 +9,46 @@ use std::sync::Arc;
 
 use gpudirect_sys as sys;
 
-use crate::port::{LinkLayer, Mtu, PortAttr};
-use crate::cq::{CompletionQueue, Reservation};
+use crate::port::{LinkLayer, Mtu};
+use crate::cq::CompletionQueue;
 use crate::error::{check, Error, Result};
 use crate::gid::GidChoice;
 use crate::pd::ProtectionDomain;
 use crate::srq::SharedReceiveQueue;
-use crate::tracker::{holder, Tracker};
+use crate::tracker::Tracker;
 use crate::wire::Endpoint;
 use crate::wc::WorkCompletion;
 use crate::wr::{RecvWr, SendList, SendWr};
 
 mod config;
+mod core;
 mod post;
+
+pub(crate) use self::core::{modify_qp, Prepared, QpCore};
 
 pub use config::{QpConfig, QpState};
 pub use post::PartialPost;
 
 struct QpInner {
-    qp: NonNull<sys::ibv_qp>,
+    /// The verbs object and what every queue pair holds; declared first,
+    /// so the queue pair is destroyed before the shared receive queue
+    /// below is let go.
+    core: QpCore,
     /// The extended view, when sends are posted with `ibv_wr_*`.
     qpx: Option<NonNull<sys::ibv_qp_ex>>,
-    qp_num: u32,
     psn: u32,
-    pd: ProtectionDomain,
-    send_cq: CompletionQueue,
-    recv_cq: CompletionQueue,
-    tracker: Arc<Tracker>,
-    gid: GidChoice,
-    port: PortAttr,
     config: QpConfig,
-    max_inline: u32,
     /// Most SGEs per send and per receive request, as configured.
     max_sge: [u32; 2],
     /// Where its receives come from instead of its own receive queue.
     srq: Option<SharedReceiveQueue>,
-    /// Room in the send and receive CQs; see the Drop body.
-    room: [Option<Reservation>; 2],
 }
 
-// SAFETY: posting and modifying are thread-safe verbs; Rust-side state
-// lives behind the tracker's mutexes.
+// SAFETY: the extended view is the queue pair's own, used only under its
+// send queue's lock; the rest is `QpCore`'s, which is Send and Sync.
 unsafe impl Send for QpInner {}
 // SAFETY: as above.
 unsafe impl Sync for QpInner {}
-
-impl Drop for QpInner {
-    fn drop(&mut self) {
-        destroy_qp(self.qp, self.qp_num, &self.pd, [&self.send_cq, &self.recv_cq], &self.tracker, &mut self.room);
-    }
-}
-
-/// Destroys a queue pair (RC or UD) that completes on `cqs` (send, then
-/// receive) and lets go of what it held: its tracker's outstanding work
-/// (released: the NIC no longer touches memory on its behalf) and its room
-/// in the CQs. Returns false when `ibv_destroy_qp` failed: then the held
-/// memory and the room are leaked instead (the NIC may still use the one
-/// and complete into the other), and so must be whatever else the caller
-/// owns that the NIC can reach through the queue pair.
-pub(crate) fn destroy_qp(
-    qp: NonNull<sys::ibv_qp>,
-    qp_num: u32,
-    pd: &ProtectionDomain,
-    cqs: [&CompletionQueue; 2],
-    tracker: &Arc<Tracker>,
-    room: &mut [Option<Reservation>; 2],
-) -> bool {
-    // SAFETY: the QP came from ibv_create_qp and is destroyed once, here.
-    let ret = unsafe { sys::ibv_destroy_qp(qp.as_ptr()) };
-    #[cfg(feature = "fault-injection")]
-    if ret == 0 && crate::fault::purging() {
-        for cq in cqs {
-            cq.purge(qp_num);
-        }
-    }
-    for cq in cqs {
-        cq.unregister(qp_num, tracker);
-    }
-    if ret != 0 {
-        tracing::warn!("{}", Error::returned("ibv_destroy_qp", ret));
-        std::mem::forget(tracker.clone());
-        std::mem::forget(room.each_mut().map(Option::take));
-        return false;
-    }
-    // Work left unreaped may have left completions in the CQ (rxe keeps
-    // a destroyed QP's; mlx5 removes them): that room stays owed until
-    // the CQ has been seen empty.
-    for (left, room) in tracker.clear().into_iter().zip(room) {
-        if let (true, Some(r)) = (left, room.take()) {
-            r.into_debt();
-        }
-    }
-    pd.inner.holders.remove(&holder(tracker));
-    true
-}
 
 /// Creates an RC queue pair: with `extended`, by `ibv_create_qp_ex` asking
 /// for every send opcode the library posts, so sends can go through
@@ -170,35 +116,14 @@ fn create_rc(
     Ok((qp, None, init.cap.max_inline_data))
 }
 
-/// Refuses completion queues of another device than `pd`'s.
-pub(crate) fn check_cqs(pd: &ProtectionDomain, cqs: [&CompletionQueue; 2]) -> Result<()> {
-    let ctx = pd.context();
-    for cq in cqs {
-        if !Arc::ptr_eq(&cq.context().inner, &ctx.inner) {
-            return Err(Error::InvalidArgument(format!(
-                "completion queue of device {} used with a protection domain of {}",
-                cq.context().name(),
-                ctx.name()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// `ibv_modify_qp` with the fields `mask` names.
-pub(crate) fn modify_qp(qp: NonNull<sys::ibv_qp>, attr: &mut sys::ibv_qp_attr, mask: u32) -> Result<()> {
-    // SAFETY: a valid QP and attribute struct; the mask names fields set.
-    check("ibv_modify_qp", unsafe { sys::ibv_modify_qp(qp.as_ptr(), attr, mask as i32) })
-}
-
 impl fmt::Debug for QpInner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QueuePair")
-            .field("device", &self.pd.context().name())
-            .field("qp_num", &format_args!("{:#x}", self.qp_num))
+            .field("device", &self.core.pd.context().name())
+            .field("qp_num", &format_args!("{:#x}", self.core.qp_num))
             .field("port", &self.config.port)
-            .field("gid", &format_args!("{}", self.gid))
-            .field("active_mtu", &self.port.active_mtu)
+            .field("gid", &format_args!("{}", self.core.gid))
+            .field("active_mtu", &self.core.port.active_mtu)
             .finish()
     }
 }
@@ -206,16 +131,16 @@ impl fmt::Debug for QpInner {
 impl QpInner {
     fn endpoint(&self) -> Endpoint {
         Endpoint {
-            qp_num: self.qp_num,
+            qp_num: self.core.qp_num,
             psn: self.psn,
-            lid: self.port.lid,
-            gid: self.gid.entry.gid,
-            mtu: self.port.active_mtu.unwrap_or(Mtu::Mtu1024),
+            lid: self.core.port.lid,
+            gid: self.core.gid.entry.gid,
+            mtu: self.core.port.active_mtu.unwrap_or(Mtu::Mtu1024),
         }
     }
 
     fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32) -> Result<()> {
-        modify_qp(self.qp, attr, mask)
+        self.core.modify(attr, mask)
     }
 
     /// `INIT` → `RTR` with `attr` (the path, the peer's QP number and PSN,
@@ -233,7 +158,7 @@ impl QpInner {
     /// reads it may have outstanding, `max_rd_atomic` (at least 1).
     fn to_rts(&self, mut attr: sys::ibv_qp_attr, mask: u32, max_rd_atomic: u8) -> Result<()> {
         let c = &self.config;
-        if c.retry_cnt >= 7 && self.pd.context().attr().vendor_id == RXE_VENDOR_ID {
+        if c.retry_cnt >= 7 && self.core.pd.context().attr().vendor_id == RXE_VENDOR_ID {
             tracing::warn!(
                 retry_cnt = c.retry_cnt,
                 "Soft-RoCE retries forever with retry_cnt 7: requests to a peer that died will never fail; use 6 or less"
@@ -346,7 +271,6 @@ impl QueuePair {
         config: &QpConfig,
     ) -> Result<PreparedQueuePair> {
         let ctx = pd.context();
-        check_cqs(pd, [send_cq, recv_cq])?;
         let max_sge = ctx.attr().max_sge;
         // A queue pair on a shared receive queue has no receive queue of its own.
         let (recv_wr, recv_sge) = if srq.is_some() { (0, 0) } else { (config.max_recv_wr, config.max_recv_sge) };
@@ -358,11 +282,8 @@ impl QueuePair {
                 )));
             }
         }
-        let port = ctx.query_port(config.port)?;
-        let gid = ctx.choose_gid_on(&port, config.gid_index)?;
-        // Every send may be signaled and every receive completes: the CQs
-        // must hold them all, or they overrun.
-        let room = [Some(send_cq.reserve(config.max_send_wr)?), if srq.is_some() { None } else { Some(recv_cq.reserve(recv_wr)?) }];
+        let cqs = [send_cq, recv_cq];
+        let prepared: Prepared = QpCore::prepare(pd, cqs, config.port, config.gid_index, config.max_send_wr, srq.is_none().then_some(recv_wr))?;
         if let Some(srq) = srq {
             srq.attach_cq(recv_cq)?;
         }
@@ -375,31 +296,16 @@ impl QueuePair {
         };
         let srq_ptr = srq.map_or(std::ptr::null_mut(), SharedReceiveQueue::as_ptr);
         let (qp, qpx, max_inline) = create_rc(pd, send_cq, recv_cq, srq_ptr, cap, config.extended_posting)?;
-        // SAFETY: a created QP is readable.
-        let qp_num = unsafe { (*qp.as_ptr()).qp_num };
         // The provider may round the depths up; ours stay as requested so
         // QueueFull fires before the provider's ENOMEM would.
         let tracker = Arc::new(Tracker::new(config.max_send_wr, recv_wr, pd.inner.stages_in.clone()));
-        // Registered before any post, so no completion can go unmatched.
-        send_cq.register(qp_num, tracker.clone());
-        recv_cq.register(qp_num, tracker.clone());
-        pd.inner.holders.add(holder(&tracker));
         let inner = QpInner {
-            qp,
+            core: QpCore::adopt(qp, pd, cqs, tracker, prepared, max_inline),
             qpx,
-            qp_num,
             psn: random_psn(),
-            pd: pd.clone(),
-            send_cq: send_cq.clone(),
-            recv_cq: recv_cq.clone(),
-            tracker,
-            gid,
-            port,
             config: config.clone(),
-            max_inline,
             max_sge: [config.max_send_sge, recv_sge],
             srq: srq.cloned(),
-            room,
         };
         let mut attr = sys::ibv_qp_attr {
             qp_state: sys::IBV_QPS_INIT,
@@ -425,12 +331,12 @@ impl QueuePair {
 
     /// The GID this queue pair sends from, and why it was chosen.
     pub fn gid(&self) -> &GidChoice {
-        &self.inner.gid
+        &self.inner.core.gid
     }
 
     /// The largest payload [`SendWr::inline`] accepts here.
     pub fn max_inline_data(&self) -> u32 {
-        self.inner.max_inline
+        self.inner.core.max_inline
     }
 
     /// Whether sends are posted through the extended API (`ibv_wr_*`):
@@ -558,7 +464,7 @@ impl QueuePair {
         // SAFETY: an all-zero ibv_qp_attr is valid; only qp_state is read.
         let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.qp_state = sys::IBV_QPS_ERR;
-        modify_qp(self.inner.qp, &mut attr, sys::IBV_QP_STATE)
+        modify_qp(self.inner.core.qp, &mut attr, sys::IBV_QP_STATE)
     }
 
     /// The current state (`ibv_query_qp`); [`QpState::Error`] after a
@@ -571,7 +477,7 @@ impl QueuePair {
         let mut init = MaybeUninit::<sys::ibv_qp_init_attr>::zeroed();
         // SAFETY: valid QP and out-pointers.
         check("ibv_query_qp", unsafe {
-            sys::ibv_query_qp(self.inner.qp.as_ptr(), attr.as_mut_ptr(), sys::IBV_QP_STATE as i32, init.as_mut_ptr())
+            sys::ibv_query_qp(self.inner.core.qp.as_ptr(), attr.as_mut_ptr(), sys::IBV_QP_STATE as i32, init.as_mut_ptr())
         })?;
         // SAFETY: qp_state was written (and everything was zeroed).
         Ok(match unsafe { attr.assume_init() }.qp_state {
@@ -595,7 +501,7 @@ impl PreparedQueuePair {
 
     /// The GID this queue pair sends from, and why it was chosen.
     pub fn gid(&self) -> &GidChoice {
-        &self.inner.gid
+        &self.inner.core.gid
     }
 
     /// Posts a batch of receives with one call. Post them before the peer
@@ -614,7 +520,7 @@ impl PreparedQueuePair {
     /// The device, port and QP number rdma_cm must connect.
     #[cfg(feature = "rdmacm")]
     pub(crate) fn cm_target(&self) -> (&str, u8, u32) {
-        (self.inner.pd.context().name(), self.inner.config.port, self.inner.qp_num)
+        (self.inner.core.pd.context().name(), self.inner.config.port, self.inner.core.qp_num)
     }
 
     /// The transport and RNR retry counts rdma_cm passes on.
@@ -627,7 +533,7 @@ impl PreparedQueuePair {
     /// (`max_dest_rd_atomic`) this side offers: the configured value
     /// within the device's limits.
     pub(crate) fn rd_atomic(&self) -> (u8, u8) {
-        let (c, dev) = (&self.inner.config, self.inner.pd.context().attr());
+        let (c, dev) = (&self.inner.config, self.inner.core.pd.context().attr());
         (
             c.max_rd_atomic.min(dev.max_qp_init_rd_atom.min(255) as u8).max(1),
             c.max_rd_atomic.min(dev.max_qp_rd_atom.min(255) as u8).max(1),
@@ -653,16 +559,16 @@ impl PreparedQueuePair {
         inner.to_rts(rts, rts_mask, max_rd_atomic)?;
         inner.psn = rts.sq_psn;
         let ah = &rtr.ah_attr;
-        if ah.is_global != 0 && u32::from(ah.grh.sgid_index) != inner.gid.entry.index {
+        if ah.is_global != 0 && u32::from(ah.grh.sgid_index) != inner.core.gid.entry.index {
             let index = u32::from(ah.grh.sgid_index);
-            if let Some(entry) = inner.pd.context().gid_table(inner.config.port)?.into_iter().find(|e| e.index == index) {
-                inner.gid = GidChoice { entry, reason: "chosen by rdma_cm for the route's source address" };
+            if let Some(entry) = inner.core.pd.context().gid_table(inner.config.port)?.into_iter().find(|e| e.index == index) {
+                inner.core.gid = GidChoice { entry, reason: "chosen by rdma_cm for the route's source address" };
             }
         }
         // SAFETY: reading the GID union's byte view, valid for any value.
         let dgid = unsafe { ah.grh.dgid.raw };
         let remote = Endpoint { qp_num: rtr.dest_qp_num, psn: rtr.rq_psn, lid: ah.dlid, gid: crate::gid::Gid(dgid), mtu };
-        tracing::info!(local = %inner.endpoint(), remote = %remote, %mtu, gid = %inner.gid, "queue pair connected by rdma_cm");
+        tracing::info!(local = %inner.endpoint(), remote = %remote, %mtu, gid = %inner.core.gid, "queue pair connected by rdma_cm");
         Ok(QueuePair { inner, remote })
     }
 
@@ -678,12 +584,12 @@ impl PreparedQueuePair {
         if remote.qp_num > 0xff_ffff || remote.psn > 0xff_ffff {
             return Err(Error::InvalidArgument(format!("peer endpoint out of range: {remote}")));
         }
-        let ethernet = inner.port.link_layer == LinkLayer::Ethernet;
+        let ethernet = inner.core.port.link_layer == LinkLayer::Ethernet;
         if !ethernet && remote.lid == 0 {
             return Err(Error::InvalidArgument(format!("peer endpoint has no LID on an InfiniBand port: {remote}")));
         }
         let c = &inner.config;
-        let local_mtu = inner.port.active_mtu.unwrap_or(Mtu::Mtu1024);
+        let local_mtu = inner.core.port.active_mtu.unwrap_or(Mtu::Mtu1024);
         let mtu = [Some(local_mtu), Some(remote.mtu), c.mtu].into_iter().flatten().min().unwrap_or(local_mtu);
         let mut attr = sys::ibv_qp_attr {
             path_mtu: mtu.to_raw(),
@@ -697,7 +603,7 @@ impl PreparedQueuePair {
         if ethernet {
             attr.ah_attr.is_global = 1;
             attr.ah_attr.grh.dgid.raw = remote.gid.0;
-            attr.ah_attr.grh.sgid_index = inner.gid.entry.index as u8;
+            attr.ah_attr.grh.sgid_index = inner.core.gid.entry.index as u8;
             attr.ah_attr.grh.hop_limit = c.hop_limit;
             attr.ah_attr.grh.traffic_class = c.traffic_class;
         }
@@ -705,7 +611,7 @@ impl PreparedQueuePair {
         inner.to_rtr(attr, path, responder)?;
         let attr = sys::ibv_qp_attr { sq_psn: inner.psn, ..Default::default() };
         inner.to_rts(attr, sys::IBV_QP_SQ_PSN, initiator)?;
-        tracing::info!(local = %inner.endpoint(), remote = %remote, %mtu, gid = %inner.gid, "queue pair connected");
+        tracing::info!(local = %inner.endpoint(), remote = %remote, %mtu, gid = %inner.core.gid, "queue pair connected");
         Ok(QueuePair { inner, remote: *remote })
     }
 }

@@ -62,7 +62,7 @@ impl QpInner {
         if checked.staged {
             return inner.post_send_staged(wrs);
         }
-        let mut q = inner.tracker.send.lock();
+        let mut q = inner.core.tracker.send.lock();
         inner.post_send_locked(&mut q, wrs, checked.gather, ClaimLocal)
     }
 
@@ -73,7 +73,7 @@ impl QpInner {
             return Ok(());
         }
         // A list that names no memory (notifications only) has no domain.
-        if list.pd().is_some_and(|pd| !pd.same_as(&inner.pd)) {
+        if list.pd().is_some_and(|pd| !pd.same_as(&inner.core.pd)) {
             return Err(Error::ForeignMemoryRegion);
         }
         if list.longest_inline() > 0 {
@@ -90,7 +90,7 @@ impl QpInner {
         if list.stages() {
             return inner.post_send_staged(list.requests());
         }
-        let mut q = inner.tracker.send.lock();
+        let mut q = inner.core.tracker.send.lock();
         inner.post_list_locked(&mut q, list)
     }
 
@@ -103,17 +103,17 @@ impl QpInner {
                 "this queue pair takes its receives from a shared receive queue: post them there (SharedReceiveQueue::post_recv)".into(),
             ));
         }
-        let gather = RecvWr::check_batch(wrs, &self.pd, self.max_sge[1], "QpConfig::max_recv_sge")?;
-        let qp = self.qp.as_ptr();
+        let gather = RecvWr::check_batch(wrs, &self.core.pd, self.max_sge[1], "QpConfig::max_recv_sge")?;
+        let qp = self.core.qp.as_ptr();
         // SAFETY: `qp` is this queue pair's, valid while `self` is.
-        self.tracker.post_recvs(wrs, gather, "ibv_post_recv", |chain, bad| unsafe { sys::ibv_post_recv(qp, chain, bad) })
+        self.core.tracker.post_recvs(wrs, gather, "ibv_post_recv", |chain, bad| unsafe { sys::ibv_post_recv(qp, chain, bad) })
     }
 
     /// Checks what can be checked of a batch before the queue is locked.
     fn check_send(&self, wrs: &[SendWr<'_>]) -> Result<Checked> {
         let mut c = Checked { staged: false, gather: 0 };
         for wr in wrs {
-            wr.check(&self.pd)?;
+            wr.check(&self.core.pd)?;
             c.staged |= wr.stages_out();
             if wr.inline {
                 self.check_inline_len(wr.local.len())?;
@@ -141,7 +141,7 @@ impl QpInner {
                 "a work request of {n} scatter/gather entries: the queue pair allows {max} (QpConfig::max_send_sge)"
             )));
         }
-        let ctx = self.pd.context();
+        let ctx = self.core.pd.context();
         let rd = ctx.attr().max_sge_rd as usize;
         if read && n > rd {
             return Err(Error::InvalidArgument(format!(
@@ -154,7 +154,7 @@ impl QpInner {
 
     #[cold]
     fn check_atomics(&self) -> Result<()> {
-        let ctx = self.pd.context();
+        let ctx = self.core.pd.context();
         if ctx.attr().atomics {
             return Ok(());
         }
@@ -167,10 +167,10 @@ impl QpInner {
 
     #[inline]
     fn check_inline_len(&self, len: usize) -> Result<()> {
-        if len > self.max_inline as usize {
+        if len > self.core.max_inline as usize {
             return Err(Error::InvalidArgument(format!(
                 "an inline payload of {len} bytes: the queue pair allows inline writes and sends of at most {} bytes (QpConfig::max_inline_data)",
-                self.max_inline
+                self.core.max_inline
             )));
         }
         Ok(())
@@ -221,7 +221,7 @@ impl QpInner {
             let (raw, sg) = unsafe { (&mut *chain.add(i), &mut *sges.add(i)) };
             // SAFETY: as above.
             raw.next = unsafe { chain.add(i + 1) };
-            raw.wr_id = self.tracker.tag | seq;
+            raw.wr_id = self.core.tracker.tag | seq;
             wr.write_raw(raw, sg, &mut free);
             any_inline |= wr.inline;
         }
@@ -256,7 +256,7 @@ impl QpInner {
             let seq = (first_seq + i as u64) & SEQ_MASK;
             let hold = wr.local.claim(wr.op.nic_writes_local());
             q.enter(kept, hold, |hold| Pending { seq, wr_id: wr.wr_id, opcode: wr.op.wc_opcode(), signaled: wr.signaled, hold })?;
-            raw.wr_id = self.tracker.tag | seq;
+            raw.wr_id = self.core.tracker.tag | seq;
             any_inline |= wr.inline;
         }
         // SAFETY: the list's chain is NULL-terminated, of `n` requests
@@ -305,7 +305,7 @@ impl QpInner {
             }
             // SAFETY: the caller's contract; the entry just made holds the
             // request's memory.
-            unsafe { wr.write_ex(qpx, self.tracker.tag | seq) };
+            unsafe { wr.write_ex(qpx, self.core.tracker.tag | seq) };
             any_inline |= wr.inline;
         }
         // SAFETY: ends this thread's ibv_wr_start section.
@@ -337,7 +337,7 @@ impl QpInner {
         let n = wrs.len();
         let mut bad = std::ptr::null_mut();
         // SAFETY: the caller's contract.
-        let ret = unsafe { sys::ibv_post_send(self.qp.as_ptr(), chain, &mut bad) };
+        let ret = unsafe { sys::ibv_post_send(self.core.qp.as_ptr(), chain, &mut bad) };
         // SAFETY: the chain is `n` contiguous requests (the caller's contract),
         // and nothing writes them while this slice is read.
         let posted = posted_count(ret, bad, unsafe { std::slice::from_raw_parts(chain, n) });
@@ -364,7 +364,7 @@ impl QpInner {
                 _ => None,
             });
         }
-        let mut q = self.tracker.send.lock();
+        let mut q = self.core.tracker.send.lock();
         let chunks: usize = wrs.iter().map(|w| if splits_for_staging(w) { w.local.len().div_ceil(STAGE_CHUNK) } else { 1 }).sum();
         q.room_for(chunks, "send")?;
         for (wr, staging) in wrs.iter().zip(&mut staging) {
@@ -482,7 +482,7 @@ impl QpInner {
         while posted < wrs.len() {
             let fail = |error| PartialPost { posted, error };
             let (room, signaled_pending) = {
-                let q = self.tracker.send.lock();
+                let q = self.core.tracker.send.lock();
                 (q.depth as usize - q.pending.len(), q.pending.iter().any(|p| p.signaled))
             };
             if room > 0 {
@@ -514,14 +514,14 @@ impl QpInner {
                 Some(left) if left.is_zero() => return Err(fail(Error::Timeout(timeout.unwrap_or_default()))),
                 left => left.unwrap_or(ROOM_RECHECK).min(ROOM_RECHECK),
             };
-            let n = match self.send_cq.wait(&mut wcs, Some(wait)) {
+            let n = match self.core.send_cq.wait(&mut wcs, Some(wait)) {
                 Ok(n) => n,
                 Err(Error::Timeout(_)) => 0,
                 Err(e) => return Err(fail(e)),
             };
             for (i, wc) in wcs[..n].iter().enumerate() {
                 if let Err(e) = on_completion(*wc) {
-                    self.send_cq.unread(&wcs[i + 1..n]);
+                    self.core.send_cq.unread(&wcs[i + 1..n]);
                     return Err(fail(e));
                 }
             }
