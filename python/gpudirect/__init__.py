@@ -273,9 +273,15 @@ def doctor(
     docs/doctor-json.md): ``report["verdict"]["available"]`` says whether
     NCCL will use GPUDirect RDMA here, ``report["verdict"]["line"]`` says it
     in a sentence, ``report["findings"]`` holds every check.
+    ``report["verdict"]["unsettled"]`` lists the deciding variables a job
+    file leaves to the running job (``${NCCL_IB_HCA:-...}``, ``$(cmd)``, a
+    Kubernetes ``valueFrom``): then ``available`` is false and the line says
+    "cannot tell".
 
     The job's environment is this process's ``NCCL_*``/``UCX_*`` variables,
-    or those of ``env_file`` (a job script; nothing in it runs), of process
+    or those of ``env_file`` (a job script, Dockerfile, Compose or
+    Kubernetes YAML, Python or TOML file, read as the shell or launcher
+    would; nothing in it runs), of process
     ``pid``, or those an NCCL log (``nccl_log``) shows NCCL read. With
     ``from_capture``, a capture written by ``capture=`` (or ``gpudirect
     doctor --capture``) is judged instead of this machine, with this
