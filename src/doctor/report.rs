@@ -99,7 +99,7 @@ impl Candidate {
     /// Why NCCL, run with `vars`, will not use GPUDirect RDMA on this pair.
     fn stopped_by(&self, vars: &[(String, String)], site: &env::Site) -> Option<String> {
         let pair = env::PairInEnv { nic: &self.nic, level: self.level, dma_buf_only: self.dma_buf_only, nccl_default: self.nccl_default, site };
-        env::nccl_stops(vars, &pair)
+        env::nccl_stops(vars, &pair).map(|s| s.to_string())
     }
 }
 
@@ -266,15 +266,10 @@ fn decide(
     let rank = nearness;
     let stops = |c: &Candidate| c.stopped_by(vars, site);
     let usable = || cands.iter().filter(|c| c.path.is_ok() && c.blocked.is_empty());
-    // With dma-buf turned off and peer memory possible, NCCL registers
-    // through peer memory: that is the path it uses, not the first the
+    // The path NCCL registers by in this environment, not the first the
     // library would try.
-    let dmabuf_off = env::dmabuf_disabled(vars).is_some();
     let pair_of = |c: &Candidate| {
-        let path = match &c.path {
-            Ok(RegistrationPath::DmaBuf) if dmabuf_off && !c.dma_buf_only => RegistrationPath::PeerMemory.to_string(),
-            p => p.as_ref().map(|p| p.to_string()).unwrap_or_default(),
-        };
+        let path = c.path.as_ref().map(|p| env::registration_path(vars, *p, c.dma_buf_only).to_string()).unwrap_or_default();
         let level = c.level.map_or_else(|| "PCIe path unknown".to_owned(), |l| l.to_string());
         (path, level)
     };

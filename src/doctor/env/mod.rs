@@ -26,10 +26,12 @@ use super::jobenv::JobEnv;
 use super::{Finding, Status};
 
 mod nccl;
+mod rules;
 mod site;
 mod tuning;
 mod ucx;
 
+pub use rules::{dmabuf_disabled, nccl_stops, registration_path, transport_off, Stop, DECIDING};
 pub use site::{find_net_libs, plugin_names, LibSearch, Site};
 
 use nccl::{
@@ -162,91 +164,6 @@ pub fn hca_allows(vars: &[(String, String)], nic: &str) -> bool {
     var(vars, "NCCL_IB_HCA").is_none_or(|v| hca_selects(v, nic))
 }
 
-/// Why `vars` turn NCCL's RDMA transport off for every NIC (`NCCL_NET`
-/// naming sockets, `NCCL_IB_DISABLE`), with the fix; `None` when they
-/// leave it on.
-pub fn transport_off(vars: &[(String, String)]) -> Option<String> {
-    if let Some(v) = var(vars, "NCCL_NET").filter(|v| gpudirect::nccl::is_tcp_network(v)) {
-        return Some(format!("NCCL_NET={v} selects a TCP socket transport, which stages every transfer through host memory (unset it)"));
-    }
-    if let Some(v) = var(vars, "NCCL_IB_DISABLE").filter(|v| gpudirect::nccl::ib_disabled(v)) {
-        return Some(format!("NCCL_IB_DISABLE={v} turns NCCL's InfiniBand/RoCE transport off: it uses sockets, through host memory (unset it)"));
-    }
-    None
-}
-
-/// Why NCCL, run with `vars` on `site`, stops at initialization: `NCCL_NET`
-/// names a network only a plugin provides and the plugin library NCCL
-/// would load is not on the machine (NCCL then fails "to initialize any
-/// NET plugin"; it does not fall back). `None` when the plugins were not
-/// looked for.
-pub fn plugin_network_missing(vars: &[(String, String)], site: &Site) -> Option<String> {
-    let net = var(vars, "NCCL_NET").filter(|v| !gpudirect::nccl::is_tcp_network(v) && !v.trim().eq_ignore_ascii_case("ib"))?;
-    let libs = site.net_libs.as_ref()?;
-    let names = plugin_names(var(vars, "NCCL_NET_PLUGIN"));
-    if names.iter().any(|n| libs.find(n).is_some()) {
-        return None;
-    }
-    let tried = if names.is_empty() { "no plugin (NCCL_NET_PLUGIN=none)".to_owned() } else { names.join(" or ") };
-    Some(format!(
-        "NCCL_NET={net} names a network only a plugin provides, and NCCL would load {tried}, which is not in the library directories here: \
-         NCCL stops at initialization (\"Failed to initialize any NET plugin\") (install the plugin that provides {net:?}, or unset NCCL_NET)"
-    ))
-}
-
-/// `NCCL_DMABUF_ENABLE`'s value when it turns dma-buf off (reads as 0).
-pub fn dmabuf_disabled(vars: &[(String, String)]) -> Option<&str> {
-    var(vars, "NCCL_DMABUF_ENABLE").filter(|v| gpudirect::nccl::param_int(v).used() == Some(0))
-}
-
-/// Why NCCL, run with the environment `vars`, will not use GPUDirect RDMA
-/// for `pair` although the machine allows it: the variable, what NCCL
-/// makes of it and the fix; `None` when the environment leaves it on. The
-/// one judge of that, for the verdict; each variable's own finding says
-/// the same at length. The last assignment of a name wins.
-pub fn nccl_stops(vars: &[(String, String)], pair: &PairInEnv<'_>) -> Option<String> {
-    if let Some(why) = transport_off(vars).or_else(|| plugin_network_missing(vars, pair.site)) {
-        return Some(why);
-    }
-    if let Some(v) = var(vars, "NCCL_IB_HCA").filter(|v| !hca_selects(v, pair.nic)) {
-        return Some(format!(
-            "NCCL_IB_HCA={v} leaves out {} (set NCCL_IB_HCA=={}:1, or add it, or unset NCCL_IB_HCA)",
-            pair.nic, pair.nic
-        ));
-    }
-    let limit = gpudirect::topology::gdr_limit(vars);
-    if limit.env_used {
-        let stops = match pair.level {
-            Some(level) => !limit.allows(level),
-            None => limit.limit.forbids_every_nic(),
-        };
-        if stops {
-            let what = match pair.level {
-                Some(level) => format!("allows GPUDirect RDMA only up to {}, and this pair is {level}", limit.limit),
-                None => format!("allows GPUDirect RDMA only up to {}, shorter than any PCIe path", limit.limit),
-            };
-            return Some(format!("{} {what} (unset it: NCCL's default is PXB)", limit.describe()));
-        }
-    } else if pair.nccl_default == Some(false) {
-        // Unset, the limit is NCCL's own: the job runs staged by default.
-        let level = pair.level.map_or_else(|| "this pair's".to_owned(), |l| l.to_string());
-        // NCCL's own name for the path (it knows no NODE: that is PHB to it).
-        let value = pair.level.map_or_else(|| "PHB".to_owned(), |l| gpudirect::topology::nccl_path_type(l).to_string());
-        return Some(format!(
-            "NCCL's default NCCL_NET_GDR_LEVEL (PXB) stops short of this {level} path, so NCCL stages through host memory \
-             (set NCCL_NET_GDR_LEVEL={value} where that path carries peer-to-peer traffic well, or pair the GPU with a NIC under its PCIe switch)"
-        ));
-    }
-    if pair.dma_buf_only {
-        if let Some(v) = dmabuf_disabled(vars) {
-            return Some(format!(
-                "NCCL_DMABUF_ENABLE={v} turns dma-buf off, the only registration path here (nvidia-peermem is not loaded): unset it"
-            ));
-        }
-    }
-    None
-}
-
 /// Explains every `NCCL_*` and `UCX_*` variable that matters to GPUDirect
 /// RDMA; unknown ones of those families are listed as not judged. With none
 /// set, one finding says the defaults apply. The last assignment of a name
@@ -346,10 +263,6 @@ pub fn check(job: &JobEnv, site: &Site) -> Vec<Finding> {
     }
     out
 }
-
-/// The variables [`nccl_stops`] reads: one of them left to the running
-/// job leaves the verdict open.
-pub const DECIDING: [&str; 5] = ["NCCL_NET", "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_NET_GDR_LEVEL", "NCCL_DMABUF_ENABLE"];
 
 /// The variables the job file leaves to the running job that decide
 /// whether NCCL uses GPUDirect RDMA.
@@ -596,12 +509,14 @@ mod tests {
         }
         // The verdict's judge says the same of a plugin network.
         let pair = PairInEnv { nic: "mlx5_0", level: None, dma_buf_only: false, nccl_default: Some(true), site: &none };
-        assert!(nccl_stops(&vars(&[("NCCL_NET", "gIB")]), &pair).is_some_and(|w| w.contains("Failed to initialize any NET plugin")));
+        let stop = nccl_stops(&vars(&[("NCCL_NET", "gIB")]), &pair).unwrap();
+        assert!(matches!(&stop, Stop::PluginMissing { net, .. } if net == "gIB"), "{stop:?}");
+        assert!(stop.to_string().contains("Failed to initialize any NET plugin"));
         let pair = PairInEnv { site: &Site::default(), ..pair };
         assert_eq!(nccl_stops(&vars(&[("NCCL_NET", "gIB")]), &pair), None, "plugins not looked for: not judged absent");
         // NCCL knows no NODE: the fix names the value NCCL reads.
         let node = PairInEnv { level: Some(gpudirect::topology::PathLevel::Node), nccl_default: Some(false), ..pair };
-        let why = nccl_stops(&[], &node).unwrap();
+        let why = nccl_stops(&[], &node).unwrap().to_string();
         assert!(why.contains("this NODE path") && why.contains("set NCCL_NET_GDR_LEVEL=PHB "), "{why}");
     }
 

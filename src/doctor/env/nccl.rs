@@ -347,22 +347,16 @@ pub(super) fn gid_index(value: &str) -> Judged {
 pub(super) fn net(value: &str, all: &BTreeMap<&str, &str>, site: &Site) -> Judged {
     let plugin_net = !is_tcp_network(value) && !value.trim().eq_ignore_ascii_case("ib");
     if let (true, Some(libs)) = (plugin_net, &site.net_libs) {
-        let names = plugin_names(all.get("NCCL_NET_PLUGIN").copied());
-        let found: Vec<&str> = names.iter().filter_map(|n| libs.find(n)).collect();
-        if found.is_empty() {
-            let tried = if names.is_empty() { "no plugin (NCCL_NET_PLUGIN=none)".to_owned() } else { names.join(" or ") };
-            return Judged::new(
-                Kind::Overrides,
-                Status::Fail,
-                format!(
-                    "selects the network named {value:?}, which only a plugin provides, and NCCL would load {tried}, which is not in the \
-                     library directories here: NCCL stops at initialization (\"Failed to initialize any NET plugin\"); it does not fall back"
-                ),
-            )
-            .note(format!("looked in {}", libs.dirs.join(", ")))
-            .note(if libs.found.is_empty() { "no libnccl-net*.so was found".to_owned() } else { format!("found only {}", libs.found.join(", ")) })
-            .fix(format!("Install the plugin that provides {value:?} (its directory in LD_LIBRARY_PATH, or NCCL_NET_PLUGIN naming it), or unset NCCL_NET."));
+        // The verdict's rule, worded once there.
+        let vars: Vec<(String, String)> =
+            [("NCCL_NET", Some(value)), ("NCCL_NET_PLUGIN", all.get("NCCL_NET_PLUGIN").copied())].into_iter().filter_map(|(n, v)| Some((n.to_owned(), v?.to_owned()))).collect();
+        if let Some(stop) = super::rules::plugin_missing(&vars, site) {
+            return Judged::new(Kind::Overrides, Status::Fail, stop.to_string())
+                .note(format!("looked in {}", libs.dirs.join(", ")))
+                .note(if libs.found.is_empty() { "no libnccl-net*.so was found".to_owned() } else { format!("found only {}", libs.found.join(", ")) })
+                .fix(format!("Install the plugin that provides {value:?} (its directory in LD_LIBRARY_PATH, or NCCL_NET_PLUGIN naming it), or unset NCCL_NET."));
         }
+        let found: Vec<&str> = plugin_names(all.get("NCCL_NET_PLUGIN").copied()).iter().filter_map(|n| libs.find(n)).collect();
         return Judged::new(
             Kind::Overrides,
             Status::Ok,
