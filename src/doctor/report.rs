@@ -151,7 +151,7 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
     let usable_paths: Vec<bool> = candidates.iter().filter(|c| c.path.is_ok()).map(|c| c.dma_buf_only).collect();
     let site = env::Site {
         rdma_devices: rdma.as_ref().ok().map(|v| v.iter().map(|d| d.name.clone()).collect()),
-        net_libs: env::find_net_libs(root, m.job.library_path.as_deref()),
+        net_libs: env::find_net_libs(root, m.job.library_path.as_deref(), &env::plugin_names(env::var(&m.job.vars, "NCCL_NET_PLUGIN"))),
         dma_buf_only: !usable_paths.is_empty() && usable_paths.iter().all(|b| *b),
     };
     findings.extend(env::check(&m.job, &site));

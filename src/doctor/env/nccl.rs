@@ -353,7 +353,7 @@ pub(super) fn net(value: &str, all: &BTreeMap<&str, &str>, site: &Site) -> Judge
         if let Some(stop) = super::rules::plugin_missing(&vars, site) {
             return Judged::new(Kind::Overrides, Status::Fail, stop.to_string())
                 .note(format!("looked in {}", libs.dirs.join(", ")))
-                .note(if libs.found.is_empty() { "no libnccl-net*.so was found".to_owned() } else { format!("found only {}", libs.found.join(", ")) })
+                .note("none of the files NCCL would load is there")
                 .fix(format!("Install the plugin that provides {value:?} (its directory in LD_LIBRARY_PATH, or NCCL_NET_PLUGIN naming it), or unset NCCL_NET."));
         }
         let found: Vec<&str> = plugin_names(all.get("NCCL_NET_PLUGIN").copied()).iter().filter_map(|n| libs.find(n)).collect();

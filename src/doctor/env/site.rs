@@ -17,12 +17,12 @@ pub struct Site {
     pub dma_buf_only: bool,
 }
 
-/// The library directories read and the `libnccl-net*.so*` files in them.
+/// The library directories read and the plugin libraries found in them.
 #[derive(Clone, Debug, Default)]
 pub struct LibSearch {
     /// The directories read, in the dynamic linker's order.
     pub dirs: Vec<String>,
-    /// The plugin libraries found, as paths.
+    /// The plugin libraries NCCL would try that were found, as paths.
     pub found: Vec<String>,
 }
 
@@ -60,11 +60,15 @@ const LIB_DIRS: [&str; 14] = [
 /// search unbounded).
 const MAX_DIRS: usize = 64;
 
-/// Looks for NCCL network plugins under `root`: `library_path` (the job's
-/// `LD_LIBRARY_PATH`) first, then `/etc/ld.so.conf.d`'s directories, then
-/// the defaults. `None` when no directory could be read (a capture that
-/// did not record them): the plugins are then unknown, not absent.
-pub fn find_net_libs(root: &SysRoot, library_path: Option<&str>) -> Option<LibSearch> {
+/// Looks under `root` for the NCCL network plugin libraries `names` (as
+/// [`plugin_names`] gives them; a name with a `/` is a path): in
+/// `library_path` (the job's `LD_LIBRARY_PATH`) first, then
+/// `/etc/ld.so.conf.d`'s directories, then the defaults. Only those names
+/// are looked up, never whole directories listed (a capture then holds a
+/// few entries, not every library of the machine). `None` when no
+/// directory could be read (a capture that did not record them): the
+/// plugins are then unknown, not absent.
+pub fn find_net_libs(root: &SysRoot, library_path: Option<&str>, names: &[String]) -> Option<LibSearch> {
     let mut dirs: Vec<String> = library_path.unwrap_or_default().split(':').filter(|d| d.starts_with('/')).map(str::to_owned).collect();
     if let Ok(confs) = root.list_dir("/etc/ld.so.conf.d") {
         for c in confs.iter().filter(|c| c.ends_with(".conf")).take(MAX_DIRS) {
@@ -80,11 +84,21 @@ pub fn find_net_libs(root: &SysRoot, library_path: Option<&str>) -> Option<LibSe
         if seen.contains(&d) || seen.len() >= MAX_DIRS {
             continue;
         }
-        if let Ok(names) = root.list_dir(&d) {
-            found.extend(names.iter().filter(|n| n.starts_with("libnccl-net") && n.contains(".so")).map(|n| format!("{d}/{n}")));
+        if root.is_dir(&d) {
+            for n in names.iter().filter(|n| !n.contains('/')) {
+                let path = format!("{d}/{n}");
+                if root.exists(&path) && !found.contains(&path) {
+                    found.push(path);
+                }
+            }
             read.push(d.clone());
         }
         seen.push(d);
+    }
+    for n in names.iter().filter(|n| n.starts_with('/')) {
+        if root.exists(n) {
+            found.push(n.clone());
+        }
     }
     (!read.is_empty()).then_some(LibSearch { dirs: read, found })
 }
@@ -105,5 +119,34 @@ pub fn plugin_names(value: Option<&str>) -> Vec<String> {
             }
             out
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the files NCCL would load are looked up, in the job's
+    /// LD_LIBRARY_PATH, ld.so.conf.d's directories and the defaults; a
+    /// tree with none of those directories knows nothing.
+    #[test]
+    fn plugins_are_looked_up_by_the_names_nccl_tries() {
+        let t = testkit::Tree::new("netlibs");
+        t.file("/usr/lib/x86_64-linux-gnu/libnccl-net.so", "");
+        t.file("/opt/p/lib/libnccl-net-ofi.so", "");
+        t.file("/etc/ld.so.conf.d/x.conf", "# comment\n/srv/libs\n");
+        t.file("/srv/libs/libnccl-net-gib.so", "");
+        t.file("/abs/libX.so", "");
+        let root = SysRoot::at(t.path());
+        let got = |lp: Option<&str>, plugin: Option<&str>| find_net_libs(&root, lp, &plugin_names(plugin)).unwrap().found;
+        assert_eq!(got(None, None), ["/usr/lib/x86_64-linux-gnu/libnccl-net.so"]);
+        assert!(got(None, Some("ofi")).is_empty(), "/opt/p/lib is not searched without LD_LIBRARY_PATH");
+        assert_eq!(got(Some("/opt/p/lib:relative"), Some("ofi")), ["/opt/p/lib/libnccl-net-ofi.so"]);
+        assert_eq!(got(None, Some("gib")), ["/srv/libs/libnccl-net-gib.so"]);
+        assert_eq!(got(None, Some("/abs/libX.so")), ["/abs/libX.so"]);
+        assert!(got(None, Some("none")).is_empty());
+        let bare = testkit::Tree::new("netlibs-bare");
+        bare.file("/proc/cmdline", "");
+        assert!(find_net_libs(&SysRoot::at(bare.path()), None, &plugin_names(None)).is_none());
     }
 }
