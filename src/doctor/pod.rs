@@ -34,6 +34,9 @@ pub enum Class {
     /// A macvlan or ipvlan on the fabric NIC: carries a RoCE GID of an
     /// RDMA device this pod sees.
     SharedFabric,
+    /// A macvlan or ipvlan that carries no RoCE GID of a device this pod
+    /// sees: on some node NIC, with no RDMA device behind it here.
+    SharedNoRdma,
     /// The pod network: a veth to the node, or a tunnel (vxlan, geneve,
     /// ipip) the CNI encapsulates in.
     Overlay,
@@ -48,6 +51,7 @@ impl std::fmt::Display for Class {
             Class::PlainNic => f.write_str("a NIC without RDMA"),
             Class::Vf(pf) => write!(f, "an SR-IOV VF of {pf}"),
             Class::SharedFabric => f.write_str("a macvlan/ipvlan on the fabric NIC"),
+            Class::SharedNoRdma => f.write_str("a macvlan/ipvlan with no RDMA device"),
             Class::Overlay => f.write_str("the overlay"),
             Class::Other => f.write_str("other"),
         }
@@ -113,7 +117,11 @@ pub fn interfaces(root: &SysRoot, ip_link: &Result<String, String>) -> Vec<Iface
             continue;
         }
         let base = format!("/sys/class/net/{name}");
-        let kind = kinds.get(&name).cloned().flatten();
+        // `ip -d link`'s kind, else the kernel's own word for the
+        // virtual devices that set one (`DEVTYPE=` in uevent: macvlan,
+        // ipvlan, vlan, bond, bridge), so a pod without `ip` still tells a
+        // macvlan from a veth.
+        let kind = kinds.get(&name).cloned().flatten().or_else(|| devtype(root, &format!("/sys/class/net/{name}")));
         let bdf = |p: &str| root.resolve(p).and_then(|r| r.rsplit('/').next().map(str::to_owned));
         let iface = if root.exists(&format!("{base}/device")) {
             let fn_bdf = bdf(&format!("{base}/device")).unwrap_or_default();
@@ -135,6 +143,7 @@ pub fn interfaces(root: &SysRoot, ip_link: &Result<String, String>) -> Vec<Iface
             let overlay_name = ["cali", "flannel", "cilium", "vxlan", "tunl", "genev", "weave", "kube-ipvs"].iter().any(|p| name.starts_with(p));
             let class = match kind.as_deref() {
                 Some(k) if OVERLAY_KINDS.contains(&k) => Class::Overlay,
+                Some("macvlan" | "macvtap" | "ipvlan" | "ipvtap") => Class::SharedNoRdma,
                 Some(_) => Class::Other,
                 None if overlay_name => Class::Overlay,
                 // A virtual interface linked to another namespace with no
@@ -151,6 +160,12 @@ pub fn interfaces(root: &SysRoot, ip_link: &Result<String, String>) -> Vec<Iface
         out.push(iface);
     }
     out
+}
+
+/// The `DEVTYPE` a virtual netdev's uevent names, if any.
+fn devtype(root: &SysRoot, base: &str) -> Option<String> {
+    let text = root.read(&format!("{base}/uevent")).ok()?;
+    text.lines().find_map(|l| l.strip_prefix("DEVTYPE=")).map(|t| t.trim().to_owned()).filter(|t| !t.is_empty())
 }
 
 /// A netdev whose `iflink` differs from its `ifindex` has its other end
@@ -279,6 +294,14 @@ pub fn check(
             format!("the pod's NIC(s) {plain} have no RDMA device: NCCL can only use TCP sockets through them, staged in host memory, well below the NIC's rate"),
         )
         .fix("use a NIC with RDMA (InfiniBand, RoCE: mlx5, bnxt_re, irdma; EFA on AWS) and its RDMA driver; in a VM, pass the NIC or an SR-IOV VF through instead of a virtio NIC")
+    } else if devices.is_empty() && !of(|c| *c == Class::SharedNoRdma).is_empty() {
+        let shared = of(|c| *c == Class::SharedNoRdma);
+        Finding::new(
+            "pod.fabric",
+            Status::Fail,
+            format!("macvlan/ipvlan {shared} on a node NIC, but no RDMA device in this pod: NCCL can only use TCP sockets over it, staged in host memory"),
+        )
+        .fix("give the pod the NIC's RDMA device too (the RDMA shared device plugin's resource, or /dev/infiniband passed in), or attach an SR-IOV virtual function instead")
     } else if devices.is_empty() {
         Finding::new("pod.fabric", Status::Fail, "only the pod network (overlay): no RDMA device in this pod, so NCCL uses TCP sockets through the overlay, staged in host memory")
             .fix("attach the fabric: an SR-IOV virtual function (sriov-network-device-plugin and Multus), a macvlan or ipvlan on the fabric NIC with the RDMA shared device plugin, or hostNetwork: true with /dev/infiniband passed in")
@@ -552,6 +575,24 @@ mod tests {
         assert_eq!(fabric.status, Status::Fail, "{fabric:#?}");
         assert!(fabric.summary.starts_with("RDMA device(s) mlx5_0, mlx5_1 are in this pod's sysfs but cannot be opened (ibv_open_device"), "{}", fabric.summary);
         assert!(!fabric.summary.contains("GIDs"));
+    }
+
+    /// Without `ip`, a macvlan is told from a veth by the kernel's DEVTYPE:
+    /// with no RDMA device behind it, the pod is not "overlay only" but a
+    /// macvlan that lacks its RDMA device.
+    #[test]
+    fn a_macvlan_without_ip_or_rdma_is_named_as_such() {
+        let p = Pod::new("pod-macvlan-nordma", true);
+        p.virtual_if("eth0", 2, 9).virtual_if("net1", 3, 2);
+        p.0.file("/sys/devices/virtual/net/net1/uevent", "DEVTYPE=macvlan\nINTERFACE=net1\nIFINDEX=3\n");
+        let ifs = interfaces(&p.root(), &Err("ip not installed".into()));
+        let class = |n: &str| ifs.iter().find(|i| i.name == n).unwrap().class.clone();
+        assert_eq!((class("eth0"), class("net1")), (Class::Overlay, Class::SharedNoRdma));
+        let f = check(&p.root(), &Ok(vec![]), || Err("ip not installed".into()), &[]);
+        let fabric = find(&f, "pod.fabric");
+        assert_eq!(fabric.status, Status::Fail);
+        assert!(fabric.summary.starts_with("macvlan/ipvlan net1 on a node NIC, but no RDMA device in this pod"), "{}", fabric.summary);
+        assert!(fabric.fix.as_deref().unwrap().contains("RDMA shared device plugin"));
     }
 
     /// sriov-network-device-plugin#94's Calico pod: the veth and the IP-in-IP
