@@ -180,7 +180,11 @@ fn parse_prefix(head: &str) -> Prefix {
         if is_digits(pid) && is_digits(tid) {
             prefix.pid = pid.parse().ok();
             let host = parts[parts.len() - 3];
-            if !host.is_empty() {
+            // A name no host can have (`NET/IB/0/GDRDhostB`) is two
+            // processes' output spliced together: the host is unknown,
+            // never the splice.
+            let hostname = host.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+            if !host.is_empty() && hostname {
                 prefix.host = Some(host.to_string());
             }
         }

@@ -228,3 +228,14 @@ fn a_topology_file_the_plugin_set_is_not_a_user_override() {
     let env = crate::doctor::jobenv::from_nccl_log(&r.environment, "job.log");
     assert_eq!(env.vars, vec![("NCCL_IB_DISABLE".to_owned(), "1".to_owned())]);
 }
+
+/// Two processes' output spliced mid-record: the host of the record after
+/// the splice is unknown, never the splice's text.
+#[test]
+fn a_host_is_never_taken_from_a_spliced_record() {
+    let log = "hostA:11:11 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/IB/0/GDRDhostB:22:22 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/IB/0\n";
+    let r = explain(log);
+    assert!(r.connections.iter().all(|c| c.host.as_deref().is_none_or(|h| !h.contains('/'))), "{:#?}", r.connections);
+    let whole = explain("[1,3]<stdout>:ip-10-0-0-1.ec2:11:11 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/IB/0/GDRDMA\n");
+    assert_eq!(whole.connections[0].host.as_deref(), Some("ip-10-0-0-1.ec2"));
+}
