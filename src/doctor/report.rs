@@ -135,7 +135,7 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
             candidates.push(Candidate { gpu: g.clone(), nic: d.name.clone(), path, level, nccl_default, dma_buf_only, bridges, blocked: vec![] });
         }
     }
-    let mut left = PathsLeft { no_pairs: candidates.is_empty(), ..PathsLeft::default() };
+    let mut left = PathsLeft { no_pairs: candidates.is_empty(), host_allows: PathsLeft::host_paths(&host), ..PathsLeft::default() };
     for c in candidates.iter().filter(|c| c.path.is_ok()) {
         left.gpus.push(c.gpu.ordinal);
         left.nics.push(c.nic.clone());

@@ -22,14 +22,35 @@ pub struct PathsLeft {
     /// RDMA device names.
     pub nics: Vec<String>,
     /// There is no GPU–NIC pair at all (no RDMA device, or no GPU): a
-    /// fact can rule out its own path but says nothing of the other.
+    /// fact that rules out one path is then weighed against the host's
+    /// facts alone (`host_allows`), not against pairs.
     pub no_pairs: bool,
+    /// With no pair: whether the host's facts leave dma-buf and peer
+    /// memory possible (the kernel's dma-buf support, the peer-memory
+    /// client).
+    pub host_allows: [bool; 2],
 }
 
 impl PathsLeft {
-    /// Whether a path remains where a fact applies; `None` with no pair.
-    fn at(&self, here: bool) -> Option<bool> {
-        (!self.no_pairs).then_some(here)
+    /// Whether the path a fact `j` does not rule out remains where it
+    /// applies (`here`, among pairs); with no pair, whether the host's
+    /// facts leave it.
+    fn at(&self, here: bool, j: &Judgement) -> Option<bool> {
+        if !self.no_pairs {
+            return Some(here);
+        }
+        match j.rules_out() {
+            [RegistrationPath::DmaBuf] => Some(self.host_allows[1]),
+            [RegistrationPath::PeerMemory] => Some(self.host_allows[0]),
+            _ => None,
+        }
+    }
+
+    /// The host facts' verdict on each path, for [`PathsLeft::host_allows`].
+    pub fn host_paths(host: &HostFacts) -> [bool; 2] {
+        let [kernel, peer] = host.judge();
+        let keeps = |j: &Judgement, p: RegistrationPath| !j.known || !j.rules_out().contains(&p);
+        [keeps(&kernel, RegistrationPath::DmaBuf), keeps(&peer, RegistrationPath::PeerMemory)]
     }
 }
 
@@ -45,10 +66,10 @@ pub fn judged(check: String, j: &Judgement, left: Option<bool>) -> Finding {
         (true, [RegistrationPath::PeerMemory]) if left == Some(true) => (Status::Ok, ": not needed, dma-buf is possible".to_string()),
         (true, [p]) => {
             let other = if *p == RegistrationPath::DmaBuf { RegistrationPath::PeerMemory } else { RegistrationPath::DmaBuf };
-            match left {
-                Some(true) => (Status::Warn, format!(": rules out {p}; {other} is still possible")),
-                Some(false) => (Status::Fail, format!(": rules out {p}, and {other} is ruled out too")),
-                None => (Status::Warn, format!(": rules out {p}; no GPU–NIC pair here to say whether {other} is left")),
+            if left.unwrap_or(true) {
+                (Status::Warn, format!(": rules out {p}; {other} is still possible"))
+            } else {
+                (Status::Fail, format!(": rules out {p}, and {other} is ruled out too"))
             }
         }
         (true, _) => (Status::Fail, ": rules out both zero-copy paths".to_string()),
@@ -128,12 +149,12 @@ pub fn rdma(root: &SysRoot, devices: &Result<Vec<RdmaDevice>, String>, left: &Pa
     };
     out.push(f);
     for d in devices.as_ref().map(|v| v.as_slice()).unwrap_or_default() {
-        out.extend(device(root, d, left.at(left.nics.contains(&d.name))));
+        out.extend(device(root, d, left, left.nics.contains(&d.name)));
     }
     out
 }
 
-fn device(root: &SysRoot, d: &RdmaDevice, left: Option<bool>) -> Vec<Finding> {
+fn device(root: &SysRoot, d: &RdmaDevice, left: &PathsLeft, here: bool) -> Vec<Finding> {
     let mut out = Vec::new();
     let id = |what: &str| format!("rdma.{what}.{}", d.name);
     // Hardware NICs list their netdevs under the PCI function; software
@@ -188,7 +209,10 @@ fn device(root: &SysRoot, d: &RdmaDevice, left: Option<bool>) -> Vec<Finding> {
         out.push(d.gids.iter().fold(f.evidence(format!("{} RoCE v2 entries of {}", v2, d.gids.len())), |f, g| f.evidence(g.to_string())));
     }
     out.push(match &d.dma_buf {
-        Ok(probe) => judged(id("dmabuf"), &NicFacts { device: d.name.clone(), dma_buf: *probe }.judge(), left),
+        Ok(probe) => {
+            let j = NicFacts { device: d.name.clone(), dma_buf: *probe }.judge();
+            judged(id("dmabuf"), &j, left.at(here, &j))
+        }
         Err(e) => Finding::new(id("dmabuf"), Status::Skipped, format!("{}: the dma-buf probe could not run", d.name)).evidence(e.clone()),
     });
     out
@@ -224,9 +248,9 @@ pub fn cuda(root: &SysRoot, gpus: &Result<Vec<GpuFacts>, String>, left: &PathsLe
             out.push(f.evidence(version));
             for g in list {
                 let [gdr, dma_buf] = g.judge();
-                let here = left.at(left.gpus.contains(&g.ordinal));
-                out.push(judged(format!("cuda.gdr.gpu{}", g.ordinal), &gdr, here));
-                out.push(judged(format!("cuda.dmabuf.gpu{}", g.ordinal), &dma_buf, here));
+                let here = left.gpus.contains(&g.ordinal);
+                out.push(judged(format!("cuda.gdr.gpu{}", g.ordinal), &gdr, left.at(here, &gdr)));
+                out.push(judged(format!("cuda.dmabuf.gpu{}", g.ordinal), &dma_buf, left.at(here, &dma_buf)));
             }
         }
     }
@@ -236,18 +260,10 @@ pub fn cuda(root: &SysRoot, gpus: &Result<Vec<GpuFacts>, String>, left: &PathsLe
 /// The host's facts: kernel dma-buf support and the peer-memory client.
 pub fn host(host: &HostFacts, left: &PathsLeft) -> Vec<Finding> {
     let [kernel, peer] = host.judge();
-    if left.no_pairs {
-        // No pair to judge: each host fact is weighed against the other
-        // alone (no NIC rules dma-buf out here; a missing NIC is its own
-        // finding).
-        let keeps = |j: &Judgement, p: RegistrationPath| !j.known || !j.rules_out().contains(&p);
-        return vec![
-            judged("peermem.client".into(), &peer, Some(keeps(&kernel, RegistrationPath::DmaBuf))),
-            judged("dmabuf.kernel".into(), &kernel, Some(keeps(&peer, RegistrationPath::PeerMemory))),
-        ];
-    }
-    let any = Some(!left.gpus.is_empty());
-    vec![judged("peermem.client".into(), &peer, any), judged("dmabuf.kernel".into(), &kernel, any)]
+    // With no pair, each host fact is weighed against the other alone (no
+    // NIC rules dma-buf out here; a missing NIC is its own finding).
+    let any = !left.gpus.is_empty();
+    vec![judged("peermem.client".into(), &peer, left.at(any, &peer)), judged("dmabuf.kernel".into(), &kernel, left.at(any, &kernel))]
 }
 
 /// The kernel driver of an RDMA device (`bnxt_re` ...), from sysfs.
@@ -323,7 +339,7 @@ mod tests {
         assert_eq!(d.evidence, vec!["ibv_reg_dmabuf_mr(fd = -1) answered EOPNOTSUPP (Operation not supported)".to_string()]);
         assert!(d.fix.as_deref().unwrap().contains("Soft-RoCE (rxe) never does"));
         // Where peer memory still gives the NIC a path, the same fact is a warning.
-        let f = rdma(&root_of(&t), &rxe0(), &PathsLeft { gpus: vec![0], nics: vec!["rxe0".into()], no_pairs: false });
+        let f = rdma(&root_of(&t), &rxe0(), &PathsLeft { gpus: vec![0], nics: vec!["rxe0".into()], no_pairs: false, host_allows: [true; 2] });
         let d = find(&f, "rdma.dmabuf.rxe0");
         assert_eq!((d.status, d.summary.as_str()), (Status::Warn, "rxe0 cannot register dma-buf memory: rules out dma-buf; peer memory is still possible"));
     }
@@ -378,13 +394,28 @@ mod tests {
     #[test]
     fn without_a_pair_the_host_facts_do_not_rule_out_the_other_path() {
         let h = HostFacts { kernel_release: Some("6.8.0".into()), peer_memory_found: vec![], peer_memory_api: Some(false) };
-        let f = host(&h, &PathsLeft { no_pairs: true, ..PathsLeft::default() });
+        let f = host(&h, &PathsLeft { no_pairs: true, host_allows: PathsLeft::host_paths(&h), ..PathsLeft::default() });
         let p = find(&f, "peermem.client");
         assert_eq!(p.status, Status::Ok, "{p:#?}");
         assert!(p.summary.ends_with("not needed, dma-buf is possible"), "{}", p.summary);
         let old = HostFacts { kernel_release: Some("5.4.0".into()), ..h };
-        let p = find(&host(&old, &PathsLeft { no_pairs: true, ..PathsLeft::default() }), "peermem.client").clone();
+        let p = find(&host(&old, &PathsLeft { no_pairs: true, host_allows: PathsLeft::host_paths(&old), ..PathsLeft::default() }), "peermem.client").clone();
         assert_eq!(p.status, Status::Fail, "a 5.4 kernel rules dma-buf out: {p:#?}");
+    }
+
+    /// Soft-RoCE in a guest with no GPU: no pair, the NIC rules dma-buf
+    /// out and the host has no peer-memory client: nothing is left.
+    #[test]
+    fn without_a_pair_a_nic_fact_is_weighed_against_the_hosts() {
+        let t = Tree::new("rxe-nogpu");
+        let rxe0 = || Ok(vec![rxe(Mtu::Mtu4096, DmaBufProbe::Unsupported(Errno(libc::EOPNOTSUPP)))]);
+        let host = HostFacts { kernel_release: Some("6.1.0".into()), peer_memory_found: vec![], peer_memory_api: Some(false) };
+        let left = PathsLeft { no_pairs: true, host_allows: PathsLeft::host_paths(&host), ..PathsLeft::default() };
+        let d = find(&rdma(&root_of(&t), &rxe0(), &left), "rdma.dmabuf.rxe0").clone();
+        assert_eq!(d.status, Status::Fail, "{d:#?}");
+        assert!(d.summary.ends_with("rules out dma-buf, and peer memory is ruled out too"), "{}", d.summary);
+        let with_peer = PathsLeft { host_allows: [true, true], ..left };
+        assert_eq!(find(&rdma(&root_of(&t), &rxe0(), &with_peer), "rdma.dmabuf.rxe0").status, Status::Warn);
     }
 
     #[test]
@@ -413,7 +444,7 @@ mod tests {
     fn cuda_findings() {
         let t = Tree::new("cuda");
         t.file("/proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n");
-        let gpu0 = PathsLeft { gpus: vec![0], nics: vec!["mlx5_0".into()], no_pairs: false };
+        let gpu0 = PathsLeft { gpus: vec![0], nics: vec!["mlx5_0".into()], no_pairs: false, host_allows: [true; 2] };
         let f = cuda(&root_of(&t), &Ok(vec![gpu(true, false)]), &gpu0);
         assert_eq!(find(&f, "cuda.driver").summary, "CUDA driver 12.8, 1 GPU(s)");
         assert_eq!(find(&f, "cuda.gdr.gpu0").status, Status::Ok);
@@ -452,7 +483,7 @@ mod tests {
         assert_eq!(find(&f, "dmabuf.kernel").status, Status::Fail);
         // No peer memory where dma-buf works: nothing to fix.
         let h = HostFacts { kernel_release: Some("6.8.0-45-generic".into()), ..h };
-        let f = host(&h, &PathsLeft { gpus: vec![0], nics: vec!["mlx5_0".into()], no_pairs: false });
+        let f = host(&h, &PathsLeft { gpus: vec![0], nics: vec!["mlx5_0".into()], no_pairs: false, host_allows: [true; 2] });
         assert_eq!(find(&f, "peermem.client").status, Status::Ok);
         assert_eq!(find(&f, "peermem.client").summary, "no peer-memory client is loaded: not needed, dma-buf is possible");
         let h = HostFacts { kernel_release: Some("6.8.0-45-generic".into()), peer_memory_found: vec!["/sys/module/nvidia_peermem/version".into()], peer_memory_api: Some(true) };
