@@ -166,13 +166,13 @@ impl<R: Clone> Core<R> {
         std::mem::take(&mut self.entries).into_values().map(|e| e.region).collect()
     }
 
-    /// GPU memory at `a` now belongs to allocation `a.buffer_id`: any entry
-    /// overlapping it that was made for something else (an earlier
-    /// allocation there, or host memory mapped there before CUDA took the
-    /// addresses) names pages that are gone.
-    pub(super) fn remove_stale_gpu(&mut self, a: &GpuAllocation) -> Vec<R> {
+    /// GPU memory at `start..end` now belongs to allocation `a.buffer_id`:
+    /// any entry overlapping it that was made for something else (an
+    /// earlier allocation there, or host memory mapped there before CUDA
+    /// took the addresses) names pages that are gone.
+    pub(super) fn remove_stale_gpu(&mut self, a: &GpuAllocation, start: u64, end: u64) -> Vec<R> {
         let current = Space::Gpu { ordinal: a.ordinal, buffer_id: a.buffer_id };
-        self.remove_overlapping(a.base, a.end(), |e| e.space != current)
+        self.remove_overlapping(start, end, |e| e.space != current)
     }
 
     /// The access of entries for exactly this range: a registration that

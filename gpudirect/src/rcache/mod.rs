@@ -139,6 +139,10 @@ pub struct CacheStats {
     /// [`RegistrationCache::invalidate`] and [`RegistrationCache::clear`],
     /// and GPU entries found stale (their allocation was freed).
     pub invalidations: u64,
+    /// Lookups registered but not cached: GPU ranges across several
+    /// `cuMemMap` mappings, each with an identity of its own (see
+    /// [`RegistrationCache::get_gpu`]).
+    pub uncached: u64,
     /// Regions cached now.
     pub entries: usize,
     /// Bytes in the regions cached now.
@@ -278,7 +282,27 @@ fn lookup_gpu<R: Clone>(
             a.base, a.size
         )));
     }
-    let stale = lock(core).remove_stale_gpu(&a);
+    // Memory mapped with cuMemMap (PyTorch's expandable segments): the
+    // range attributes give the whole reservation, and each mapping has a
+    // buffer id of its own (an H200 with driver 580 answered so, granule by
+    // granule). A range whose ends lie in different mappings has no one
+    // identity that says all of it is unchanged at the next lookup (a
+    // mapping in the middle or at the end may be replaced), so it is
+    // registered and handed out, not cached.
+    let last = ids.identify(start + len - 1)?;
+    if (last.ordinal, last.buffer_id) != (a.ordinal, a.buffer_id) {
+        {
+            let mut c = lock(core);
+            c.stats.misses += 1;
+            c.stats.uncached += 1;
+        }
+        let (region, _) = register(&a, normalized(want))?;
+        return Ok((region, 0));
+    }
+    // What was cached for other memory at these addresses is stale. Only
+    // the range itself is certain to be this allocation's: the rest of a
+    // reservation may be other mappings, cached under their own ids.
+    let stale = lock(core).remove_stale_gpu(&a, start, start + len);
     drop(stale);
     let space = Space::Gpu { ordinal: a.ordinal, buffer_id: a.buffer_id };
     lookup(core, space, start, len, want, accept, |grant| register(&a, grant))
@@ -378,10 +402,13 @@ impl RegistrationCache {
     /// zero-copy one [`GpuPolicy::HostStaged`]). On a miss the range is
     /// registered with [`MemoryRegion::register_gpu`].
     ///
-    /// Every call asks the driver which allocation `ptr` lies in
-    /// ([`Gpu::allocation_of`]); regions registered for an allocation that
-    /// has since been freed are never served, so the caller need not
-    /// invalidate GPU memory it frees.
+    /// Every call asks the driver which allocation `ptr` and the range's
+    /// last byte lie in ([`Gpu::allocation_of`]); regions registered for an
+    /// allocation that has since been freed are never served, so the
+    /// caller need not invalidate GPU memory it frees. A range across
+    /// several `cuMemMap` mappings (each its own allocation to the driver)
+    /// is registered on every call and not cached
+    /// ([`CacheStats::uncached`]): no one identity covers it.
     ///
     /// # Safety
     /// `ptr..ptr + len` must be device memory of `gpu` that stays allocated

@@ -295,16 +295,40 @@ fn clear_drops_everything() {
 
 /// Allocations by base address, as the driver would report them.
 #[derive(Default)]
-struct Ids(RefCell<HashMap<u64, GpuAllocation>>);
+struct Ids(RefCell<HashMap<u64, GpuAllocation>>, RefCell<Vec<Reservation>>);
+
+/// A `cuMemAddressReserve` reservation as the driver describes it (an
+/// H200, driver 580): the range attributes give the whole reservation,
+/// the buffer id is each granule's mapping's.
+struct Reservation {
+    base: u64,
+    granule: u64,
+    ids: Vec<u64>,
+}
 
 impl Ids {
     fn alloc(&self, ordinal: usize, base: u64, size: u64, buffer_id: u64) {
         self.0.borrow_mut().insert(base, GpuAllocation { ordinal, buffer_id, base, size });
     }
+
+    /// Maps `ids` granule by granule into a reservation at `base`
+    /// (replacing one that was there).
+    fn reserve(&self, base: u64, granule: u64, ids: &[u64]) {
+        let mut v = self.1.borrow_mut();
+        v.retain(|r| r.base != base);
+        v.push(Reservation { base, granule, ids: ids.to_vec() });
+    }
 }
 
 impl GpuIdentity for Ids {
     fn identify(&self, ptr: u64) -> Result<GpuAllocation> {
+        for r in self.1.borrow().iter() {
+            let size = r.granule * r.ids.len() as u64;
+            if r.base <= ptr && ptr < r.base + size {
+                let buffer_id = r.ids[((ptr - r.base) / r.granule) as usize];
+                return Ok(GpuAllocation { ordinal: 0, buffer_id, base: r.base, size });
+            }
+        }
         self.0
             .borrow()
             .values()
@@ -312,6 +336,35 @@ impl GpuIdentity for Ids {
             .copied()
             .ok_or_else(|| Error::InvalidArgument(format!("{ptr:#x} is not device memory")))
     }
+}
+
+/// Memory mapped with cuMemMap: each mapping is cached under its own id,
+/// mappings of one reservation do not evict each other, a remapped one is
+/// never served stale, and a range across two mappings is registered on
+/// every lookup and never cached.
+#[test]
+fn vmm_mappings_are_cached_one_by_one_and_a_range_across_them_never() {
+    const G: u64 = 2 << 20;
+    let c = Cache::new(16, 1 << 40);
+    c.reg.path.set(Some(RegistrationPath::DmaBuf));
+    let ids = Ids::default();
+    ids.reserve(0x7000_0000, G, &[6349, 6351, 6353]);
+    let (first, _) = gpu_get(&c, &ids, 0x7000_0000, G as usize, GpuPolicy::Require).unwrap();
+    let (second, _) = gpu_get(&c, &ids, 0x7000_0000 + G, 4096, GpuPolicy::Require).unwrap();
+    assert_eq!(gpu_get(&c, &ids, 0x7000_0000 + 4096, 4096, GpuPolicy::Require).unwrap().0, first, "the other mapping's entry did not evict it");
+    assert_eq!(gpu_get(&c, &ids, 0x7000_0000 + G, 4096, GpuPolicy::Require).unwrap().0, second);
+    // The middle mapping replaced by another allocation: a fresh region.
+    ids.reserve(0x7000_0000, G, &[6349, 7001, 6353]);
+    let (again, _) = gpu_get(&c, &ids, 0x7000_0000 + G, 4096, GpuPolicy::Require).unwrap();
+    assert_ne!(again, second, "a remapped mapping is never served its old region");
+    // Across two mappings: registered each time, never cached.
+    let before = c.stats();
+    let (a, off) = gpu_get(&c, &ids, 0x7000_0000 + G - 4096, 8192, GpuPolicy::Require).unwrap();
+    let (b, _) = gpu_get(&c, &ids, 0x7000_0000 + G - 4096, 8192, GpuPolicy::Require).unwrap();
+    assert_ne!(a, b);
+    assert_eq!(off, 0);
+    let after = c.stats();
+    assert_eq!((after.uncached - before.uncached, after.misses - before.misses, after.entries), (2, 2, before.entries));
 }
 
 fn gpu_get(c: &Cache, ids: &Ids, ptr: u64, len: usize, policy: GpuPolicy) -> Result<(Fake, u64)> {
