@@ -162,6 +162,13 @@ fn nccl_list(value: &str) -> (bool, bool, Vec<(String, Option<String>)>) {
     (exclude, exact, entries)
 }
 
+/// Whether a list entry `(name, port)` selects `nic`'s port 1: the name
+/// exactly after `=`, else as a prefix; any port when it names none.
+fn entry_selects(exact: bool, (name, port): &(String, Option<String>), nic: &str) -> bool {
+    let named = if exact { name == nic } else { nic.starts_with(name.as_str()) };
+    named && port.as_deref().is_none_or(|p| p == "1")
+}
+
 /// Whether an `NCCL_IB_HCA` value lets NCCL use the device `nic` (its
 /// port 1, or any port when the entry names none).
 pub(super) fn hca_selects(value: &str, nic: &str) -> bool {
@@ -170,10 +177,7 @@ pub(super) fn hca_selects(value: &str, nic: &str) -> bool {
         // An empty exclusion list matches every HCA; an empty list is no filter.
         return !exclude;
     }
-    let listed = entries.iter().any(|(n, port)| {
-        let named = if exact { n == nic } else { nic.starts_with(n.as_str()) };
-        named && port.as_deref().is_none_or(|p| p == "1")
-    });
+    let listed = entries.iter().any(|e| entry_selects(exact, e, nic));
     listed != exclude
 }
 
@@ -185,14 +189,14 @@ fn interface_like(name: &str) -> bool {
 
 pub(super) fn ib_hca(value: &str, site: &Site) -> Judged {
     let v = ib_hca_list(value);
-    let (exclude, _, entries) = nccl_list(value);
+    let (exclude, exact, entries) = nccl_list(value);
     if exclude || entries.is_empty() {
         return v;
     }
     let named: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
     let interfaces: Vec<&str> = named.iter().copied().filter(|n| interface_like(n)).collect();
     let unmatched: Vec<&str> = match &site.rdma_devices {
-        Some(devs) => named.iter().copied().filter(|n| !devs.iter().any(|d| hca_selects(&format!("{}{n}", if value.starts_with('=') { "=" } else { "" }), d))).collect(),
+        Some(devs) => entries.iter().filter(|e| !devs.iter().any(|d| entry_selects(exact, e, d))).map(|(n, _)| n.as_str()).collect(),
         None => Vec::new(),
     };
     if interfaces.is_empty() && unmatched.is_empty() {
@@ -345,18 +349,16 @@ pub(super) fn gid_index(value: &str) -> Judged {
 }
 
 pub(super) fn net(value: &str, all: &BTreeMap<&str, &str>, site: &Site) -> Judged {
-    let plugin_net = !is_tcp_network(value) && !value.trim().eq_ignore_ascii_case("ib");
-    if let (true, Some(libs)) = (plugin_net, &site.net_libs) {
+    let plugin = all.get("NCCL_NET_PLUGIN").copied();
+    if let Some(libs) = site.net_libs.as_ref().filter(|_| super::rules::plugin_network(value)) {
         // The verdict's rule, worded once there.
-        let vars: Vec<(String, String)> =
-            [("NCCL_NET", Some(value)), ("NCCL_NET_PLUGIN", all.get("NCCL_NET_PLUGIN").copied())].into_iter().filter_map(|(n, v)| Some((n.to_owned(), v?.to_owned()))).collect();
-        if let Some(stop) = super::rules::plugin_missing(&vars, site) {
+        if let Some(stop) = super::rules::plugin_missing_for(value, plugin, site) {
             return Judged::new(Kind::Overrides, Status::Fail, stop.to_string())
                 .note(format!("looked in {}", libs.dirs.join(", ")))
                 .note("none of the files NCCL would load is there")
                 .fix(format!("Install the plugin that provides {value:?} (its directory in LD_LIBRARY_PATH, or NCCL_NET_PLUGIN naming it), or unset NCCL_NET."));
         }
-        let found: Vec<&str> = plugin_names(all.get("NCCL_NET_PLUGIN").copied()).iter().filter_map(|n| libs.find(n)).collect();
+        let found: Vec<&str> = plugin_names(plugin).iter().filter_map(|n| libs.find(n)).collect();
         return Judged::new(
             Kind::Overrides,
             Status::Ok,

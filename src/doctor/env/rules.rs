@@ -103,14 +103,27 @@ fn ib_off(vars: &Vars) -> Option<Stop> {
     var(vars, "NCCL_IB_DISABLE").filter(|v| ib_disabled(v)).map(|v| Stop::IbDisabled { value: v.to_owned() })
 }
 
+/// Whether `NCCL_NET=value` names a network only a plugin provides (not
+/// sockets, not NCCL's built-in IB).
+pub(super) fn plugin_network(value: &str) -> bool {
+    !is_tcp_network(value) && !value.trim().eq_ignore_ascii_case("ib")
+}
+
 /// `NCCL_NET` names a network only a plugin provides and the plugin
 /// library NCCL would load is not on `site` (NCCL then fails "to
 /// initialize any NET plugin"; it does not fall back). `None` when the
 /// plugins were not looked for.
-pub(super) fn plugin_missing(vars: &Vars, site: &Site) -> Option<Stop> {
-    let net = var(vars, "NCCL_NET").filter(|v| !is_tcp_network(v) && !v.trim().eq_ignore_ascii_case("ib"))?;
+fn plugin_missing(vars: &Vars, site: &Site) -> Option<Stop> {
+    plugin_missing_for(var(vars, "NCCL_NET")?, var(vars, "NCCL_NET_PLUGIN"), site)
+}
+
+/// [`plugin_missing`] for `NCCL_NET=net` and `NCCL_NET_PLUGIN=plugin`.
+pub(super) fn plugin_missing_for(net: &str, plugin: Option<&str>, site: &Site) -> Option<Stop> {
+    if !plugin_network(net) {
+        return None;
+    }
     let libs = site.net_libs.as_ref()?;
-    let names = plugin_names(var(vars, "NCCL_NET_PLUGIN"));
+    let names = plugin_names(plugin);
     if names.iter().any(|n| libs.find(n).is_some()) {
         return None;
     }
