@@ -163,23 +163,7 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
         c.blocked = findings.iter().filter(|f| f.blocks.as_ref().is_some_and(|b| b.blocks(&c.nic, &c.bridges))).map(|f| f.summary.clone()).collect();
     }
     findings.extend(nic_per_gpu(&candidates, &m.job.vars, &site));
-    let mut verdict = decide(&candidates, &rdma, &gpus, &m.job.vars, &site);
-    let open = env::unsettled_deciding(&m.job);
-    if verdict.available && !open.is_empty() {
-        // What the file settles lets NCCL use it; what it leaves open may not.
-        let names: Vec<String> = open.iter().map(|u| u.name.clone()).collect();
-        let first = open[0];
-        verdict.line = format!(
-            "GPUDirect RDMA: cannot tell: {}, but the job file leaves {} to the running job ({}: `{}`, {})",
-            verdict.line.trim_start_matches("GPUDirect RDMA: ").replacen("available", "the hardware and the settled variables allow it", 1),
-            names.join(", "),
-            first.origin,
-            first.text,
-            first.why
-        );
-        verdict.available = false;
-        verdict.unsettled = names;
-    }
+    let verdict = decide(&candidates, &rdma, &gpus, &m.job.vars, &site, &env::unsettled_deciding(&m.job));
     let start = candidates.iter().find(|c| verdict.gpu.as_deref() == Some(c.gpu.label.as_str()) && verdict.nic.as_deref() == Some(c.nic.as_str()));
     let start = start.map(|c| super::plan::Start { ordinal: c.gpu.ordinal, bdf: c.gpu.pci_bus_id.as_deref(), nic: &c.nic });
     let ordinal_of = |e: &super::bandwidth::Estimate| {
@@ -244,6 +228,7 @@ fn decide(
     gpus: &Result<Vec<GpuFacts>, String>,
     vars: &[(String, String)],
     site: &env::Site,
+    unsettled: &[&super::jobenv::Unsettled],
 ) -> Verdict {
     let not = |why: String| Verdict {
         available: false,
@@ -276,14 +261,21 @@ fn decide(
     // The best pair NCCL will use in this environment.
     if let Some(c) = usable().filter(|c| stops(c).is_none()).min_by_key(rank) {
         let (path, level) = pair_of(c);
-        let mut line = format!("GPUDirect RDMA: available via {path} for {} <-> {} ({level})", c.gpu.label, c.nic);
+        // What the job file settles lets NCCL use it; what it leaves to the
+        // running job may not, and then the verdict stays open.
+        let allows = if unsettled.is_empty() { "available" } else { "cannot tell: the hardware and the settled variables allow it" };
+        let mut line = format!("GPUDirect RDMA: {allows} via {path} for {} <-> {} ({level})", c.gpu.label, c.nic);
         if let Some(nearest) = usable().min_by_key(rank).filter(|n| n.nic != c.nic || n.gpu.ordinal != c.gpu.ordinal) {
             if let Some(why) = stops(nearest) {
                 line.push_str(&format!("; not on the nearer {} <-> {}: {why}", nearest.gpu.label, nearest.nic));
             }
         }
+        let names: Vec<String> = unsettled.iter().map(|u| u.name.clone()).collect();
+        if let Some(first) = unsettled.first() {
+            line.push_str(&format!(", but the job file leaves {} to the running job ({}: `{}`, {})", names.join(", "), first.origin, first.text, first.why));
+        }
         return Verdict {
-            available: true,
+            available: unsettled.is_empty(),
             hardware_allows: true,
             environment: None,
             line,
@@ -291,7 +283,7 @@ fn decide(
             gpu: Some(c.gpu.label.clone()),
             nic: Some(c.nic.clone()),
             topology: c.level.map(|l| l.to_string()),
-            unsettled: Vec::new(),
+            unsettled: names,
         };
     }
     // The machine allows it, the environment stops NCCL from using it.

@@ -24,7 +24,7 @@ mod config;
 mod core;
 mod post;
 
-pub(crate) use self::core::{modify_qp, Prepared, QpCore};
+pub(crate) use self::core::{modify_qp, QpCore};
 
 pub use config::{QpConfig, QpState};
 pub use post::PartialPost;
@@ -283,7 +283,7 @@ impl QueuePair {
             }
         }
         let cqs = [send_cq, recv_cq];
-        let prepared: Prepared = QpCore::prepare(pd, cqs, config.port, config.gid_index, config.max_send_wr, srq.is_none().then_some(recv_wr))?;
+        let prepared = QpCore::prepare(pd, cqs, config.port, config.gid_index, config.max_send_wr, srq.is_none().then_some(recv_wr))?;
         if let Some(srq) = srq {
             srq.attach_cq(recv_cq)?;
         }
