@@ -70,11 +70,7 @@ impl JobEnv {
     }
 }
 
-/// Whether a variable belongs to the families the doctor judges (`NCCL_*`,
-/// `UCX_*`).
-pub fn judged(name: &str) -> bool {
-    name.starts_with("NCCL_") || name.starts_with("UCX_")
-}
+pub use super::jobfile::judged;
 
 /// The job's variables as a job file sets them ([`super::jobfile`]): the
 /// `NCCL_*` and `UCX_*` names, each with its line and form; those the file

@@ -1,7 +1,7 @@
 //! Each kind of job file, read into [`JobFile`] assignments.
 
 use super::shell::{is_name, Lexer, Sep, Tok, Word};
-use super::{expand, Form, JobFile, Value};
+use super::{expand, judged, Form, JobFile, Value};
 
 /// Which language a job file is written in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,12 +51,6 @@ fn yaml_key(l: &str) -> Option<(String, &str)> {
         return None;
     }
     Some((k.to_owned(), v.trim()))
-}
-
-/// Whether the name is one the doctor judges (the others are kept only
-/// to expand later values).
-fn judged(name: &str) -> bool {
-    name.starts_with("NCCL_") || name.starts_with("UCX_")
 }
 
 /// Records an assignment made where it may not run (`cond`: why).

@@ -132,6 +132,12 @@ impl JobFile {
     }
 }
 
+/// Whether a variable belongs to the families the doctor judges (`NCCL_*`,
+/// `UCX_*`); a job file's other names are kept only to expand later values.
+pub fn judged(name: &str) -> bool {
+    name.starts_with("NCCL_") || name.starts_with("UCX_")
+}
+
 /// Reads `text`, a job file of any of the forms above.
 pub fn read(text: &str) -> JobFile {
     let mut f = JobFile::default();
