@@ -123,6 +123,13 @@ impl Machine {
     }
 }
 
+/// The kernel driver bound to the device whose sysfs directory is
+/// `device` (its `driver` link's target: `bnxt_en`, `virtio_net`); `None`
+/// when the link does not resolve here (a capture that did not record it).
+pub(crate) fn driver_name(root: &SysRoot, device: &str) -> Option<String> {
+    root.resolve(&format!("{device}/driver")).and_then(|p| p.rsplit('/').next().map(str::to_owned)).filter(|d| d != "driver")
+}
+
 pub mod acs;
 pub mod bandwidth;
 pub mod capture;

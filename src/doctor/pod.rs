@@ -126,7 +126,7 @@ pub fn interfaces(root: &SysRoot, ip_link: &Result<String, String>) -> Vec<Iface
         let iface = if root.exists(&format!("{base}/device")) {
             let fn_bdf = bdf(&format!("{base}/device")).unwrap_or_default();
             let rdma = root.list_dir(&format!("{base}/device/infiniband")).ok().and_then(|d| d.into_iter().next());
-            let driver = bdf(&format!("{base}/device/driver")).filter(|d| d != "driver").map_or_else(String::new, |d| format!(" (driver {d})"));
+            let driver = super::driver_name(root, &format!("{base}/device")).map_or_else(String::new, |d| format!(" (driver {d})"));
             // A virtio NIC's `device` is its virtio device, not a PCI function.
             let function = if fn_bdf.contains(':') { format!("PCI function {fn_bdf}") } else { format!("device {fn_bdf}") };
             let pf = root.exists(&format!("{base}/device/physfn")).then(|| bdf(&format!("{base}/device/physfn"))).flatten();

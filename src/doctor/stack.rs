@@ -95,7 +95,7 @@ pub fn rdma(root: &SysRoot, devices: &Result<Vec<RdmaDevice>, String>, left: &Pa
         Ok(list) if list.is_empty() && !sys_devs.is_empty() => {
             // The kernel has them; libibverbs lists only devices it has a
             // user-space provider for.
-            let drivers: Vec<String> = sys_devs.iter().map(|d| format!("{d}: {}", driver_of(root, d))).collect();
+            let drivers: Vec<String> = sys_devs.iter().map(|d| format!("{d}: {}", super::driver_name(root, &format!("/sys/class/infiniband/{d}/device")).unwrap_or_else(|| "unknown".to_owned()))).collect();
             out.push(
                 Finding::new(
                     "rdma.devices",
@@ -264,14 +264,6 @@ pub fn host(host: &HostFacts, left: &PathsLeft) -> Vec<Finding> {
     // NIC rules dma-buf out here; a missing NIC is its own finding).
     let any = !left.gpus.is_empty();
     vec![judged("peermem.client".into(), &peer, left.at(any, &peer)), judged("dmabuf.kernel".into(), &kernel, left.at(any, &kernel))]
-}
-
-/// The kernel driver of an RDMA device (`bnxt_re` ...), from sysfs.
-fn driver_of(root: &SysRoot, dev: &str) -> String {
-    root.resolve(&format!("/sys/class/infiniband/{dev}/device/driver"))
-        .and_then(|p| p.rsplit('/').next().map(str::to_owned))
-        .filter(|d| d != "driver")
-        .unwrap_or_else(|| "unknown".to_owned())
 }
 
 /// Entry names of a machine directory (none when it is missing).
