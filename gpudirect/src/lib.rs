@@ -236,7 +236,7 @@ pub use device::{devices, DeviceInfo, Guid};
 pub use error::{Errno, Error, Result};
 pub use gid::{choose_gid, Gid, GidChoice, GidEntry, GidType};
 pub use policy::{GpuPolicy, RegistrationPath};
-pub use gpu::{driver_version, gpu_count, Gpu, GpuAllocation, GpuBuffer, GPU_PAGE};
+pub use gpu::{current_gpu, driver_version, gpu_count, Gpu, GpuAllocation, GpuBuffer, GPU_PAGE};
 pub use gpu_range::{judge_gpu_range, GpuMapping, GpuMemoryError, GpuRangePlan, CU_MEMORYTYPE_DEVICE, MAX_GPU_MAPPINGS};
 pub use mr::{AccessFlags, HostBuffer, LocalSlice, Location, MemoryRegion, Registerable, SgList};
 pub use pd::ProtectionDomain;

@@ -203,9 +203,113 @@ pub fn is_tcp_network(name: &str) -> bool {
     name.to_ascii_lowercase().contains("socket")
 }
 
+/// An `NCCL_IB_HCA` value as NCCL reads it (`parseStringList` and
+/// `matchIfList`): a leading `^` excludes the listed devices, then a
+/// leading `=` makes names exact (otherwise each is a prefix: `mlx5`
+/// selects `mlx5_0` and `mlx5_10`); entries are `name[:port]`, comma
+/// separated, and an entry without a port selects every port. An empty
+/// list selects every device; an empty exclusion list does too.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NicList {
+    /// `^`: the list names the devices NOT to use.
+    pub exclude: bool,
+    /// `=`: names match exactly, not as prefixes.
+    pub exact: bool,
+    /// The entries in order.
+    pub entries: Vec<NicListEntry>,
+}
+
+/// One `name[:port]` entry of a [`NicList`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NicListEntry {
+    /// The device name (or prefix).
+    pub name: String,
+    /// The port as written, when the entry names one.
+    pub port: Option<String>,
+}
+
+impl NicListEntry {
+    /// Whether this entry selects port `port` of device `device`: the
+    /// name exactly (`exact`) or as a prefix, and the port when it names
+    /// one (read as NCCL's `atoi` reads it).
+    pub fn selects(&self, exact: bool, device: &str, port: u32) -> bool {
+        let named = if exact { self.name == device } else { device.starts_with(self.name.as_str()) };
+        named && self.port.as_deref().is_none_or(|p| atoi(p) == i64::from(port))
+    }
+}
+
+impl NicList {
+    /// Parses a value; never fails (NCCL ignores what it cannot read).
+    pub fn parse(value: &str) -> NicList {
+        let mut v = value.trim();
+        let exclude = v.starts_with('^');
+        if exclude {
+            v = &v[1..];
+        }
+        let exact = v.starts_with('=');
+        if exact {
+            v = &v[1..];
+        }
+        let entries = v
+            .split(',')
+            .filter_map(|e| {
+                let mut parts = e.trim().split(':');
+                let name = parts.next().filter(|n| !n.is_empty())?;
+                let port = parts.next().filter(|p| !p.is_empty()).map(str::to_owned);
+                Some(NicListEntry { name: name.to_owned(), port })
+            })
+            .collect();
+        NicList { exclude, exact, entries }
+    }
+
+    /// Whether NCCL (and the plugin) may use port `port` of `device`.
+    pub fn selects(&self, device: &str, port: u32) -> bool {
+        if self.entries.is_empty() {
+            return true;
+        }
+        self.entries.iter().any(|e| e.selects(self.exact, device, port)) != self.exclude
+    }
+}
+
+/// C's `atoi`: leading blanks and sign, digits until the first other
+/// character, 0 without digits.
+fn atoi(s: &str) -> i64 {
+    let t = s.trim_start();
+    let (neg, t) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let n = t.bytes().take_while(u8::is_ascii_digit).fold(0i64, |n, d| n.saturating_mul(10).saturating_add(i64::from(d - b'0')));
+    if neg {
+        -n
+    } else {
+        n
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nic_lists_read_as_nccl_reads_them() {
+        let l = NicList::parse("mlx5_0:1,mlx5_3");
+        assert!(l.selects("mlx5_0", 1) && !l.selects("mlx5_0", 2) && l.selects("mlx5_3", 2));
+        assert!(l.selects("mlx5_01", 1), "names are prefixes without =");
+        assert!(!l.selects("mlx5_1", 1));
+        let l = NicList::parse("=mlx5_0");
+        assert!(l.selects("mlx5_0", 1) && !l.selects("mlx5_01", 1));
+        let l = NicList::parse("^mlx5_1:1");
+        assert!(l.selects("mlx5_0", 1) && !l.selects("mlx5_1", 1) && l.selects("mlx5_1", 2));
+        let l = NicList::parse("^=rxe0");
+        assert!(l.exclude && l.exact && !l.selects("rxe0", 1) && l.selects("rxe01", 1));
+        for every in ["", "^", "=", ",", "^="] {
+            assert!(NicList::parse(every).selects("anything", 7), "{every:?}");
+        }
+        assert!(NicList::parse("mlx5_0:01").selects("mlx5_0", 1), "ports read by atoi");
+        assert!(!NicList::parse("mlx5_0:x").selects("mlx5_0", 1));
+    }
 
     #[test]
     fn integers_read_as_strtoll() {

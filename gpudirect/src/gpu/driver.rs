@@ -124,6 +124,18 @@ pub(super) fn flush_rdma_writes() -> Result<()> {
     .map_err(|e| cuda_err("cuFlushGPUDirectRDMAWrites", e))
 }
 
+/// The ordinal of the device whose context is current on this thread
+/// (`cuCtxGetDevice`); `None` when no context is current.
+pub(super) fn current_device() -> Result<Option<usize>> {
+    let mut dev: cusys::CUdevice = 0;
+    // SAFETY: valid out-pointer; the driver is loaded.
+    match unsafe { cusys::cuCtxGetDevice(&mut dev) } {
+        cusys::CUresult::CUDA_SUCCESS => Ok(Some(dev.max(0) as usize)),
+        cusys::CUresult::CUDA_ERROR_INVALID_CONTEXT => Ok(None),
+        other => Err(cuda_err("cuCtxGetDevice", DriverError(other))),
+    }
+}
+
 pub(super) fn set_current(ctx: Ctx) -> Result<()> {
     // SAFETY: the context is retained for as long as its Gpu lives.
     unsafe { cu::ctx::set_current(ctx.0) }.map_err(|e| cuda_err("cuCtxSetCurrent", e))

@@ -99,6 +99,18 @@ pub fn gpu_count() -> Result<usize> {
     driver::count()
 }
 
+/// The CUDA ordinal of the GPU whose context is current on the calling
+/// thread (`cuCtxGetDevice`), as a framework leaves it after
+/// `cudaSetDevice` (NCCL's proxy threads, PyTorch's current device);
+/// `None` when no context is current on this thread.
+///
+/// # Errors
+/// [`Error::CudaUnavailable`] without a driver, [`Error::Cuda`] otherwise.
+pub fn current_gpu() -> Result<Option<usize>> {
+    driver()?;
+    driver::current_device()
+}
+
 struct GpuInner {
     ordinal: usize,
     dev: driver::Device,

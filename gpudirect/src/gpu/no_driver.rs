@@ -56,6 +56,10 @@ pub(super) fn flush_rdma_writes() -> Result<()> {
     not_built()
 }
 
+pub(super) fn current_device() -> Result<Option<usize>> {
+    not_built()
+}
+
 pub(super) fn set_current(_ctx: Ctx) -> Result<()> {
     not_built()
 }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use gpudirect::nccl::{self, ib_disabled, is_tcp_network, param_int, Int, PathType};
+use gpudirect::nccl::{self, ib_disabled, is_tcp_network, param_int, Int, NicList, NicListEntry, PathType};
 
 use super::{plugin_names, with_int_note, Judged, Kind, Site};
 use crate::doctor::Status;
@@ -138,47 +138,22 @@ pub(super) fn ib_disable(value: &str) -> Judged {
     with_int_note(v, value, read)
 }
 
-/// Splits NCCL's interface/HCA list syntax: `^` excludes, `=` matches
-/// exactly, otherwise names are prefixes; entries are `name[:port]`.
-fn nccl_list(value: &str) -> (bool, bool, Vec<(String, Option<String>)>) {
-    let mut v = value;
-    let exclude = v.starts_with('^');
-    if exclude {
-        v = &v[1..];
-    }
-    let exact = v.starts_with('=');
-    if exact {
-        v = &v[1..];
-    }
-    let entries = v
-        .split(',')
-        .filter_map(|e| {
-            let mut parts = e.split(':');
-            let name = parts.next().filter(|n| !n.is_empty())?;
-            let port = parts.next().filter(|p| !p.is_empty()).map(str::to_owned);
-            Some((name.to_owned(), port))
-        })
-        .collect();
-    (exclude, exact, entries)
+/// NCCL's list syntax, read by the library's one reader
+/// ([`NicList`](gpudirect::nccl::NicList)), as `(exclude, exact, entries)`.
+fn nccl_list(value: &str) -> (bool, bool, Vec<NicListEntry>) {
+    let l = NicList::parse(value);
+    (l.exclude, l.exact, l.entries)
 }
 
-/// Whether a list entry `(name, port)` selects `nic`'s port 1: the name
-/// exactly after `=`, else as a prefix; any port when it names none.
-fn entry_selects(exact: bool, (name, port): &(String, Option<String>), nic: &str) -> bool {
-    let named = if exact { name == nic } else { nic.starts_with(name.as_str()) };
-    named && port.as_deref().is_none_or(|p| p == "1")
+/// Whether a list entry selects `nic`'s port 1 (any port when it names none).
+fn entry_selects(exact: bool, entry: &NicListEntry, nic: &str) -> bool {
+    entry.selects(exact, nic, 1)
 }
 
 /// Whether an `NCCL_IB_HCA` value lets NCCL use the device `nic` (its
 /// port 1, or any port when the entry names none).
 pub(super) fn hca_selects(value: &str, nic: &str) -> bool {
-    let (exclude, exact, entries) = nccl_list(value);
-    if entries.is_empty() {
-        // An empty exclusion list matches every HCA; an empty list is no filter.
-        return !exclude;
-    }
-    let listed = entries.iter().any(|e| entry_selects(exact, e, nic));
-    listed != exclude
+    NicList::parse(value).selects(nic, 1)
 }
 
 /// Whether a name looks like a network interface's, not an RDMA device's.
@@ -193,10 +168,10 @@ pub(super) fn ib_hca(value: &str, site: &Site) -> Judged {
     if exclude || entries.is_empty() {
         return v;
     }
-    let named: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
+    let named: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
     let interfaces: Vec<&str> = named.iter().copied().filter(|n| interface_like(n)).collect();
     let unmatched: Vec<&str> = match &site.rdma_devices {
-        Some(devs) => entries.iter().filter(|e| !devs.iter().any(|d| entry_selects(exact, e, d))).map(|(n, _)| n.as_str()).collect(),
+        Some(devs) => entries.iter().filter(|e| !devs.iter().any(|d| entry_selects(exact, e, d))).map(|e| e.name.as_str()).collect(),
         None => Vec::new(),
     };
     if interfaces.is_empty() && unmatched.is_empty() {
@@ -231,9 +206,9 @@ fn ib_hca_list(value: &str) -> Judged {
     let (exclude, exact, entries) = nccl_list(value);
     let listed: Vec<String> = entries
         .iter()
-        .map(|(n, p)| match p {
-            Some(p) => format!("{n} port {p}"),
-            None => format!("{n} (all ports)"),
+        .map(|e| match &e.port {
+            Some(p) => format!("{} port {p}", e.name),
+            None => format!("{} (all ports)", e.name),
         })
         .collect();
     if entries.is_empty() {
@@ -262,8 +237,8 @@ fn ib_hca_list(value: &str) -> Judged {
     if !exact {
         let ambiguous: Vec<&str> = entries
             .iter()
-            .filter(|(n, _)| n.ends_with(|c: char| c.is_ascii_digit()))
-            .map(|(n, _)| n.as_str())
+            .filter(|e| e.name.ends_with(|c: char| c.is_ascii_digit()))
+            .map(|e| e.name.as_str())
             .collect();
         if !ambiguous.is_empty() {
             v = v.note(format!(
@@ -279,7 +254,7 @@ fn ib_hca_list(value: &str) -> Judged {
 
 pub(super) fn socket_ifname(value: &str) -> Judged {
     let (exclude, exact, entries) = nccl_list(value);
-    let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
+    let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
     let how = match (exclude, exact) {
         (false, false) => "interfaces whose names start with",
         (false, true) => "exactly the interfaces",
