@@ -1,0 +1,623 @@
+//! A connection's data path: one RC queue pair per comm, NCCL's
+//! receiver-driven protocol, and the judgement of its first transfer.
+//!
+//! # Protocol
+//! The receiver drives. `irecv` posts one receive (for the notification)
+//! and writes, into the sender's *fifo* slot `seq % 32`, one 32-byte entry
+//! per grouped receive: address, rkey, size, tag, group size and the
+//! sequence number `seq + 1` (last, so an entry is whole once it reads
+//! right; every entry of a group is checked). `isend` reads its next slot;
+//! while it is not there, or no entry of it carries the send's tag, it
+//! returns no request and NCCL calls again. Once every receive of the group
+//! has its send, the sender writes each payload into its receive and ends
+//! with one RDMA write with immediate: for a group of one, the write of the
+//! payload itself, its immediate the size; for larger groups, a write of
+//! the sizes into the receiver's *sizes* slot. RC delivers in order, so
+//! the receive completion means every byte of the group is there, and the
+//! k-th receive completion is the k-th group. A send larger than its
+//! receive is cut to the receive's size and the receiver's size says so,
+//! as NCCL's IB transport does.
+//!
+//! # Bounds
+//! At most [`MAX_REQUESTS`] requests per comm (NCCL's own limit; past it,
+//! `isend`/`irecv` answer "not now"), [`MAX_RECVS`] receives per group,
+//! [`MAX_BYTES`] per message. A peer that dies is found by the queue
+//! pair's retry bound: after a second with nothing completed and a request
+//! waiting, a zero-byte write probes the peer, and its failure fails the
+//! comm, so `test` and `isend` return an error instead of waiting forever.
+
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gpudirect::{AccessFlags, CompletionQueue, MemoryRegion, QpConfig, QueuePair, RecvWr, RemoteBuffer, SendWr, WcOpcode, WcStatus, WorkCompletion};
+
+use crate::config::GdrPolicy;
+use crate::error::{NetError, Result};
+use crate::log;
+use crate::reg::Reg;
+use crate::site::{Nic, Site};
+use crate::verdict::{decide, judge, Action, Seen, Side};
+
+pub use crate::abi::MAX_REQUESTS;
+
+/// Receives per group (`maxRecvs`), as NCCL's IB transport offers.
+pub const MAX_RECVS: usize = 8;
+/// The largest message (`maxP2pBytes`, `maxCollBytes`): NCCL splits larger ones.
+pub const MAX_BYTES: usize = 1 << 30;
+/// One fifo entry.
+const ENTRY: usize = 32;
+/// One fifo slot: a group's entries.
+const SLOT: usize = ENTRY * MAX_RECVS;
+/// One sizes slot.
+const SIZES: usize = 4 * MAX_RECVS;
+/// Work request ids above the slots.
+const WR_FIFO: u64 = 1 << 32;
+const WR_PROBE: u64 = 2 << 32;
+/// Nothing completed for this long with a request waiting: probe the peer.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
+
+/// What NCCL holds as a request: a stable address naming the comm and slot.
+#[derive(Debug)]
+pub struct ReqHandle {
+    comm: *const Comm,
+    slot: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Free,
+    Pending,
+    Done,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Req {
+    state: State,
+    n: usize,
+    sizes: [i32; MAX_RECVS],
+    gpu: bool,
+}
+
+const FREE: Req = Req { state: State::Free, n: 0, sizes: [0; MAX_RECVS], gpu: false };
+
+/// One matched send of the group being assembled.
+#[derive(Clone, Copy, Debug)]
+struct Matched {
+    req: usize,
+    addr: u64,
+    size: usize,
+    reg: *const Reg,
+}
+
+/// The queue pair and memory a comm is made of, before the peer is known.
+#[derive(Debug)]
+pub struct Parts {
+    /// The queue pair, not yet connected.
+    pub qp: gpudirect::PreparedQueuePair,
+    cq: CompletionQueue,
+    /// Sender: the fifo the receiver writes. Receiver: the sizes slots.
+    pub ctrl: MemoryRegion,
+    /// Bytes staged for inline writes (the receiver's entries, the sender's sizes).
+    scratch: MemoryRegion,
+}
+
+impl Parts {
+    /// Creates the queue pair and control memory of a comm on `nic`.
+    ///
+    /// # Errors
+    /// [`NetError::Library`] from the verbs.
+    pub fn new(site: &Site, nic: &Nic, side: Side, traffic_class: Option<u8>) -> Result<Parts> {
+        let c = &site.config;
+        let (send_wr, recv_wr) = match side {
+            Side::Send => ((MAX_REQUESTS * (MAX_RECVS + 1) + 8) as u32, 1),
+            Side::Recv => ((2 * MAX_REQUESTS + 8) as u32, MAX_REQUESTS as u32),
+        };
+        let defaults = QpConfig::default();
+        let config = QpConfig {
+            port: nic.port,
+            gid_index: c.gid_index,
+            max_send_wr: send_wr,
+            max_recv_wr: recv_wr,
+            max_inline_data: SLOT as u32,
+            traffic_class: traffic_class.or(c.traffic_class).unwrap_or(0),
+            service_level: c.service_level.unwrap_or(0),
+            timeout: c.timeout.unwrap_or(defaults.timeout),
+            retry_cnt: c.retry_cnt.unwrap_or(defaults.retry_cnt),
+            ..defaults
+        };
+        let ctx = nic.pd.context();
+        let cq = CompletionQueue::new(ctx, send_wr + recv_wr)?;
+        let qp = QueuePair::create(&nic.pd, &cq, &cq, &config)?;
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let ctrl_len = match side {
+            Side::Send => MAX_REQUESTS * SLOT,
+            Side::Recv => MAX_REQUESTS * SIZES,
+        };
+        let ctrl = MemoryRegion::alloc(&nic.pd, ctrl_len, access)?;
+        let scratch = MemoryRegion::alloc(&nic.pd, SLOT, AccessFlags::LOCAL_WRITE)?;
+        Ok(Parts { qp, cq, ctrl, scratch })
+    }
+}
+
+/// A send or receive comm.
+#[derive(Debug)]
+pub struct Comm {
+    side: Side,
+    site: &'static Site,
+    nic: usize,
+    /// The GPU current on the thread that set the comm up, if any.
+    gpu: Option<usize>,
+    handles: Box<[ReqHandle]>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    qp: QueuePair,
+    cq: CompletionQueue,
+    ctrl: MemoryRegion,
+    scratch: MemoryRegion,
+    /// The peer's fifo (receiver) or sizes slots (sender).
+    remote: RemoteBuffer,
+    seq: u64,
+    reqs: [Req; MAX_REQUESTS],
+    free: Vec<usize>,
+    /// Per slot: the receive's request, or the group's sends.
+    groups: [[usize; MAX_RECVS]; MAX_REQUESTS],
+    matched: [Option<Matched>; MAX_RECVS],
+    seen: Seen,
+    judged: bool,
+    failed: Option<String>,
+    idle: u32,
+    last_progress: Instant,
+    probing: bool,
+}
+
+// SAFETY: the raw pointers (`ReqHandle::comm`, `Matched::reg`) name
+// objects NCCL keeps alive while the comm uses them (the comm itself, and
+// registrations NCCL deregisters only after their transfers); all state is
+// behind the mutex.
+unsafe impl Send for Comm {}
+// SAFETY: as above.
+unsafe impl Sync for Comm {}
+
+impl Comm {
+    /// Connects `parts` to the peer and makes the comm. Boxed, so the
+    /// request handles' back pointers stay valid.
+    ///
+    /// # Errors
+    /// [`NetError::Library`] moving the queue pair to RTS.
+    pub fn new(site: &'static Site, nic: usize, side: Side, gpu: Option<usize>, parts: Parts, peer: &gpudirect::Endpoint, remote: RemoteBuffer) -> Result<Box<Comm>> {
+        let qp = parts.qp.connect(peer)?;
+        let inner = Inner {
+            qp,
+            cq: parts.cq,
+            ctrl: parts.ctrl,
+            scratch: parts.scratch,
+            remote,
+            seq: 0,
+            reqs: [FREE; MAX_REQUESTS],
+            free: (0..MAX_REQUESTS).rev().collect(),
+            groups: [[0; MAX_RECVS]; MAX_REQUESTS],
+            matched: [None; MAX_RECVS],
+            seen: Seen::default(),
+            judged: false,
+            failed: None,
+            idle: 0,
+            last_progress: Instant::now(),
+            probing: false,
+        };
+        let mut comm = Box::new(Comm { side, site, nic, gpu, handles: Box::new([]), inner: Mutex::new(inner) });
+        let me: *const Comm = &*comm;
+        comm.handles = (0..MAX_REQUESTS).map(|slot| ReqHandle { comm: me, slot }).collect();
+        site.nics[nic].open_comms.fetch_add(1, Ordering::Relaxed);
+        Ok(comm)
+    }
+
+    /// The comm's NIC.
+    pub fn nic(&self) -> &'static Nic {
+        &self.site.nics[self.nic]
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes a registration made through this comm (what the first
+    /// transfer's judgement reads).
+    pub fn saw(&self, reg: &Reg) {
+        let mut g = self.lock();
+        match reg.gpu {
+            Some(path) => g.seen.gpu = g.seen.gpu.or(Some(path)),
+            None => g.seen.host = true,
+        }
+    }
+
+    /// The first transfer: which path, logged; refused under `require`
+    /// when a GPU's traffic would be staged.
+    fn first_transfer(&self, g: &mut Inner) -> Result<()> {
+        g.judged = true;
+        let nic = self.nic();
+        let pair = self.gpu.and_then(|o| nic.pair(o));
+        let label = nic.label();
+        let path = judge(self.side, g.seen, pair, &label, &self.site.config.nccl_env);
+        let gpu = self.gpu.map(|o| format!("GPU{o}"));
+        let (line, action) = decide(self.site.config.policy, self.side, &path, gpu.as_deref(), &label);
+        log::info(&line);
+        match action {
+            Action::Proceed => Ok(()),
+            Action::Warn(text) => {
+                log::warn(&text);
+                Ok(())
+            }
+            Action::Refuse(text) => {
+                g.failed = Some(text.clone());
+                Err(NetError::Refused(text))
+            }
+        }
+    }
+
+    fn start(&self, g: &mut Inner) -> Result<()> {
+        if let Some(why) = &g.failed {
+            return Err(if self.site.config.policy == GdrPolicy::Require && !g.judged { NetError::Refused(why.clone()) } else { NetError::Remote(why.clone()) });
+        }
+        if !g.judged {
+            self.first_transfer(g)?;
+        }
+        Ok(())
+    }
+
+    fn handle(&self, req: usize) -> *mut c_void {
+        &self.handles[req] as *const ReqHandle as *mut c_void
+    }
+
+    /// `isend`: the request, or null when the receiver has not asked for
+    /// this send yet (NCCL calls again).
+    ///
+    /// # Errors
+    /// [`NetError::Refused`] at the first transfer under `require`;
+    /// [`NetError::Invalid`] for a size past [`MAX_BYTES`] or memory
+    /// outside `reg`; [`NetError::Remote`] once the peer failed.
+    pub fn isend(&self, data: u64, size: usize, tag: i32, reg: *const Reg) -> Result<*mut c_void> {
+        let mut guard = self.lock();
+        let g = &mut *guard;
+        self.start(g)?;
+        if size > MAX_BYTES {
+            return Err(NetError::Invalid(format!("isend of {size} bytes: the plugin carries at most {MAX_BYTES} per message")));
+        }
+        let slot = (g.seq % MAX_REQUESTS as u64) as usize;
+        let want = g.seq + 1;
+        let first = g.entry(slot, 0);
+        if first.seq != want {
+            return self.not_now(g);
+        }
+        let n = first.nreqs as usize;
+        if n == 0 || n > MAX_RECVS {
+            return Err(self.fail(g, format!("the peer's receive slot {slot} names {n} receives (at most {MAX_RECVS})")));
+        }
+        let mut at = None;
+        for r in 0..n {
+            let e = g.entry(slot, r);
+            if e.seq != want {
+                return self.not_now(g);
+            }
+            if at.is_none() && g.matched[r].is_none() && e.tag == tag {
+                at = Some((r, e));
+            }
+        }
+        let Some((r, e)) = at else { return self.not_now(g) };
+        let Some(req) = g.free.pop() else { return Ok(std::ptr::null_mut()) };
+        let size = size.min(e.size as usize);
+        // SAFETY: NCCL passes a handle regMr returned and has not deregistered it.
+        let gpu = if size > 0 { unsafe { &*reg }.check(data, size)?.gpu.is_some() } else { false };
+        g.matched[r] = Some(Matched { req, addr: data, size, reg });
+        g.reqs[req] = Req { state: State::Pending, n: 1, sizes: [size as i32, 0, 0, 0, 0, 0, 0, 0], gpu };
+        g.idle = 0;
+        if g.matched[..n].iter().all(Option::is_some) {
+            self.post_group(g, slot, n)?;
+        }
+        Ok(self.handle(req))
+    }
+
+    fn post_group(&self, g: &mut Inner, slot: usize, n: usize) -> Result<()> {
+        let nic = self.nic();
+        let mut sizes = [0u32; MAX_RECVS];
+        let mut wrs: Vec<SendWr<'_>> = Vec::new();
+        let matched: Vec<Matched> = g.matched[..n].iter_mut().map(|m| m.take().expect("every receive matched")).collect();
+        let entries: Vec<Entry> = (0..n).map(|r| g.entry(slot, r)).collect();
+        let Inner { qp, scratch, remote, groups, reqs, .. } = g;
+        for (r, m) in matched.iter().enumerate() {
+            groups[slot][r] = m.req;
+            sizes[r] = m.size as u32;
+            let counter = if reqs[m.req].gpu { &nic.stats.sent_gpu } else { &nic.stats.sent_host };
+            counter.fetch_add(m.size as u64, Ordering::Relaxed);
+        }
+        if n == 1 {
+            let m = matched[0];
+            let wr = if m.size == 0 {
+                SendWr::immediate(0)
+            } else {
+                let dst = RemoteBuffer { addr: entries[0].addr, len: m.size as u64, rkey: entries[0].rkey };
+                // SAFETY: as in isend.
+                SendWr::write_with_imm(unsafe { &*m.reg }.slice(m.addr, m.size)?, &dst, 0, m.size as u32)?
+            };
+            qp.post_send(&[wr.wr_id(slot as u64)])?;
+            return Ok(());
+        }
+        for (m, e) in matched.iter().zip(&entries).filter(|(m, _)| m.size > 0) {
+            let dst = RemoteBuffer { addr: e.addr, len: m.size as u64, rkey: e.rkey };
+            // SAFETY: as in isend.
+            wrs.push(SendWr::write(unsafe { &*m.reg }.slice(m.addr, m.size)?, &dst, 0)?.unsignaled());
+        }
+        let bytes: Vec<u8> = sizes[..n].iter().flat_map(|s| s.to_le_bytes()).collect();
+        scratch.write_at(0, &bytes)?;
+        wrs.push(SendWr::write_with_imm(scratch.slice(0..bytes.len())?, remote, (slot * SIZES) as u64, slot as u32)?.inline().wr_id(slot as u64));
+        qp.post_send(&wrs)?;
+        Ok(())
+    }
+
+    /// `irecv` of a group of `n` receives: the request, or null when
+    /// [`MAX_REQUESTS`] are in flight.
+    ///
+    /// # Errors
+    /// As [`isend`](Self::isend).
+    pub fn irecv(&self, bufs: &[(u64, usize, i32, *const Reg)]) -> Result<*mut c_void> {
+        let mut guard = self.lock();
+        let g = &mut *guard;
+        self.start(g)?;
+        let n = bufs.len();
+        if n == 0 || n > MAX_RECVS {
+            return Err(NetError::Invalid(format!("irecv of {n} receives: the plugin groups 1 to {MAX_RECVS}")));
+        }
+        let mut entries = [0u8; SLOT];
+        let mut gpu = false;
+        for (i, &(addr, size, tag, reg)) in bufs.iter().enumerate() {
+            if size > MAX_BYTES {
+                return Err(NetError::Invalid(format!("irecv of {size} bytes: the plugin carries at most {MAX_BYTES} per message")));
+            }
+            let rkey = if size == 0 || reg.is_null() {
+                0
+            } else {
+                // SAFETY: NCCL passes handles regMr returned, not yet deregistered.
+                let reg = unsafe { &*reg }.check(addr, size)?;
+                gpu |= reg.gpu.is_some();
+                reg.rkey()
+            };
+            let e = Entry { addr, rkey, size: size as u32, tag, nreqs: n as u32, seq: g.seq + 1 };
+            entries[i * ENTRY..(i + 1) * ENTRY].copy_from_slice(&e.to_bytes());
+        }
+        let Some(req) = g.free.pop() else { return Ok(std::ptr::null_mut()) };
+        let slot = (g.seq % MAX_REQUESTS as u64) as usize;
+        let signal = g.seq % 8 == 7;
+        let Inner { qp, scratch, remote, .. } = g;
+        let posted = (|| -> gpudirect::Result<()> {
+            qp.post_recv(&[RecvWr::empty().wr_id(slot as u64)])?;
+            scratch.write_at(0, &entries[..n * ENTRY])?;
+            let wr = SendWr::write(scratch.slice(0..n * ENTRY)?, remote, (slot * SLOT) as u64)?.inline().wr_id(WR_FIFO);
+            qp.post_send(&[if signal { wr } else { wr.unsignaled() }])
+        })();
+        if let Err(e) = posted {
+            g.free.push(req);
+            return Err(self.fail(g, format!("posting a receive: {e}")));
+        }
+        g.groups[slot][0] = req;
+        g.reqs[req] = Req { state: State::Pending, n, sizes: [0; MAX_RECVS], gpu };
+        g.seq += 1;
+        g.idle = 0;
+        Ok(self.handle(req))
+    }
+
+    /// `test`: once request `slot` is done, its sizes in `sizes` and how
+    /// many there are (the request is then free again); `None` while not.
+    ///
+    /// # Errors
+    /// [`NetError::Remote`] once the comm failed (a work request failed,
+    /// or the peer stopped answering within the retry bound).
+    pub fn test(&self, slot: usize, sizes: &mut [i32; MAX_RECVS]) -> Result<Option<usize>> {
+        let mut guard = self.lock();
+        let g = &mut *guard;
+        if slot >= MAX_REQUESTS || g.reqs[slot].state == State::Free {
+            return Err(NetError::Invalid(format!("test of a request that is not in flight (slot {slot})")));
+        }
+        if g.reqs[slot].state == State::Pending {
+            self.progress(g)?;
+        }
+        if g.reqs[slot].state != State::Done {
+            if let Some(why) = &g.failed {
+                return Err(NetError::Remote(why.clone()));
+            }
+            self.idle(g)?;
+            return Ok(None);
+        }
+        let r = g.reqs[slot];
+        sizes[..r.n].copy_from_slice(&r.sizes[..r.n]);
+        g.reqs[slot] = FREE;
+        g.free.push(slot);
+        Ok(Some(r.n))
+    }
+
+    fn progress(&self, g: &mut Inner) -> Result<()> {
+        let mut wcs = [WorkCompletion::default(); 16];
+        loop {
+            let got = g.cq.poll(&mut wcs)?;
+            for wc in &wcs[..got] {
+                self.complete(g, wc)?;
+            }
+            if got < wcs.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn complete(&self, g: &mut Inner, wc: &WorkCompletion) -> Result<()> {
+        if wc.status != WcStatus::Success {
+            let what = if wc.wr_id == WR_PROBE { "a probe of the peer" } else { "a transfer" };
+            return Err(self.fail(g, format!("{what} failed: {} ({}): the peer died, closed the connection or is unreachable", wc.status.verbs_name(), wc.status.hint())));
+        }
+        g.last_progress = Instant::now();
+        if wc.wr_id == WR_PROBE {
+            g.probing = false;
+            return Ok(());
+        }
+        if wc.wr_id >= WR_FIFO {
+            return Ok(());
+        }
+        let slot = wc.wr_id as usize % MAX_REQUESTS;
+        match (self.side, wc.opcode) {
+            (Side::Recv, WcOpcode::RecvRdmaWithImm) => {
+                let req = g.groups[slot][0];
+                let r = &mut g.reqs[req];
+                if r.n == 1 {
+                    r.sizes[0] = wc.imm.unwrap_or(0) as i32;
+                } else {
+                    for i in 0..r.n {
+                        // SAFETY: the sizes slots are `ctrl`, host memory this
+                        // comm owns; the peer's write of them completed before
+                        // this receive completion (RC order). Read volatile: the
+                        // NIC, not Rust, wrote them.
+                        r.sizes[i] = i32::from_le(unsafe { std::ptr::read_volatile((g.ctrl.addr() as usize + slot * SIZES + 4 * i) as *const i32) });
+                    }
+                }
+                let bytes: u64 = r.sizes[..r.n].iter().map(|&s| s.max(0) as u64).sum();
+                let stats = &self.nic().stats;
+                (if r.gpu { &stats.recv_gpu } else { &stats.recv_host }).fetch_add(bytes, Ordering::Relaxed);
+                r.state = State::Done;
+            }
+            (Side::Send, _) => {
+                for &req in g.groups[slot].iter().take(MAX_RECVS) {
+                    if g.reqs[req].state == State::Pending {
+                        g.reqs[req].state = State::Done;
+                    }
+                }
+            }
+            (Side::Recv, _) => {}
+        }
+        Ok(())
+    }
+
+    fn not_now(&self, g: &mut Inner) -> Result<*mut c_void> {
+        self.idle(g)?;
+        Ok(std::ptr::null_mut())
+    }
+
+    /// Called while NCCL waits: reaps what completed (a probe among it)
+    /// and, after [`PROBE_AFTER`] without progress, probes the peer.
+    fn idle(&self, g: &mut Inner) -> Result<()> {
+        g.idle = g.idle.wrapping_add(1);
+        if !g.idle.is_multiple_of(64) {
+            return Ok(());
+        }
+        self.progress(g)?;
+        if g.probing || g.last_progress.elapsed() < PROBE_AFTER {
+            return Ok(());
+        }
+        let Inner { qp, scratch, remote, .. } = &mut *g;
+        let probe = SendWr::write(scratch.slice(0..0)?, remote, 0)?.wr_id(WR_PROBE);
+        if let Err(e) = qp.post_send(&[probe]) {
+            return Err(self.fail(g, format!("probing the peer: {e}")));
+        }
+        g.probing = true;
+        g.last_progress = Instant::now();
+        Ok(())
+    }
+
+    fn fail(&self, g: &mut Inner, why: String) -> NetError {
+        let nic = self.nic().label();
+        let text = format!("{} comm on {nic}: {why}", if self.side == Side::Send { "send" } else { "receive" });
+        if g.failed.is_none() {
+            g.failed = Some(text.clone());
+        }
+        NetError::Remote(text)
+    }
+
+    /// `iflush`: makes the NIC's writes of the last non-empty receive
+    /// visible to the GPU before NCCL's kernel reads them (free on GPUs that
+    /// order them; `cuFlushGPUDirectRDMAWrites` on others). Done before it
+    /// returns: NCCL gets no request to test.
+    ///
+    /// # Errors
+    /// [`NetError::Library`] from CUDA.
+    pub fn iflush(&self, regs: &[(usize, *const Reg)]) -> Result<()> {
+        if let Some(&(_, reg)) = regs.iter().rev().find(|(size, reg)| *size > 0 && !reg.is_null()) {
+            // SAFETY: NCCL passes handles regMr returned, not yet deregistered.
+            let reg = unsafe { &*reg };
+            if reg.gpu.is_some() {
+                reg.mr().flush_gpu_writes()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        let nic = self.nic();
+        if nic.open_comms.fetch_sub(1, Ordering::Relaxed) == 1 {
+            log::info(&nic.traffic_line());
+        }
+    }
+}
+
+/// A request handle NCCL passed back: its comm and slot.
+///
+/// # Safety
+/// `req` is a pointer `isend`/`irecv` returned whose comm is still open.
+pub unsafe fn request(req: *mut c_void) -> Result<(&'static Comm, usize)> {
+    if req.is_null() {
+        return Err(NetError::Invalid("test of a null request".into()));
+    }
+    // SAFETY: the caller's promise: a live ReqHandle in a live comm.
+    let h = unsafe { &*(req as *const ReqHandle) };
+    // SAFETY: as above.
+    Ok((unsafe { &*h.comm }, h.slot))
+}
+
+/// One receive as the receiver writes it into the sender's fifo.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    addr: u64,
+    rkey: u32,
+    size: u32,
+    tag: i32,
+    nreqs: u32,
+    seq: u64,
+}
+
+impl Entry {
+    fn to_bytes(self) -> [u8; ENTRY] {
+        let mut b = [0u8; ENTRY];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        b[12..16].copy_from_slice(&self.size.to_le_bytes());
+        b[16..20].copy_from_slice(&self.tag.to_le_bytes());
+        b[20..24].copy_from_slice(&self.nreqs.to_le_bytes());
+        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        b
+    }
+}
+
+impl Inner {
+    /// Entry `r` of fifo slot `slot`, read as the NIC left it.
+    fn entry(&self, slot: usize, r: usize) -> Entry {
+        let at = self.ctrl.addr() as usize + slot * SLOT + r * ENTRY;
+        // SAFETY: `ctrl` is this comm's fifo, host memory of MAX_REQUESTS
+        // slots that lives as long as the comm; the peer's NIC writes it, so
+        // it is read volatile, the sequence number first and the rest after
+        // an acquire fence (a torn entry reads a stale sequence number and
+        // is read again on the next call).
+        unsafe {
+            let seq = std::ptr::read_volatile((at + 24) as *const u64);
+            std::sync::atomic::fence(Ordering::Acquire);
+            Entry {
+                addr: u64::from_le(std::ptr::read_volatile(at as *const u64)),
+                rkey: u32::from_le(std::ptr::read_volatile((at + 8) as *const u32)),
+                size: u32::from_le(std::ptr::read_volatile((at + 12) as *const u32)),
+                tag: i32::from_le(std::ptr::read_volatile((at + 16) as *const i32)),
+                nreqs: u32::from_le(std::ptr::read_volatile((at + 20) as *const u32)),
+                seq: u64::from_le(seq),
+            }
+        }
+    }
+}

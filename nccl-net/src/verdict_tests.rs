@@ -1,0 +1,134 @@
+//! The refusal path on the doctor's fixture machines: properties and the
+//! judgement of a connection's first transfer, under each policy.
+
+use super::*;
+use gpudirect::gdr::{DmaBufProbe, GpuFacts, HostFacts, ModuleFlavour, NicFacts};
+use gpudirect::topology::discover;
+use gpudirect::Errno;
+
+fn machine(name: &str) -> (SysRoot, PciTopology) {
+    let root = SysRoot::at(format!("{}/../tests/data/machines/{name}", env!("CARGO_MANIFEST_DIR")));
+    let topo = discover(&root);
+    (root, topo)
+}
+
+/// Facts of a healthy pair (open module, CUDA 12.8, dma-buf everywhere),
+/// then `change` applied.
+fn facts(bus: &str, nic: &str, change: impl FnOnce(&mut GdrFacts)) -> GdrFacts {
+    let mut f = GdrFacts {
+        gpu: GpuFacts {
+            ordinal: 0,
+            label: format!("GPU0 (NVIDIA A100, {bus})"),
+            pci_bus_id: Some(bus.to_owned()),
+            cuda_unavailable: None,
+            driver_version: Some(12080),
+            gdr_supported: Some(true),
+            dma_buf_supported: Some(true),
+            module: ModuleFlavour::Open,
+        },
+        nic: NicFacts { device: nic.to_owned(), dma_buf: DmaBufProbe::from_errno(Errno(libc::EBADF)) },
+        host: HostFacts { kernel_release: Some("6.8.0-45-generic".into()), peer_memory_found: vec![], peer_memory_api: Some(false) },
+    };
+    change(&mut f);
+    f
+}
+
+fn pair(machine_name: &str, nic: &str, change: impl FnOnce(&mut GdrFacts)) -> PairJudgement {
+    let (root, topo) = machine(machine_name);
+    let bus = topo.gpus[0].bdf.clone();
+    let level = nccl_level(&root, &topo, &bus, nic);
+    PairJudgement::new(0, facts(&bus, nic, change), level)
+}
+
+const HOST_ONLY: Seen = Seen { host: true, gpu: None };
+const GDR_SEND: Seen = Seen { host: true, gpu: Some(RegistrationPath::DmaBuf) };
+
+fn env(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+}
+
+#[test]
+fn a_far_nic_is_offered_gpu_memory_but_its_staged_connection_is_refused_under_require() {
+    // two-socket-sys: the A100 on socket 0, the ConnectX-6 Dx on socket 1.
+    let p = pair("two-socket-sys", "mlx5_0", |_| {});
+    assert_eq!(p.nccl_level, Some(PathLevel::Sys));
+    assert_eq!(ptr_support(std::slice::from_ref(&p)), abi::PTR_HOST | abi::PTR_CUDA | abi::PTR_DMABUF);
+    let path = judge(Side::Recv, HOST_ONLY, Some(&p), "mlx5_0", &[]);
+    let ConnPath::Staged { cause, fix } = &path else { panic!("{path:?}") };
+    assert!(cause.starts_with("GPU0 (NVIDIA A100, 0000:3b:00.0) is SYS from mlx5_0, beyond NCCL's default limit PXB"), "{cause}");
+    assert!(fix.starts_with("set NCCL_NET_GDR_LEVEL=SYS"), "{fix}");
+
+    let (line, action) = decide(GdrPolicy::Require, Side::Recv, &path, Some("GPU0"), "mlx5_0");
+    assert!(line.starts_with("GPU0 <- mlx5_0: staged through host memory: GPU0 (NVIDIA A100"), "{line}");
+    let Action::Refuse(text) = action else { panic!("{action:?}") };
+    assert!(text.starts_with("refusing to stage GPU0's traffic through host memory on mlx5_0 (GPUDIRECT_NCCL_GDR=require): GPU0"), "{text}");
+    assert!(text.contains("Fix: set NCCL_NET_GDR_LEVEL=SYS") && text.ends_with("set GPUDIRECT_NCCL_GDR=prefer"), "{text}");
+
+    let (_, action) = decide(GdrPolicy::Prefer, Side::Recv, &path, Some("GPU0"), "mlx5_0");
+    let Action::Warn(text) = action else { panic!("{action:?}") };
+    assert!(text.starts_with("GPU0 <- mlx5_0: staged through host memory (about half the bandwidth) because GPUDIRECT_NCCL_GDR=prefer"), "{text}");
+    assert_eq!(decide(GdrPolicy::Off, Side::Recv, &path, Some("GPU0"), "mlx5_0").1, Action::Proceed);
+}
+
+#[test]
+fn the_job_s_gdr_level_moves_the_cause_but_never_lets_staging_through() {
+    let p = pair("two-socket-sys", "mlx5_0", |_| {});
+    let path = judge(Side::Recv, HOST_ONLY, Some(&p), "mlx5_0", &env(&[("NCCL_NET_GDR_LEVEL", "SYS")]));
+    let ConnPath::Staged { cause, .. } = &path else { panic!("{path:?}") };
+    assert!(cause.starts_with("NCCL registered only host memory for this connection although dma-buf works"), "{cause}");
+    assert!(matches!(decide(GdrPolicy::Require, Side::Recv, &path, Some("GPU0"), "mlx5_0").1, Action::Refuse(_)));
+}
+
+#[test]
+fn a_nic_no_gpu_can_reach_offers_host_memory_only_and_names_each_cause() {
+    // dgx-pix: a PIX pair, but no peer memory and a provider without dma-buf.
+    let p = pair("dgx-pix", "mlx5_0", |f| f.nic.dma_buf = DmaBufProbe::from_errno(Errno(libc::EOPNOTSUPP)));
+    assert_eq!(p.nccl_level, Some(PathLevel::Pix));
+    assert_eq!(ptr_support(std::slice::from_ref(&p)), abi::PTR_HOST);
+    let path = judge(Side::Send, HOST_ONLY, Some(&p), "mlx5_0", &[]);
+    let ConnPath::Staged { cause, fix } = &path else { panic!("{path:?}") };
+    assert!(cause.starts_with("no zero-copy path between GPU0 (NVIDIA A100, 0000:18:00.0) and mlx5_0"), "{cause}");
+    assert!(cause.contains("the provider cannot register dma-buf memory") && cause.contains("/sys/module/nvidia_peermem/version"), "{cause}");
+    assert!(fix.contains("Soft-RoCE (rxe) never does"), "{fix}");
+    let (line, _) = decide(GdrPolicy::Require, Side::Send, &path, Some("GPU0"), "mlx5_0");
+    assert!(line.starts_with("GPU0 -> mlx5_0: staged through host memory: no zero-copy path"), "{line}");
+}
+
+#[test]
+fn nccl_net_gdr_read_0_is_named_for_sends_only() {
+    let p = pair("dgx-pix", "mlx5_0", |_| {});
+    let vars = env(&[("NCCL_NET_GDR_READ", "0")]);
+    let ConnPath::Staged { cause, fix } = judge(Side::Send, HOST_ONLY, Some(&p), "mlx5_0", &vars) else { panic!() };
+    assert!(cause.starts_with("NCCL_NET_GDR_READ=0") && fix.starts_with("unset NCCL_NET_GDR_READ"), "{cause} / {fix}");
+    let ConnPath::Staged { cause, .. } = judge(Side::Recv, HOST_ONLY, Some(&p), "mlx5_0", &vars) else { panic!() };
+    assert!(!cause.contains("GDR_READ"), "{cause}");
+}
+
+#[test]
+fn a_gdr_connection_is_never_refused_though_its_ll_buffer_is_host_memory() {
+    let p = pair("dgx-pix", "mlx5_0", |_| {});
+    for policy in [GdrPolicy::Require, GdrPolicy::Prefer, GdrPolicy::Off] {
+        let path = judge(Side::Send, GDR_SEND, Some(&p), "mlx5_0", &[]);
+        assert_eq!(path, ConnPath::Gdr(RegistrationPath::DmaBuf));
+        let (line, action) = decide(policy, Side::Send, &path, Some("GPU0"), "mlx5_0");
+        assert_eq!((line.as_str(), action), ("GPU0 -> mlx5_0: GPUDirect RDMA via dma-buf", Action::Proceed));
+    }
+    let path = judge(Side::Recv, Seen { host: false, gpu: Some(RegistrationPath::PeerMemory) }, Some(&p), "mlx5_0", &[]);
+    assert_eq!(decide(GdrPolicy::Require, Side::Recv, &path, Some("GPU0"), "mlx5_0").0, "GPU0 <- mlx5_0: GPUDirect RDMA via peer memory");
+}
+
+#[test]
+fn host_memory_without_a_gpu_is_not_staging() {
+    let path = judge(Side::Send, HOST_ONLY, None, "rxe0", &[]);
+    assert_eq!(path, ConnPath::Host);
+    let (line, action) = decide(GdrPolicy::Require, Side::Send, &path, None, "rxe0");
+    assert_eq!(action, Action::Proceed);
+    assert!(line.starts_with("host memory -> rxe0: no GPU is current"), "{line}");
+}
+
+#[test]
+fn a_soft_roce_device_has_no_place_in_the_pci_tree() {
+    let (root, topo) = machine("vm-soft-roce");
+    let bus = topo.gpus[0].bdf.clone();
+    assert_eq!(nccl_level(&root, &topo, &bus, "rxe0"), None);
+}
