@@ -317,6 +317,7 @@ impl Comm {
         g.idle = 0;
         if g.matched[..n].iter().all(Option::is_some) {
             self.post_group(g, slot, n)?;
+            g.seq += 1;
         }
         Ok(self.handle(req))
     }
