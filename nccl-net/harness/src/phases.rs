@@ -60,6 +60,20 @@ fn irecv(p: &Plugin, c: Ptr, bufs: &mut [(*mut u8, usize, c_int, Ptr)]) -> Resul
     }
 }
 
+/// Calls `f` until it returns a non-null pointer.
+fn wait_for(mut f: impl FnMut() -> Result<Ptr, String>) -> Result<Ptr, String> {
+    let t = Instant::now();
+    loop {
+        let r = f()?;
+        if !r.is_null() {
+            return Ok(r);
+        }
+        if t.elapsed() > W {
+            return Err(format!("nothing within {W:?}"));
+        }
+    }
+}
+
 /// A registered buffer.
 struct Buf {
     mem: Vec<u8>,
@@ -110,10 +124,10 @@ pub fn run_recv(p: &Plugin, ctl: &mut Ctl, _die: Option<usize>) -> Result<(), St
         let mut bufs: Vec<_> = (0..n).map(|j| (buf.at(j << 16), 4096 * (j + 1), (1000 + n * 10 + j) as c_int, buf.mh)).collect();
         let r = irecv(p, c, &mut bufs)?;
         let got = p.wait(r, W)?;
-        for j in 0..n {
+        for (j, &size) in got.iter().enumerate().take(n) {
             let want = 1000 * (j + 1) + n;
-            if got[j] as usize != want {
-                return Err(format!("group of {n}: receive {j} reports {} bytes, {want} were sent", got[j]));
+            if size as usize != want {
+                return Err(format!("group of {n}: receive {j} reports {size} bytes, {want} were sent"));
             }
             check((n * 100 + j) as u64, &buf.mem[j << 16..(j << 16) + want])?;
         }
@@ -212,6 +226,23 @@ pub fn run_recv(p: &Plugin, ctl: &mut Ctl, _die: Option<usize>) -> Result<(), St
     }
     p.close_listen(l)?;
     println!("serve: a connection with a forged handle was closed unanswered and logged");
+    // The v8 table: int sizes, no context.
+    let (h, l) = p.listen_v8()?;
+    ctl.send(&h);
+    let c8 = wait_for(|| p.connect_or_accept_v8(None, l))?;
+    let mut b8 = Buf::new(p, c8, 1 << 20)?;
+    for (i, size) in [0usize, 5000, 1 << 20].into_iter().enumerate() {
+        let r = wait_for(|| p.post_v8(c8, b8.at(0), size as c_int, i as c_int, b8.mh, true))?;
+        let got = p.wait(r, W)?;
+        if got[0] as usize != size {
+            return Err(format!("v8: a {size}-byte message arrived as {}", got[0]));
+        }
+        check(900 + i as u64, &b8.mem[..size])?;
+    }
+    p.dereg(c8, b8.mh)?;
+    p.close_recv(c8)?;
+    p.close_listen(l)?;
+    println!("serve: the v8 table (int sizes): 0 B, 5000 B, 1 MiB checked");
     p.close_recv(c)?;
     if logged("B from GPU memory").is_empty() {
         return Err("no traffic line when the last comm closed".into());
@@ -312,7 +343,9 @@ pub fn run_send(p: &Plugin, ctl: &mut Ctl) -> Result<(), String> {
     for (i, b) in junk.iter_mut().enumerate() {
         *b = (i as u8).wrapping_mul(37) ^ 0xa5;
     }
-    if p.connect(0, &mut junk, Duration::from_secs(1)).is_ok() {
+    // No state pointer: the bytes themselves are judged.
+    junk[48..56].copy_from_slice(&[0; 8]);
+    if p.connect(0, &mut junk, Duration::from_secs(1)).is_ok() || logged("not a GPUDirect handle (wrong magic)").is_empty() {
         return Err("connect accepted random bytes as a handle".into());
     }
     // A handle whose connection state is not one the plugin made.
@@ -332,6 +365,16 @@ pub fn run_send(p: &Plugin, ctl: &mut Ctl) -> Result<(), String> {
     }
     println!("drive: garbage handles refused; a forged token closed in {:.2} s", t.elapsed().as_secs_f64());
     ctl.sync();
+    let mut h = ctl.recv::<HANDLE_MAXSIZE>();
+    let c8 = wait_for(|| p.connect_or_accept_v8(Some(&mut h), std::ptr::null_mut()))?;
+    let mut b8 = Buf::new(p, c8, 1 << 20)?;
+    for (i, size) in [0usize, 5000, 1 << 20].into_iter().enumerate() {
+        fill(900 + i as u64, &mut b8.mem[..size]);
+        let r = wait_for(|| p.post_v8(c8, b8.at(0), size as c_int, i as c_int, b8.mh, false))?;
+        p.wait(r, W)?;
+    }
+    p.dereg(c8, b8.mh)?;
+    p.close_send(c8)?;
     p.close_send(c)?;
     Ok(())
 }

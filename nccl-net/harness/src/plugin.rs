@@ -88,13 +88,50 @@ impl Plugin {
     pub fn init(&mut self) -> Result<(), String> {
         let mut cfg = CommConfig { traffic_class: -1 };
         // SAFETY: the plugin's init with valid out pointers and our logger.
-        code("init", unsafe { (self.v11.init)(&mut self.ctx, 1, &mut cfg, Some(harness_logger), None) })
+        code("init", unsafe { (self.v11.init)(&mut self.ctx, 1, &mut cfg, Some(harness_logger), None) })?;
+        // NCCL 2.19 would call the v8 table's: the same process state.
+        // SAFETY: as above.
+        code("init v8", unsafe { (self.v8.init)(Some(harness_logger)) })
     }
 
-    /// init through the v8 table.
-    pub fn init_v8(&self) -> Result<(), String> {
-        // SAFETY: as init.
-        code("init v8", unsafe { (self.v8.init)(Some(harness_logger)) })
+    /// Listens through the v8 table (NCCL 2.19's calling convention).
+    pub fn listen_v8(&self) -> Result<([u8; HANDLE_MAXSIZE], Ptr), String> {
+        let mut h = [0u8; HANDLE_MAXSIZE];
+        let mut l = std::ptr::null_mut();
+        // SAFETY: a 128-byte handle and an out pointer.
+        code("listen v8", unsafe { (self.v8.listen)(0, h.as_mut_ptr().cast(), &mut l) })?;
+        Ok((h, l))
+    }
+
+    /// One connect or accept call through the v8 table: the comm or null.
+    pub fn connect_or_accept_v8(&self, handle: Option<&mut [u8; HANDLE_MAXSIZE]>, listen: Ptr) -> Result<Ptr, String> {
+        let mut c = std::ptr::null_mut();
+        let mut d = std::ptr::null_mut();
+        // SAFETY: NCCL's calling convention, through the v8 table.
+        let rc = unsafe {
+            match handle {
+                Some(h) => (self.v8.connect)(0, h.as_mut_ptr().cast(), &mut c, &mut d),
+                None => (self.v8.accept)(listen, &mut c, &mut d),
+            }
+        };
+        code("connect/accept v8", rc)?;
+        Ok(c)
+    }
+
+    /// One isend (n = None) or one-receive irecv through the v8 table, with int sizes.
+    pub fn post_v8(&self, comm: Ptr, data: *mut u8, size: c_int, tag: c_int, m: Ptr, recv: bool) -> Result<Ptr, String> {
+        let mut r = std::ptr::null_mut();
+        let (mut d, mut s, mut t, mut mh) = (data.cast::<c_void>(), size, tag, m);
+        // SAFETY: one-element arrays, registered memory, an out pointer.
+        let rc = unsafe {
+            if recv {
+                (self.v8.irecv)(comm, 1, &mut d, &mut s, &mut t, &mut mh, &mut r)
+            } else {
+                (self.v8.isend)(comm, d, s, t, mh, &mut r)
+            }
+        };
+        code("isend/irecv v8", rc)?;
+        Ok(r)
     }
 
     pub fn devices(&self) -> Result<c_int, String> {
