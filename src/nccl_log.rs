@@ -34,6 +34,13 @@
 //!    A log of one node (every `nNodes` 1, or one rank) had no inter-node
 //!    traffic: its headline says what traffic between nodes *would* do,
 //!    and when it cannot tell, it says no one-node run can show it.
+//! 0. Before all of these: the lines of gpudirect's own NCCL plugin
+//!    (`NET/GPUDirect : GPU2 -> mlx5_3:1: GPUDirect RDMA via dma-buf`, `...
+//!    staged through host memory: CAUSE. Fix: FIX`, `refusing to stage
+//!    ...`; typed in [`gpudirect::nccl::PluginLine`]) decide where present:
+//!    a refusal → not used (NCCL stopped); every GPU connection via
+//!    GPUDirect RDMA → used; none → not used; a mix → partial. The
+//!    plugin's per-NIC byte counts are evidence, and its fixes are causes.
 //! 3. Anything else is "cannot tell", with the setting or line that would
 //!    settle it. `DMA-BUF is available`, the `use ring PXN 0 GDR 1` summary
 //!    and GDRCopy lines never count as evidence (see [`Misleading`]);
@@ -86,6 +93,7 @@
 //!   (50,000 connections, 10,000 other lines), counted but not listed.
 
 mod parse;
+mod plugin;
 mod scan;
 #[cfg(test)]
 mod tests;

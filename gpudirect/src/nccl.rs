@@ -23,6 +23,9 @@
 
 use std::fmt;
 
+mod lines;
+pub use lines::{PluginLine, PluginPath, PLUGIN_PREFIX};
+
 
 /// How an integer parameter's value is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -243,20 +243,18 @@ impl Comm {
         let pair = self.gpu.and_then(|o| nic.pair(o));
         let label = nic.label();
         let path = judge(self.side, g.seen, pair, &label, &self.site.config.nccl_env);
-        let gpu = self.gpu.map(|o| format!("GPU{o}"));
-        let (line, action) = decide(self.site.config.policy, self.side, &path, gpu.as_deref(), &label);
-        log::info(&line);
+        let (line, action) = decide(self.site.config.policy, self.side, &path, self.gpu, &label);
         match action {
-            Action::Proceed => Ok(()),
-            Action::Warn(text) => {
-                log::warn(&text);
-                Ok(())
-            }
-            Action::Refuse(text) => {
+            Action::Proceed => log::info(&line.to_string()),
+            Action::Warn => log::warn(&line.to_string()),
+            Action::Refuse(refusal) => {
+                log::info(&line.to_string());
+                let text = refusal.to_string();
                 g.failed = Some(text.clone());
-                Err(NetError::Refused(text))
+                return Err(NetError::Refused(text));
             }
         }
+        Ok(())
     }
 
     fn start(&self, g: &mut Inner) -> Result<()> {

@@ -10,7 +10,7 @@ use crate::abi::{self, Logger};
 static LOGGER: Mutex<Logger> = Mutex::new(None);
 
 /// Every line starts with this, as NCCL's IB transport's start with `NET/IB :`.
-pub const PREFIX: &str = "NET/GPUDirect : ";
+pub const PREFIX: &str = gpudirect::nccl::PLUGIN_PREFIX;
 
 /// Keeps NCCL's logger for later lines (each `init` may hand a new one).
 pub fn set(logger: Logger) {

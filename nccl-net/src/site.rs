@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use gpudirect::gdr::GdrFacts;
+use gpudirect::nccl::PluginLine;
 use gpudirect::rcache::{CacheConfig, RegistrationCache};
 use gpudirect::sysroot::SysRoot;
 use gpudirect::topology::{discover, PathLevel};
@@ -98,14 +99,7 @@ impl Nic {
     pub fn traffic_line(&self) -> String {
         let s = &self.stats;
         let v = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        format!(
-            "{}: sent {} B from GPU memory, {} B from host memory; received {} B into GPU memory, {} B into host memory",
-            self.label(),
-            v(&s.sent_gpu),
-            v(&s.sent_host),
-            v(&s.recv_gpu),
-            v(&s.recv_host)
-        )
+        PluginLine::Traffic { nic: self.label(), sent_gpu: v(&s.sent_gpu), sent_host: v(&s.sent_host), recv_gpu: v(&s.recv_gpu), recv_host: v(&s.recv_host) }.to_string()
     }
 }
 

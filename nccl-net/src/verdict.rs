@@ -18,7 +18,7 @@
 use std::ffi::c_int;
 
 use gpudirect::gdr::{plan, GdrFacts, Plan};
-use gpudirect::nccl::{param_int, Int};
+use gpudirect::nccl::{param_int, Int, PluginLine, PluginPath};
 use gpudirect::sysroot::SysRoot;
 use gpudirect::topology::{gdr_limit, nccl_path_type, pairs, PathLevel, PciTopology};
 use gpudirect::RegistrationPath;
@@ -88,16 +88,6 @@ pub enum Side {
     Send,
     /// The receiving end (`accept`): the NIC writes it.
     Recv,
-}
-
-impl Side {
-    /// `->` for a send (GPU to NIC), `<-` for a receive.
-    pub fn arrow(self) -> &'static str {
-        match self {
-            Side::Send => "->",
-            Side::Recv => "<-",
-        }
-    }
 }
 
 /// The registrations a connection saw before its first transfer.
@@ -190,39 +180,30 @@ fn staged_cause(side: Side, pair: &PairJudgement, nic: &str, env: &[(String, Str
 pub enum Action {
     /// Carry on; the path line goes to the log at INFO.
     Proceed,
-    /// Carry on with this WARN line (`prefer`).
-    Warn(String),
-    /// Refuse the connection with this text (`require`).
-    Refuse(String),
+    /// Carry on, the path line at WARN (`prefer`: staged, and said loudly).
+    Warn,
+    /// Refuse the connection; this WARN line says why (`require`).
+    Refuse(PluginLine),
 }
 
-/// The INFO path line for a connection, and what the policy does.
-///
-/// `gpu` names the GPU as the line shows it (`GPU2`), `None` without one.
-pub fn decide(policy: GdrPolicy, side: Side, path: &ConnPath, gpu: Option<&str>, nic: &str) -> (String, Action) {
-    let who = gpu.unwrap_or("host memory");
-    let arrow = side.arrow();
-    match path {
-        ConnPath::Gdr(p) => (format!("{who} {arrow} {nic}: GPUDirect RDMA via {p}"), Action::Proceed),
-        ConnPath::Host => (format!("host memory {arrow} {nic}: no GPU is current on NCCL's proxy thread, nothing is staged"), Action::Proceed),
+/// The path line for a connection (the one `gpudirect nccl-log` reads),
+/// and what the policy does. `gpu` is the CUDA ordinal current when the
+/// connection was set up.
+pub fn decide(policy: GdrPolicy, side: Side, path: &ConnPath, gpu: Option<usize>, nic: &str) -> (PluginLine, Action) {
+    let gpu = gpu.and_then(|g| u32::try_from(g).ok());
+    let (line_path, action) = match path {
+        ConnPath::Gdr(p) => (PluginPath::Gdr(p.to_string()), Action::Proceed),
+        ConnPath::Host => (PluginPath::Host, Action::Proceed),
         ConnPath::Staged { cause, fix } => {
-            let line = format!("{who} {arrow} {nic}: staged through host memory: {cause}");
             let action = match policy {
                 GdrPolicy::Off => Action::Proceed,
-                GdrPolicy::Prefer => Action::Warn(format!(
-                    "{who} {arrow} {nic}: staged through host memory (about half the bandwidth) because {}=prefer: {cause}. Fix: {fix}",
-                    GdrPolicy::VAR
-                )),
-                GdrPolicy::Require => Action::Refuse(format!(
-                    "refusing to stage {who}'s traffic through host memory on {nic} ({}=require): {cause}. Fix: {fix}. \
-                     To run staged at about half the bandwidth, set {}=prefer",
-                    GdrPolicy::VAR,
-                    GdrPolicy::VAR
-                )),
+                GdrPolicy::Prefer => Action::Warn,
+                GdrPolicy::Require => Action::Refuse(PluginLine::Refused { gpu, nic: nic.to_owned(), cause: cause.clone(), fix: fix.clone() }),
             };
-            (line, action)
+            (PluginPath::Staged { cause: cause.clone(), fix: fix.clone() }, action)
         }
-    }
+    };
+    (PluginLine::Path { gpu, send: side == Side::Send, nic: nic.to_owned(), path: line_path }, action)
 }
 
 #[cfg(test)]

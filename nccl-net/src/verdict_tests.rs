@@ -4,6 +4,7 @@
 use super::*;
 use gpudirect::gdr::{DmaBufProbe, GpuFacts, HostFacts, ModuleFlavour, NicFacts};
 use gpudirect::topology::discover;
+use gpudirect::nccl::PluginLine;
 use gpudirect::Errno;
 
 fn machine(name: &str) -> (SysRoot, PciTopology) {
@@ -58,16 +59,17 @@ fn a_far_nic_is_offered_gpu_memory_but_its_staged_connection_is_refused_under_re
     assert!(cause.starts_with("GPU0 (NVIDIA A100, 0000:3b:00.0) is SYS from mlx5_0, beyond NCCL's default limit PXB"), "{cause}");
     assert!(fix.starts_with("set NCCL_NET_GDR_LEVEL=SYS"), "{fix}");
 
-    let (line, action) = decide(GdrPolicy::Require, Side::Recv, &path, Some("GPU0"), "mlx5_0");
+    let (line, action) = decide(GdrPolicy::Require, Side::Recv, &path, Some(0), "mlx5_0");
+    let line = line.to_string();
     assert!(line.starts_with("GPU0 <- mlx5_0: staged through host memory: GPU0 (NVIDIA A100"), "{line}");
-    let Action::Refuse(text) = action else { panic!("{action:?}") };
+    let Action::Refuse(refusal) = action else { panic!("{action:?}") };
+    let text = refusal.to_string();
     assert!(text.starts_with("refusing to stage GPU0's traffic through host memory on mlx5_0 (GPUDIRECT_NCCL_GDR=require): GPU0"), "{text}");
     assert!(text.contains("Fix: set NCCL_NET_GDR_LEVEL=SYS") && text.ends_with("set GPUDIRECT_NCCL_GDR=prefer"), "{text}");
+    assert_eq!(PluginLine::parse(&format!("NCCL WARN NET/GPUDirect : isend: {text}")), Some(refusal), "nccl-log reads it back");
 
-    let (_, action) = decide(GdrPolicy::Prefer, Side::Recv, &path, Some("GPU0"), "mlx5_0");
-    let Action::Warn(text) = action else { panic!("{action:?}") };
-    assert!(text.starts_with("GPU0 <- mlx5_0: staged through host memory (about half the bandwidth) because GPUDIRECT_NCCL_GDR=prefer"), "{text}");
-    assert_eq!(decide(GdrPolicy::Off, Side::Recv, &path, Some("GPU0"), "mlx5_0").1, Action::Proceed);
+    assert_eq!(decide(GdrPolicy::Prefer, Side::Recv, &path, Some(0), "mlx5_0").1, Action::Warn, "prefer: the path line at WARN");
+    assert_eq!(decide(GdrPolicy::Off, Side::Recv, &path, Some(0), "mlx5_0").1, Action::Proceed);
 }
 
 #[test]
@@ -76,7 +78,7 @@ fn the_job_s_gdr_level_moves_the_cause_but_never_lets_staging_through() {
     let path = judge(Side::Recv, HOST_ONLY, Some(&p), "mlx5_0", &env(&[("NCCL_NET_GDR_LEVEL", "SYS")]));
     let ConnPath::Staged { cause, .. } = &path else { panic!("{path:?}") };
     assert!(cause.starts_with("NCCL registered only host memory for this connection although dma-buf works"), "{cause}");
-    assert!(matches!(decide(GdrPolicy::Require, Side::Recv, &path, Some("GPU0"), "mlx5_0").1, Action::Refuse(_)));
+    assert!(matches!(decide(GdrPolicy::Require, Side::Recv, &path, Some(0), "mlx5_0").1, Action::Refuse(_)));
 }
 
 #[test]
@@ -90,7 +92,7 @@ fn a_nic_no_gpu_can_reach_offers_host_memory_only_and_names_each_cause() {
     assert!(cause.starts_with("no zero-copy path between GPU0 (NVIDIA A100, 0000:18:00.0) and mlx5_0"), "{cause}");
     assert!(cause.contains("the provider cannot register dma-buf memory") && cause.contains("/sys/module/nvidia_peermem/version"), "{cause}");
     assert!(fix.contains("Soft-RoCE (rxe) never does"), "{fix}");
-    let (line, _) = decide(GdrPolicy::Require, Side::Send, &path, Some("GPU0"), "mlx5_0");
+    let line = decide(GdrPolicy::Require, Side::Send, &path, Some(0), "mlx5_0").0.to_string();
     assert!(line.starts_with("GPU0 -> mlx5_0: staged through host memory: no zero-copy path"), "{line}");
 }
 
@@ -110,11 +112,11 @@ fn a_gdr_connection_is_never_refused_though_its_ll_buffer_is_host_memory() {
     for policy in [GdrPolicy::Require, GdrPolicy::Prefer, GdrPolicy::Off] {
         let path = judge(Side::Send, GDR_SEND, Some(&p), "mlx5_0", &[]);
         assert_eq!(path, ConnPath::Gdr(RegistrationPath::DmaBuf));
-        let (line, action) = decide(policy, Side::Send, &path, Some("GPU0"), "mlx5_0");
-        assert_eq!((line.as_str(), action), ("GPU0 -> mlx5_0: GPUDirect RDMA via dma-buf", Action::Proceed));
+        let (line, action) = decide(policy, Side::Send, &path, Some(0), "mlx5_0");
+        assert_eq!((line.to_string().as_str(), action), ("GPU0 -> mlx5_0: GPUDirect RDMA via dma-buf", Action::Proceed));
     }
     let path = judge(Side::Recv, Seen { host: false, gpu: Some(RegistrationPath::PeerMemory) }, Some(&p), "mlx5_0", &[]);
-    assert_eq!(decide(GdrPolicy::Require, Side::Recv, &path, Some("GPU0"), "mlx5_0").0, "GPU0 <- mlx5_0: GPUDirect RDMA via peer memory");
+    assert_eq!(decide(GdrPolicy::Require, Side::Recv, &path, Some(0), "mlx5_0").0.to_string(), "GPU0 <- mlx5_0: GPUDirect RDMA via peer memory");
 }
 
 #[test]
@@ -122,6 +124,7 @@ fn host_memory_without_a_gpu_is_not_staging() {
     let path = judge(Side::Send, HOST_ONLY, None, "rxe0", &[]);
     assert_eq!(path, ConnPath::Host);
     let (line, action) = decide(GdrPolicy::Require, Side::Send, &path, None, "rxe0");
+    let line = line.to_string();
     assert_eq!(action, Action::Proceed);
     assert!(line.starts_with("host memory -> rxe0: no GPU is current"), "{line}");
 }

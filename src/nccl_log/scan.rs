@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use gpudirect::nccl::is_tcp_network;
+use gpudirect::nccl::{is_tcp_network, PluginLine};
 
 use super::{
     clip, parse, quote, Connection, Direction, EnvSetting, GdrSupport, LogLine, Misleading,
@@ -46,6 +46,8 @@ pub(super) struct Scan {
     /// `Setting NCCL_TOPO_FILE environment variable to ...`): name, value,
     /// line.
     pub(super) plugin_env: Vec<(String, String, usize)>,
+    /// gpudirect's NCCL plugin's own lines.
+    pub(super) plugin: Vec<(PluginLine, LogLine)>,
     /// Distinct facts past the limits below: counted, not listed.
     pub(super) not_kept: usize,
     /// Lines longer than [`MAX_LINE`]: only their start was read.
@@ -175,6 +177,12 @@ impl Scan {
             && self.first_time(0, None, msg)
         {
             self.warnings.push(here(msg));
+        }
+        if let Some(pl) = PluginLine::parse(msg) {
+            if self.plugin.len() < MAX_FACTS && self.first_time(12, prefix.host.clone(), msg) {
+                self.plugin.push((pl, here(msg)));
+            }
+            return;
         }
         if let Some(c) = parse::parse_connection(msg) {
             let key = (

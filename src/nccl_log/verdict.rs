@@ -21,6 +21,9 @@ pub(super) struct Decision {
 /// Connection lines are the only direct evidence, so they decide whenever
 /// present; the other rules only apply to logs without them.
 pub(super) fn decide(scan: &Scan) -> Decision {
+    if let Some(d) = super::plugin::decide(scan) {
+        return d;
+    }
     let net: Vec<&Connection> = scan.net_conns().collect();
     if !net.is_empty() {
         return decide_from_connections(scan, &net);
@@ -390,6 +393,9 @@ const GDR_READ: &str = "NCCL lets the NIC read GPU memory for sends only where \
 
 pub(super) fn causes(scan: &Scan, d: &Decision) -> Vec<String> {
     let mut out = Causes::default();
+    for c in super::plugin::causes(scan) {
+        out.add(c);
+    }
     for e in scan.completion_errors.iter().filter(|e| e.is_protection()) {
         out.add(format!(
             "IB error 4 (local protection error{}) at line {}: in many cases PCIe ACS is \

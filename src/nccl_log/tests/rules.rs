@@ -239,3 +239,28 @@ fn a_host_is_never_taken_from_a_spliced_record() {
     let whole = explain("[1,3]<stdout>:ip-10-0-0-1.ec2:11:11 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/IB/0/GDRDMA\n");
     assert_eq!(whole.connections[0].host.as_deref(), Some("ip-10-0-0-1.ec2"));
 }
+
+/// gpudirect's own plugin's lines decide, refusal first.
+#[test]
+fn the_gpudirect_plugin_s_lines_decide() {
+    let gdr = "n1:10:11 [0] NCCL INFO NET/GPUDirect : GPU0 -> mlx5_0:1: GPUDirect RDMA via dma-buf\n\
+               n1:10:11 [0] NCCL INFO NET/GPUDirect : GPU0 <- mlx5_0:1: GPUDirect RDMA via dma-buf\n\
+               n1:10:11 [0] NCCL INFO NET/GPUDirect : host memory -> rxe0:1: no GPU is current on NCCL's proxy thread, nothing is staged\n\
+               n1:10:11 [0] NCCL INFO NET/GPUDirect : mlx5_0:1: sent 4096 B from GPU memory, 512 B from host memory; received 4096 B into GPU memory, 0 B into host memory\n";
+    let r = explain(gdr);
+    assert_eq!(r.verdict, Verdict::Used, "{r:?}");
+    assert!(r.headline.contains("all 2 GPU connection(s) of the GPUDirect NCCL plugin"), "{}", r.headline);
+    assert!(r.evidence.iter().any(|e| e.starts_with("mlx5_0:1 moved 8192 B to and from GPU memory and 512 B through host memory")), "{:?}", r.evidence);
+
+    let staged = format!("{gdr}n2:20:21 [1] NCCL INFO NET/GPUDirect : GPU1 <- mlx5_1:1: staged through host memory: GPU1 is SYS from mlx5_1:1, beyond NCCL's default limit PXB. Fix: set NCCL_NET_GDR_LEVEL=SYS\n");
+    let r = explain(&staged);
+    assert_eq!(r.verdict, Verdict::Partial, "{r:?}");
+    assert!(r.evidence.iter().any(|e| e.starts_with("GPU1 <- mlx5_1:1 staged through host memory (line 5 on n2)")), "{:?}", r.evidence);
+    assert!(r.causes[0].starts_with("GPU1 is SYS from mlx5_1:1, beyond NCCL's default limit PXB: set NCCL_NET_GDR_LEVEL=SYS"), "{:?}", r.causes);
+
+    let refused = format!("{staged}n2:20:21 [1] NCCL WARN NET/GPUDirect : irecv: refusing to stage GPU1's traffic through host memory on mlx5_1:1 (GPUDIRECT_NCCL_GDR=require): GPU1 is SYS from mlx5_1:1. Fix: set NCCL_NET_GDR_LEVEL=SYS. To run staged at about half the bandwidth, set GPUDIRECT_NCCL_GDR=prefer\n");
+    let r = explain(&refused);
+    assert_eq!(r.verdict, Verdict::NotUsed);
+    assert!(r.headline.contains("refused to stage"), "{}", r.headline);
+    assert!(r.evidence[0].contains("refused to stage GPU1's traffic through host memory on mlx5_1:1 (line 6 on n2)"), "{:?}", r.evidence);
+}
