@@ -166,13 +166,18 @@ struct Inner {
     free: Vec<usize>,
     /// Per slot: the receive's request, or the group's sends.
     groups: [[usize; MAX_RECVS]; MAX_REQUESTS],
+    /// Per slot: how many of `groups[slot]` belong to the slot's group.
+    group_n: [usize; MAX_REQUESTS],
     matched: [Option<Matched>; MAX_RECVS],
     seen: Seen,
     judged: bool,
     failed: Option<String>,
     idle: u32,
+    /// A completion arrived since the idle check last looked.
+    progressed: bool,
     last_progress: Instant,
     probing: bool,
+    wcs: [WorkCompletion; 16],
 }
 
 // SAFETY: the raw pointers (`ReqHandle::comm`, `Matched::reg`) name
@@ -201,13 +206,16 @@ impl Comm {
             reqs: [FREE; MAX_REQUESTS],
             free: (0..MAX_REQUESTS).rev().collect(),
             groups: [[0; MAX_RECVS]; MAX_REQUESTS],
+            group_n: [0; MAX_REQUESTS],
             matched: [None; MAX_RECVS],
             seen: Seen::default(),
             judged: false,
             failed: None,
             idle: 0,
+            progressed: false,
             last_progress: Instant::now(),
             probing: false,
+            wcs: [WorkCompletion::default(); 16],
         };
         let mut comm = Box::new(Comm { side, site, nic, gpu, handles: Box::new([]), inner: Mutex::new(inner) });
         let me: *const Comm = &*comm;
@@ -295,29 +303,67 @@ impl Comm {
         if n == 0 || n > MAX_RECVS {
             return Err(self.fail(g, format!("the peer's receive slot {slot} names {n} receives (at most {MAX_RECVS})")));
         }
-        let mut at = None;
-        for r in 0..n {
-            let e = g.entry(slot, r);
-            if e.seq != want {
+        let (r, e) = if n == 1 {
+            if first.tag != tag {
                 return self.not_now(g);
             }
-            if at.is_none() && g.matched[r].is_none() && e.tag == tag {
-                at = Some((r, e));
+            (0, first)
+        } else {
+            let mut at = None;
+            for r in 0..n {
+                let e = if r == 0 { first } else { g.entry(slot, r) };
+                if e.seq != want {
+                    return self.not_now(g);
+                }
+                if at.is_none() && g.matched[r].is_none() && e.tag == tag {
+                    at = Some((r, e));
+                }
             }
-        }
-        let Some((r, e)) = at else { return self.not_now(g) };
-        let Some(req) = g.free.pop() else { return Ok(std::ptr::null_mut()) };
+            match at {
+                Some(found) => found,
+                None => return self.not_now(g),
+            }
+        };
         let size = size.min(e.size as usize);
         // SAFETY: NCCL passes a handle regMr returned and has not deregistered it.
         let gpu = if size > 0 { unsafe { &*reg }.check(data, size)?.gpu.is_some() } else { false };
-        g.matched[r] = Some(Matched { req, addr: data, size, reg });
+        let Some(req) = g.free.pop() else { return Ok(std::ptr::null_mut()) };
         g.reqs[req] = Req { state: State::Pending, n: 1, sizes: [size as i32, 0, 0, 0, 0, 0, 0, 0], gpu };
         g.idle = 0;
-        if g.matched[..n].iter().all(Option::is_some) {
-            self.post_group(g, slot, n)?;
+        let m = Matched { req, addr: data, size, reg };
+        if n == 1 {
+            if let Err(err) = self.post_one(g, slot, m, e) {
+                g.reqs[req] = FREE;
+                g.free.push(req);
+                return Err(err);
+            }
             g.seq += 1;
+        } else {
+            g.matched[r] = Some(m);
+            if g.matched[..n].iter().all(Option::is_some) {
+                self.post_group(g, slot, n)?;
+                g.seq += 1;
+            }
         }
         Ok(self.handle(req))
+    }
+
+    /// A group of one, the common case, without allocating: one write with
+    /// immediate (its immediate the size), or a bare immediate for 0 bytes.
+    fn post_one(&self, g: &mut Inner, slot: usize, m: Matched, e: Entry) -> Result<()> {
+        let stats = &self.nic().stats;
+        let wr = if m.size == 0 {
+            SendWr::immediate(0)
+        } else {
+            let dst = RemoteBuffer { addr: e.addr, len: m.size as u64, rkey: e.rkey };
+            // SAFETY: as in isend.
+            SendWr::write_with_imm(unsafe { &*m.reg }.slice(m.addr, m.size)?, &dst, 0, m.size as u32)?
+        };
+        g.qp.post_send(&[wr.wr_id(slot as u64)])?;
+        g.groups[slot][0] = m.req;
+        g.group_n[slot] = 1;
+        (if g.reqs[m.req].gpu { &stats.sent_gpu } else { &stats.sent_host }).fetch_add(m.size as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     fn post_group(&self, g: &mut Inner, slot: usize, n: usize) -> Result<()> {
@@ -326,25 +372,14 @@ impl Comm {
         let mut wrs: Vec<SendWr<'_>> = Vec::new();
         let matched: Vec<Matched> = g.matched[..n].iter_mut().map(|m| m.take().expect("every receive matched")).collect();
         let entries: Vec<Entry> = (0..n).map(|r| g.entry(slot, r)).collect();
-        let Inner { qp, scratch, remote, groups, reqs, .. } = g;
+        let Inner { qp, scratch, remote, groups, group_n, reqs, .. } = g;
         for (r, m) in matched.iter().enumerate() {
             groups[slot][r] = m.req;
             sizes[r] = m.size as u32;
             let counter = if reqs[m.req].gpu { &nic.stats.sent_gpu } else { &nic.stats.sent_host };
             counter.fetch_add(m.size as u64, Ordering::Relaxed);
         }
-        if n == 1 {
-            let m = matched[0];
-            let wr = if m.size == 0 {
-                SendWr::immediate(0)
-            } else {
-                let dst = RemoteBuffer { addr: entries[0].addr, len: m.size as u64, rkey: entries[0].rkey };
-                // SAFETY: as in isend.
-                SendWr::write_with_imm(unsafe { &*m.reg }.slice(m.addr, m.size)?, &dst, 0, m.size as u32)?
-            };
-            qp.post_send(&[wr.wr_id(slot as u64)])?;
-            return Ok(());
-        }
+        group_n[slot] = n;
         for (m, e) in matched.iter().zip(&entries).filter(|(m, _)| m.size > 0) {
             let dst = RemoteBuffer { addr: e.addr, len: m.size as u64, rkey: e.rkey };
             // SAFETY: as in isend.
@@ -438,13 +473,13 @@ impl Comm {
     }
 
     fn progress(&self, g: &mut Inner) -> Result<()> {
-        let mut wcs = [WorkCompletion::default(); 16];
         loop {
-            let got = g.cq.poll(&mut wcs)?;
-            for wc in &wcs[..got] {
-                self.complete(g, wc)?;
+            let got = g.cq.poll(&mut g.wcs)?;
+            for i in 0..got {
+                let wc = g.wcs[i];
+                self.complete(g, &wc)?;
             }
-            if got < wcs.len() {
+            if got < g.wcs.len() {
                 return Ok(());
             }
         }
@@ -455,7 +490,7 @@ impl Comm {
             let what = if wc.wr_id == WR_PROBE { "a probe of the peer" } else { "a transfer" };
             return Err(self.fail(g, format!("{what} failed: {} ({}): the peer died, closed the connection or is unreachable", wc.status.verbs_name(), wc.status.hint())));
         }
-        g.last_progress = Instant::now();
+        g.progressed = true;
         if wc.wr_id == WR_PROBE {
             g.probing = false;
             return Ok(());
@@ -485,10 +520,9 @@ impl Comm {
                 r.state = State::Done;
             }
             (Side::Send, _) => {
-                for &req in g.groups[slot].iter().take(MAX_RECVS) {
-                    if g.reqs[req].state == State::Pending {
-                        g.reqs[req].state = State::Done;
-                    }
+                for i in 0..g.group_n[slot] {
+                    let req = g.groups[slot][i];
+                    g.reqs[req].state = State::Done;
                 }
             }
             (Side::Recv, _) => {}
@@ -509,6 +543,11 @@ impl Comm {
             return Ok(());
         }
         self.progress(g)?;
+        if std::mem::take(&mut g.progressed) {
+            // Read the clock only here, every 64th idle call, never per completion.
+            g.last_progress = Instant::now();
+            return Ok(());
+        }
         if g.probing || g.last_progress.elapsed() < PROBE_AFTER {
             return Ok(());
         }

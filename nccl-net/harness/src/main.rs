@@ -6,8 +6,14 @@
 //! nccl-net-harness symbols [--plugin SO]
 //! nccl-net-harness serve --port P [--plugin SO] [--die-after N]      # the receiving side
 //! nccl-net-harness drive --peer HOST:P [--plugin SO] [--die-after N] # the sending side
-//! nccl-net-harness drive --peer HOST:P --bench SIZE --iters N        # bandwidth, MB/s
+//! nccl-net-harness drive --peer HOST:P --bench SIZE --iters N [--window W]  # bandwidth, MB/s
+//! nccl-net-harness raw [--device rxe0] --iters N                     # the raw verbs baseline
 //! ```
+//!
+//! `--window 1` keeps one message in flight (isend, then test until done):
+//! what `testbed/nccl-net-perf` counts instructions of, against `raw`
+//! (one signaled 64-byte RDMA write posted through the library's queue
+//! pair and its completion polled, on a loopback pair in one process).
 //!
 //! Both sides run the same phases in order; every byte received is
 //! checked. `--die-after N` makes that side exit abruptly after N messages
@@ -52,6 +58,8 @@ struct Args {
     die_after: Option<usize>,
     bench: Option<usize>,
     iters: usize,
+    window: usize,
+    device: String,
 }
 
 fn args() -> Args {
@@ -59,7 +67,7 @@ fn args() -> Args {
     let mode = a.next().unwrap_or_default();
     let exe = std::env::current_exe().expect("current_exe");
     let default_so = exe.parent().expect("exe dir").join("libnccl_net_gpudirect.so").display().to_string();
-    let mut out = Args { mode, plugin: default_so, port: 18515, peer: String::new(), die_after: None, bench: None, iters: 200 };
+    let mut out = Args { mode, plugin: default_so, port: 18515, peer: String::new(), die_after: None, bench: None, iters: 200, window: 32, device: "rxe0".into() };
     while let Some(k) = a.next() {
         let mut v = || a.next().unwrap_or_else(|| panic!("{k} needs a value"));
         match k.as_str() {
@@ -69,6 +77,8 @@ fn args() -> Args {
             "--die-after" => out.die_after = Some(v().parse().expect("--die-after")),
             "--bench" => out.bench = Some(v().parse().expect("--bench")),
             "--iters" => out.iters = v().parse().expect("--iters"),
+            "--window" => out.window = v().parse::<usize>().expect("--window").clamp(1, 32),
+            "--device" => out.device = v(),
             other => panic!("unknown argument {other}"),
         }
     }
@@ -82,6 +92,7 @@ fn main() {
         "symbols" => Plugin::load(&a.plugin).map(|_| println!("symbols: ncclNetPlugin_v8, _v9, _v10 and _v11 found, each named GPUDirect")),
         "serve" => serve(&a),
         "drive" => drive(&a),
+        "raw" => phases::raw(&a.device, a.iters),
         _ => Err("usage: nccl-net-harness symbols|serve|drive [options]".into()),
     };
     if let Err(e) = result {
@@ -137,7 +148,7 @@ fn drive(a: &Args) -> Result<(), String> {
     };
     let mut ctl = Ctl(stream);
     if let Some(size) = a.bench {
-        return phases::bench_send(&p, &mut ctl, size, a.iters);
+        return phases::bench_send(&p, &mut ctl, size, a.iters, a.window);
     }
     if a.die_after.is_some() || std::env::var_os("HARNESS_PEER_DIES").is_some() {
         return phases::death_send(&p, &mut ctl, a.die_after);

@@ -457,42 +457,105 @@ pub fn bench_recv(p: &Plugin, ctl: &mut Ctl, size: usize, iters: usize) -> Resul
             pend.push_back(r);
             next += 1;
         }
+        let mut progressed = false;
         if let Some(&r) = pend.front() {
             if p.test(r)?.is_some() {
                 pend.pop_front();
                 done += 1;
+                progressed = true;
             }
+        }
+        if !progressed {
+            idle_wait();
         }
     }
     ctl.sync();
     Ok(())
 }
 
-/// The sending half of the bandwidth run: prints MB/s.
-pub fn bench_send(p: &Plugin, ctl: &mut Ctl, size: usize, iters: usize) -> Result<(), String> {
+/// What a bench loop does when no request progressed: yield, as NCCL's
+/// proxy thread does, or sleep `HARNESS_IDLE_SLEEP_US` microseconds.
+fn idle_wait() {
+    static SLEEP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    match *SLEEP.get_or_init(|| std::env::var("HARNESS_IDLE_SLEEP_US").ok().and_then(|v| v.parse().ok()).unwrap_or(0)) {
+        0 => std::thread::yield_now(),
+        us => std::thread::sleep(Duration::from_micros(us)),
+    }
+}
+
+/// The sending half of the bandwidth run, `window` messages in flight:
+/// prints MB/s and the test calls per message.
+pub fn bench_send(p: &Plugin, ctl: &mut Ctl, size: usize, iters: usize, window: usize) -> Result<(), String> {
     let c = one_comm_send(p, ctl)?;
     let mut buf = Buf::new(p, c, size.max(1) * 32)?;
-    let (mut next, mut done) = (0, 0);
+    let (mut next, mut done, mut tests, mut nulls) = (0, 0, 0u64, 0u64);
     let mut pend = VecDeque::new();
     let t = Instant::now();
     while done < iters {
-        while next < iters && pend.len() < 32 {
+        while next < iters && pend.len() < window {
             let r = p.isend(c, buf.at((next % 32) * size), size, 0, buf.mh)?;
             if r.is_null() {
+                nulls += 1;
                 break;
             }
             pend.push_back(r);
             next += 1;
         }
+        let mut progressed = false;
         if let Some(&r) = pend.front() {
+            tests += 1;
             if p.test(r)?.is_some() {
                 pend.pop_front();
                 done += 1;
+                progressed = true;
             }
+        }
+        if !progressed {
+            idle_wait();
         }
     }
     let secs = t.elapsed().as_secs_f64();
     ctl.sync();
-    println!("bench: {size} bytes x {iters}: {:.2} MB/s ({:.1} us per message)", (size * iters) as f64 / secs / 1e6, secs * 1e6 / iters as f64);
+    println!(
+        "bench: {size} bytes x {iters}: {:.2} MB/s ({:.1} us per message; {:.2} test and {:.2} empty isend calls per message)",
+        (size * iters) as f64 / secs / 1e6,
+        secs * 1e6 / iters as f64,
+        tests as f64 / iters as f64,
+        nulls as f64 / iters as f64
+    );
+    Ok(())
+}
+
+/// The raw verbs baseline: `iters` signaled 64-byte RDMA writes, each
+/// posted through the library's queue pair and its completion polled, on
+/// a loopback pair in this process. Prints the polls per message.
+pub fn raw(device: &str, iters: usize) -> Result<(), String> {
+    use gpudirect::{AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, SendWr, WorkCompletion};
+    let e = |e: gpudirect::Error| e.to_string();
+    let ctx = Context::open(Some(device)).map_err(e)?;
+    let pd = ProtectionDomain::new(&ctx).map_err(e)?;
+    let cq = CompletionQueue::new(&ctx, 1024).map_err(e)?;
+    let config = QpConfig::default();
+    let a = QueuePair::create(&pd, &cq, &cq, &config).map_err(e)?;
+    let b = QueuePair::create(&pd, &cq, &cq, &config).map_err(e)?;
+    let (ea, eb) = (a.endpoint(), b.endpoint());
+    let a = a.connect(&eb).map_err(e)?;
+    let _b = b.connect(&ea).map_err(e)?;
+    let src = MemoryRegion::alloc(&pd, 64, AccessFlags::LOCAL_WRITE).map_err(e)?;
+    let dst = MemoryRegion::alloc(&pd, 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).map_err(e)?;
+    let remote = dst.remote();
+    let mut wc = [WorkCompletion::default(); 1];
+    let mut polls = 0u64;
+    for i in 0..iters {
+        a.post_send(&[SendWr::write(src.slice(..).map_err(e)?, &remote, 0).map_err(e)?.wr_id(i as u64)]).map_err(e)?;
+        loop {
+            polls += 1;
+            if cq.poll(&mut wc).map_err(e)? == 1 {
+                wc[0].ok().map_err(|x| x.to_string())?;
+                break;
+            }
+        }
+    }
+    println!("raw: {iters} writes of 64 bytes, {:.2} polls per message", polls as f64 / iters as f64);
     Ok(())
 }
