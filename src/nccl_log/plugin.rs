@@ -5,7 +5,6 @@
 
 use gpudirect::nccl::{PluginLine, PluginPath};
 
-use super::verdict::Decision;
 use super::{quote, LogLine, Scan, Verdict, HEAD_NOT_USED, HEAD_PARTIAL, HEAD_USED, PARTIAL_COST};
 
 fn place(at: &LogLine) -> String {
@@ -19,8 +18,9 @@ fn who(gpu: Option<u32>) -> String {
     gpu.map_or_else(|| "host memory".into(), |g| format!("GPU{g}"))
 }
 
-/// The verdict from the plugin's lines, when the log has any about a GPU.
-pub(super) fn decide(scan: &Scan) -> Option<Decision> {
+/// The verdict, its headline and its evidence from the plugin's lines,
+/// when the log has any about a GPU.
+pub(super) fn decide(scan: &Scan) -> Option<(Verdict, String, Vec<String>)> {
     let mut refused = Vec::new();
     let mut gdr = Vec::new();
     let mut staged = Vec::new();
@@ -68,7 +68,7 @@ pub(super) fn decide(scan: &Scan) -> Option<Decision> {
         evidence.push(format!("with GPUDirect RDMA: {}", gdr.iter().take(8).cloned().collect::<Vec<_>>().join("; ")));
     }
     evidence.extend(traffic.into_iter().take(16));
-    Some(Decision { verdict, headline, evidence, settle_with: None })
+    Some((verdict, headline, evidence))
 }
 
 /// The plugin's own fixes for what it staged or refused.

@@ -21,8 +21,8 @@ pub(super) struct Decision {
 /// Connection lines are the only direct evidence, so they decide whenever
 /// present; the other rules only apply to logs without them.
 pub(super) fn decide(scan: &Scan) -> Decision {
-    if let Some(d) = super::plugin::decide(scan) {
-        return d;
+    if let Some((verdict, headline, evidence)) = super::plugin::decide(scan) {
+        return Decision { verdict, headline, evidence, settle_with: None };
     }
     let net: Vec<&Connection> = scan.net_conns().collect();
     if !net.is_empty() {
