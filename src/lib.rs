@@ -9,6 +9,7 @@
 //! - [`perf`]: `bw` and `lat`, perftest's method and columns.
 
 pub mod doctor;
+pub mod fleet;
 pub mod nccl_log;
 pub mod perf;
 #[cfg(test)]

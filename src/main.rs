@@ -14,7 +14,7 @@
 //! tell, 2 when the log could not be read; `bw` and `lat` 0 on success, 1
 //! on any error; `rendezvous` runs until stopped, 2 when it cannot start.
 
-use gpudirect_tools::{doctor, nccl_log, perf};
+use gpudirect_tools::{doctor, fleet, nccl_log, perf};
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -108,6 +108,13 @@ enum Command {
         #[arg(long, default_value_t = 256, value_name = "MIB")]
         max_mib: usize,
     },
+    /// The job's GPUDirect RDMA verdict across its nodes, before launch:
+    /// every node's capture judged together, the nodes that would stage
+    /// grouped by cause (exit 1), what sets nodes apart from the rest.
+    Fleet {
+        #[command(subcommand)]
+        action: FleetAction,
+    },
     /// Explain an NCCL_DEBUG=INFO log: was GPUDirect RDMA used?
     NcclLog {
         /// The log file, or - for standard input.
@@ -129,6 +136,43 @@ enum DoctorAction {
         before: PathBuf,
         /// The later report or capture.
         after: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum FleetAction {
+    /// Write this node's capture to DIR/JOB/NODE.json, a folder every node
+    /// of the job shares (run it from the job's launcher, in the job's
+    /// environment, on each node).
+    Post {
+        /// The shared folder.
+        dir: PathBuf,
+        /// The job's id (a subfolder of DIR).
+        #[arg(long)]
+        job: String,
+        /// This node's name (default: the host name).
+        #[arg(long)]
+        node: Option<String>,
+    },
+    /// Judge every capture of DIR/JOB together. Exit 0 when every node will
+    /// use GPUDirect RDMA, 1 when any would stage (or is missing or
+    /// unreadable), 3 when a job file leaves a node's verdict open, 2 when
+    /// the check could not run.
+    Check {
+        /// The shared folder.
+        dir: PathBuf,
+        /// The job's id (a subfolder of DIR); without it, DIR itself.
+        #[arg(long)]
+        job: Option<String>,
+        /// Machine-readable output (docs/fleet-json.md).
+        #[arg(long)]
+        json: bool,
+        /// The number of nodes in the allocation: fewer captures fail the check.
+        #[arg(long, value_name = "N")]
+        expect: Option<usize>,
+        /// Wait up to this many seconds for --expect captures to arrive.
+        #[arg(long, value_name = "SECS", requires = "expect")]
+        wait: Option<u64>,
     },
 }
 
@@ -185,6 +229,38 @@ fn main() -> ExitCode {
                 let _ = std::io::stdout().lock().write_all(doctor::plan::Shown(&report.plan).to_string().as_bytes());
             }
             ExitCode::from(report.exit_status())
+        }
+        Command::Fleet { action: FleetAction::Post { dir, job, node } } => match fleet::post(&dir, &job, node.as_deref()) {
+            Ok((path, report)) => {
+                println!("{} ({})", report.verdict.line, path.display());
+                ExitCode::from(report.exit_status())
+            }
+            Err(e) => {
+                eprintln!("gpudirect fleet post: {e}");
+                ExitCode::from(2)
+            }
+        },
+        Command::Fleet { action: FleetAction::Check { dir, job, json, expect, wait } } => {
+            let folder = match fleet::job_dir(&dir, job.as_deref()) {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("gpudirect fleet check: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            if let (Some(n), Some(secs)) = (expect, wait) {
+                fleet::wait_for(&folder, n, std::time::Duration::from_secs(secs));
+            }
+            match fleet::check(&folder, job.as_deref(), expect) {
+                Ok(r) => match emit(&r, json, "fleet check") {
+                    Ok(()) => ExitCode::from(r.exit_status()),
+                    Err(code) => code,
+                },
+                Err(e) => {
+                    eprintln!("gpudirect fleet check: {e}");
+                    ExitCode::from(2)
+                }
+            }
         }
         Command::Rendezvous { listen, secret_file, insecure, lease, max_mib } => rendezvous(&listen, secret_file, insecure, lease, max_mib),
         Command::Bw(a) => {

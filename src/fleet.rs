@@ -1,0 +1,479 @@
+//! `gpudirect fleet`: the job's GPUDirect RDMA verdict across every node
+//! of its allocation, before launch.
+//!
+//! GPUDirect RDMA is lost one node at a time (a peer-memory module that did
+//! not load after a driver update, a pod without the SR-IOV network, one
+//! rank's `NCCL_IB_DISABLE`), and a job runs at the speed of its worst
+//! node. Each node writes its capture (`gpudirect fleet post DIR --job ID`,
+//! the doctor's `--capture` under the node's name) into a directory all
+//! nodes share; `gpudirect fleet check DIR --job ID` judges every capture
+//! with the doctor's own judge, in each node's own environment, and says
+//! together:
+//! - the verdict for the job: whether every node will use GPUDirect RDMA;
+//! - the nodes that will not, grouped by cause (the checks that failed,
+//!   with the fix), their names folded (`node[003-007,019]`): one cause on
+//!   40 nodes is one line;
+//! - what sets nodes apart from the majority even where the verdict holds
+//!   (driver versions, peer memory, NCCL variables, NIC choice...): every
+//!   check whose outcome on some nodes differs from the most common one;
+//! - what every node shares that is wrong (the same bad variable
+//!   everywhere): checks that warn or fail on all of them.
+//!
+//! It exits 1 when any node would stage (or a capture is missing or
+//! unreadable), 3 when a node's verdict is left open by its job file, 0
+//! when every node uses GPUDirect RDMA: a gate a launcher can run first.
+//! `--wait SECS --expect N` waits for N captures to arrive.
+//!
+//! Bounds: at most [`MAX_NODES`] captures, each read up to the doctor's
+//! capture limit; node names are the capture files' names, refused unless
+//! made of letters, digits, `-`, `_` and `.`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::doctor::report::{Options, Report};
+use crate::doctor::sources::{judge, Sources};
+use crate::doctor::Status;
+
+/// The most captures one check reads.
+pub const MAX_NODES: usize = 100_000;
+/// The JSON layout's version (`schema`), raised only when a field changes meaning.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The fleet's verdict and what it rests on (the `--json` output).
+#[derive(Clone, Debug, Serialize)]
+pub struct FleetReport {
+    /// [`SCHEMA_VERSION`].
+    pub schema: u32,
+    /// The job id checked (the directory's subfolder), if any.
+    pub job: Option<String>,
+    /// Nodes judged.
+    pub nodes: usize,
+    /// Every node will use GPUDirect RDMA.
+    pub available_everywhere: bool,
+    /// The sentence printed first.
+    pub line: String,
+    /// Nodes that will not use it, grouped by cause.
+    pub staging: Vec<Group>,
+    /// Nodes whose verdict their job file leaves open (unsettled variables).
+    pub open: Vec<Group>,
+    /// Among the nodes that will use GPUDirect RDMA: checks whose outcome
+    /// on some of them differs from the majority's.
+    pub differences: Vec<Difference>,
+    /// Checks that warn or fail on every node.
+    pub shared: Vec<Shared>,
+    /// Captures that could not be judged, with why.
+    pub unreadable: Vec<Unreadable>,
+    /// Nodes expected (`--expect`) that sent no capture.
+    pub missing: usize,
+}
+
+/// Nodes sharing one cause.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Group {
+    /// What stands in the way: the failing checks' summaries (the first
+    /// node's wording), or the verdict line where no check failed.
+    pub cause: String,
+    /// The checks that failed (`area.check`).
+    pub checks: Vec<String>,
+    /// What to do.
+    pub fix: Option<String>,
+    /// How many nodes.
+    pub count: usize,
+    /// Their names, folded (`node[003-007,019]`).
+    pub folded: String,
+    /// Their names.
+    pub names: Vec<String>,
+}
+
+/// One check whose outcome differs on some nodes.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Difference {
+    /// The check (`area.check`).
+    pub check: String,
+    /// The majority's outcome (`ok: summary`) and how many nodes have it.
+    pub majority: String,
+    /// How many nodes share the majority's outcome.
+    pub majority_count: usize,
+    /// The other outcomes, each with its nodes.
+    pub others: Vec<Group>,
+}
+
+/// A check that warns or fails on every node.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Shared {
+    /// The check.
+    pub check: String,
+    /// `warn` or `fail`.
+    pub status: Status,
+    /// The first node's summary.
+    pub summary: String,
+    /// What to do.
+    pub fix: Option<String>,
+}
+
+/// A capture that could not be judged.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Unreadable {
+    /// The file.
+    pub file: String,
+    /// Why.
+    pub error: String,
+}
+
+impl FleetReport {
+    /// 0 every node uses GPUDirect RDMA; 1 a node would stage, or a
+    /// capture is missing or unreadable; 3 only open verdicts stand in the way.
+    pub fn exit_status(&self) -> u8 {
+        if !self.staging.is_empty() || !self.unreadable.is_empty() || self.missing > 0 {
+            1
+        } else if !self.open.is_empty() {
+            3
+        } else {
+            0
+        }
+    }
+}
+
+/// This node's name: the kernel's host name.
+pub fn this_node() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()).filter(|h| valid_name(h))
+}
+
+/// Writes this machine's capture, judged in this process's environment
+/// (the job's, when run from the job's launcher), to `DIR/JOB/NODE.json`,
+/// atomically (written beside it, then renamed), and returns the path and
+/// this node's own report.
+///
+/// # Errors
+/// A bad job or node name, a folder that cannot be made, or the doctor's error.
+pub fn post(dir: &Path, job: &str, node: Option<&str>) -> Result<(PathBuf, Report), String> {
+    let node = match node {
+        Some(n) if valid_name(n) => n.to_owned(),
+        Some(n) => return Err(format!("node name {n:?}: use letters, digits, '-', '_' and '.' only")),
+        None => this_node().ok_or("cannot tell this node's name from /proc/sys/kernel/hostname: pass --node")?,
+    };
+    let folder = job_dir(dir, Some(job))?;
+    std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+    let tmp = folder.join(format!(".{node}.{}.tmp", std::process::id()));
+    let s = Sources { capture: Some(tmp.clone()), ..Sources::this_machine() };
+    let report = judge(&s, &Options::default())?;
+    let path = folder.join(format!("{node}.json"));
+    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((path, report))
+}
+
+/// Where a job's captures live: `DIR/JOB/` (or `DIR/` without a job).
+pub fn job_dir(dir: &Path, job: Option<&str>) -> Result<PathBuf, String> {
+    match job {
+        None => Ok(dir.to_path_buf()),
+        Some(j) if valid_name(j) => Ok(dir.join(j)),
+        Some(j) => Err(format!("job id {j:?}: use letters, digits, '-', '_' and '.' only")),
+    }
+}
+
+/// Whether a node or job name is one this tool writes and reads.
+pub fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 128 && !s.starts_with('.') && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// A job folder's captures, by node name (the file's stem), and the files
+/// refused for their names.
+type Found = (Vec<(String, PathBuf)>, Vec<Unreadable>);
+
+/// The capture files of a job folder.
+fn captures(dir: &Path) -> Result<Found, String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut found = Vec::new();
+    let mut bad = Vec::new();
+    for e in entries.flatten() {
+        let path = e.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".json")).map(str::to_owned) else { continue };
+        if !valid_name(&name) {
+            bad.push(Unreadable { file: path.display().to_string(), error: "not a node name (letters, digits, '-', '_', '.')".into() });
+            continue;
+        }
+        if found.len() >= MAX_NODES {
+            return Err(format!("{}: more than {MAX_NODES} captures", dir.display()));
+        }
+        found.push((name, path));
+    }
+    found.sort_by_key(|a| natural(&a.0));
+    Ok((found, bad))
+}
+
+/// Waits until `expect` captures are in `dir`, or `wait` passes.
+pub fn wait_for(dir: &Path, expect: usize, wait: Duration) -> usize {
+    let start = Instant::now();
+    loop {
+        let n = captures(dir).map(|(c, _)| c.len()).unwrap_or(0);
+        if n >= expect || start.elapsed() >= wait {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Judges every capture of `dir`.
+///
+/// # Errors
+/// When the folder cannot be listed.
+pub fn check(dir: &Path, job: Option<&str>, expect: Option<usize>) -> Result<FleetReport, String> {
+    let (found, mut unreadable) = captures(dir)?;
+    let mut reports = Vec::new();
+    // Nodes built alike write the same bytes: each distinct capture is
+    // judged once (by its contents' digest), however many nodes sent it.
+    let mut judged: HashMap<[u8; 32], Result<Arc<Report>, String>> = HashMap::new();
+    for (name, path) in found {
+        let digest = match crate::doctor::input::read_bounded(&path, "capture", crate::doctor::input::CAPTURE_LIMIT) {
+            Ok(bytes) => <Sha256 as Digest>::digest(&bytes).into(),
+            Err(e) => {
+                unreadable.push(Unreadable { file: path.display().to_string(), error: e.to_string() });
+                continue;
+            }
+        };
+        let result = judged.entry(digest).or_insert_with(|| {
+            let s = Sources { from: Some(path.clone()), shell_over_capture: false, ..Sources::default() };
+            judge(&s, &Options::default()).map(Arc::new)
+        });
+        match result {
+            Ok(r) => reports.push((name, Arc::clone(r))),
+            Err(e) => unreadable.push(Unreadable { file: path.display().to_string(), error: e.clone() }),
+        }
+    }
+    let seen = reports.len() + unreadable.len();
+    let missing = expect.map_or(0, |n| n.saturating_sub(seen));
+    Ok(summarise(job, &reports, unreadable, missing))
+}
+
+/// The fleet's report from every node's report.
+pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Report>)], unreadable: Vec<Unreadable>, missing: usize) -> FleetReport {
+    let mut staging: BTreeMap<Vec<String>, Vec<&(String, Arc<Report>)>> = BTreeMap::new();
+    let mut open: BTreeMap<Vec<String>, Vec<&(String, Arc<Report>)>> = BTreeMap::new();
+    for nr in reports {
+        let r = &nr.1;
+        if r.verdict.available {
+            continue;
+        }
+        if !r.verdict.unsettled.is_empty() {
+            open.entry(r.verdict.unsettled.clone()).or_default().push(nr);
+            continue;
+        }
+        let failing: Vec<String> = r.findings.iter().filter(|f| f.status == Status::Fail).map(|f| f.check.clone()).collect();
+        let key = if failing.is_empty() { vec![format!("verdict: {}", r.verdict.line)] } else { failing };
+        staging.entry(key).or_default().push(nr);
+    }
+    let staging: Vec<Group> = staging.into_iter().map(|(checks, nodes)| cause_group(checks, &nodes)).collect();
+    let open: Vec<Group> = open
+        .into_iter()
+        .map(|(vars, nodes)| {
+            let names: Vec<String> = nodes.iter().map(|n| n.0.clone()).collect();
+            Group {
+                cause: format!("left to the running job: {}", vars.join(", ")),
+                checks: vec![],
+                fix: Some("settle these variables in the job file, or check the running ranks (`gpudirect doctor --pid`)".into()),
+                count: names.len(),
+                folded: fold_names(&names),
+                names,
+            }
+        })
+        .collect();
+    // What sets nodes apart is asked of the nodes whose verdict holds (the
+    // others are named above, with their cause); what is wrong everywhere,
+    // of every node.
+    let holding: Vec<(String, Arc<Report>)> = reports.iter().filter(|(_, r)| r.verdict.available).cloned().collect();
+    let (differences, _) = compare(&holding);
+    let (_, shared) = compare(reports);
+    let bad = staging.iter().map(|g| g.count).sum::<usize>();
+    let n = reports.len();
+    let line = if n == 0 && unreadable.is_empty() {
+        "fleet: no captures to judge".to_owned()
+    } else if bad == 0 && open.is_empty() && unreadable.is_empty() && missing == 0 {
+        format!("fleet: GPUDirect RDMA on all {n} node(s)")
+    } else {
+        let mut parts = Vec::new();
+        if bad > 0 {
+            parts.push(format!("{bad} of {n} node(s) will NOT use GPUDirect RDMA ({} cause(s)): the job runs at the speed of its worst node", staging.len()));
+        }
+        let open_n: usize = open.iter().map(|g| g.count).sum();
+        if open_n > 0 {
+            parts.push(format!("{open_n} node(s) left open by their job file"));
+        }
+        if !unreadable.is_empty() {
+            parts.push(format!("{} capture(s) unreadable", unreadable.len()));
+        }
+        if missing > 0 {
+            parts.push(format!("{missing} node(s) sent no capture"));
+        }
+        format!("fleet: {}", parts.join("; "))
+    };
+    FleetReport {
+        schema: SCHEMA_VERSION,
+        job: job.map(str::to_owned),
+        nodes: n,
+        available_everywhere: n > 0 && bad == 0 && open.is_empty() && unreadable.is_empty() && missing == 0,
+        line,
+        staging,
+        open,
+        differences,
+        shared,
+        unreadable,
+        missing,
+    }
+}
+
+fn cause_group(checks: Vec<String>, nodes: &[&(String, Arc<Report>)]) -> Group {
+    let first = &nodes[0].1;
+    let failing: Vec<_> = first.findings.iter().filter(|f| checks.contains(&f.check)).collect();
+    let cause = if failing.is_empty() { first.verdict.line.clone() } else { failing.iter().map(|f| format!("{}: {}", f.check, f.summary)).collect::<Vec<_>>().join("; ") };
+    let mut fixes: Vec<&str> = Vec::new();
+    for fix in failing.iter().filter_map(|f| f.fix.as_deref()) {
+        if !fixes.contains(&fix) {
+            fixes.push(fix);
+        }
+    }
+    let names: Vec<String> = nodes.iter().map(|n| n.0.clone()).collect();
+    Group { cause, checks, fix: (!fixes.is_empty()).then(|| fixes.join("; ")), count: names.len(), folded: fold_names(&names), names }
+}
+
+/// The outcome of a check on a node whose report does not have it.
+const NOT_REPORTED: &str = "(not reported on this node)";
+
+/// Per check: the majority's outcome, the nodes that differ, and checks
+/// that are bad everywhere.
+fn compare(reports: &[(String, Arc<Report>)]) -> (Vec<Difference>, Vec<Shared>) {
+    // check -> outcome (status, summary) -> nodes
+    let mut by_check: BTreeMap<&str, BTreeMap<(Status, &str), Vec<&str>>> = BTreeMap::new();
+    for (name, r) in reports {
+        for f in &r.findings {
+            by_check.entry(&f.check).or_default().entry((f.status, &f.summary)).or_default().push(name);
+        }
+    }
+    let n = reports.len();
+    let mut differences = Vec::new();
+    let mut shared = Vec::new();
+    for (check, outcomes) in &mut by_check {
+        let total: usize = outcomes.values().map(Vec::len).sum();
+        if total < n {
+            // Nodes where the check reported nothing count as one outcome.
+            let have: BTreeSet<&str> = outcomes.values().flatten().copied().collect();
+            let absent: Vec<&str> = reports.iter().map(|(name, _)| name.as_str()).filter(|name| !have.contains(name)).collect();
+            outcomes.insert((Status::Skipped, NOT_REPORTED), absent);
+        }
+        let ((status, summary), majority) = outcomes.iter().max_by_key(|(_, v)| v.len()).expect("at least one outcome");
+        if outcomes.len() == 1 && matches!(*status, Status::Warn | Status::Fail) {
+            let fix = reports.iter().flat_map(|(_, r)| &r.findings).find(|f| f.check == *check).and_then(|f| f.fix.clone());
+            shared.push(Shared { check: (*check).to_owned(), status: *status, summary: (*summary).to_owned(), fix });
+            continue;
+        }
+        if outcomes.len() == 1 {
+            continue;
+        }
+        let others = outcomes
+            .iter()
+            .filter(|(k, _)| **k != (*status, *summary))
+            .map(|((st, sum), nodes)| {
+                let names: Vec<String> = nodes.iter().map(|s| (*s).to_owned()).collect();
+                Group { cause: format!("{}: {sum}", st), checks: vec![(*check).to_owned()], fix: None, count: names.len(), folded: fold_names(&names), names }
+            })
+            .collect();
+        differences.push(Difference { check: (*check).to_owned(), majority: format!("{}: {summary}", status), majority_count: majority.len(), others });
+    }
+    (differences, shared)
+}
+
+/// `node003`, `node004` ... as `(prefix, number, width)` for folding.
+fn split_number(name: &str) -> Option<(&str, u64, usize)> {
+    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    if digits == 0 || digits > 18 {
+        return None;
+    }
+    let (prefix, num) = name.split_at(name.len() - digits);
+    Some((prefix, num.parse().ok()?, digits))
+}
+
+fn natural(name: &str) -> (String, u64, String) {
+    match split_number(name) {
+        Some((p, n, _)) => (p.to_owned(), n, name.to_owned()),
+        None => (name.to_owned(), 0, name.to_owned()),
+    }
+}
+
+/// Folds node names as Slurm writes host lists: `node[003-007,019],gpu-a`.
+pub fn fold_names(names: &[String]) -> String {
+    let mut by_prefix: BTreeMap<(String, usize), BTreeSet<u64>> = BTreeMap::new();
+    let mut plain: Vec<&str> = Vec::new();
+    for n in names {
+        match split_number(n) {
+            Some((p, num, w)) => {
+                by_prefix.entry((p.to_owned(), w)).or_default().insert(num);
+            }
+            None => plain.push(n),
+        }
+    }
+    let mut out: Vec<String> = Vec::new();
+    for ((prefix, width), nums) in by_prefix {
+        let nums: Vec<u64> = nums.into_iter().collect();
+        if nums.len() == 1 {
+            out.push(format!("{prefix}{:0width$}", nums[0]));
+            continue;
+        }
+        let mut ranges = Vec::new();
+        let mut i = 0;
+        while i < nums.len() {
+            let mut j = i;
+            while j + 1 < nums.len() && nums[j + 1] == nums[j] + 1 {
+                j += 1;
+            }
+            ranges.push(if i == j { format!("{:0width$}", nums[i]) } else { format!("{:0width$}-{:0width$}", nums[i], nums[j]) });
+            i = j + 1;
+        }
+        out.push(format!("{prefix}[{}]", ranges.join(",")));
+    }
+    out.extend(plain.into_iter().map(str::to_owned));
+    out.join(",")
+}
+
+/// The text report: the verdict line, then the groups.
+impl std::fmt::Display for FleetReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = self;
+        writeln!(f, "{}", r.line)?;
+        for g in &r.staging {
+            writeln!(f, "  NOT USED on {} node(s) {}: {}", g.count, g.folded, g.cause)?;
+            if let Some(fix) = &g.fix {
+                writeln!(f, "    fix: {fix}")?;
+            }
+        }
+        for g in &r.open {
+            writeln!(f, "  OPEN on {} node(s) {}: {}", g.count, g.folded, g.cause)?;
+        }
+        for u in &r.unreadable {
+            writeln!(f, "  UNREADABLE {}: {}", u.file, u.error)?;
+        }
+        if r.missing > 0 {
+            writeln!(f, "  MISSING: {} node(s) expected sent no capture", r.missing)?;
+        }
+        for s in &r.shared {
+            writeln!(f, "  on every node, {} {}: {}", s.status, s.check, s.summary)?;
+            if let Some(fix) = &s.fix {
+                writeln!(f, "    fix: {fix}")?;
+            }
+        }
+        for d in &r.differences {
+            writeln!(f, "  {} differs: {} node(s) {}", d.check, d.majority_count, d.majority)?;
+            for g in &d.others {
+                writeln!(f, "    {} node(s) {}: {}", g.count, g.folded, g.cause)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

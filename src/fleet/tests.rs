@@ -1,0 +1,117 @@
+//! A fleet of the dgx-pix capture, a few nodes mutated as the field breaks
+//! them: each named in the right group with the right cause, nothing else.
+
+use super::*;
+
+/// A node's name and what breaks it.
+type Mutation<'a> = (&'a str, fn(&mut serde_json::Value));
+
+fn fleet(dir: &Path, mutate: &[Mutation<'_>]) {
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/captures/dgx-pix.json")).unwrap()).unwrap();
+    for i in 1..=10 {
+        let name = format!("node{i:03}");
+        let mut c = base.clone();
+        if let Some((_, f)) = mutate.iter().find(|(n, _)| *n == name) {
+            f(&mut c);
+        }
+        std::fs::write(dir.join(format!("{name}.json")), serde_json::to_vec(&c).unwrap()).unwrap();
+    }
+}
+
+fn set_env(c: &mut serde_json::Value, k: &str, v: &str) {
+    c["env"]["vars"].as_array_mut().unwrap().push(serde_json::json!([k, v]));
+    c["env"]["origins"].as_array_mut().unwrap().push(serde_json::json!([k, "rank environment"]));
+}
+
+fn ib_disable(c: &mut serde_json::Value) {
+    set_env(c, "NCCL_IB_DISABLE", "1");
+}
+
+fn no_path(c: &mut serde_json::Value) {
+    for g in c["gpus"]["Ok"].as_array_mut().unwrap() {
+        g["dma_buf_supported"] = false.into();
+    }
+    for r in c["rdma"]["Ok"].as_array_mut().unwrap() {
+        r["dma_buf"] = serde_json::json!({"Ok": {"Unsupported": 95}});
+    }
+}
+
+fn old_driver(c: &mut serde_json::Value) {
+    for g in c["gpus"]["Ok"].as_array_mut().unwrap() {
+        g["driver_version"] = 12020.into();
+    }
+}
+
+fn far_hca(c: &mut serde_json::Value) {
+    set_env(c, "NCCL_IB_HCA", "=mlx5_1");
+}
+
+#[test]
+fn each_bad_node_is_named_with_its_cause_and_nothing_else() {
+    let tree = testkit::Tree::new("fleet");
+    fleet(tree.path(), &[("node003", ib_disable), ("node005", no_path), ("node006", no_path), ("node007", old_driver), ("node009", far_hca)]);
+    let r = check(tree.path(), None, Some(10)).unwrap();
+    assert_eq!(r.nodes, 10);
+    assert_eq!(r.exit_status(), 1);
+    assert!(!r.available_everywhere);
+    assert!(r.line.starts_with("fleet: 3 of 10 node(s) will NOT use GPUDirect RDMA (2 cause(s))"), "{}", r.line);
+    let groups: Vec<(&str, &[String])> = r.staging.iter().map(|g| (g.folded.as_str(), g.checks.as_slice())).collect();
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    let ib = r.staging.iter().find(|g| g.folded == "node003").expect("node003's group");
+    assert_eq!(ib.checks, ["env.nccl_ib_disable"]);
+    assert!(ib.fix.as_deref().is_some_and(|f| f.contains("Unset NCCL_IB_DISABLE")), "{ib:?}");
+    let nopath = r.staging.iter().find(|g| g.folded == "node[005-006]").expect("the no-path group");
+    assert!(nopath.checks.iter().any(|c| c.starts_with("rdma.dmabuf")), "{nopath:?}");
+    // Where the verdict holds: the old driver and the far NIC are told apart
+    // from the majority, and no healthy node is named anywhere.
+    let named = |node: &str| r.differences.iter().filter(|d| d.others.iter().any(|g| g.names.iter().any(|n| n == node))).map(|d| d.check.as_str()).collect::<Vec<_>>();
+    assert!(!named("node007").is_empty(), "{:#?}", r.differences);
+    assert!(named("node009").iter().any(|c| c.starts_with("nccl.nic")), "{:?}", named("node009"));
+    for healthy in ["node001", "node002", "node004", "node008", "node010"] {
+        assert!(named(healthy).is_empty(), "{healthy} named in {:?}", named(healthy));
+        assert!(r.staging.iter().all(|g| !g.names.iter().any(|n| n == healthy)));
+    }
+    assert!(r.shared.is_empty(), "{:?}", r.shared);
+    let text = r.to_string();
+    assert!(text.contains("NOT USED on 2 node(s) node[005-006]"), "{text}");
+}
+
+#[test]
+fn a_healthy_fleet_passes_and_a_missing_node_fails_the_gate() {
+    let tree = testkit::Tree::new("fleet-ok");
+    fleet(tree.path(), &[]);
+    let r = check(tree.path(), Some("job-1"), None).unwrap();
+    assert_eq!((r.exit_status(), r.line.as_str()), (0, "fleet: GPUDirect RDMA on all 10 node(s)"));
+    assert!(r.differences.is_empty(), "{:?}", r.differences);
+    let r = check(tree.path(), None, Some(12)).unwrap();
+    assert_eq!((r.exit_status(), r.missing), (1, 2));
+    std::fs::write(tree.path().join("node011.json"), b"{ not json").unwrap();
+    std::fs::write(tree.path().join("bad name.json"), b"{}").unwrap();
+    let r = check(tree.path(), None, None).unwrap();
+    assert_eq!(r.unreadable.len(), 2, "{:?}", r.unreadable);
+    assert_eq!(r.exit_status(), 1);
+}
+
+#[test]
+fn a_bad_variable_on_every_node_is_one_shared_line() {
+    let tree = testkit::Tree::new("fleet-shared");
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/captures/dgx-pix.json")).unwrap()).unwrap();
+    for i in 1..=4 {
+        let mut c = base.clone();
+        far_hca(&mut c);
+        std::fs::write(tree.path().join(format!("gpu-{i}.json")), serde_json::to_vec(&c).unwrap()).unwrap();
+    }
+    let r = check(tree.path(), None, None).unwrap();
+    assert!(r.shared.iter().any(|s| s.check.starts_with("nccl.nic") && s.status == Status::Warn), "{:?}", r.shared);
+    assert!(r.differences.is_empty());
+}
+
+#[test]
+fn names_fold_as_slurm_writes_them() {
+    let names: Vec<String> = ["node003", "node004", "node005", "node007", "node019", "login", "gpu-a1", "gpu-a2", "node1"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(fold_names(&names), "gpu-a[1-2],node1,node[003-005,007,019],login");
+    assert_eq!(fold_names(&["n01".to_string()]), "n01");
+    assert!(valid_name("node-1.rack_2") && !valid_name("../x") && !valid_name("a b") && !valid_name(""));
+}
