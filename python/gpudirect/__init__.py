@@ -88,6 +88,7 @@ __all__ = [
     "RendezvousServer",
     "doctor",
     "explain_nccl_log",
+    "fleet_check",
     "GpudirectError",
     "DoctorError",
     "EngineError",
@@ -300,6 +301,32 @@ def doctor(
         device=device,
     )
     return json.loads(text)
+
+
+def fleet_check(
+    dir: _Path,
+    *,
+    job: Optional[str] = None,
+    expect: Optional[int] = None,
+    wait: Optional[float] = None,
+) -> Dict[str, Any]:
+    """The job's GPUDirect RDMA verdict across its nodes, before launch.
+
+    Judges every capture in ``dir/job/`` (each node's ``gpudirect fleet
+    post``) with the doctor's judge and returns the report ``gpudirect
+    fleet check --json`` prints (docs/fleet-json.md):
+    ``report["available_everywhere"]``, ``report["line"]``,
+    ``report["staging"]`` (the nodes that would stage, grouped by cause,
+    with the fix and their names folded as ``node[003-007]``),
+    ``report["differences"]`` and ``report["shared"]``. With ``expect``,
+    nodes that sent no capture (after waiting up to ``wait`` seconds) are
+    counted in ``report["missing"]``.
+
+    Raises DoctorError when the folder cannot be read or the job id is
+    not a plain name. The GIL is released while it waits and judges.
+    """
+    out, _, _ = _native.fleet_check(os.fspath(dir), job=job, expect=expect, wait=wait)
+    return json.loads(out)
 
 
 def explain_nccl_log(text: str) -> Dict[str, Any]:

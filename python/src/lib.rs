@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 
 use gpudirect_tools::doctor::report::{Brief, Options, Report};
 use gpudirect_tools::doctor::sources::{judge, Sources};
-use gpudirect_tools::nccl_log;
+use gpudirect_tools::{fleet, nccl_log};
 
 mod engine;
 mod errors;
@@ -76,12 +76,31 @@ fn explain_nccl_log(py: Python<'_>, text: String) -> PyResult<Rendered> {
     Ok((json, report.to_string(), report.exit_status()))
 }
 
+/// Judges every node's capture of a job folder together; see
+/// `gpudirect.fleet_check`.
+#[pyfunction]
+#[pyo3(signature = (dir, *, job=None, expect=None, wait=None))]
+fn fleet_check(py: Python<'_>, dir: PathBuf, job: Option<String>, expect: Option<usize>, wait: Option<f64>) -> PyResult<Rendered> {
+    let folder = fleet::job_dir(&dir, job.as_deref()).map_err(DoctorError::new_err)?;
+    let report = py
+        .detach(|| {
+            if let (Some(n), Some(secs)) = (expect, wait) {
+                fleet::wait_for(&folder, n, std::time::Duration::from_secs_f64(secs.max(0.0)));
+            }
+            fleet::check(&folder, job.as_deref(), expect)
+        })
+        .map_err(DoctorError::new_err)?;
+    let json = serde_json::to_string(&report).map_err(|e| GpudirectError::new_err(e.to_string()))?;
+    Ok((json, report.to_string(), report.exit_status()))
+}
+
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logs::install(m.py())?;
     m.add_function(wrap_pyfunction!(doctor, m)?)?;
     m.add_function(wrap_pyfunction!(explain_nccl_log, m)?)?;
+    m.add_function(wrap_pyfunction!(fleet_check, m)?)?;
     m.add("GpudirectError", m.py().get_type::<GpudirectError>())?;
     m.add("DoctorError", m.py().get_type::<DoctorError>())?;
     engine::add(m)?;

@@ -91,3 +91,20 @@ def test_python_dash_m_renders_as_the_command(clean_env):
     assert p.returncode == 2 and "/nonexistent/c.json" in p.stderr
     p = run("nccl-log", "--json", str(LOGS / "nccl-tests311-collnet-sharp-gdrdma.txt"))
     assert json.loads(p.stdout)["verdict"] == "used"
+
+
+def test_fleet_check_names_the_node_that_would_stage(clean_env, tmp_path):
+    job = tmp_path / "job-9"
+    job.mkdir()
+    base = json.loads(CAPTURE.read_text())
+    for n in ("n01", "n02", "n03"):
+        (job / f"{n}.json").write_text(json.dumps(base))
+    base["env"]["vars"].append(["NCCL_IB_DISABLE", "1"])
+    base["env"]["origins"].append(["NCCL_IB_DISABLE", "rank environment"])
+    (job / "n04.json").write_text(json.dumps(base))
+    r = gpudirect.fleet_check(tmp_path, job="job-9", expect=5)
+    assert r["nodes"] == 4 and r["missing"] == 1
+    assert not r["available_everywhere"]
+    assert [(g["folded"], g["checks"]) for g in r["staging"]] == [("n04", ["env.nccl_ib_disable"])]
+    with pytest.raises(gpudirect.DoctorError):
+        gpudirect.fleet_check(tmp_path, job="../x")
