@@ -71,6 +71,23 @@ pub struct FleetReport {
     pub unreadable: Vec<Unreadable>,
     /// Nodes expected (`--expect`) that sent no capture.
     pub missing: usize,
+    /// Nodes x the checks that matter, for [`svg`](Self::svg); not in the JSON.
+    #[serde(skip)]
+    pub grid: Grid,
+}
+
+/// Each node's outcome of each check that is not ok somewhere or not the
+/// same everywhere (the picture's columns).
+#[derive(Clone, Debug, Default)]
+pub struct Grid {
+    /// Row names, in natural order.
+    pub nodes: Vec<String>,
+    /// Column names (`area.check`).
+    pub checks: Vec<String>,
+    /// `cells[row][column]`: the node's outcome, `None` when it did not report the check.
+    pub cells: Vec<Vec<Option<Status>>>,
+    /// Rows whose node will not use GPUDirect RDMA.
+    pub staging: Vec<bool>,
 }
 
 /// Nodes sharing one cause.
@@ -289,6 +306,7 @@ pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Report>)], unreadabl
     let holding: Vec<(String, Arc<Report>)> = reports.iter().filter(|(_, r)| r.verdict.available).cloned().collect();
     let (differences, _) = compare(&holding);
     let (_, shared) = compare(reports);
+    let grid = grid(reports, &staging, &differences, &shared);
     let bad = staging.iter().map(|g| g.count).sum::<usize>();
     let n = reports.len();
     let line = if n == 0 && unreadable.is_empty() {
@@ -324,6 +342,82 @@ pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Report>)], unreadabl
         shared,
         unreadable,
         missing,
+        grid,
+    }
+}
+
+/// The picture's rows and columns: every node; every check that fails or
+/// warns on some node, or differs between them.
+fn grid(reports: &[(String, Arc<Report>)], staging: &[Group], differences: &[Difference], shared: &[Shared]) -> Grid {
+    let mut checks: BTreeSet<String> = BTreeSet::new();
+    checks.extend(staging.iter().flat_map(|g| g.checks.iter().filter(|c| !c.starts_with("verdict:")).cloned()));
+    checks.extend(differences.iter().map(|d| d.check.clone()));
+    checks.extend(shared.iter().map(|s| s.check.clone()));
+    for (_, r) in reports {
+        checks.extend(r.findings.iter().filter(|f| matches!(f.status, Status::Warn | Status::Fail)).map(|f| f.check.clone()));
+    }
+    let checks: Vec<String> = checks.into_iter().take(MAX_COLUMNS).collect();
+    let bad: BTreeSet<&str> = staging.iter().flat_map(|g| g.names.iter().map(String::as_str)).collect();
+    let rows = reports.iter().take(MAX_ROWS);
+    let cells = rows
+        .clone()
+        .map(|(_, r)| checks.iter().map(|c| r.findings.iter().find(|f| &f.check == c).map(|f| f.status)).collect())
+        .collect();
+    Grid {
+        nodes: rows.clone().map(|(n, _)| n.clone()).collect(),
+        staging: rows.map(|(n, _)| bad.contains(n.as_str())).collect(),
+        checks,
+        cells,
+    }
+}
+
+/// The most columns and rows the picture draws.
+const MAX_COLUMNS: usize = 200;
+const MAX_ROWS: usize = 20_000;
+
+impl FleetReport {
+    /// Nodes x checks as an SVG image: a row per node (its name red when it
+    /// would stage), a column per check that fails or warns somewhere or
+    /// differs between nodes; cells green (ok), amber (warn), red (fail),
+    /// grey (skipped), empty (not reported).
+    pub fn svg(&self) -> String {
+        let g = &self.grid;
+        let (cell, left, top) = (12usize, 10 + 7 * g.nodes.iter().map(String::len).max().unwrap_or(4), 10 + 6 * g.checks.iter().map(String::len).max().unwrap_or(4));
+        let (w, h) = ((left + cell * g.checks.len() + 10).max(10 + 6 * self.line.len()), top + cell * g.nodes.len() + 30);
+        let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;");
+        let mut out = format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"monospace\" font-size=\"10\">\n<title>{}</title>\n",
+            esc(&self.line)
+        );
+        for (j, c) in g.checks.iter().enumerate() {
+            let x = left + j * cell + cell / 2 + 3;
+            out.push_str(&format!("<text x=\"{x}\" y=\"{}\" transform=\"rotate(-90 {x} {})\">{}</text>\n", top - 4, top - 4, esc(c)));
+        }
+        for (i, n) in g.nodes.iter().enumerate() {
+            let y = top + i * cell;
+            let fill = if g.staging[i] { "#c0392b" } else { "#222" };
+            out.push_str(&format!("<text x=\"4\" y=\"{}\" fill=\"{fill}\">{}</text>\n", y + cell - 3, esc(n)));
+            for (j, st) in g.cells[i].iter().enumerate() {
+                let color = match st {
+                    Some(Status::Ok) => "#2ecc71",
+                    Some(Status::Warn) => "#f39c12",
+                    Some(Status::Fail) => "#e74c3c",
+                    Some(Status::Skipped) => "#bdc3c7",
+                    None => "#ffffff",
+                };
+                out.push_str(&format!(
+                    "<rect x=\"{}\" y=\"{y}\" width=\"{}\" height=\"{}\" fill=\"{color}\" stroke=\"#eee\"><title>{} {}: {}</title></rect>\n",
+                    left + j * cell,
+                    cell - 1,
+                    cell - 1,
+                    esc(n),
+                    esc(&g.checks[j]),
+                    st.map_or("not reported".to_owned(), |s| s.to_string())
+                ));
+            }
+        }
+        out.push_str(&format!("<text x=\"4\" y=\"{}\">{}</text>\n</svg>\n", h - 10, esc(&self.line)));
+        out
     }
 }
 

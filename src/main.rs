@@ -173,6 +173,9 @@ enum FleetAction {
         /// Wait up to this many seconds for --expect captures to arrive.
         #[arg(long, value_name = "SECS", requires = "expect")]
         wait: Option<u64>,
+        /// Also draw nodes x checks into this SVG file.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
     },
 }
 
@@ -240,7 +243,7 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
-        Command::Fleet { action: FleetAction::Check { dir, job, json, expect, wait } } => {
+        Command::Fleet { action: FleetAction::Check { dir, job, json, expect, wait, svg } } => {
             let folder = match fleet::job_dir(&dir, job.as_deref()) {
                 Ok(f) => f,
                 Err(e) => {
@@ -252,7 +255,10 @@ fn main() -> ExitCode {
                 fleet::wait_for(&folder, n, std::time::Duration::from_secs(secs));
             }
             match fleet::check(&folder, job.as_deref(), expect) {
-                Ok(r) => match emit(&r, json, "fleet check") {
+                Ok(r) => match svg.map_or(Ok(()), |p| std::fs::write(&p, r.svg()).map_err(|e| format!("{}: {e}", p.display()))).map_err(|e| {
+                    eprintln!("gpudirect fleet check: {e}");
+                    ExitCode::from(2)
+                }).and_then(|()| emit(&r, json, "fleet check")) {
                     Ok(()) => ExitCode::from(r.exit_status()),
                     Err(code) => code,
                 },

@@ -75,6 +75,12 @@ fn each_bad_node_is_named_with_its_cause_and_nothing_else() {
     assert!(r.shared.is_empty(), "{:?}", r.shared);
     let text = r.to_string();
     assert!(text.contains("NOT USED on 2 node(s) node[005-006]"), "{text}");
+    // The picture: a row per node, a column per check that matters, the
+    // staging nodes' names in red.
+    let svg = r.svg();
+    assert_eq!(svg.matches("<rect").count(), 10 * r.grid.checks.len());
+    assert!(r.grid.checks.iter().any(|c| c == "env.nccl_ib_disable") && r.grid.checks.iter().any(|c| c.starts_with("nccl.nic")));
+    assert!(svg.contains(r##"fill="#c0392b">node003</text>"##) && svg.contains(r##"fill="#222">node001</text>"##), "{svg}");
 }
 
 #[test]
