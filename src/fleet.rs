@@ -185,6 +185,76 @@ pub fn post(dir: &Path, job: &str, node: Option<&str>) -> Result<(PathBuf, Repor
     Ok((path, report))
 }
 
+/// What the fleet keeps of one node's report: its verdict and its
+/// findings, each finding shared with every node that found the same.
+#[derive(Debug)]
+pub struct Node {
+    /// The verdict's parts the fleet reads.
+    pub verdict: NodeVerdict,
+    /// Every finding, in check order.
+    pub findings: Vec<Arc<Fact>>,
+}
+
+/// A node's verdict, as the fleet reads it.
+#[derive(Debug)]
+pub struct NodeVerdict {
+    /// GPUDirect RDMA will be used.
+    pub available: bool,
+    /// Deciding variables left to the running job.
+    pub unsettled: Vec<String>,
+    /// The verdict sentence.
+    pub line: Arc<str>,
+}
+
+/// One finding, as shared between nodes.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Fact {
+    /// `area.check`.
+    pub check: String,
+    /// Outcome.
+    pub status: Status,
+    /// What was found.
+    pub summary: String,
+    /// What to do.
+    pub fix: Option<String>,
+}
+
+/// One copy of each distinct finding and verdict line.
+#[derive(Default)]
+struct Interner {
+    facts: HashMap<Arc<Fact>, ()>,
+    lines: HashMap<Arc<str>, ()>,
+}
+
+impl Interner {
+    fn node(&mut self, r: &Report) -> Node {
+        let findings = r
+            .findings
+            .iter()
+            .map(|f| {
+                let fact = Fact { check: f.check.clone(), status: f.status, summary: f.summary.clone(), fix: f.fix.clone() };
+                match self.facts.get_key_value(&fact) {
+                    Some((k, ())) => Arc::clone(k),
+                    None => {
+                        let k = Arc::new(fact);
+                        self.facts.insert(Arc::clone(&k), ());
+                        k
+                    }
+                }
+            })
+            .collect();
+        let line = match self.lines.get_key_value(r.verdict.line.as_str()) {
+            Some((k, ())) => Arc::clone(k),
+            None => {
+                let k: Arc<str> = Arc::from(r.verdict.line.as_str());
+                self.lines.insert(Arc::clone(&k), ());
+                k
+            }
+        };
+        Node { verdict: NodeVerdict { available: r.verdict.available, unsettled: r.verdict.unsettled.clone(), line }, findings }
+    }
+}
+
 /// Where a job's captures live: `DIR/JOB/` (or `DIR/` without a job).
 pub fn job_dir(dir: &Path, job: Option<&str>) -> Result<PathBuf, String> {
     match job {
@@ -242,21 +312,26 @@ pub fn wait_for(dir: &Path, expect: usize, wait: Duration) -> usize {
 /// When the folder cannot be listed.
 pub fn check(dir: &Path, job: Option<&str>, expect: Option<usize>) -> Result<FleetReport, String> {
     let (found, mut unreadable) = captures(dir)?;
-    let mut reports = Vec::new();
+    let mut reports: Vec<(String, Arc<Node>)> = Vec::new();
     // Nodes built alike write the same bytes: each distinct capture is
-    // judged once (by its contents' digest), however many nodes sent it.
-    let mut judged: HashMap<[u8; 32], Result<Arc<Report>, String>> = HashMap::new();
+    // judged once (by its contents' digest), however many nodes sent it;
+    // and what a judgement found is kept once (interned), however many
+    // nodes found it, so memory follows the distinct facts, not nodes x facts.
+    let mut judged: HashMap<[u8; 32], Result<Arc<Node>, String>> = HashMap::new();
+    let mut facts = Interner::default();
     for (name, path) in found {
-        let digest = match crate::doctor::input::read_bounded(&path, "capture", crate::doctor::input::CAPTURE_LIMIT) {
-            Ok(bytes) => <Sha256 as Digest>::digest(&bytes).into(),
+        let bytes = match crate::doctor::input::read_bounded(&path, "capture", crate::doctor::input::CAPTURE_LIMIT) {
+            Ok(bytes) => bytes,
             Err(e) => {
                 unreadable.push(Unreadable { file: path.display().to_string(), error: e.to_string() });
                 continue;
             }
         };
+        let digest: [u8; 32] = <Sha256 as Digest>::digest(&bytes).into();
+        drop(bytes);
         let result = judged.entry(digest).or_insert_with(|| {
             let s = Sources { from: Some(path.clone()), shell_over_capture: false, ..Sources::default() };
-            judge(&s, &Options::default()).map(Arc::new)
+            judge(&s, &Options::default()).map(|r| Arc::new(facts.node(&r)))
         });
         match result {
             Ok(r) => reports.push((name, Arc::clone(r))),
@@ -269,9 +344,9 @@ pub fn check(dir: &Path, job: Option<&str>, expect: Option<usize>) -> Result<Fle
 }
 
 /// The fleet's report from every node's report.
-pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Report>)], unreadable: Vec<Unreadable>, missing: usize) -> FleetReport {
-    let mut staging: BTreeMap<Vec<String>, Vec<&(String, Arc<Report>)>> = BTreeMap::new();
-    let mut open: BTreeMap<Vec<String>, Vec<&(String, Arc<Report>)>> = BTreeMap::new();
+pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Node>)], unreadable: Vec<Unreadable>, missing: usize) -> FleetReport {
+    let mut staging: BTreeMap<Vec<String>, Vec<&(String, Arc<Node>)>> = BTreeMap::new();
+    let mut open: BTreeMap<Vec<String>, Vec<&(String, Arc<Node>)>> = BTreeMap::new();
     for nr in reports {
         let r = &nr.1;
         if r.verdict.available {
@@ -303,7 +378,7 @@ pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Report>)], unreadabl
     // What sets nodes apart is asked of the nodes whose verdict holds (the
     // others are named above, with their cause); what is wrong everywhere,
     // of every node.
-    let holding: Vec<(String, Arc<Report>)> = reports.iter().filter(|(_, r)| r.verdict.available).cloned().collect();
+    let holding: Vec<(String, Arc<Node>)> = reports.iter().filter(|(_, r)| r.verdict.available).cloned().collect();
     let (differences, _) = compare(&holding);
     let (_, shared) = compare(reports);
     let grid = grid(reports, &staging, &differences, &shared);
@@ -348,7 +423,7 @@ pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Report>)], unreadabl
 
 /// The picture's rows and columns: every node; every check that fails or
 /// warns on some node, or differs between them.
-fn grid(reports: &[(String, Arc<Report>)], staging: &[Group], differences: &[Difference], shared: &[Shared]) -> Grid {
+fn grid(reports: &[(String, Arc<Node>)], staging: &[Group], differences: &[Difference], shared: &[Shared]) -> Grid {
     let mut checks: BTreeSet<String> = BTreeSet::new();
     checks.extend(staging.iter().flat_map(|g| g.checks.iter().filter(|c| !c.starts_with("verdict:")).cloned()));
     checks.extend(differences.iter().map(|d| d.check.clone()));
@@ -421,10 +496,10 @@ impl FleetReport {
     }
 }
 
-fn cause_group(checks: Vec<String>, nodes: &[&(String, Arc<Report>)]) -> Group {
+fn cause_group(checks: Vec<String>, nodes: &[&(String, Arc<Node>)]) -> Group {
     let first = &nodes[0].1;
     let failing: Vec<_> = first.findings.iter().filter(|f| checks.contains(&f.check)).collect();
-    let cause = if failing.is_empty() { first.verdict.line.clone() } else { failing.iter().map(|f| format!("{}: {}", f.check, f.summary)).collect::<Vec<_>>().join("; ") };
+    let cause = if failing.is_empty() { first.verdict.line.to_string() } else { failing.iter().map(|f| format!("{}: {}", f.check, f.summary)).collect::<Vec<_>>().join("; ") };
     let mut fixes: Vec<&str> = Vec::new();
     for fix in failing.iter().filter_map(|f| f.fix.as_deref()) {
         if !fixes.contains(&fix) {
@@ -440,7 +515,7 @@ const NOT_REPORTED: &str = "(not reported on this node)";
 
 /// Per check: the majority's outcome, the nodes that differ, and checks
 /// that are bad everywhere.
-fn compare(reports: &[(String, Arc<Report>)]) -> (Vec<Difference>, Vec<Shared>) {
+fn compare(reports: &[(String, Arc<Node>)]) -> (Vec<Difference>, Vec<Shared>) {
     // check -> outcome (status, summary) -> nodes
     let mut by_check: BTreeMap<&str, BTreeMap<(Status, &str), Vec<&str>>> = BTreeMap::new();
     for (name, r) in reports {

@@ -30,18 +30,113 @@ const MAX_SYMLINK_HOPS: usize = 40;
 /// A root under which `/sys`, `/proc` and `/dev` are read: `/` on a live
 /// machine, a fixture directory in tests.
 ///
-/// Two roots are equal when they read the same directory, recording or not.
+/// Two roots are equal when they read the same directory (or the same
+/// tree in memory), recording or not.
 #[derive(Clone, Debug)]
 pub struct SysRoot {
     root: PathBuf,
     /// Shared by clones, so a recording root handed down by value still
     /// records into one place.
     seen: Option<Arc<Mutex<BTreeMap<String, Access>>>>,
+    /// A tree held in memory instead of `root` on disk.
+    mem: Option<Arc<MemTree>>,
 }
 
 impl PartialEq for SysRoot {
     fn eq(&self, other: &SysRoot) -> bool {
-        self.root == other.root
+        match (&self.mem, &other.mem) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => self.root == other.root,
+            _ => false,
+        }
+    }
+}
+
+/// A file tree held in memory (a saved capture's), read through
+/// [`SysRoot::in_memory`] exactly as the same tree on disk would be read:
+/// directories, regular files and symbolic links by machine path.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemTree {
+    nodes: BTreeMap<String, MemNode>,
+}
+
+/// One path of a [`MemTree`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemNode {
+    /// A directory.
+    Dir,
+    /// A regular file and its bytes.
+    File(Vec<u8>),
+    /// A symbolic link and its target, as written.
+    Link(String),
+}
+
+/// What a path is, as `lstat` says.
+enum Kind {
+    Dir,
+    File,
+    Link(String),
+}
+
+impl MemTree {
+    /// An empty tree (only `/`).
+    pub fn new() -> MemTree {
+        MemTree::default()
+    }
+
+    /// Puts `node` at the absolute machine path `path` (replacing what was
+    /// there), its missing parents as directories.
+    pub fn insert(&mut self, path: &str, node: MemNode) {
+        let path = format!("/{}", path.trim_matches('/'));
+        let mut at = path.as_str();
+        while let Some((parent, _)) = at.rsplit_once('/') {
+            if parent.is_empty() {
+                break;
+            }
+            self.nodes.entry(parent.to_owned()).or_insert(MemNode::Dir);
+            at = parent;
+        }
+        if path != "/" {
+            self.nodes.insert(path, node);
+        }
+    }
+
+    /// What is at `path`, if anything.
+    pub fn get(&self, path: &str) -> Option<&MemNode> {
+        self.nodes.get(path)
+    }
+
+    /// How many paths the tree holds (its parents included).
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the tree holds nothing but `/`.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    fn kind(&self, path: &str) -> Option<Kind> {
+        if path == "/" {
+            return Some(Kind::Dir);
+        }
+        Some(match self.nodes.get(path)? {
+            MemNode::Dir => Kind::Dir,
+            MemNode::File(_) => Kind::File,
+            MemNode::Link(t) => Kind::Link(t.clone()),
+        })
+    }
+
+    fn children(&self, path: &str) -> Vec<String> {
+        let prefix = if path == "/" { "/".to_owned() } else { format!("{path}/") };
+        self.nodes
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .filter_map(|(k, _)| {
+                let rest = &k[prefix.len()..];
+                (!rest.is_empty() && !rest.contains('/')).then(|| rest.to_owned())
+            })
+            .collect()
     }
 }
 
@@ -85,7 +180,28 @@ impl SysRoot {
 
     /// A fixture tree laid out like `/`.
     pub fn at(root: impl Into<PathBuf>) -> SysRoot {
-        SysRoot { root: root.into(), seen: None }
+        SysRoot { root: root.into(), seen: None, mem: None }
+    }
+
+    /// A root over a tree held in memory (a saved capture's): read as the
+    /// same tree unpacked on disk would be, without touching the disk.
+    /// [`path`](Self::path) and [`root`](Self::root) name a directory that
+    /// does not exist.
+    pub fn in_memory(tree: MemTree) -> SysRoot {
+        SysRoot { root: PathBuf::from("/nonexistent/gpudirect-in-memory-root"), seen: None, mem: Some(Arc::new(tree)) }
+    }
+
+    /// What `at` (a machine path with no link to resolve above it) is.
+    fn kind(&self, at: &str) -> Option<Kind> {
+        if let Some(mem) = &self.mem {
+            return mem.kind(at);
+        }
+        let host = self.path(at);
+        let meta = std::fs::symlink_metadata(&host).ok()?;
+        if meta.file_type().is_symlink() {
+            return Some(Kind::Link(std::fs::read_link(&host).ok()?.to_str()?.to_owned()));
+        }
+        Some(if meta.is_dir() { Kind::Dir } else { Kind::File })
     }
 
     /// This root, recording from now on every machine path asked about
@@ -147,20 +263,18 @@ impl SysRoot {
             }
             done.push(comp);
             let at = format!("/{}", done.join("/"));
-            let host = self.path(&at);
-            let Ok(meta) = std::fs::symlink_metadata(&host) else { continue };
-            if !meta.file_type().is_symlink() {
-                if meta.is_dir() {
+            let target = match self.kind(&at) {
+                None | Some(Kind::File) => continue,
+                Some(Kind::Dir) => {
                     visit(&at, Passed::Dir);
+                    continue;
                 }
-                continue;
-            }
+                Some(Kind::Link(target)) => target,
+            };
             hops += 1;
             if hops > MAX_SYMLINK_HOPS {
                 return None;
             }
-            let target = std::fs::read_link(&host).ok()?;
-            let target = target.to_str()?.to_owned();
             visit(&at, Passed::Link(&target));
             done.pop();
             if target.starts_with('/') {
@@ -193,9 +307,24 @@ impl SysRoot {
     /// regular file or its links loop.
     pub fn read_bytes(&self, machine_path: &str, limit: u64) -> io::Result<Vec<u8>> {
         self.note(machine_path, Access::Read);
+        if let Some(bytes) = self.mem_file(machine_path)? {
+            return Ok(bytes[..bytes.len().min(usize::try_from(limit).unwrap_or(usize::MAX))].to_vec());
+        }
         let mut buf = Vec::new();
         self.open_regular(machine_path)?.take(limit).read_to_end(&mut buf)?;
         Ok(buf)
+    }
+
+    /// For a root in memory: the regular file's bytes at `machine_path`
+    /// (`Ok(None)` for a root on disk).
+    fn mem_file(&self, machine_path: &str) -> io::Result<Option<&[u8]>> {
+        let Some(mem) = &self.mem else { return Ok(None) };
+        let resolved = self.resolve(machine_path).ok_or_else(|| io::Error::other("symlink loop or unreadable link"))?;
+        match mem.get(&resolved) {
+            Some(MemNode::File(bytes)) => Ok(Some(bytes)),
+            Some(_) => Err(io::Error::other("not a regular file")),
+            None => Err(io::Error::from(io::ErrorKind::NotFound)),
+        }
     }
 
     /// The file's text (at most [`TEXT_LIMIT`] bytes, invalid UTF-8
@@ -215,7 +344,10 @@ impl SysRoot {
     /// # Errors
     /// As [`read_bytes`](Self::read_bytes).
     pub fn any_line(&self, machine_path: &str, mut pred: impl FnMut(&str) -> bool) -> io::Result<bool> {
-        let reader = BufReader::new(self.open_regular(machine_path)?.take(STREAM_LIMIT));
+        let reader: Box<dyn BufRead + '_> = match self.mem_file(machine_path)? {
+            Some(bytes) => Box::new(&bytes[..bytes.len().min(STREAM_LIMIT as usize)]),
+            None => Box::new(BufReader::new(self.open_regular(machine_path)?.take(STREAM_LIMIT))),
+        };
         for line in reader.split(b'\n') {
             let line = String::from_utf8_lossy(&line?).into_owned();
             if pred(&line) {
@@ -229,12 +361,22 @@ impl SysRoot {
 
     /// Whether the machine path exists (links followed inside the root).
     pub fn exists(&self, machine_path: &str) -> bool {
-        self.resolve(machine_path).is_some_and(|p| self.path(&p).exists())
+        self.resolve(machine_path).is_some_and(|p| self.kind(&p).is_some())
+    }
+
+    /// Whether `machine_path` resolves to a regular file (not a directory,
+    /// device node or FIFO), links followed inside the root.
+    pub fn is_file(&self, machine_path: &str) -> bool {
+        let Some(p) = self.resolve(machine_path) else { return false };
+        match &self.mem {
+            Some(mem) => matches!(mem.get(&p), Some(MemNode::File(_))),
+            None => std::fs::metadata(self.path(&p)).is_ok_and(|m| m.is_file()),
+        }
     }
 
     /// Whether the machine path is a directory (links followed inside the root).
     pub fn is_dir(&self, machine_path: &str) -> bool {
-        self.resolve(machine_path).is_some_and(|p| self.path(&p).is_dir())
+        self.resolve(machine_path).is_some_and(|p| matches!(self.kind(&p), Some(Kind::Dir)))
     }
 
     /// A directory's entry names, sorted so what is built from them comes
@@ -245,6 +387,13 @@ impl SysRoot {
     pub fn list_dir(&self, machine_path: &str) -> io::Result<Vec<String>> {
         self.note(machine_path, Access::List);
         let resolved = self.resolve(machine_path).ok_or_else(|| io::Error::other("symlink loop or unreadable link"))?;
+        if let Some(mem) = &self.mem {
+            return match mem.kind(&resolved) {
+                Some(Kind::Dir) => Ok(mem.children(&resolved)),
+                Some(_) => Err(io::Error::other("not a directory")),
+                None => Err(io::Error::from(io::ErrorKind::NotFound)),
+            };
+        }
         let mut names: Vec<String> = std::fs::read_dir(self.path(&resolved))?
             .filter_map(Result::ok)
             .filter_map(|e| e.file_name().to_str().map(str::to_owned))
@@ -305,5 +454,54 @@ mod tests {
         assert_eq!((seen["/sys/a"].clone(), seen["/sys/missing"].clone()), (Access::List, Access::Stat));
         assert_eq!(root, SysRoot::at(tree.path()), "recording does not change which tree is read");
         assert!(SysRoot::at(tree.path()).recorded().is_empty());
+    }
+
+    /// A tree in memory answers every read as the same tree on disk does:
+    /// relative and absolute links, `..` at the root, a loop, listings.
+    #[test]
+    fn a_tree_in_memory_reads_as_the_same_tree_on_disk() {
+        let tree = testkit::Tree::new("sysroot-mem");
+        let disk = SysRoot::at(tree.path());
+        let mut mem = MemTree::new();
+        let mut file = |p: &str, text: &str| {
+            tree.file(p, text);
+            mem.insert(p, MemNode::File(text.as_bytes().to_vec()));
+        };
+        file("/sys/devices/pci0000:00/0000:00:01.0/vendor", "0x10de\n");
+        file("/proc/cmdline", "ro iommu=pt\n");
+        let mut link = |p: &str, target: &str| {
+            let at = tree.path().join(&p[1..]);
+            std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+            std::os::unix::fs::symlink(target, &at).unwrap();
+            mem.insert(p, MemNode::Link(target.to_owned()));
+        };
+        link("/sys/bus/pci/devices/0000:00:01.0", "../../../devices/pci0000:00/0000:00:01.0");
+        link("/sys/abs", "/proc");
+        link("/sys/escape", "../../../../../etc");
+        link("/sys/loop", "/sys/loop");
+        let mem = SysRoot::in_memory(mem);
+        for p in [
+            "/sys/bus/pci/devices/0000:00:01.0/vendor",
+            "/sys/abs/cmdline",
+            "/sys/escape",
+            "/sys/loop",
+            "/sys/bus/pci/devices",
+            "/sys/devices/pci0000:00",
+            "/nothing",
+            "/",
+        ] {
+            assert_eq!(mem.resolve(p), disk.resolve(p), "{p}");
+            assert_eq!(mem.read(p).ok(), disk.read(p).ok(), "{p}");
+            assert_eq!(mem.exists(p), disk.exists(p), "{p}");
+            assert_eq!(mem.is_dir(p), disk.is_dir(p), "{p}");
+            assert_eq!(mem.is_file(p), disk.is_file(p), "{p}");
+            assert_eq!(mem.list_dir(p).ok(), disk.list_dir(p).ok(), "{p}");
+        }
+        assert_eq!(mem.read("/sys/abs/cmdline").unwrap(), "ro iommu=pt");
+        assert_eq!(mem.read_bytes("/proc/cmdline", 2).unwrap(), b"ro");
+        assert!(mem.any_line("/proc/cmdline", |l| l.contains("iommu=pt")).unwrap());
+        assert!(mem.read("/etc/passwd").is_err() && !mem.path("/etc").exists(), "nothing reaches the disk");
+        assert_ne!(mem, disk);
+        assert_eq!(mem.clone(), mem);
     }
 }

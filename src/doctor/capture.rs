@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use gpudirect::gdr::{GpuFacts, HostFacts};
-use gpudirect::sysroot::{Access, Passed, SysRoot, TEXT_LIMIT};
+use gpudirect::sysroot::{Access, MemNode, MemTree, Passed, SysRoot, TEXT_LIMIT};
 
 use super::input;
 use super::jobenv::JobEnv;
@@ -245,20 +245,16 @@ pub fn snapshot(root: &SysRoot) -> Vec<Entry> {
         let Some(resolved) = walk(root, &asked, &mut out) else {
             continue;
         };
-        let host = root.path(&resolved);
-        let Ok(meta) = std::fs::metadata(&host) else {
-            continue;
-        };
-        if meta.is_dir() {
+        if root.is_dir(&resolved) {
             put(&mut out, Entry::Dir { path: resolved.clone() });
             if access == Access::List {
-                for name in root_listing(&host) {
+                for name in root.list_dir(&resolved).unwrap_or_default() {
                     put(&mut out, Entry::Name { path: join(&resolved, &name) });
                 }
             }
             continue;
         }
-        if !meta.is_file() {
+        if !root.is_file(&resolved) {
             continue;
         }
         let bytes = match access {
@@ -283,12 +279,6 @@ fn file_entry(path: String, bytes: Vec<u8>) -> Entry {
         Ok(text) => Entry::File { path, text },
         Err(e) => Entry::Bytes { path, hex: e.into_bytes().iter().map(|b| format!("{b:02x}")).collect() },
     }
-}
-
-fn root_listing(host: &Path) -> Vec<String> {
-    std::fs::read_dir(host)
-        .map(|d| d.filter_map(Result::ok).filter_map(|e| e.file_name().to_str().map(str::to_owned)).collect())
-        .unwrap_or_default()
 }
 
 fn join(dir: &str, name: &str) -> String {
@@ -351,7 +341,10 @@ impl Capture {
     /// [`CaptureError::Refused`] for a path that is not absolute, holds
     /// `..`, lies under a link entry, or past the bounds;
     /// [`CaptureError::Io`] when writing fails.
-    pub fn unpack(&self, dir: &Path) -> Result<(), CaptureError> {
+    /// The entries in the order they are laid out (links last), each
+    /// checked: refused for a path that is not absolute, holds `..`, lies
+    /// under a link entry, or past the bounds.
+    fn plan(&self) -> Result<Vec<&Entry>, CaptureError> {
         if self.files.len() > MAX_ENTRIES {
             return Err(CaptureError::Refused {
                 entry: String::new(),
@@ -361,7 +354,7 @@ impl Capture {
         let links: std::collections::BTreeSet<&str> =
             self.files.iter().filter(|e| matches!(e, Entry::Link { .. })).map(Entry::path).collect();
         let mut bytes = 0usize;
-        let mut planned: Vec<(&Entry, PathBuf)> = Vec::new();
+        let mut planned: Vec<&Entry> = Vec::new();
         for e in &self.files {
             let p = e.path();
             let refuse = |why: &str| CaptureError::Refused { entry: p.to_owned(), why: why.to_owned() };
@@ -383,8 +376,46 @@ impl Capture {
             if bytes > MAX_BYTES {
                 return Err(refuse(&format!("the files hold more than {} MiB", MAX_BYTES >> 20)));
             }
-            planned.push((e, dir.join(&p[1..])));
+            planned.push(e);
         }
+        planned.sort_by_key(|e| matches!(e, Entry::Link { .. }));
+        Ok(planned)
+    }
+
+    /// The captured tree in memory, as [`unpack`](Self::unpack) would lay
+    /// it out on disk: what `--from` and `fleet check` judge, without
+    /// writing a file.
+    ///
+    /// # Errors
+    /// As [`unpack`](Self::unpack), but never [`CaptureError::Io`].
+    pub fn tree(&self) -> Result<MemTree, CaptureError> {
+        let mut tree = MemTree::new();
+        for e in self.plan()? {
+            let p = e.path();
+            match e {
+                Entry::Dir { .. } => {
+                    if tree.get(p).is_none() {
+                        tree.insert(p, MemNode::Dir);
+                    }
+                }
+                Entry::File { text, .. } => tree.insert(p, MemNode::File(text.clone().into_bytes())),
+                Entry::Bytes { hex, .. } => {
+                    let raw = decode_hex(hex).ok_or_else(|| CaptureError::Refused { entry: p.to_owned(), why: "its hex is malformed".into() })?;
+                    tree.insert(p, MemNode::File(raw));
+                }
+                Entry::Name { .. } => {
+                    if tree.get(p).is_none() {
+                        tree.insert(p, MemNode::File(Vec::new()));
+                    }
+                }
+                Entry::Link { target, .. } => tree.insert(p, MemNode::Link(target.clone())),
+            }
+        }
+        Ok(tree)
+    }
+
+    pub fn unpack(&self, dir: &Path) -> Result<(), CaptureError> {
+        let mut planned: Vec<(&Entry, PathBuf)> = self.plan()?.into_iter().map(|e| (e, dir.join(&e.path()[1..]))).collect();
         planned.sort_by_key(|(e, _)| matches!(e, Entry::Link { .. }));
         let io = |p: &Path| {
             let path = p.display().to_string();

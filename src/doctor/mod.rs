@@ -12,7 +12,7 @@ use serde::Serialize;
 use gpudirect::sysroot::SysRoot;
 
 /// How a check came out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     /// Fine.

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use gpudirect::sysroot::SysRoot;
 
-use super::capture::{Answers, Capture, Recorder, Unpacked};
+use super::capture::{Answers, Capture, Recorder};
 use super::input;
 use super::jobenv::{self, JobEnv};
 use super::probes::{LiveProbes, Probes};
@@ -52,10 +52,10 @@ impl Sources {
 /// process, a log) or written.
 pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
     // Held until the judgement is done: dropping it removes the unpacked tree.
-    let mut _unpacked = None;
     let (root, job, probes): (SysRoot, JobEnv, Box<dyn Probes>) = if let Some(from) = &s.from {
         let c = Capture::read(from).map_err(|e| e.to_string())?;
-        let u = Unpacked::new(&c).map_err(|e| e.to_string())?;
+        // Judged in memory, as the tree would read unpacked on disk.
+        let tree = c.tree().map_err(|e| e.to_string())?;
         let job = match (&s.nccl_log, &s.env_file) {
             (Some(log), _) => job_from_log(log)?,
             // The capture's own configuration files, never this machine's
@@ -64,9 +64,7 @@ pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
             (None, None) if s.shell_over_capture => over_capture(c.env.clone(), std::env::vars()),
             (None, None) => c.env.clone(),
         };
-        let root = u.root();
-        _unpacked = Some(u);
-        (root, job, Box::new(c.answers))
+        (SysRoot::in_memory(tree), job, Box::new(c.answers))
     } else {
         if !s.root.join("proc").is_dir() && !s.root.join("sys").is_dir() {
             return Err(format!("{} has neither proc/ nor sys/: nothing to examine", s.root.display()));
