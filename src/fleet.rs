@@ -37,7 +37,8 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::doctor::report::{Options, Report};
-use crate::doctor::sources::{judge, Sources};
+use crate::doctor::capture::Capture;
+use crate::doctor::sources::{judge, judge_capture, Sources};
 use crate::doctor::Status;
 
 /// The most captures one check reads.
@@ -320,18 +321,18 @@ pub fn check(dir: &Path, job: Option<&str>, expect: Option<usize>) -> Result<Fle
     let mut judged: HashMap<[u8; 32], Result<Arc<Node>, String>> = HashMap::new();
     let mut facts = Interner::default();
     for (name, path) in found {
-        let bytes = match crate::doctor::input::read_bounded(&path, "capture", crate::doctor::input::CAPTURE_LIMIT) {
-            Ok(bytes) => bytes,
+        // Read once: digested, and parsed from the same text when new.
+        let text = match crate::doctor::input::read_text(&path, "capture", crate::doctor::input::CAPTURE_LIMIT) {
+            Ok(text) => text,
             Err(e) => {
                 unreadable.push(Unreadable { file: path.display().to_string(), error: e.to_string() });
                 continue;
             }
         };
-        let digest: [u8; 32] = <Sha256 as Digest>::digest(&bytes).into();
-        drop(bytes);
+        let digest: [u8; 32] = <Sha256 as Digest>::digest(text.as_bytes()).into();
         let result = judged.entry(digest).or_insert_with(|| {
-            let s = Sources { from: Some(path.clone()), shell_over_capture: false, ..Sources::default() };
-            judge(&s, &Options::default()).map(|r| Arc::new(facts.node(&r)))
+            let c = Capture::parse(&text, &path.display().to_string()).map_err(|e| e.to_string())?;
+            judge_capture(c, &Options::default()).map(|r| Arc::new(facts.node(&r)))
         });
         match result {
             Ok(r) => reports.push((name, Arc::clone(r))),
@@ -379,14 +380,15 @@ pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Node>)], unreadable:
     // others are named above, with their cause); what is wrong everywhere,
     // of every node.
     let holding: Vec<(String, Arc<Node>)> = reports.iter().filter(|(_, r)| r.verdict.available).cloned().collect();
-    let (differences, _) = compare(&holding);
-    let (_, shared) = compare(reports);
+    let differences = differences(&holding);
+    let shared = shared(reports);
     let grid = grid(reports, &staging, &differences, &shared);
     let bad = staging.iter().map(|g| g.count).sum::<usize>();
     let n = reports.len();
+    let all_well = bad == 0 && open.is_empty() && unreadable.is_empty() && missing == 0;
     let line = if n == 0 && unreadable.is_empty() {
         "fleet: no captures to judge".to_owned()
-    } else if bad == 0 && open.is_empty() && unreadable.is_empty() && missing == 0 {
+    } else if all_well {
         format!("fleet: GPUDirect RDMA on all {n} node(s)")
     } else {
         let mut parts = Vec::new();
@@ -409,7 +411,7 @@ pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Node>)], unreadable:
         schema: SCHEMA_VERSION,
         job: job.map(str::to_owned),
         nodes: n,
-        available_everywhere: n > 0 && bad == 0 && open.is_empty() && unreadable.is_empty() && missing == 0,
+        available_everywhere: n > 0 && all_well,
         line,
         staging,
         open,
@@ -513,47 +515,66 @@ fn cause_group(checks: Vec<String>, nodes: &[&(String, Arc<Node>)]) -> Group {
 /// The outcome of a check on a node whose report does not have it.
 const NOT_REPORTED: &str = "(not reported on this node)";
 
-/// Per check: the majority's outcome, the nodes that differ, and checks
-/// that are bad everywhere.
-fn compare(reports: &[(String, Arc<Node>)]) -> (Vec<Difference>, Vec<Shared>) {
-    // check -> outcome (status, summary) -> nodes
-    let mut by_check: BTreeMap<&str, BTreeMap<(Status, &str), Vec<&str>>> = BTreeMap::new();
-    for (name, r) in reports {
+/// One check's outcomes over a set of nodes.
+struct Outcomes<'a> {
+    /// (status, summary) -> the nodes with it.
+    by: BTreeMap<(Status, &'a str), Vec<&'a str>>,
+    /// A finding of the check, for its fix.
+    fact: &'a Fact,
+}
+
+/// Per check (in order): its outcomes over `nodes`, the nodes that did not
+/// report it counted as one more outcome.
+fn outcomes(nodes: &[(String, Arc<Node>)]) -> BTreeMap<&str, Outcomes<'_>> {
+    let mut by_check: BTreeMap<&str, Outcomes<'_>> = BTreeMap::new();
+    for (name, r) in nodes {
         for f in &r.findings {
-            by_check.entry(&f.check).or_default().entry((f.status, &f.summary)).or_default().push(name);
+            let o = by_check.entry(&f.check).or_insert_with(|| Outcomes { by: BTreeMap::new(), fact: f });
+            o.by.entry((f.status, &f.summary)).or_default().push(name);
         }
     }
-    let n = reports.len();
-    let mut differences = Vec::new();
-    let mut shared = Vec::new();
-    for (check, outcomes) in &mut by_check {
-        let total: usize = outcomes.values().map(Vec::len).sum();
-        if total < n {
-            // Nodes where the check reported nothing count as one outcome.
-            let have: BTreeSet<&str> = outcomes.values().flatten().copied().collect();
-            let absent: Vec<&str> = reports.iter().map(|(name, _)| name.as_str()).filter(|name| !have.contains(name)).collect();
-            outcomes.insert((Status::Skipped, NOT_REPORTED), absent);
+    for o in by_check.values_mut() {
+        if o.by.values().map(Vec::len).sum::<usize>() < nodes.len() {
+            let have: BTreeSet<&str> = o.by.values().flatten().copied().collect();
+            let absent: Vec<&str> = nodes.iter().map(|(name, _)| name.as_str()).filter(|name| !have.contains(name)).collect();
+            o.by.insert((Status::Skipped, NOT_REPORTED), absent);
         }
-        let ((status, summary), majority) = outcomes.iter().max_by_key(|(_, v)| v.len()).expect("at least one outcome");
-        if outcomes.len() == 1 && matches!(*status, Status::Warn | Status::Fail) {
-            let fix = reports.iter().flat_map(|(_, r)| &r.findings).find(|f| f.check == *check).and_then(|f| f.fix.clone());
-            shared.push(Shared { check: (*check).to_owned(), status: *status, summary: (*summary).to_owned(), fix });
+    }
+    by_check
+}
+
+/// The checks whose outcome differs between `nodes`, each with the
+/// majority's outcome and the others.
+fn differences(nodes: &[(String, Arc<Node>)]) -> Vec<Difference> {
+    let mut out = Vec::new();
+    for (check, o) in outcomes(nodes) {
+        if o.by.len() < 2 {
             continue;
         }
-        if outcomes.len() == 1 {
-            continue;
-        }
-        let others = outcomes
+        let ((status, summary), majority) = o.by.iter().max_by_key(|(_, v)| v.len()).expect("at least one outcome");
+        let others = o
+            .by
             .iter()
             .filter(|(k, _)| **k != (*status, *summary))
             .map(|((st, sum), nodes)| {
                 let names: Vec<String> = nodes.iter().map(|s| (*s).to_owned()).collect();
-                Group { cause: format!("{}: {sum}", st), checks: vec![(*check).to_owned()], fix: None, count: names.len(), folded: fold_names(&names), names }
+                Group { cause: format!("{st}: {sum}"), checks: vec![check.to_owned()], fix: None, count: names.len(), folded: fold_names(&names), names }
             })
             .collect();
-        differences.push(Difference { check: (*check).to_owned(), majority: format!("{}: {summary}", status), majority_count: majority.len(), others });
+        out.push(Difference { check: check.to_owned(), majority: format!("{status}: {summary}"), majority_count: majority.len(), others });
     }
-    (differences, shared)
+    out
+}
+
+/// The checks that warn or fail, the same way, on every one of `nodes`.
+fn shared(nodes: &[(String, Arc<Node>)]) -> Vec<Shared> {
+    outcomes(nodes)
+        .into_iter()
+        .filter_map(|(check, o)| {
+            let (&(status, summary), _) = o.by.iter().next().filter(|_| o.by.len() == 1)?;
+            matches!(status, Status::Warn | Status::Fail).then(|| Shared { check: check.to_owned(), status, summary: summary.to_owned(), fix: o.fact.fix.clone() })
+        })
+        .collect()
 }
 
 /// `node003`, `node004` ... as `(prefix, number, width)` for folding.

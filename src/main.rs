@@ -198,9 +198,10 @@ fn main() -> ExitCode {
                 if v.get("format").is_none() {
                     return Ok(v);
                 }
-                // A capture: judged as `--from` would, in its own environment.
-                let from = doctor::sources::Sources { from: Some(p.clone()), shell_over_capture: false, ..doctor::sources::Sources::default() };
-                let report = doctor::sources::judge(&from, &doctor::report::Options::default())?;
+                // A capture: judged as `--from` would, in its own environment,
+                // from the text already read.
+                let c = doctor::capture::Capture::parse(&text, &p.display().to_string()).map_err(|e| e.to_string())?;
+                let report = doctor::sources::judge_capture(c, &doctor::report::Options::default())?;
                 serde_json::to_value(&report).map_err(|e| e.to_string())
             };
             match read(&before).and_then(|a| read(&after).and_then(|b| doctor::diff::diff(&a, &b))) {

@@ -306,21 +306,28 @@ impl Capture {
     /// [`CaptureError::Io`] when it cannot be read, [`CaptureError::Malformed`]
     /// when it is not a capture of [`CAPTURE_FORMAT`].
     pub fn read(path: &Path) -> Result<Capture, CaptureError> {
-        let shown = path.display().to_string();
-        let text = input::read_text(path, "capture", input::CAPTURE_LIMIT)?;
+        Self::parse(&input::read_text(path, "capture", input::CAPTURE_LIMIT)?, &path.display().to_string())
+    }
+
+    /// Reads a capture's text, already read from `shown` (for messages).
+    ///
+    /// # Errors
+    /// [`CaptureError::Malformed`] when it is not a capture of [`CAPTURE_FORMAT`].
+    pub fn parse(text: &str, shown: &str) -> Result<Capture, CaptureError> {
+        let shown = shown.to_owned();
         /// The format alone: the rest is skipped, not built, so a file
         /// that is not a capture costs no more than its text.
         #[derive(Deserialize)]
         struct Format {
             format: Option<u64>,
         }
-        let format = serde_json::from_str::<Format>(&text).map_err(|e| CaptureError::Malformed { path: shown.clone(), why: e.to_string() })?.format;
+        let format = serde_json::from_str::<Format>(text).map_err(|e| CaptureError::Malformed { path: shown.clone(), why: e.to_string() })?.format;
         if format != Some(u64::from(CAPTURE_FORMAT)) {
             let why =
                 format!("its format is {format:?}; this doctor reads format {CAPTURE_FORMAT} (write the capture again with this version)");
             return Err(CaptureError::Malformed { path: shown, why });
         }
-        serde_json::from_str(&text).map_err(|e| CaptureError::Malformed { path: shown, why: e.to_string() })
+        serde_json::from_str(text).map_err(|e| CaptureError::Malformed { path: shown, why: e.to_string() })
     }
 
     /// Writes the capture as JSON.
@@ -415,8 +422,7 @@ impl Capture {
     }
 
     pub fn unpack(&self, dir: &Path) -> Result<(), CaptureError> {
-        let mut planned: Vec<(&Entry, PathBuf)> = self.plan()?.into_iter().map(|e| (e, dir.join(&e.path()[1..]))).collect();
-        planned.sort_by_key(|(e, _)| matches!(e, Entry::Link { .. }));
+        let planned: Vec<(&Entry, PathBuf)> = self.plan()?.into_iter().map(|e| (e, dir.join(&e.path()[1..]))).collect();
         let io = |p: &Path| {
             let path = p.display().to_string();
             move |source| CaptureError::Io { path, source }

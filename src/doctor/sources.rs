@@ -51,20 +51,8 @@ impl Sources {
 /// A sentence naming what could not be read (a capture, an env file, a
 /// process, a log) or written.
 pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
-    // Held until the judgement is done: dropping it removes the unpacked tree.
     let (root, job, probes): (SysRoot, JobEnv, Box<dyn Probes>) = if let Some(from) = &s.from {
-        let c = Capture::read(from).map_err(|e| e.to_string())?;
-        // Judged in memory, as the tree would read unpacked on disk.
-        let tree = c.tree().map_err(|e| e.to_string())?;
-        let job = match (&s.nccl_log, &s.env_file) {
-            (Some(log), _) => job_from_log(log)?,
-            // The capture's own configuration files, never this machine's
-            // nor a path the capture's tree leads to.
-            (None, Some(f)) => jobenv::over_captured_files(read_env_file(f)?.0, &c.env.conf_files),
-            (None, None) if s.shell_over_capture => over_capture(c.env.clone(), std::env::vars()),
-            (None, None) => c.env.clone(),
-        };
-        (SysRoot::in_memory(tree), job, Box::new(c.answers))
+        captured(Capture::read(from).map_err(|e| e.to_string())?, s)?
     } else {
         if !s.root.join("proc").is_dir() && !s.root.join("sys").is_dir() {
             return Err(format!("{} has neither proc/ nor sys/: nothing to examine", s.root.display()));
@@ -94,6 +82,31 @@ pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
         capture.env.vars.len()
     );
     Ok(report)
+}
+
+/// Judges a capture already read, in its own captured environment (what
+/// `--from` does without a shell, an env file or a log over it).
+///
+/// # Errors
+/// A capture whose tree is refused.
+pub fn judge_capture(c: Capture, opts: &Options) -> Result<Report, String> {
+    let (root, job, probes) = captured(c, &Sources::default())?;
+    Ok(report::run(&Machine { root, job }, probes.as_ref(), opts))
+}
+
+/// What a capture is judged from: its tree in memory (read as it would
+/// read unpacked on disk), the job environment `s` asks for, its answers.
+fn captured(c: Capture, s: &Sources) -> Result<(SysRoot, JobEnv, Box<dyn Probes>), String> {
+    let tree = c.tree().map_err(|e| e.to_string())?;
+    let job = match (&s.nccl_log, &s.env_file) {
+        (Some(log), _) => job_from_log(log)?,
+        // The capture's own configuration files, never this machine's
+        // nor a path the capture's tree leads to.
+        (None, Some(f)) => jobenv::over_captured_files(read_env_file(f)?.0, &c.env.conf_files),
+        (None, None) if s.shell_over_capture => over_capture(c.env, std::env::vars()),
+        (None, None) => c.env,
+    };
+    Ok((SysRoot::in_memory(tree), job, Box::new(c.answers)))
 }
 
 /// The variables an NCCL log shows NCCL read.
