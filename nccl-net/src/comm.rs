@@ -33,7 +33,6 @@ use std::time::{Duration, Instant};
 
 use gpudirect::{AccessFlags, CompletionQueue, MemoryRegion, QpConfig, QueuePair, RecvWr, RemoteBuffer, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
-use crate::config::GdrPolicy;
 use crate::error::{NetError, Result};
 use crate::log;
 use crate::reg::Reg;
@@ -171,13 +170,31 @@ struct Inner {
     matched: [Option<Matched>; MAX_RECVS],
     seen: Seen,
     judged: bool,
-    failed: Option<String>,
+    failed: Option<Failed>,
     idle: u32,
     /// A completion arrived since the idle check last looked.
     progressed: bool,
     last_progress: Instant,
     probing: bool,
     wcs: [WorkCompletion; 16],
+}
+
+/// Why a comm stopped; every later call answers with the same error.
+#[derive(Debug)]
+enum Failed {
+    /// Refused under `require` at its first transfer.
+    Refused(String),
+    /// The peer failed, or a work request did.
+    Remote(String),
+}
+
+impl Failed {
+    fn error(&self) -> NetError {
+        match self {
+            Failed::Refused(t) => NetError::Refused(t.clone()),
+            Failed::Remote(t) => NetError::Remote(t.clone()),
+        }
+    }
 }
 
 // SAFETY: the raw pointers (`ReqHandle::comm`, `Matched::reg`) name
@@ -258,7 +275,7 @@ impl Comm {
             Action::Refuse(refusal) => {
                 log::info(&line.to_string());
                 let text = refusal.to_string();
-                g.failed = Some(text.clone());
+                g.failed = Some(Failed::Refused(text.clone()));
                 return Err(NetError::Refused(text));
             }
         }
@@ -266,8 +283,8 @@ impl Comm {
     }
 
     fn start(&self, g: &mut Inner) -> Result<()> {
-        if let Some(why) = &g.failed {
-            return Err(if self.site.config.policy == GdrPolicy::Require && !g.judged { NetError::Refused(why.clone()) } else { NetError::Remote(why.clone()) });
+        if let Some(f) = &g.failed {
+            return Err(f.error());
         }
         if !g.judged {
             self.first_transfer(g)?;
@@ -459,8 +476,8 @@ impl Comm {
             self.progress(g)?;
         }
         if g.reqs[slot].state != State::Done {
-            if let Some(why) = &g.failed {
-                return Err(NetError::Remote(why.clone()));
+            if let Some(f) = &g.failed {
+                return Err(f.error());
             }
             self.idle(g)?;
             return Ok(None);
@@ -565,7 +582,7 @@ impl Comm {
         let nic = self.nic().label();
         let text = format!("{} comm on {nic}: {why}", if self.side == Side::Send { "send" } else { "receive" });
         if g.failed.is_none() {
-            g.failed = Some(text.clone());
+            g.failed = Some(Failed::Remote(text.clone()));
         }
         NetError::Remote(text)
     }

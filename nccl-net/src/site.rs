@@ -151,8 +151,7 @@ impl Site {
             };
             for port in 1..=ctx.attr().phys_port_cnt {
                 match Self::port(&ctx, port, &config, &root, &topo, gpus) {
-                    Ok(Some(nic)) => nics.push(nic),
-                    Ok(None) => {}
+                    Ok(nic) => nics.push(nic),
                     Err(why) => skipped.push(format!("{}:{port}: {why}", dev.name)),
                 }
             }
@@ -167,7 +166,7 @@ impl Site {
         Ok(Site { nics, config, skipped })
     }
 
-    fn port(ctx: &Context, port: u8, config: &Config, root: &SysRoot, topo: &gpudirect::topology::PciTopology, gpus: usize) -> std::result::Result<Option<Nic>, String> {
+    fn port(ctx: &Context, port: u8, config: &Config, root: &SysRoot, topo: &gpudirect::topology::PciTopology, gpus: usize) -> std::result::Result<Nic, String> {
         let name = ctx.name().to_owned();
         let attr = ctx.query_port(port).map_err(|e| e.to_string())?;
         if attr.state != PortState::Active {
@@ -193,7 +192,7 @@ impl Site {
         let sysfs = format!("/sys/class/infiniband/{name}");
         let pci_path = std::fs::canonicalize(format!("{sysfs}/device")).or_else(|_| std::fs::canonicalize(&sysfs)).map_or(sysfs.clone(), |p| p.display().to_string());
         let speed_mbps = std::fs::read_to_string(format!("{sysfs}/ports/{port}/rate")).ok().and_then(|r| rate_mbps(&r)).unwrap_or(10_000);
-        Ok(Some(Nic {
+        Ok(Nic {
             c_name: CString::new(name.clone()).unwrap_or_default(),
             c_pci_path: CString::new(pci_path).unwrap_or_default(),
             name,
@@ -208,7 +207,7 @@ impl Site {
             pd,
             stats: Stats::default(),
             open_comms: AtomicUsize::new(0),
-        }))
+        })
     }
 
     /// Device `dev`, or the error NCCL gets for an index past the last.
