@@ -20,22 +20,35 @@
 //! from the revision of that read, so a publish between the two is seen
 //! and the wait is not a polling loop. Values are decoded as hostile
 //! input (anyone with access to the cluster can write them).
+//!
+//! Postings ([`Board`]) are keys `<board prefix><topic>/<name>`, each
+//! value the blob and its seal: the cluster's secret over the topic, the
+//! name and the bytes. A fetch believes only a value whose seal verifies,
+//! so a writer without the secret cannot make one, nor move a sealed
+//! value under another name; without a secret at hand postings are
+//! refused, not left unsealed.
 
 use std::future::Future;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, ConnectOptions, EventType, PutOptions, WatchOptions};
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
 
 use crate::sync::Mutex;
 
+use super::super::auth::{AuthError, ClusterSecret, Key, Label, SECRET_FILE_ENV, TAG};
 use super::super::desc::AgentMetadata;
 use super::super::error::EngineError;
+use super::board::{check_blob, check_posting, Board, MAX_POSTING};
+use super::server::MAX_ENTRIES;
 use super::{check_name, decode_for, rdv_err, Rendezvous};
 
 /// The key prefix agents publish under unless told otherwise
 /// ([`EtcdRendezvous::with_prefix`]).
 pub const DEFAULT_PREFIX: &str = "/gpudirect/agents/";
+/// The key prefix postings go under unless told otherwise
+/// ([`EtcdRendezvous::with_board_prefix`]).
+pub const DEFAULT_BOARD_PREFIX: &str = "/gpudirect/board/";
 
 /// A rendezvous in an etcd cluster. Cheap to share: `Send + Sync`, one
 /// handle serves every thread of a process.
@@ -57,6 +70,9 @@ pub struct EtcdRendezvous {
     /// The endpoints, as errors name the store.
     server: String,
     prefix: String,
+    board_prefix: String,
+    /// What postings are sealed with; none: postings are refused.
+    secret: Option<Key>,
     timeout: Duration,
     /// The lease's TTL, when publishing under one.
     lease_ttl: Option<Duration>,
@@ -80,11 +96,16 @@ impl EtcdRendezvous {
     /// outage: requests fail while the cluster is unreachable and work
     /// again once it is back.
     ///
+    /// Postings are sealed with the environment's cluster secret
+    /// (`GPUDIRECT_SECRET_FILE`, `GPUDIRECT_SECRET`), or the one given to
+    /// [`with_secret`](Self::with_secret).
+    ///
     /// # Errors
     /// [`EngineError::Rendezvous`] for an endpoint that does not parse, a
     /// cluster not reachable within `timeout`, or a runtime thread that
     /// cannot start; [`EngineError::Config`] for no endpoints or a zero
-    /// timeout.
+    /// timeout; [`EngineError::Auth`] for an unusable secret in the
+    /// environment.
     pub fn connect(endpoints: &[impl AsRef<str>], timeout: Duration) -> Result<EtcdRendezvous, EngineError> {
         let eps: Vec<String> = endpoints.iter().map(|e| e.as_ref().to_owned()).collect();
         if eps.is_empty() {
@@ -94,6 +115,7 @@ impl EtcdRendezvous {
             return Err(EngineError::Config("etcd: a zero timeout would fail every request".into()));
         }
         let server = eps.join(",");
+        let secret = ClusterSecret::from_env().map_err(|source| EngineError::Auth { peer: format!("etcd {server}"), source })?.map(|s| Key::of(Some(s)));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("gpudirect-etcd")
@@ -107,6 +129,8 @@ impl EtcdRendezvous {
             client,
             server,
             prefix: DEFAULT_PREFIX.to_owned(),
+            board_prefix: DEFAULT_BOARD_PREFIX.to_owned(),
+            secret,
             timeout,
             lease_ttl: None,
             lease: Arc::default(),
@@ -147,6 +171,34 @@ impl EtcdRendezvous {
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> EtcdRendezvous {
         self.prefix = prefix.into();
         self
+    }
+
+    /// Posts under `prefix` instead of [`DEFAULT_BOARD_PREFIX`].
+    pub fn with_board_prefix(mut self, prefix: impl Into<String>) -> EtcdRendezvous {
+        self.board_prefix = prefix.into();
+        self
+    }
+
+    /// Seals and checks postings with `secret` instead of the
+    /// environment's.
+    pub fn with_secret(mut self, secret: ClusterSecret) -> EtcdRendezvous {
+        self.secret = Some(Key::of(Some(secret)));
+        self
+    }
+
+    /// The key posting `name` under `topic` is kept at.
+    pub fn posting_key(&self, topic: &str, name: &str) -> String {
+        format!("{}{topic}/{name}", self.board_prefix)
+    }
+
+    /// The key postings are sealed with, or why there is none.
+    fn sealer(&self) -> Result<&Key, EngineError> {
+        self.secret.as_ref().ok_or_else(|| EngineError::Auth {
+            peer: format!("etcd {}", self.server),
+            source: AuthError::Secret(format!(
+                "postings in etcd are sealed with the cluster's secret, and none is set: anyone who can write the etcd cluster could forge them ({SECRET_FILE_ENV}, or EtcdRendezvous::with_secret)"
+            )),
+        })
     }
 
     /// The key agent `name` is published under.
@@ -239,6 +291,75 @@ impl Rendezvous for EtcdRendezvous {
     fn withdraw(&self, name: &str) -> Result<(), EngineError> {
         check_name(name)?;
         let (mut c, key) = (self.client.clone(), self.key(name));
+        self.run(self.timeout, async move { c.delete(key, None).await.map(drop) })
+    }
+}
+
+/// Postings as sealed keys; see the module's documentation.
+impl Board for EtcdRendezvous {
+    fn post(&self, topic: &str, name: &str, blob: &[u8]) -> Result<(), EngineError> {
+        check_posting(topic, Some(name))?;
+        check_blob(topic, name, blob)?;
+        let mut value = blob.to_vec();
+        value.extend_from_slice(&self.sealer()?.tag(Label::Posting, &[topic.as_bytes(), name.as_bytes(), blob]));
+        let opts = match self.lease_ttl {
+            Some(ttl) => Some(PutOptions::new().with_lease(self.lease_id(ttl)?)),
+            None => None,
+        };
+        let (mut c, key) = (self.client.clone(), self.posting_key(topic, name));
+        self.run(self.timeout, async move { c.put(key, value, opts).await.map(drop) })
+    }
+
+    fn names(&self, topic: &str) -> Result<Vec<String>, EngineError> {
+        check_posting(topic, None)?;
+        self.sealer()?;
+        let (mut c, under) = (self.client.clone(), self.posting_key(topic, ""));
+        let opts = GetOptions::new().with_prefix().with_keys_only().with_limit(MAX_ENTRIES as i64 + 1);
+        let keys: Vec<Vec<u8>> = self.run(self.timeout, async move { c.get(under, Some(opts)).await.map(|r| r.kvs().iter().map(|kv| kv.key().to_vec()).collect()) })?;
+        if keys.len() > MAX_ENTRIES {
+            return Err(rdv_err(&self.server, format!("topic {topic:?} holds more than {MAX_ENTRIES} postings")));
+        }
+        let under = self.posting_key(topic, "");
+        let mut names = Vec::with_capacity(keys.len());
+        for k in keys {
+            // Keys no post makes (written by hand, or by a hostile
+            // writer) are no posting: fetching them could only fail.
+            match std::str::from_utf8(&k).ok().and_then(|k| k.strip_prefix(under.as_str())) {
+                Some(n) if super::board::posting_name_ok(n) => names.push(n.to_owned()),
+                _ => tracing::warn!(key = %String::from_utf8_lossy(&k), "etcd: a key under the board's topic that no post makes, left out"),
+            }
+        }
+        names.sort_unstable();
+        Ok(names)
+    }
+
+    fn fetch(&self, topic: &str, name: &str) -> Result<Option<Vec<u8>>, EngineError> {
+        check_posting(topic, Some(name))?;
+        let sealer = self.sealer()?;
+        let (mut c, key) = (self.client.clone(), self.posting_key(topic, name));
+        let got = self.run(self.timeout, async move { c.get(key, None).await.map(|r| r.kvs().first().map(|kv| kv.value().to_vec())) })?;
+        let Some(mut value) = got else { return Ok(None) };
+        let unproven = |why: &str| EngineError::Auth {
+            peer: format!("etcd {}", self.server),
+            source: AuthError::BadProof { what: format!("the posting {topic}/{name} ({why})") },
+        };
+        if value.len() < TAG {
+            return Err(unproven("shorter than a seal"));
+        }
+        if value.len() > MAX_POSTING + TAG {
+            return Err(unproven("longer than a posting"));
+        }
+        let tag = value.split_off(value.len() - TAG);
+        if !sealer.verify(Label::Posting, &[topic.as_bytes(), name.as_bytes(), &value], &tag) {
+            return Err(unproven("its seal"));
+        }
+        Ok(Some(value))
+    }
+
+    fn remove(&self, topic: &str, name: &str) -> Result<(), EngineError> {
+        check_posting(topic, Some(name))?;
+        self.sealer()?;
+        let (mut c, key) = (self.client.clone(), self.posting_key(topic, name));
         self.run(self.timeout, async move { c.delete(key, None).await.map(drop) })
     }
 }
@@ -343,6 +464,43 @@ mod tests {
         let published = late.join().unwrap();
         assert_eq!(got.unwrap(), md);
         assert!(seen.duration_since(published) < Duration::from_secs(1), "seen {:?} after the publish", seen.duration_since(published));
+    }
+
+    /// Postings: the board's contract; a value not sealed with this
+    /// secret (forged, or sealed with another, or moved under another
+    /// name) is an error when fetched; no secret, no postings.
+    #[test]
+    #[ignore = "needs etcd (Debian: etcd-server)"]
+    fn postings_are_sealed_with_the_secret() {
+        let etcd = Etcd::local();
+        let secret = |b: u8| ClusterSecret::new(vec![b; 32]).unwrap();
+        let rdv = EtcdRendezvous::connect(&[etcd.url()], T).unwrap().with_secret(secret(1));
+        super::super::board::tests::post_list_fetch_remove(&rdv);
+        rdv.post("job-1", "node001", b"healthy").unwrap();
+        // A writer with another secret, and one with none but etcd access.
+        let other = EtcdRendezvous::connect(&[etcd.url()], T).unwrap().with_secret(secret(2));
+        other.post("job-1", "node002", b"forged").unwrap();
+        put_raw(&rdv, rdv.posting_key("job-1", "node003"), b"no seal at all, long enough to hold one".to_vec());
+        // A sealed value copied under another name.
+        let mut c = rdv.client.clone();
+        let sealed = rdv
+            .run(T, async move { c.get("/gpudirect/board/job-1/node001", None).await.map(|r| r.kvs()[0].value().to_vec()) })
+            .unwrap();
+        put_raw(&rdv, rdv.posting_key("job-1", "node004"), sealed);
+        put_raw(&rdv, format!("{}job-1/not/plain", DEFAULT_BOARD_PREFIX), b"x".to_vec());
+        assert_eq!(rdv.names("job-1").unwrap(), ["node001", "node002", "node003", "node004"], "keys no post makes are left out");
+        assert_eq!(rdv.fetch("job-1", "node001").unwrap().as_deref(), Some(&b"healthy"[..]));
+        for n in ["node002", "node003", "node004"] {
+            match rdv.fetch("job-1", n) {
+                Err(EngineError::Auth { source: AuthError::BadProof { what }, .. }) => assert!(what.contains(n), "{what}"),
+                r => panic!("{n}: {r:?}"),
+            }
+        }
+        let mut none = EtcdRendezvous::connect(&[etcd.url()], T).unwrap();
+        none.secret = None;
+        for e in [none.post("job-1", "x", b"x").unwrap_err(), none.fetch("job-1", "node001").unwrap_err()] {
+            assert!(matches!(e, EngineError::Auth { source: AuthError::Secret(_), .. }), "{e}");
+        }
     }
 
     #[test]

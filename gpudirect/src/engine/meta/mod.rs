@@ -7,7 +7,12 @@
 //!
 //! Whatever a rendezvous returns is decoded as hostile input, like any
 //! metadata: a bad blob is a typed error, never a panic.
+//!
+//! The same stores also carry postings ([`Board`]): named blobs under a
+//! topic that many processes post and one reads together, such as every
+//! node's doctor capture for a job's pre-launch gate.
 
+mod board;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod server;
@@ -19,7 +24,8 @@ use super::desc::{AgentMetadata, MAX_NAME};
 use super::error::EngineError;
 
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdRendezvous, DEFAULT_PREFIX};
+pub use etcd::{EtcdRendezvous, DEFAULT_BOARD_PREFIX, DEFAULT_PREFIX};
+pub use board::{posting_name_ok, Board, MAX_POSTING, MAX_POSTING_NAME, MAX_TOPIC};
 pub use server::{RendezvousConfig, RendezvousServer, MAX_ENTRIES};
 pub use tcp::TcpRendezvous;
 

@@ -7,6 +7,10 @@
 //! on a thread of its own, bounded by `SERVE_TIMEOUT`, at most
 //! `MAX_CLIENTS` at once (more are closed unanswered), so a client that
 //! stalls delays nobody else.
+//!
+//! Beside agents' metadata it holds postings (`board`): named blobs under
+//! a topic, each bound to the address that posted it (another address may
+//! not replace or remove it), counted in the same budgets and leases.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -22,6 +26,7 @@ use crate::sync::Mutex;
 use super::super::auth::{random, ClusterSecret, Key, Label, TAG};
 use super::super::desc::AgentMetadata;
 use super::super::error::EngineError;
+use super::board::{posting_name_ok, MAX_TOPIC};
 use super::rdv_err;
 use super::tcp::{read_request, Op, MAGIC, NOT_FOUND, OK, REFUSED, VERSION};
 
@@ -125,6 +130,31 @@ impl Drop for RendezvousServer {
     }
 }
 
+/// What an entry is held as: an agent's metadata by its name, or a
+/// posting by its topic and name (apart: neither can take the other's).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Name {
+    Agent(String),
+    Posting { topic: String, name: String },
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Name::Agent(n) => write!(f, "{n}"),
+            Name::Posting { topic, name } => write!(f, "{topic}/{name}"),
+        }
+    }
+}
+
+/// A posting's `topic/name` as a request carries it, checked.
+fn posting(key: &str) -> Result<Name, String> {
+    match key.split_once('/') {
+        Some((t, n)) if posting_name_ok(t) && t.len() <= MAX_TOPIC && posting_name_ok(n) => Ok(Name::Posting { topic: t.to_owned(), name: n.to_owned() }),
+        _ => Err(format!("{key:?} is not topic/name (each plain: letters, digits, '-', '_', '.')")),
+    }
+}
+
 struct Entry {
     blob: Vec<u8>,
     from: IpAddr,
@@ -141,14 +171,14 @@ struct Held {
 struct Store {
     config: RendezvousConfig,
     key: Key,
-    entries: HashMap<String, Entry>,
+    entries: HashMap<Name, Entry>,
     bytes: usize,
     clients: HashMap<IpAddr, Held>,
     swept: Instant,
 }
 
 impl Store {
-    fn remove(&mut self, name: &str) {
+    fn remove(&mut self, name: &Name) {
         if let Some(e) = self.entries.remove(name) {
             self.bytes -= e.blob.len();
             if let Some(h) = self.clients.get_mut(&e.from) {
@@ -169,14 +199,14 @@ impl Store {
             return;
         }
         self.swept = now;
-        let old: Vec<String> = self.entries.iter().filter(|(_, e)| now.duration_since(e.at) > lease).map(|(n, _)| n.clone()).collect();
+        let old: Vec<Name> = self.entries.iter().filter(|(_, e)| now.duration_since(e.at) > lease).map(|(n, _)| n.clone()).collect();
         for n in old {
             tracing::info!(name = %n, "rendezvous entry expired (not published again within its lease)");
             self.remove(&n);
         }
     }
 
-    fn live(&self, name: &str, now: Instant) -> Option<&Entry> {
+    fn live(&self, name: &Name, now: Instant) -> Option<&Entry> {
         let e = self.entries.get(name)?;
         match self.config.lease {
             Some(l) if now.duration_since(e.at) > l => None,
@@ -189,6 +219,43 @@ impl Store {
         if md.name != name {
             return Err(format!("metadata of {:?} published as {name:?}", md.name));
         }
+        self.hold(Name::Agent(name), blob, from, now)
+    }
+
+    /// A posting, bound to the address that first made it: a member
+    /// holding the secret may not replace another node's.
+    fn post(&mut self, name: Name, blob: Vec<u8>, from: IpAddr, now: Instant) -> Result<(), String> {
+        self.owned(&name, from, now)?;
+        self.hold(name, blob, from, now)
+    }
+
+    /// Refuses `from` acting on a live posting another address made.
+    fn owned(&self, name: &Name, from: IpAddr, now: Instant) -> Result<(), String> {
+        match self.live(name, now) {
+            Some(e) if e.from != from => Err(format!(
+                "{name} was posted from {}; {from} may not replace or remove it (remove it from there, or wait for the server's lease to expire it)",
+                e.from
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The names posted under `topic`, sorted, one a line.
+    fn list(&self, topic: &str, now: Instant) -> Vec<u8> {
+        let mut names: Vec<&str> = self
+            .entries
+            .iter()
+            .filter_map(|(k, _)| match k {
+                Name::Posting { topic: t, name } if t == topic && self.live(k, now).is_some() => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        names.sort_unstable();
+        names.join("\n").into_bytes()
+    }
+
+    /// Holds `blob` as `name` within the budgets, replacing what was there.
+    fn hold(&mut self, name: Name, blob: Vec<u8>, from: IpAddr, now: Instant) -> Result<(), String> {
         // Limits as if the old entry of that name were gone already.
         let old = self.entries.get(&name).map(|e| (e.from, e.blob.len()));
         let (mut names, mut bytes) = self.clients.get(&from).map_or((0, 0), |h| (h.names, h.bytes));
@@ -266,14 +333,34 @@ fn answer(s: TcpStream, from: IpAddr, nonce: [u8; TAG], store: &Mutex<Store>, sl
                     Ok(()) => (OK, Vec::new()),
                     Err(why) => (REFUSED, why.into_bytes()),
                 },
-                Op::Lookup => match store.live(&r.name, now) {
+                Op::Lookup => match store.live(&Name::Agent(r.name), now) {
                     Some(e) => (OK, e.blob.clone()),
                     None => (NOT_FOUND, Vec::new()),
                 },
                 Op::Withdraw => {
-                    store.remove(&r.name);
+                    store.remove(&Name::Agent(r.name));
                     (OK, Vec::new())
                 }
+                Op::Post => match posting(&r.name).and_then(|n| store.post(n, r.blob, from, now)) {
+                    Ok(()) => (OK, Vec::new()),
+                    Err(why) => (REFUSED, why.into_bytes()),
+                },
+                Op::Fetch => match posting(&r.name) {
+                    Ok(n) => match store.live(&n, now) {
+                        Some(e) => (OK, e.blob.clone()),
+                        None => (NOT_FOUND, Vec::new()),
+                    },
+                    Err(why) => (REFUSED, why.into_bytes()),
+                },
+                Op::List if posting_name_ok(&r.name) && r.name.len() <= MAX_TOPIC => (OK, store.list(&r.name, now)),
+                Op::List => (REFUSED, format!("topic {:?}: letters, digits, '-', '_', '.'", r.name).into_bytes()),
+                Op::Remove => match posting(&r.name).and_then(|n| store.owned(&n, from, now).map(|()| n)) {
+                    Ok(n) => {
+                        store.remove(&n);
+                        (OK, Vec::new())
+                    }
+                    Err(why) => (REFUSED, why.into_bytes()),
+                },
             }
         }
     };
@@ -283,4 +370,36 @@ fn answer(s: TcpStream, from: IpAddr, nonce: [u8; TAG], store: &Mutex<Store>, sl
     let tag = key.tag(Label::RendezvousAnswer, &[&nonce, &out]);
     out.extend_from_slice(&tag);
     s.write_all(&out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> Store {
+        Store { config: RendezvousConfig::default(), key: Key::of(None), entries: HashMap::new(), bytes: 0, clients: HashMap::new(), swept: Instant::now() }
+    }
+
+    /// A posting is its poster's: another address (a member holding the
+    /// secret) may neither replace nor remove it; the poster may.
+    #[test]
+    fn a_posting_is_bound_to_the_address_that_made_it() {
+        let mut s = store();
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let now = Instant::now();
+        let n = posting("job-1/node001").unwrap();
+        s.post(n.clone(), b"mine".to_vec(), a, now).unwrap();
+        let e = s.post(n.clone(), b"forged".to_vec(), b, now).unwrap_err();
+        assert!(e.contains("posted from 10.0.0.1") && e.contains("10.0.0.2 may not"), "{e}");
+        assert!(s.owned(&n, b, now).is_err(), "nor remove it");
+        assert_eq!(s.live(&n, now).unwrap().blob, b"mine");
+        s.post(n.clone(), b"again".to_vec(), a, now).unwrap();
+        assert_eq!((s.bytes, s.clients[&a].names), (5, 1), "a replacement is counted once");
+        assert_eq!(s.list("job-1", now), b"node001");
+        s.remove(&n);
+        s.post(n, b"now b's".to_vec(), b, now).unwrap();
+        for bad in ["job-1", "job-1/", "/node", "job/a/b", "job-1/.x"] {
+            assert!(posting(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! The embedded rendezvous's protocol and client ([`TcpRendezvous`]);
 //! the server is `server`. Each request is one TCP connection: the server
 //! opens with `"GDRV"`, the version and a fresh nonce; the client sends
-//! `"GDRV"`, version, op (publish, lookup, withdraw), the name, the blob
+//! `"GDRV"`, version, op (publish, lookup, withdraw; post, fetch, list,
+//! remove for postings, whose name is `topic/name`), the name, the blob
 //! and its proof (the cluster's secret over the nonce and all of that);
 //! the answer is a status, bytes, and the server's proof over the nonce
 //! and them. Every length is checked before anything is allocated for it;
@@ -17,6 +18,8 @@ use crate::deadline::{Bounded, Deadline};
 use super::super::auth::{ClusterSecret, Key, Label, TAG};
 use super::super::desc::{AgentMetadata, MAX_METADATA};
 use super::super::error::EngineError;
+use super::board::{check_blob, check_posting, Board, MAX_POSTING, MAX_POSTING_NAME};
+use super::server::MAX_ENTRIES;
 use super::{check_name, decode_for, rdv_err, Rendezvous};
 
 pub(super) const MAGIC: [u8; 4] = *b"GDRV";
@@ -30,7 +33,33 @@ pub(super) enum Op {
     Publish = 1,
     Lookup = 2,
     Withdraw = 3,
+    Post = 4,
+    Fetch = 5,
+    List = 6,
+    Remove = 7,
 }
+
+impl Op {
+    /// The most bytes a request of this op carries.
+    fn max_blob(self) -> usize {
+        match self {
+            Op::Publish => MAX_METADATA,
+            Op::Post => MAX_POSTING,
+            _ => 0,
+        }
+    }
+}
+
+/// The most bytes an answer carries: a posting, or a topic's names.
+const MAX_ANSWER: usize = {
+    let list = MAX_ENTRIES * (MAX_POSTING_NAME + 1);
+    let most = if MAX_POSTING > MAX_METADATA { MAX_POSTING } else { MAX_METADATA };
+    if list > most {
+        list
+    } else {
+        most
+    }
+};
 
 pub(super) const OK: u8 = 0;
 pub(super) const NOT_FOUND: u8 = 1;
@@ -67,7 +96,11 @@ pub(super) fn read_request(s: &mut impl Read) -> io::Result<Result<Incoming, Str
         1 => Op::Publish,
         2 => Op::Lookup,
         3 => Op::Withdraw,
-        k => return Ok(Err(format!("rendezvous op {k} (1 publish, 2 lookup, 3 withdraw)"))),
+        4 => Op::Post,
+        5 => Op::Fetch,
+        6 => Op::List,
+        7 => Op::Remove,
+        k => return Ok(Err(format!("rendezvous op {k} (1 publish, 2 lookup, 3 withdraw, 4 post, 5 fetch, 6 list, 7 remove)"))),
     };
     let n = usize::from(head[6]);
     let raw_name = take(s, n)?;
@@ -77,11 +110,11 @@ pub(super) fn read_request(s: &mut impl Read) -> io::Result<Result<Incoming, Str
     };
     let len_bytes = take(s, 4)?;
     let len = u32::from_be_bytes(len_bytes[..].try_into().expect("4 bytes")) as usize;
-    if len > MAX_METADATA {
-        return Ok(Err(format!("a blob of {len} bytes (at most {MAX_METADATA})")));
-    }
-    if op != Op::Publish && len != 0 {
-        return Ok(Err("only a publish carries a blob".into()));
+    if len > op.max_blob() {
+        return Ok(Err(match op {
+            Op::Publish | Op::Post => format!("a blob of {len} bytes (at most {})", op.max_blob()),
+            _ => "only a publish or a post carries a blob".into(),
+        }));
     }
     let blob = take(s, len)?;
     let tag = take(s, TAG)?;
@@ -130,11 +163,19 @@ impl TcpRendezvous {
     /// A server that closed it unanswered is asked again within the
     /// timeout: it was busy, not gone.
     fn call(&self, op: Op, name: &str, blob: &[u8]) -> Result<(u8, Vec<u8>), EngineError> {
+        self.call_within(op, name, blob, false)
+    }
+
+    /// [`call`](Self::call); with `wait_up`, a server not up yet is also
+    /// asked again within the timeout (a node posting before the gate's
+    /// server has started).
+    fn call_within(&self, op: Op, name: &str, blob: &[u8], wait_up: bool) -> Result<(u8, Vec<u8>), EngineError> {
         let started = Instant::now();
         loop {
             match self.try_call(op, name, blob, self.timeout) {
                 Ok(a) => return Ok(a),
                 Err(Call::Busy(_)) if started.elapsed() < self.timeout => std::thread::sleep(LOOKUP_EVERY),
+                Err(Call::NotUp(_)) if wait_up && started.elapsed() < self.timeout => std::thread::sleep(LOOKUP_EVERY),
                 Err(Call::NotUp(e) | Call::Busy(e)) => return Err(rdv_err(&self.server.to_string(), e.to_string())),
                 Err(Call::Failed(e)) => return Err(e),
             }
@@ -144,7 +185,10 @@ impl TcpRendezvous {
     /// [`call`](Self::call), telling a server that is not up (nothing
     /// listens: the connection is refused) from every other failure.
     fn try_call(&self, op: Op, name: &str, blob: &[u8], within: Duration) -> Result<(u8, Vec<u8>), Call> {
-        check_name(name)?;
+        // Postings' `topic/name` were checked by the board's methods.
+        if matches!(op, Op::Publish | Op::Lookup | Op::Withdraw) {
+            check_name(name)?;
+        }
         let server = self.server.to_string();
         let io = |e: io::Error| match e.kind() {
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => rdv_err(&server, format!("no whole answer within {within:?}")),
@@ -178,8 +222,8 @@ impl TcpRendezvous {
         s.write_all(&out).map_err(io)?;
         let mut answer = take(&mut s, 5).map_err(busy)?;
         let len = u32::from_be_bytes(answer[1..5].try_into().expect("4 bytes")) as usize;
-        if len > MAX_METADATA {
-            return Err(Call::Failed(rdv_err(&server, format!("an answer of {len} bytes (at most {MAX_METADATA})"))));
+        if len > MAX_ANSWER {
+            return Err(Call::Failed(rdv_err(&server, format!("an answer of {len} bytes (at most {MAX_ANSWER})"))));
         }
         answer.extend_from_slice(&take(&mut s, len).map_err(io)?);
         let tag = take(&mut s, TAG).map_err(io)?;
@@ -247,6 +291,36 @@ impl Rendezvous for TcpRendezvous {
     }
 }
 
+/// Postings in the server: each request proven with the cluster's secret
+/// like the rest; a server not up yet is waited for within the timeout.
+impl Board for TcpRendezvous {
+    fn post(&self, topic: &str, name: &str, blob: &[u8]) -> Result<(), EngineError> {
+        check_posting(topic, Some(name))?;
+        check_blob(topic, name, blob)?;
+        self.call_within(Op::Post, &format!("{topic}/{name}"), blob, true).and_then(|a| self.check(a)).map(drop)
+    }
+
+    fn names(&self, topic: &str) -> Result<Vec<String>, EngineError> {
+        check_posting(topic, None)?;
+        let body = self.call_within(Op::List, topic, &[], true).and_then(|a| self.check(a))?;
+        let text = String::from_utf8(body).map_err(|_| rdv_err(&self.server.to_string(), "a listing that is not UTF-8".into()))?;
+        Ok(text.split('\n').filter(|n| !n.is_empty()).map(str::to_owned).collect())
+    }
+
+    fn fetch(&self, topic: &str, name: &str) -> Result<Option<Vec<u8>>, EngineError> {
+        check_posting(topic, Some(name))?;
+        match self.call_within(Op::Fetch, &format!("{topic}/{name}"), &[], true)? {
+            (NOT_FOUND, _) => Ok(None),
+            a => self.check(a).map(Some),
+        }
+    }
+
+    fn remove(&self, topic: &str, name: &str) -> Result<(), EngineError> {
+        check_posting(topic, Some(name))?;
+        self.call_within(Op::Remove, &format!("{topic}/{name}"), &[], true).and_then(|a| self.check(a)).map(drop)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::server::{RendezvousConfig, RendezvousServer};
@@ -300,6 +374,47 @@ mod tests {
         });
     }
 
+    /// Postings: the board's contract, apart from agents' names, proven
+    /// with the secret (another is refused before acting), bounded by the
+    /// server's budgets, and a post waits for a server not up yet.
+    #[test]
+    fn postings_are_a_board_proven_and_bounded() {
+        let config = RendezvousConfig { secret: Some(secret(1)), max_names_per_client: 8, ..Default::default() };
+        let server = RendezvousServer::bind_with("127.0.0.1:0", config).unwrap();
+        let good = client(&server).with_secret(secret(1));
+        super::super::board::tests::post_list_fetch_remove(&good);
+        // An agent and a posting never take each other's place.
+        good.publish(&sample()).unwrap();
+        good.post("decode-0", "decode-0", b"a posting").unwrap();
+        assert_eq!(good.lookup("decode-0", Duration::ZERO).unwrap(), sample());
+        assert_eq!(good.names("decode-0").unwrap(), ["decode-0"]);
+        // Without the secret, or with another: refused, nothing changed.
+        for bad in [client(&server), client(&server).with_secret(secret(2))] {
+            for e in [bad.post("decode-0", "decode-0", b"forged").unwrap_err(), bad.names("decode-0").unwrap_err(), bad.remove("decode-0", "decode-0").unwrap_err()] {
+                assert!(e.to_string().contains("did not verify"), "{e}");
+            }
+        }
+        assert_eq!(good.fetch("decode-0", "decode-0").unwrap().as_deref(), Some(&b"a posting"[..]));
+        // Postings count in the client's budget (the agent and one posting
+        // held: 6 more fit).
+        for n in 0..6 {
+            good.post("job-9", &format!("n{n}"), b"x").unwrap();
+        }
+        let e = good.post("job-9", "n6", b"x").unwrap_err().to_string();
+        assert!(e.contains("max_names_per_client"), "{e}");
+        // A post made before the server is up waits for it.
+        let addr = server.addr();
+        drop(server);
+        std::thread::scope(|s| {
+            let poster = s.spawn(|| good.post("job-1", "late", b"waited"));
+            std::thread::sleep(Duration::from_millis(300));
+            let again = RendezvousServer::bind_with(addr, RendezvousConfig { secret: Some(secret(1)), ..Default::default() }).unwrap();
+            poster.join().unwrap().unwrap();
+            assert_eq!(good.fetch("job-1", "late").unwrap().as_deref(), Some(&b"waited"[..]));
+            drop(again);
+        });
+    }
+
     /// Hostile requests get a refusal with the reason; the server goes on.
     #[test]
     fn bad_requests_are_refused_and_the_server_goes_on() {
@@ -309,7 +424,10 @@ mod tests {
         let cases: Vec<(Vec<u8>, Option<&Key>, &str)> = vec![
             (req(b"HTTP", VERSION, 1, "decode-0", &blob), None, "not a gpudirect"),
             (req(b"GDRV", 9, 1, "decode-0", &blob), None, "version 9"),
-            (req(b"GDRV", VERSION, 4, "decode-0", &blob), None, "op 4"),
+            (req(b"GDRV", VERSION, 9, "decode-0", &blob), None, "op 9"),
+            (req(b"GDRV", VERSION, 4, "no-slash", b"x"), Some(&open), "not topic/name"),
+            (req(b"GDRV", VERSION, 4, "job/../x", b"x"), Some(&open), "not topic/name"),
+            (req(b"GDRV", VERSION, 6, "job/x", &[]), Some(&open), "topic"),
             (req(b"GDRV", VERSION, 1, "", &blob), None, "empty"),
             (req(b"GDRV", VERSION, 1, "decode-0", b"garbage"), Some(&open), "not agent metadata"),
             (req(b"GDRV", VERSION, 1, "someone-else", &blob), Some(&open), "published as"),

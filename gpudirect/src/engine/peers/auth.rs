@@ -178,6 +178,8 @@ pub(crate) enum Label {
     RendezvousRequest,
     /// The rendezvous server's answer.
     RendezvousAnswer,
+    /// A posting's seal (a value in a store anyone may write).
+    Posting,
 }
 
 impl Label {
@@ -189,6 +191,7 @@ impl Label {
             Label::Metadata => b"gpudirect agent metadata v2",
             Label::RendezvousRequest => b"gpudirect rendezvous v2: request",
             Label::RendezvousAnswer => b"gpudirect rendezvous v2: answer",
+            Label::Posting => b"gpudirect posting v1",
         }
     }
 }
