@@ -4,9 +4,11 @@
 //! GPUDirect RDMA is lost one node at a time (a peer-memory module that did
 //! not load after a driver update, a pod without the SR-IOV network, one
 //! rank's `NCCL_IB_DISABLE`), and a job runs at the speed of its worst
-//! node. Each node writes its capture (`gpudirect fleet post DIR --job ID`,
-//! the doctor's `--capture` under the node's name) into a directory all
-//! nodes share; `gpudirect fleet check DIR --job ID` judges every capture
+//! node. Each node posts its capture (`gpudirect fleet post --job ID`,
+//! the doctor's `--capture` under the node's name) to where they meet: a
+//! folder all nodes share, the project's rendezvous server or etcd, the
+//! last two proven with the cluster's secret ([`Collection`]);
+//! `gpudirect fleet check --job ID` judges every capture
 //! with the doctor's own judge, in each node's own environment, and says
 //! together:
 //! - the verdict for the job: whether every node will use GPUDirect RDMA;
@@ -31,15 +33,18 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::doctor::report::{Options, Report};
 use crate::doctor::capture::Capture;
-use crate::doctor::sources::{judge, judge_capture, Sources};
+use crate::doctor::sources::{judge_capture, judge_this_machine_recording};
 use crate::doctor::Status;
+
+mod collect;
+
+pub use collect::{Collection, Posted};
 
 /// The most captures one check reads.
 pub const MAX_NODES: usize = 100_000;
@@ -163,27 +168,37 @@ pub fn this_node() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()).filter(|h| valid_name(h))
 }
 
-/// Writes this machine's capture, judged in this process's environment
-/// (the job's, when run from the job's launcher), to `DIR/JOB/NODE.json`,
-/// atomically (written beside it, then renamed), and returns the path and
-/// this node's own report.
+/// Posts this node's capture under `job` as `node` (default: the host
+/// name) to `to`, and returns where it went and this node's own report.
+/// Without `from`, this machine is judged and captured in this process's
+/// environment (the job's, when run from the job's launcher); with it,
+/// that capture file is judged and posted as it is.
 ///
 /// # Errors
-/// A bad job or node name, a folder that cannot be made, or the doctor's error.
-pub fn post(dir: &Path, job: &str, node: Option<&str>) -> Result<(PathBuf, Report), String> {
+/// A bad job or node name, a capture that cannot be read, the doctor's
+/// error, or the collection's refusal.
+pub fn post(to: &Collection, job: &str, node: Option<&str>, from: Option<&Path>) -> Result<(String, Report), String> {
     let node = match node {
         Some(n) if valid_name(n) => n.to_owned(),
         Some(n) => return Err(format!("node name {n:?}: use letters, digits, '-', '_' and '.' only")),
         None => this_node().ok_or("cannot tell this node's name from /proc/sys/kernel/hostname: pass --node")?,
     };
-    let folder = job_dir(dir, Some(job))?;
-    std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
-    let tmp = folder.join(format!(".{node}.{}.tmp", std::process::id()));
-    let s = Sources { capture: Some(tmp.clone()), ..Sources::this_machine() };
-    let report = judge(&s, &Options::default())?;
-    let path = folder.join(format!("{node}.json"));
-    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok((path, report))
+    if !valid_name(job) {
+        return Err(format!("job id {job:?}: use letters, digits, '-', '_' and '.' only"));
+    }
+    let (text, report) = match from {
+        Some(path) => {
+            let text = crate::doctor::input::read_text(path, "capture", crate::doctor::input::CAPTURE_LIMIT).map_err(|e| e.to_string())?;
+            let c = Capture::parse(&text, &path.display().to_string()).map_err(|e| e.to_string())?;
+            let report = judge_capture(c, &Options::default())?;
+            (text, report)
+        }
+        None => {
+            let (report, capture) = judge_this_machine_recording(&Options::default())?;
+            (capture.to_text(), report)
+        }
+    };
+    Ok((to.post(job, &node, &text)?, report))
 }
 
 /// What the fleet keeps of one node's report: its verdict and its
@@ -265,80 +280,42 @@ pub fn job_dir(dir: &Path, job: Option<&str>) -> Result<PathBuf, String> {
     }
 }
 
-/// Whether a node or job name is one this tool writes and reads.
+/// Whether a node or job name is one this tool writes and reads (the
+/// engine's rule for postings, so a name that fits a folder fits a board).
 pub fn valid_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 128 && !s.starts_with('.') && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    gpudirect::engine::posting_name_ok(s)
 }
 
-/// A job folder's captures, by node name (the file's stem), and the files
-/// refused for their names.
-type Found = (Vec<(String, PathBuf)>, Vec<Unreadable>);
-
-/// The capture files of a job folder.
-fn captures(dir: &Path) -> Result<Found, String> {
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut found = Vec::new();
-    let mut bad = Vec::new();
-    for e in entries.flatten() {
-        let path = e.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".json")).map(str::to_owned) else { continue };
-        if !valid_name(&name) {
-            bad.push(Unreadable { file: path.display().to_string(), error: "not a node name (letters, digits, '-', '_', '.')".into() });
-            continue;
-        }
-        if found.len() >= MAX_NODES {
-            return Err(format!("{}: more than {MAX_NODES} captures", dir.display()));
-        }
-        found.push((name, path));
-    }
-    found.sort_by_key(|a| natural(&a.0));
-    Ok((found, bad))
-}
-
-/// Waits until `expect` captures are in `dir`, or `wait` passes.
-pub fn wait_for(dir: &Path, expect: usize, wait: Duration) -> usize {
-    let start = Instant::now();
-    loop {
-        let n = captures(dir).map(|(c, _)| c.len()).unwrap_or(0);
-        if n >= expect || start.elapsed() >= wait {
-            return n;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-/// Judges every capture of `dir`.
+/// Judges every capture posted under `job` in `from`.
 ///
 /// # Errors
-/// When the folder cannot be listed.
-pub fn check(dir: &Path, job: Option<&str>, expect: Option<usize>) -> Result<FleetReport, String> {
-    let (found, mut unreadable) = captures(dir)?;
+/// When the job cannot be listed.
+pub fn check(from: &Collection, job: Option<&str>, expect: Option<usize>) -> Result<FleetReport, String> {
     let mut reports: Vec<(String, Arc<Node>)> = Vec::new();
+    let mut unreadable = Vec::new();
     // Nodes built alike write the same bytes: each distinct capture is
     // judged once (by its contents' digest), however many nodes sent it;
     // and what a judgement found is kept once (interned), however many
     // nodes found it, so memory follows the distinct facts, not nodes x facts.
     let mut judged: HashMap<[u8; 32], Result<Arc<Node>, String>> = HashMap::new();
     let mut facts = Interner::default();
-    for (name, path) in found {
-        // Read once: digested, and parsed from the same text when new.
-        let text = match crate::doctor::input::read_text(&path, "capture", crate::doctor::input::CAPTURE_LIMIT) {
+    let refused = from.for_each(job, |p| {
+        let text = match p.text {
             Ok(text) => text,
-            Err(e) => {
-                unreadable.push(Unreadable { file: path.display().to_string(), error: e.to_string() });
-                continue;
-            }
+            Err(error) => return unreadable.push(Unreadable { file: p.place, error }),
         };
+        // Read once: digested, and parsed from the same text when new.
         let digest: [u8; 32] = <Sha256 as Digest>::digest(text.as_bytes()).into();
         let result = judged.entry(digest).or_insert_with(|| {
-            let c = Capture::parse(&text, &path.display().to_string()).map_err(|e| e.to_string())?;
+            let c = Capture::parse(&text, &p.place).map_err(|e| e.to_string())?;
             judge_capture(c, &Options::default()).map(|r| Arc::new(facts.node(&r)))
         });
         match result {
-            Ok(r) => reports.push((name, Arc::clone(r))),
-            Err(e) => unreadable.push(Unreadable { file: path.display().to_string(), error: e.clone() }),
+            Ok(r) => reports.push((p.node, Arc::clone(r))),
+            Err(e) => unreadable.push(Unreadable { file: p.place, error: e.clone() }),
         }
-    }
+    })?;
+    unreadable.extend(refused);
     let seen = reports.len() + unreadable.len();
     let missing = expect.map_or(0, |n| n.saturating_sub(seen));
     Ok(summarise(job, &reports, unreadable, missing))

@@ -20,7 +20,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "gpudirect", version, about = "GPUDirect RDMA diagnostics")]
@@ -139,29 +139,59 @@ enum DoctorAction {
     },
 }
 
+/// Where a job's captures meet: exactly one of a shared folder, the
+/// rendezvous server, etcd.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+struct Place {
+    /// A folder every node shares (captures at DIR/JOB/NODE.json).
+    dir: Option<PathBuf>,
+    /// The rendezvous server (`gpudirect rendezvous --listen ADDR`) at
+    /// HOST:PORT; requests prove the cluster secret (GPUDIRECT_SECRET_FILE).
+    #[arg(long, value_name = "HOST:PORT")]
+    rendezvous: Option<String>,
+    /// etcd's endpoints (http://HOST:2379, repeat for more members);
+    /// captures are sealed with the cluster secret (GPUDIRECT_SECRET_FILE).
+    #[arg(long, value_name = "URL")]
+    etcd: Vec<String>,
+    /// Bound on each request to the rendezvous or etcd, in seconds (a post
+    /// also waits this long for a rendezvous server that is not up yet).
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    timeout: u64,
+}
+
+impl Place {
+    fn open(&self) -> Result<fleet::Collection, String> {
+        fleet::Collection::open(self.dir.as_deref(), self.rendezvous.as_deref(), &self.etcd, std::time::Duration::from_secs(self.timeout.max(1)))
+    }
+}
+
 #[derive(Subcommand)]
 enum FleetAction {
-    /// Write this node's capture to DIR/JOB/NODE.json, a folder every node
-    /// of the job shares (run it from the job's launcher, in the job's
-    /// environment, on each node).
+    /// Post this node's capture under the job's id (run it from the job's
+    /// launcher, in the job's environment, on each node).
     Post {
-        /// The shared folder.
-        dir: PathBuf,
-        /// The job's id (a subfolder of DIR).
+        #[command(flatten)]
+        place: Place,
+        /// The job's id (a subfolder of DIR, a topic of the rendezvous or etcd).
         #[arg(long)]
         job: String,
         /// This node's name (default: the host name).
         #[arg(long)]
         node: Option<String>,
+        /// Post this capture (`gpudirect doctor --capture`) instead of
+        /// capturing this machine now.
+        #[arg(long, value_name = "CAPTURE")]
+        from: Option<PathBuf>,
     },
-    /// Judge every capture of DIR/JOB together. Exit 0 when every node will
+    /// Judge every capture of the job together. Exit 0 when every node will
     /// use GPUDirect RDMA, 1 when any would stage (or is missing or
     /// unreadable), 3 when a job file leaves a node's verdict open, 2 when
     /// the check could not run.
     Check {
-        /// The shared folder.
-        dir: PathBuf,
-        /// The job's id (a subfolder of DIR); without it, DIR itself.
+        #[command(flatten)]
+        place: Place,
+        /// The job's id (a subfolder of DIR; without it, DIR itself).
         #[arg(long)]
         job: Option<String>,
         /// Machine-readable output (docs/fleet-json.md).
@@ -234,39 +264,42 @@ fn main() -> ExitCode {
             }
             ExitCode::from(report.exit_status())
         }
-        Command::Fleet { action: FleetAction::Post { dir, job, node } } => match fleet::post(&dir, &job, node.as_deref()) {
-            Ok((path, report)) => {
-                println!("{} ({})", report.verdict.line, path.display());
-                ExitCode::from(report.exit_status())
-            }
-            Err(e) => {
-                eprintln!("gpudirect fleet post: {e}");
-                ExitCode::from(2)
-            }
-        },
-        Command::Fleet { action: FleetAction::Check { dir, job, json, expect, wait, svg } } => {
-            let folder = match fleet::job_dir(&dir, job.as_deref()) {
-                Ok(f) => f,
-                Err(e) => {
-                    eprintln!("gpudirect fleet check: {e}");
-                    return ExitCode::from(2);
+        Command::Fleet { action: FleetAction::Post { place, job, node, from } } => {
+            match place.open().and_then(|to| fleet::post(&to, &job, node.as_deref(), from.as_deref())) {
+                Ok((place, report)) => {
+                    println!("{} ({place})", report.verdict.line);
+                    ExitCode::from(report.exit_status())
                 }
+                Err(e) => {
+                    eprintln!("gpudirect fleet post: {e}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Fleet { action: FleetAction::Check { place, job, json, expect, wait, svg } } => {
+            let failed = |e: String| {
+                eprintln!("gpudirect fleet check: {e}");
+                ExitCode::from(2)
+            };
+            let from = match place.open() {
+                Ok(c) => c,
+                Err(e) => return failed(e),
             };
             if let (Some(n), Some(secs)) = (expect, wait) {
-                fleet::wait_for(&folder, n, std::time::Duration::from_secs(secs));
+                from.wait_for(job.as_deref(), n, std::time::Duration::from_secs(secs));
             }
-            match fleet::check(&folder, job.as_deref(), expect) {
-                Ok(r) => match svg.map_or(Ok(()), |p| std::fs::write(&p, r.svg()).map_err(|e| format!("{}: {e}", p.display()))).map_err(|e| {
-                    eprintln!("gpudirect fleet check: {e}");
-                    ExitCode::from(2)
-                }).and_then(|()| emit(&r, json, "fleet check")) {
-                    Ok(()) => ExitCode::from(r.exit_status()),
-                    Err(code) => code,
-                },
-                Err(e) => {
-                    eprintln!("gpudirect fleet check: {e}");
-                    ExitCode::from(2)
+            let report = match fleet::check(&from, job.as_deref(), expect) {
+                Ok(r) => r,
+                Err(e) => return failed(e),
+            };
+            if let Some(p) = svg {
+                if let Err(e) = std::fs::write(&p, report.svg()) {
+                    return failed(format!("{}: {e}", p.display()));
                 }
+            }
+            match emit(&report, json, "fleet check") {
+                Ok(()) => ExitCode::from(report.exit_status()),
+                Err(code) => code,
             }
         }
         Command::Rendezvous { listen, secret_file, insecure, lease, max_mib } => rendezvous(&listen, secret_file, insecure, lease, max_mib),

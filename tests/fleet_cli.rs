@@ -61,3 +61,46 @@ fn post_writes_this_node_s_capture_where_check_finds_it() {
     let bad = gpudirect().args(["fleet", "post"]).arg(tree.path()).args(["--job", "j7", "--node", "../x"]).output().unwrap();
     assert_eq!(bad.status.code(), Some(2));
 }
+
+/// Through `gpudirect rendezvous`, as a Slurm prolog and a gate would use
+/// it: nodes post with the cluster's secret file, the gate waits for them;
+/// a node posting with another secret is refused (exit 2) and left out;
+/// two places at once is a usage error.
+#[test]
+fn nodes_post_to_the_rendezvous_and_the_gate_reads_it() {
+    let tree = testkit::Tree::new("fleet-rdv");
+    let (secret, other) = (tree.path().join("secret"), tree.path().join("other"));
+    std::fs::write(&secret, [7u8; 32]).unwrap();
+    std::fs::write(&other, [8u8; 32]).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    // The gate starts first and waits; the server comes up after it.
+    let gate = gpudirect()
+        .args(["fleet", "check", "--rendezvous", &addr, "--job", "job-7", "--expect", "3", "--wait", "60", "--json"])
+        .env("GPUDIRECT_SECRET_FILE", &secret)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut server = gpudirect().args(["rendezvous", "--listen", &addr]).arg("--secret-file").arg(&secret).spawn().unwrap();
+    let capture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/captures/dgx-pix.json");
+    let post = |node: &str, key: &std::path::Path| {
+        gpudirect().args(["fleet", "post", "--rendezvous", &addr, "--job", "job-7", "--node", node, "--from", capture]).env("GPUDIRECT_SECRET_FILE", key).output().unwrap()
+    };
+    let intruder = post("n9", &other);
+    assert_eq!(intruder.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&intruder.stderr).contains("did not verify"), "{}", String::from_utf8_lossy(&intruder.stderr));
+    for n in ["n1", "n2", "n3"] {
+        let out = post(n, &secret);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("job-7/{n} at rendezvous {addr}")), "{}", String::from_utf8_lossy(&out.stdout));
+    }
+    let out = gate.wait_with_output().unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((r["nodes"].as_u64(), r["missing"].as_u64()), (Some(3), Some(0)), "{r}");
+    let both = gpudirect().args(["fleet", "check"]).arg(tree.path()).args(["--rendezvous", &addr, "--job", "j"]).output().unwrap();
+    assert_eq!(both.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"), "{}", String::from_utf8_lossy(&both.stderr));
+}

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import ctypes
 
@@ -304,28 +304,38 @@ def doctor(
 
 
 def fleet_check(
-    dir: _Path,
+    dir: Optional[_Path] = None,
     *,
     job: Optional[str] = None,
+    rendezvous: Optional[str] = None,
+    etcd: Optional[List[str]] = None,
     expect: Optional[int] = None,
     wait: Optional[float] = None,
+    timeout: float = 30.0,
 ) -> Dict[str, Any]:
     """The job's GPUDirect RDMA verdict across its nodes, before launch.
 
-    Judges every capture in ``dir/job/`` (each node's ``gpudirect fleet
-    post``) with the doctor's judge and returns the report ``gpudirect
-    fleet check --json`` prints (docs/fleet-json.md):
-    ``report["available_everywhere"]``, ``report["line"]``,
-    ``report["staging"]`` (the nodes that would stage, grouped by cause,
-    with the fix and their names folded as ``node[003-007]``),
-    ``report["differences"]`` and ``report["shared"]``. With ``expect``,
-    nodes that sent no capture (after waiting up to ``wait`` seconds) are
-    counted in ``report["missing"]``.
+    Judges every capture the nodes posted (``gpudirect fleet post``) with
+    the doctor's judge and returns the report ``gpudirect fleet check
+    --json`` prints (docs/fleet-json.md): ``report["available_everywhere"]``,
+    ``report["line"]``, ``report["staging"]`` (the nodes that would stage,
+    grouped by cause, with the fix and their names folded as
+    ``node[003-007]``), ``report["differences"]`` and ``report["shared"]``.
+    With ``expect``, nodes that sent no capture (after waiting up to
+    ``wait`` seconds) are counted in ``report["missing"]``.
 
-    Raises DoctorError when the folder cannot be read or the job id is
-    not a plain name. The GIL is released while it waits and judges.
+    The captures are read from exactly one place: ``dir`` (``dir/job/``,
+    a folder every node shares), ``rendezvous`` (``"host:port"`` of
+    ``gpudirect rendezvous``) or ``etcd`` (endpoint URLs); the last two
+    need ``job`` and prove the cluster secret (``GPUDIRECT_SECRET_FILE``),
+    each request within ``timeout`` seconds.
+
+    Raises DoctorError when the captures cannot be listed, none or more
+    than one place is given, or the job id is not a plain name. The GIL is
+    released while it waits and judges.
     """
-    out, _, _ = _native.fleet_check(os.fspath(dir), job=job, expect=expect, wait=wait)
+    where = None if dir is None else os.fspath(dir)
+    out, _, _ = _native.fleet_check(where, job=job, rendezvous=rendezvous, etcd=etcd, expect=expect, wait=wait, timeout=timeout)
     return json.loads(out)
 
 

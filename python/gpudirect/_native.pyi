@@ -28,10 +28,20 @@ def doctor(
     the text the command prints, its exit status). Use :func:`gpudirect.doctor`,
     which returns the report as a dict."""
 
-def fleet_check(dir: str, *, job: Optional[str] = None, expect: Optional[int] = None, wait: Optional[float] = None) -> Tuple[str, str, int]:
-    """Judge every node's capture of a job folder together: (JSON report,
-    the text the command prints, its exit status). Use
-    :func:`gpudirect.fleet_check`, which returns the report as a dict."""
+def fleet_check(
+    dir: Optional[str] = None,
+    *,
+    job: Optional[str] = None,
+    rendezvous: Optional[str] = None,
+    etcd: Optional[List[str]] = None,
+    expect: Optional[int] = None,
+    wait: Optional[float] = None,
+    timeout: float = 30.0,
+) -> Tuple[str, str, int]:
+    """Judge every node's capture of a job together, from a shared folder,
+    the rendezvous server or etcd: (JSON report, the text the command
+    prints, its exit status). Use :func:`gpudirect.fleet_check`, which
+    returns the report as a dict."""
 
 def explain_nccl_log(text: str) -> Tuple[str, str, int]:
     """What an ``NCCL_DEBUG=INFO`` log says about GPUDirect RDMA: (JSON

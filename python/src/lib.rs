@@ -76,18 +76,29 @@ fn explain_nccl_log(py: Python<'_>, text: String) -> PyResult<Rendered> {
     Ok((json, report.to_string(), report.exit_status()))
 }
 
-/// Judges every node's capture of a job folder together; see
-/// `gpudirect.fleet_check`.
+/// Judges every node's capture of a job together, from a shared folder,
+/// the rendezvous server or etcd; see `gpudirect.fleet_check`.
 #[pyfunction]
-#[pyo3(signature = (dir, *, job=None, expect=None, wait=None))]
-fn fleet_check(py: Python<'_>, dir: PathBuf, job: Option<String>, expect: Option<usize>, wait: Option<f64>) -> PyResult<Rendered> {
-    let folder = fleet::job_dir(&dir, job.as_deref()).map_err(DoctorError::new_err)?;
+#[pyo3(signature = (dir=None, *, job=None, rendezvous=None, etcd=None, expect=None, wait=None, timeout=30.0))]
+#[allow(clippy::too_many_arguments)]
+fn fleet_check(
+    py: Python<'_>,
+    dir: Option<PathBuf>,
+    job: Option<String>,
+    rendezvous: Option<String>,
+    etcd: Option<Vec<String>>,
+    expect: Option<usize>,
+    wait: Option<f64>,
+    timeout: f64,
+) -> PyResult<Rendered> {
+    let secs = |s: f64| std::time::Duration::from_secs_f64(if s.is_finite() { s.clamp(0.0, 1e6) } else { 0.0 });
     let report = py
         .detach(|| {
-            if let (Some(n), Some(secs)) = (expect, wait) {
-                fleet::wait_for(&folder, n, std::time::Duration::from_secs_f64(secs.max(0.0)));
+            let from = fleet::Collection::open(dir.as_deref(), rendezvous.as_deref(), &etcd.unwrap_or_default(), secs(timeout).max(std::time::Duration::from_millis(1)))?;
+            if let (Some(n), Some(w)) = (expect, wait) {
+                from.wait_for(job.as_deref(), n, secs(w));
             }
-            fleet::check(&folder, job.as_deref(), expect)
+            fleet::check(&from, job.as_deref(), expect)
         })
         .map_err(DoctorError::new_err)?;
     let json = serde_json::to_string(&report).map_err(|e| GpudirectError::new_err(e.to_string()))?;

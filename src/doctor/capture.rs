@@ -335,8 +335,12 @@ impl Capture {
     /// # Errors
     /// [`CaptureError::Io`] when the file cannot be written.
     pub fn write(&self, path: &Path) -> Result<(), CaptureError> {
-        let text = serde_json::to_string_pretty(self).expect("a capture is plain data");
-        std::fs::write(path, text + "\n").map_err(|source| CaptureError::Io { path: path.display().to_string(), source })
+        std::fs::write(path, self.to_text()).map_err(|source| CaptureError::Io { path: path.display().to_string(), source })
+    }
+
+    /// The capture as the JSON text [`write`](Self::write) writes.
+    pub fn to_text(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a capture is plain data") + "\n"
     }
 
     /// Unpacks the files into `dir` (empty, or not there yet), so a

@@ -70,10 +70,7 @@ pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
     let Some(out) = &s.capture else {
         return Ok(report::run(&Machine { root, job }, probes.as_ref(), opts));
     };
-    let recorder = Recorder::new(probes.as_ref());
-    let machine = Machine { root: root.recording(), job };
-    let report = report::run(&machine, &recorder, opts);
-    let capture = recorder.capture(&machine.root, &machine.job);
+    let (report, capture) = recording(root, job, probes.as_ref(), opts);
     capture.write(out).map_err(|e| e.to_string())?;
     eprintln!(
         "gpudirect doctor: wrote {} ({} files, the verbs' and CUDA's answers, {} variables); judge it anywhere with --from",
@@ -82,6 +79,26 @@ pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
         capture.env.vars.len()
     );
     Ok(report)
+}
+
+/// Judges this machine in this process's environment, recording what was
+/// read: the report and its capture, in memory (what `fleet post` sends).
+///
+/// # Errors
+/// As [`judge`].
+pub fn judge_this_machine_recording(opts: &Options) -> Result<(Report, Capture), String> {
+    let s = Sources::this_machine();
+    let job = job_env(&s.root, None, None)?;
+    Ok(recording(SysRoot::at(&s.root), job, &LiveProbes, opts))
+}
+
+/// Runs the judge over a recording root and probes.
+fn recording(root: SysRoot, job: JobEnv, probes: &dyn Probes, opts: &Options) -> (Report, Capture) {
+    let recorder = Recorder::new(probes);
+    let machine = Machine { root: root.recording(), job };
+    let report = report::run(&machine, &recorder, opts);
+    let capture = recorder.capture(&machine.root, &machine.job);
+    (report, capture)
 }
 
 /// Judges a capture already read, in its own captured environment (what

@@ -6,18 +6,30 @@ use super::*;
 /// A node's name and what breaks it.
 type Mutation<'a> = (&'a str, fn(&mut serde_json::Value));
 
-fn fleet(dir: &Path, mutate: &[Mutation<'_>]) {
+/// Ten nodes' captures (`node001`..`node010`), the named ones mutated.
+fn captures(mutate: &[Mutation<'_>]) -> Vec<(String, String)> {
     let base: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/captures/dgx-pix.json")).unwrap()).unwrap();
-    for i in 1..=10 {
-        let name = format!("node{i:03}");
-        let mut c = base.clone();
-        if let Some((_, f)) = mutate.iter().find(|(n, _)| *n == name) {
-            f(&mut c);
-        }
-        std::fs::write(dir.join(format!("{name}.json")), serde_json::to_vec(&c).unwrap()).unwrap();
+    (1..=10)
+        .map(|i| {
+            let name = format!("node{i:03}");
+            let mut c = base.clone();
+            if let Some((_, f)) = mutate.iter().find(|(n, _)| *n == name) {
+                f(&mut c);
+            }
+            (name, serde_json::to_string(&c).unwrap())
+        })
+        .collect()
+}
+
+fn fleet(dir: &Path, mutate: &[Mutation<'_>]) {
+    for (name, text) in captures(mutate) {
+        std::fs::write(dir.join(format!("{name}.json")), text).unwrap();
     }
 }
+
+/// The mutations the tests break nodes with, as the field does.
+const BROKEN: [Mutation<'static>; 5] = [("node003", ib_disable), ("node005", no_path), ("node006", no_path), ("node007", old_driver), ("node009", far_hca)];
 
 fn set_env(c: &mut serde_json::Value, k: &str, v: &str) {
     c["env"]["vars"].as_array_mut().unwrap().push(serde_json::json!([k, v]));
@@ -50,8 +62,8 @@ fn far_hca(c: &mut serde_json::Value) {
 #[test]
 fn each_bad_node_is_named_with_its_cause_and_nothing_else() {
     let tree = testkit::Tree::new("fleet");
-    fleet(tree.path(), &[("node003", ib_disable), ("node005", no_path), ("node006", no_path), ("node007", old_driver), ("node009", far_hca)]);
-    let r = check(tree.path(), None, Some(10)).unwrap();
+    fleet(tree.path(), &BROKEN);
+    let r = check(&Collection::Dir(tree.path().to_path_buf()), None, Some(10)).unwrap();
     assert_eq!(r.nodes, 10);
     assert_eq!(r.exit_status(), 1);
     assert!(!r.available_everywhere);
@@ -85,18 +97,65 @@ fn each_bad_node_is_named_with_its_cause_and_nothing_else() {
 
 #[test]
 fn a_healthy_fleet_passes_and_a_missing_node_fails_the_gate() {
-    let tree = testkit::Tree::new("fleet-ok");
-    fleet(tree.path(), &[]);
-    let r = check(tree.path(), Some("job-1"), None).unwrap();
+    let jobs = testkit::Tree::new("fleet-ok");
+    let job = jobs.path().join("job-1");
+    std::fs::create_dir(&job).unwrap();
+    fleet(&job, &[]);
+    let r = check(&Collection::Dir(jobs.path().to_path_buf()), Some("job-1"), None).unwrap();
+    assert_eq!(r.job.as_deref(), Some("job-1"));
     assert_eq!((r.exit_status(), r.line.as_str()), (0, "fleet: GPUDirect RDMA on all 10 node(s)"));
     assert!(r.differences.is_empty(), "{:?}", r.differences);
-    let r = check(tree.path(), None, Some(12)).unwrap();
+    // Without a job id, the folder itself.
+    let here = Collection::Dir(job.clone());
+    let r = check(&here, None, Some(12)).unwrap();
     assert_eq!((r.exit_status(), r.missing), (1, 2));
-    std::fs::write(tree.path().join("node011.json"), b"{ not json").unwrap();
-    std::fs::write(tree.path().join("bad name.json"), b"{}").unwrap();
-    let r = check(tree.path(), None, None).unwrap();
+    std::fs::write(job.join("node011.json"), b"{ not json").unwrap();
+    std::fs::write(job.join("bad name.json"), b"{}").unwrap();
+    let r = check(&here, None, None).unwrap();
     assert_eq!(r.unreadable.len(), 2, "{:?}", r.unreadable);
     assert_eq!(r.exit_status(), 1);
+}
+
+/// The same fleet posted to the rendezvous server, by ten threads at
+/// once each proving the secret (one node posting its capture file as
+/// `fleet post --from` does), is judged as the folder is; posters without
+/// the secret, or with another, are refused and leave nothing behind.
+#[test]
+fn a_fleet_posted_to_the_rendezvous_is_judged_as_the_folder_is() {
+    use gpudirect::engine::{ClusterSecret, RendezvousConfig, RendezvousServer, TcpRendezvous};
+    let secret = |b: u8| ClusterSecret::new(vec![b; 32]).unwrap();
+    let server = RendezvousServer::bind_with("127.0.0.1:0", RendezvousConfig { secret: Some(secret(7)), ..Default::default() }).unwrap();
+    let board = |s: Option<ClusterSecret>| {
+        let c = TcpRendezvous::new(server.addr(), std::time::Duration::from_secs(5)).unwrap();
+        let c = match s {
+            Some(s) => c.with_secret(s),
+            None => c,
+        };
+        Collection::Board { board: Box::new(c), shown: format!("rendezvous {}", server.addr()) }
+    };
+    let to = board(Some(secret(7)));
+    let nodes = captures(&BROKEN);
+    std::thread::scope(|sc| {
+        for (name, text) in &nodes[..9] {
+            let to = &to;
+            sc.spawn(move || to.post("job-1", name, text).unwrap());
+        }
+    });
+    let (place, own) = post(&to, "job-1", Some("node010"), Some(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/captures/dgx-pix.json")))).unwrap();
+    assert!(own.verdict.available && place.contains("job-1/node010"), "{place}");
+    let tree = testkit::Tree::new("fleet-same");
+    fleet(tree.path(), &BROKEN);
+    let by_board = check(&to, Some("job-1"), Some(10)).unwrap();
+    let by_dir = check(&Collection::Dir(tree.path().to_path_buf()), None, Some(10)).unwrap();
+    assert_eq!((by_board.nodes, &by_board.line, &by_board.staging, &by_board.differences), (by_dir.nodes, &by_dir.line, &by_dir.staging, &by_dir.differences));
+    assert_eq!(by_board.exit_status(), 1);
+    for intruder in [board(None), board(Some(secret(8)))] {
+        let e = intruder.post("job-1", "node011", &nodes[0].1).unwrap_err();
+        assert!(e.contains("did not verify"), "{e}");
+        assert!(check(&intruder, Some("job-1"), None).is_err(), "nor may it read the captures");
+    }
+    assert_eq!(check(&to, Some("job-1"), None).unwrap().nodes, 10, "nothing left by the intruders");
+    assert!(check(&to, None, None).unwrap_err().contains("job id"), "a board needs the job");
 }
 
 #[test]
@@ -109,7 +168,7 @@ fn a_bad_variable_on_every_node_is_one_shared_line() {
         far_hca(&mut c);
         std::fs::write(tree.path().join(format!("gpu-{i}.json")), serde_json::to_vec(&c).unwrap()).unwrap();
     }
-    let r = check(tree.path(), None, None).unwrap();
+    let r = check(&Collection::Dir(tree.path().to_path_buf()), None, None).unwrap();
     assert!(r.shared.iter().any(|s| s.check.starts_with("nccl.nic") && s.status == Status::Warn), "{:?}", r.shared);
     assert!(r.differences.is_empty());
 }

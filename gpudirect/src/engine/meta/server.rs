@@ -244,8 +244,8 @@ impl Store {
     fn list(&self, topic: &str, now: Instant) -> Vec<u8> {
         let mut names: Vec<&str> = self
             .entries
-            .iter()
-            .filter_map(|(k, _)| match k {
+            .keys()
+            .filter_map(|k| match k {
                 Name::Posting { topic: t, name } if t == topic && self.live(k, now).is_some() => Some(name.as_str()),
                 _ => None,
             })

@@ -1,0 +1,237 @@
+//! Where the nodes' captures meet: a folder every node shares
+//! (`DIR/JOB/NODE.json`), or a board in the project's rendezvous server or
+//! in etcd ([`gpudirect::engine::Board`]), where a posting is proven with
+//! the cluster's secret (`GPUDIRECT_SECRET_FILE`): the server serves only
+//! requests that prove it and keeps each node's posting for the address
+//! that made it; in etcd each capture is sealed with it, and one that
+//! does not verify is reported unreadable, never judged.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use gpudirect::engine::{Board, TcpRendezvous};
+
+use super::{natural, valid_name, Unreadable, MAX_NODES};
+
+/// A job's captures as (node, where) and the names refused.
+type Found = (Vec<(String, String)>, Vec<Unreadable>);
+
+/// Captures fetched at once from a board (each fetch is one request).
+const FETCHERS: usize = 8;
+
+/// Where a job's captures are posted and read.
+pub enum Collection {
+    /// A folder all nodes share: `DIR/JOB/NODE.json`.
+    Dir(PathBuf),
+    /// Postings under the job's id as topic, each node's capture under its name.
+    Board {
+        /// The store.
+        board: Box<dyn Board>,
+        /// How errors name it (`rendezvous 10.0.0.1:7000`).
+        shown: String,
+    },
+}
+
+impl std::fmt::Debug for Collection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Collection::Dir(d) => write!(f, "Collection::Dir({})", d.display()),
+            Collection::Board { shown, .. } => write!(f, "Collection::Board({shown})"),
+        }
+    }
+}
+
+/// One capture as read: its node, where it was, its text or why not.
+pub struct Posted {
+    /// The node's name.
+    pub node: String,
+    /// The file, or the posting at its store.
+    pub place: String,
+    /// The capture's text, or why it could not be read.
+    pub text: Result<String, String>,
+}
+
+impl Collection {
+    /// The one place given: a folder, the rendezvous server at
+    /// `rendezvous`, or etcd at `etcd` (each request within `timeout`).
+    ///
+    /// # Errors
+    /// None or more than one given, or as [`rendezvous`](Self::rendezvous)
+    /// and [`etcd`](Self::etcd).
+    pub fn open(dir: Option<&Path>, rendezvous: Option<&str>, etcd: &[String], timeout: Duration) -> Result<Collection, String> {
+        match (dir, rendezvous, etcd.is_empty()) {
+            (Some(d), None, true) => Ok(Collection::Dir(d.to_path_buf())),
+            (None, Some(addr), true) => Collection::rendezvous(addr, timeout),
+            (None, None, false) => Collection::etcd(etcd, timeout),
+            _ => Err("give exactly one place for the captures: a shared folder, a rendezvous server or etcd".into()),
+        }
+    }
+
+    /// The board of the rendezvous server at `addr`, each request within
+    /// `timeout`, proving the environment's cluster secret.
+    ///
+    /// # Errors
+    /// An address that does not resolve, or an unusable secret.
+    pub fn rendezvous(addr: &str, timeout: Duration) -> Result<Collection, String> {
+        let board = TcpRendezvous::new(addr, timeout).map_err(|e| e.to_string())?;
+        Ok(Collection::Board { board: Box::new(board), shown: format!("rendezvous {addr}") })
+    }
+
+    /// The board in the etcd cluster at `endpoints`, sealed with the
+    /// environment's cluster secret.
+    ///
+    /// # Errors
+    /// etcd not reachable within `timeout`, or an unusable secret.
+    pub fn etcd(endpoints: &[String], timeout: Duration) -> Result<Collection, String> {
+        let board = gpudirect::engine::EtcdRendezvous::connect(endpoints, timeout).map_err(|e| e.to_string())?;
+        Ok(Collection::Board { board: Box::new(board), shown: format!("etcd {}", endpoints.join(",")) })
+    }
+
+    fn topic<'a>(&self, job: Option<&'a str>) -> Result<&'a str, String> {
+        match job {
+            Some(j) if valid_name(j) => Ok(j),
+            Some(j) => Err(format!("job id {j:?}: use letters, digits, '-', '_' and '.' only")),
+            None => Err("a job id (--job) is needed to read captures from a rendezvous or etcd".into()),
+        }
+    }
+
+    /// Posts `node`'s capture `text` under `job`; returns where it went.
+    ///
+    /// # Errors
+    /// A folder that cannot be written, or the store's refusal.
+    pub fn post(&self, job: &str, node: &str, text: &str) -> Result<String, String> {
+        match self {
+            Collection::Dir(dir) => {
+                let folder = super::job_dir(dir, Some(job))?;
+                std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+                // Written beside, then renamed: a reader never sees half.
+                let tmp = folder.join(format!(".{node}.{}.tmp", std::process::id()));
+                let path = folder.join(format!("{node}.json"));
+                std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
+                std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+                Ok(path.display().to_string())
+            }
+            Collection::Board { board, shown } => {
+                board.post(self.topic(Some(job))?, node, text.as_bytes()).map_err(|e| format!("{shown}: {e}"))?;
+                Ok(format!("{job}/{node} at {shown}"))
+            }
+        }
+    }
+
+    /// The nodes that posted under `job`, in natural order, and the names
+    /// refused.
+    fn names(&self, job: Option<&str>) -> Result<Found, String> {
+        let (mut found, bad) = match self {
+            Collection::Dir(dir) => dir_captures(&super::job_dir(dir, job)?)?,
+            Collection::Board { board, shown } => {
+                let topic = self.topic(job)?;
+                let names = board.names(topic).map_err(|e| format!("{shown}: {e}"))?;
+                if names.len() > MAX_NODES {
+                    return Err(format!("{shown}: more than {MAX_NODES} captures under {topic}"));
+                }
+                let placed = names.into_iter().map(|n| {
+                    let place = format!("{topic}/{n} at {shown}");
+                    (n, place)
+                });
+                (placed.collect(), Vec::new())
+            }
+        };
+        found.sort_by_key(|a| natural(&a.0));
+        Ok((found, bad))
+    }
+
+    /// How many nodes posted under `job` (0 when it cannot be read yet).
+    pub fn count(&self, job: Option<&str>) -> usize {
+        self.names(job).map_or(0, |(n, _)| n.len())
+    }
+
+    /// Waits until `expect` nodes posted under `job`, or `wait` passes.
+    pub fn wait_for(&self, job: Option<&str>, expect: usize, wait: Duration) -> usize {
+        let start = Instant::now();
+        loop {
+            let n = self.count(job);
+            if n >= expect || start.elapsed() >= wait {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// Hands every capture under `job` to `each`, one at a time and in
+    /// natural order (so memory holds a few captures, not the fleet's),
+    /// and returns the names refused. A board's captures are fetched a
+    /// few at a time ahead of `each`.
+    ///
+    /// # Errors
+    /// When the job cannot be listed.
+    pub fn for_each(&self, job: Option<&str>, mut each: impl FnMut(Posted)) -> Result<Vec<Unreadable>, String> {
+        let (found, bad) = self.names(job)?;
+        match self {
+            Collection::Dir(_) => {
+                for (node, path) in found {
+                    let text = crate::doctor::input::read_text(Path::new(&path), "capture", crate::doctor::input::CAPTURE_LIMIT).map_err(|e| e.to_string());
+                    each(Posted { node, place: path, text });
+                }
+            }
+            Collection::Board { board, shown } => {
+                let topic = self.topic(job)?;
+                let fetch = |node: &str| match board.fetch(topic, node) {
+                    Ok(Some(b)) => String::from_utf8(b).map_err(|_| "the posting is not UTF-8 text".to_owned()),
+                    Ok(None) => Err("listed, then gone before it was read (removed or expired)".to_owned()),
+                    Err(e) => Err(format!("{shown}: {e}")),
+                };
+                fetch_ahead(&found, &fetch, &mut each);
+            }
+        }
+        Ok(bad)
+    }
+}
+
+/// Fetches `found` with [`FETCHERS`] threads, handing each to `each` in
+/// order; at most a few fetched captures wait in memory at a time.
+fn fetch_ahead(found: &[(String, String)], fetch: &(dyn Fn(&str) -> Result<String, String> + Sync), each: &mut dyn FnMut(Posted)) {
+    std::thread::scope(|s| {
+        let mut slots = Vec::with_capacity(FETCHERS);
+        for k in 0..FETCHERS {
+            // One bounded channel per fetcher, read in turn: order kept,
+            // each fetcher at most two captures ahead.
+            let (tx, rx) = mpsc::sync_channel::<Posted>(1);
+            slots.push(rx);
+            s.spawn(move || {
+                for (node, place) in found.iter().skip(k).step_by(FETCHERS) {
+                    if tx.send(Posted { node: node.clone(), place: place.clone(), text: fetch(node) }).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        for i in 0..found.len() {
+            match slots[i % FETCHERS].recv() {
+                Ok(p) => each(p),
+                Err(_) => break,
+            }
+        }
+    });
+}
+
+/// A job folder's captures (node name, path) and the files refused for
+/// their names.
+fn dir_captures(dir: &Path) -> Result<Found, String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut found = Vec::new();
+    let mut bad = Vec::new();
+    for e in entries.flatten() {
+        let path = e.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".json")).map(str::to_owned) else { continue };
+        if !valid_name(&name) {
+            bad.push(Unreadable { file: path.display().to_string(), error: "not a node name (letters, digits, '-', '_', '.')".into() });
+            continue;
+        }
+        if found.len() >= MAX_NODES {
+            return Err(format!("{}: more than {MAX_NODES} captures", dir.display()));
+        }
+        found.push((name, path.display().to_string()));
+    }
+    Ok((found, bad))
+}
