@@ -150,10 +150,12 @@ pub struct Unreadable {
 }
 
 impl FleetReport {
-    /// 0 every node uses GPUDirect RDMA; 1 a node would stage, or a
-    /// capture is missing or unreadable; 3 only open verdicts stand in the way.
+    /// 0 every node uses GPUDirect RDMA; 1 a node would stage, a capture
+    /// is missing or unreadable, or there is none at all (an empty fleet
+    /// proves nothing, so the gate stays shut); 3 only open verdicts stand
+    /// in the way.
     pub fn exit_status(&self) -> u8 {
-        if !self.staging.is_empty() || !self.unreadable.is_empty() || self.missing > 0 {
+        if !self.staging.is_empty() || !self.unreadable.is_empty() || self.missing > 0 || self.nodes == 0 {
             1
         } else if !self.open.is_empty() {
             3
@@ -362,9 +364,9 @@ pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Node>)], unreadable:
     let grid = grid(reports, &staging, &differences, &shared);
     let bad = staging.iter().map(|g| g.count).sum::<usize>();
     let n = reports.len();
-    let all_well = bad == 0 && open.is_empty() && unreadable.is_empty() && missing == 0;
-    let line = if n == 0 && unreadable.is_empty() {
-        "fleet: no captures to judge".to_owned()
+    let all_well = n > 0 && bad == 0 && open.is_empty() && unreadable.is_empty() && missing == 0;
+    let line = if n == 0 && unreadable.is_empty() && missing == 0 {
+        "fleet: no captures to judge: nothing shows any node will use GPUDirect RDMA".to_owned()
     } else if all_well {
         format!("fleet: GPUDirect RDMA on all {n} node(s)")
     } else {

@@ -114,6 +114,10 @@ fn a_healthy_fleet_passes_and_a_missing_node_fails_the_gate() {
     let r = check(&here, None, None).unwrap();
     assert_eq!(r.unreadable.len(), 2, "{:?}", r.unreadable);
     assert_eq!(r.exit_status(), 1);
+    // An empty fleet proves nothing: the gate stays shut.
+    let empty = testkit::Tree::new("fleet-empty");
+    let r = check(&Collection::Dir(empty.path().to_path_buf()), None, None).unwrap();
+    assert_eq!((r.nodes, r.available_everywhere, r.exit_status()), (0, false, 1), "{}", r.line);
 }
 
 /// The same fleet posted to the rendezvous server, by ten threads at
