@@ -154,15 +154,11 @@ struct Place {
     /// captures are sealed with the cluster secret (GPUDIRECT_SECRET_FILE).
     #[arg(long, value_name = "URL")]
     etcd: Vec<String>,
-    /// Bound on each request to the rendezvous or etcd, in seconds (a post
-    /// also waits this long for a rendezvous server that is not up yet).
-    #[arg(long, value_name = "SECS", default_value_t = 30)]
-    timeout: u64,
 }
 
 impl Place {
-    fn open(&self) -> Result<fleet::Collection, String> {
-        fleet::Collection::open(self.dir.as_deref(), self.rendezvous.as_deref(), &self.etcd, std::time::Duration::from_secs(self.timeout.max(1)))
+    fn open(&self, timeout: u64) -> Result<fleet::Collection, String> {
+        fleet::Collection::open(self.dir.as_deref(), self.rendezvous.as_deref(), &self.etcd, std::time::Duration::from_secs(timeout.max(1)))
     }
 }
 
@@ -183,6 +179,10 @@ enum FleetAction {
         /// capturing this machine now.
         #[arg(long, value_name = "CAPTURE")]
         from: Option<PathBuf>,
+        /// Bound on each request to the rendezvous or etcd, in seconds (a
+        /// post also waits this long for a rendezvous server not up yet).
+        #[arg(long, value_name = "SECS", default_value_t = 30)]
+        timeout: u64,
     },
     /// Judge every capture of the job together. Exit 0 when every node will
     /// use GPUDirect RDMA, 1 when any would stage (or is missing or
@@ -206,6 +206,10 @@ enum FleetAction {
         /// Also draw nodes x checks into this SVG file.
         #[arg(long, value_name = "FILE")]
         svg: Option<PathBuf>,
+        /// Bound on each request to the rendezvous or etcd, in seconds (a
+        /// post also waits this long for a rendezvous server not up yet).
+        #[arg(long, value_name = "SECS", default_value_t = 30)]
+        timeout: u64,
     },
 }
 
@@ -264,8 +268,8 @@ fn main() -> ExitCode {
             }
             ExitCode::from(report.exit_status())
         }
-        Command::Fleet { action: FleetAction::Post { place, job, node, from } } => {
-            match place.open().and_then(|to| fleet::post(&to, &job, node.as_deref(), from.as_deref())) {
+        Command::Fleet { action: FleetAction::Post { place, job, node, from, timeout } } => {
+            match place.open(timeout).and_then(|to| fleet::post(&to, &job, node.as_deref(), from.as_deref())) {
                 Ok((place, report)) => {
                     println!("{} ({place})", report.verdict.line);
                     ExitCode::from(report.exit_status())
@@ -276,12 +280,12 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Fleet { action: FleetAction::Check { place, job, json, expect, wait, svg } } => {
+        Command::Fleet { action: FleetAction::Check { place, job, json, expect, wait, svg, timeout } } => {
             let failed = |e: String| {
                 eprintln!("gpudirect fleet check: {e}");
                 ExitCode::from(2)
             };
-            let from = match place.open() {
+            let from = match place.open(timeout) {
                 Ok(c) => c,
                 Err(e) => return failed(e),
             };

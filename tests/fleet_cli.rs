@@ -84,7 +84,7 @@ fn nodes_post_to_the_rendezvous_and_the_gate_reads_it() {
     let mut server = gpudirect().args(["rendezvous", "--listen", &addr]).arg("--secret-file").arg(&secret).spawn().unwrap();
     let capture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/captures/dgx-pix.json");
     let post = |node: &str, key: &std::path::Path| {
-        gpudirect().args(["fleet", "post", "--rendezvous", &addr, "--job", "job-7", "--node", node, "--from", capture]).env("GPUDIRECT_SECRET_FILE", key).output().unwrap()
+        gpudirect().args(["fleet", "post", "--rendezvous", &addr, "--job", "job-7", "--node", node, "--from", capture, "--timeout", "20"]).env("GPUDIRECT_SECRET_FILE", key).output().unwrap()
     };
     let intruder = post("n9", &other);
     assert_eq!(intruder.status.code(), Some(2));
