@@ -15,10 +15,13 @@
 //!
 //! Bounds: a posting holds at most [`MAX_POSTING`] bytes; topics and
 //! names are short and plain ([`posting_name_ok`]); a topic lists at most
-//! [`MAX_ENTRIES`](super::MAX_ENTRIES) names.
+//! [`MAX_ENTRIES`] names.
 
 use super::super::error::EngineError;
 
+/// Most names a [`RendezvousServer`](super::RendezvousServer) holds
+/// (agents and postings together), and so the most one topic lists.
+pub const MAX_ENTRIES: usize = 65536;
 /// The most bytes one posting holds (a node's doctor capture is tens of
 /// KiB; etcd refuses requests over 1.5 MiB unless its
 /// `--max-request-bytes` is raised).

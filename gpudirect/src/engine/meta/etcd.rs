@@ -39,8 +39,7 @@ use crate::sync::Mutex;
 use super::super::auth::{AuthError, ClusterSecret, Key, Label, SECRET_FILE_ENV, TAG};
 use super::super::desc::AgentMetadata;
 use super::super::error::EngineError;
-use super::board::{check_blob, check_posting, Board, MAX_POSTING};
-use super::server::MAX_ENTRIES;
+use super::board::{check_blob, check_posting, Board, MAX_ENTRIES, MAX_POSTING};
 use super::{check_name, decode_for, rdv_err, Rendezvous};
 
 /// The key prefix agents publish under unless told otherwise

@@ -25,8 +25,8 @@ use super::error::EngineError;
 
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdRendezvous, DEFAULT_BOARD_PREFIX, DEFAULT_PREFIX};
-pub use board::{posting_name_ok, Board, MAX_POSTING, MAX_POSTING_NAME, MAX_TOPIC};
-pub use server::{RendezvousConfig, RendezvousServer, MAX_ENTRIES};
+pub use board::{posting_name_ok, Board, MAX_ENTRIES, MAX_POSTING, MAX_POSTING_NAME, MAX_TOPIC};
+pub use server::{RendezvousConfig, RendezvousServer};
 pub use tcp::TcpRendezvous;
 
 /// Where agents publish their metadata and look each other up by name.

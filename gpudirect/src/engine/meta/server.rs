@@ -26,12 +26,10 @@ use crate::sync::Mutex;
 use super::super::auth::{random, ClusterSecret, Key, Label, TAG};
 use super::super::desc::AgentMetadata;
 use super::super::error::EngineError;
-use super::board::{posting_name_ok, MAX_TOPIC};
+use super::board::{posting_name_ok, MAX_ENTRIES, MAX_TOPIC};
 use super::rdv_err;
 use super::tcp::{read_request, Op, MAGIC, NOT_FOUND, OK, REFUSED, VERSION};
 
-/// Most names a [`RendezvousServer`] holds.
-pub const MAX_ENTRIES: usize = 65536;
 /// Bound on serving one request.
 const SERVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections served at once.

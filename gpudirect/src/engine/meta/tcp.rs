@@ -18,8 +18,7 @@ use crate::deadline::{Bounded, Deadline};
 use super::super::auth::{ClusterSecret, Key, Label, TAG};
 use super::super::desc::{AgentMetadata, MAX_METADATA};
 use super::super::error::EngineError;
-use super::board::{check_blob, check_posting, Board, MAX_POSTING, MAX_POSTING_NAME};
-use super::server::MAX_ENTRIES;
+use super::board::{check_blob, check_posting, Board, MAX_ENTRIES, MAX_POSTING, MAX_POSTING_NAME};
 use super::{check_name, decode_for, rdv_err, Rendezvous};
 
 pub(super) const MAGIC: [u8; 4] = *b"GDRV";
