@@ -3,6 +3,7 @@ repository's fixtures: the same reports as the command, errors as the
 package's exception classes."""
 
 import json
+import time
 import os
 import pathlib
 import subprocess
@@ -108,3 +109,16 @@ def test_fleet_check_names_the_node_that_would_stage(clean_env, tmp_path):
     assert [(g["folded"], g["checks"]) for g in r["staging"]] == [("n04", ["env.nccl_ib_disable"])]
     with pytest.raises(gpudirect.DoctorError):
         gpudirect.fleet_check(tmp_path, job="../x")
+
+
+def test_fleet_check_reads_from_exactly_one_place(clean_env, tmp_path):
+    for bad in ({}, {"dir": tmp_path, "rendezvous": "127.0.0.1:1"}):
+        with pytest.raises(gpudirect.DoctorError, match="exactly one place"):
+            gpudirect.fleet_check(job="j", **bad)
+    with pytest.raises(gpudirect.DoctorError, match="job id"):
+        gpudirect.fleet_check(rendezvous="127.0.0.1:1")
+    # A rendezvous that never comes up: an error within the timeout.
+    started = time.monotonic()
+    with pytest.raises(gpudirect.DoctorError, match="127.0.0.1:1"):
+        gpudirect.fleet_check(rendezvous="127.0.0.1:1", job="j", timeout=0.5)
+    assert time.monotonic() - started < 5
