@@ -104,9 +104,13 @@ enum Command {
         /// Drop an entry not published again within this many seconds.
         #[arg(long, value_name = "SECS")]
         lease: Option<u64>,
-        /// Metadata held in all, in MiB.
+        /// Metadata and postings (fleet captures) held in all, in MiB.
         #[arg(long, default_value_t = 256, value_name = "MIB")]
         max_mib: usize,
+        /// What one client address may make it hold, in MiB (raise it when
+        /// one launcher posts many nodes' captures with `fleet post --from`).
+        #[arg(long, default_value_t = 64, value_name = "MIB")]
+        max_client_mib: usize,
     },
     /// The job's GPUDirect RDMA verdict across its nodes, before launch:
     /// every node's capture judged together, the nodes that would stage
@@ -306,7 +310,9 @@ fn main() -> ExitCode {
                 Err(code) => code,
             }
         }
-        Command::Rendezvous { listen, secret_file, insecure, lease, max_mib } => rendezvous(&listen, secret_file, insecure, lease, max_mib),
+        Command::Rendezvous { listen, secret_file, insecure, lease, max_mib, max_client_mib } => {
+            rendezvous(&listen, secret_file, insecure, lease, (max_mib, max_client_mib))
+        }
         Command::Bw(a) => {
             let out = perf::bw::run(&a);
             // A comparison whose GPU half could not be measured printed
@@ -352,7 +358,8 @@ fn main() -> ExitCode {
 }
 
 /// Serves the rendezvous until the process is stopped; 2 when it cannot start.
-fn rendezvous(listen: &str, secret_file: Option<PathBuf>, insecure: bool, lease: Option<u64>, max_mib: usize) -> ExitCode {
+/// Serves the rendezvous; `mib` bounds what it holds in all and per client address.
+fn rendezvous(listen: &str, secret_file: Option<PathBuf>, insecure: bool, lease: Option<u64>, mib: (usize, usize)) -> ExitCode {
     use gpudirect::engine::{ClusterSecret, RendezvousConfig, RendezvousServer};
     let secret = match secret_file.map(ClusterSecret::from_file).transpose() {
         Ok(s) => s,
@@ -365,7 +372,8 @@ fn rendezvous(listen: &str, secret_file: Option<PathBuf>, insecure: bool, lease:
         secret,
         insecure,
         lease: lease.map(std::time::Duration::from_secs),
-        max_bytes: max_mib.saturating_mul(1 << 20),
+        max_bytes: mib.0.saturating_mul(1 << 20),
+        max_bytes_per_client: mib.1.saturating_mul(1 << 20),
         ..RendezvousConfig::default()
     };
     match RendezvousServer::bind_with(listen, config) {
