@@ -176,43 +176,67 @@ impl Collection {
             }
             Collection::Board { board, shown } => {
                 let topic = self.topic(job)?;
+                // A node's own posting that cannot be believed is that
+                // node's problem (unreadable); a store that stopped
+                // answering is the check's (it could not run), and ends
+                // the fetching rather than waiting it out node by node.
                 let fetch = |node: &str| match board.fetch(topic, node) {
-                    Ok(Some(b)) => String::from_utf8(b).map_err(|_| "the posting is not UTF-8 text".to_owned()),
-                    Ok(None) => Err("listed, then gone before it was read (removed or expired)".to_owned()),
-                    Err(e) => Err(format!("{shown}: {e}")),
+                    Ok(Some(b)) => Ok(String::from_utf8(b).map_err(|_| "the posting is not UTF-8 text".to_owned())),
+                    Ok(None) => Ok(Err("listed, then gone before it was read (removed or expired)".to_owned())),
+                    Err(e @ gpudirect::engine::EngineError::Rendezvous { .. }) => Err(format!("{shown}: {e}")),
+                    Err(e) => Ok(Err(format!("{shown}: {e}"))),
                 };
-                fetch_ahead(&found, &fetch, &mut each);
+                fetch_ahead(&found, &fetch, &mut each)?;
             }
         }
         Ok(bad)
     }
 }
 
+/// What fetching one posting gives: the node's text or why it is
+/// unreadable, or (outer `Err`) why the store cannot be read at all.
+type Fetched = Result<Result<String, String>, String>;
+
 /// Fetches `found` with [`FETCHERS`] threads, handing each to `each` in
-/// order; at most a few fetched captures wait in memory at a time.
-fn fetch_ahead(found: &[(String, String)], fetch: &(dyn Fn(&str) -> Result<String, String> + Sync), each: &mut dyn FnMut(Posted)) {
+/// order; at most a few fetched captures wait in memory at a time. The
+/// first failure of the store itself stops every fetcher and is returned.
+fn fetch_ahead(found: &[(String, String)], fetch: &(dyn Fn(&str) -> Fetched + Sync), each: &mut dyn FnMut(Posted)) -> Result<(), String> {
+    let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         let mut slots = Vec::with_capacity(FETCHERS);
         for k in 0..FETCHERS {
             // One bounded channel per fetcher, read in turn: order kept,
             // each fetcher at most two captures ahead.
-            let (tx, rx) = mpsc::sync_channel::<Posted>(1);
+            let (tx, rx) = mpsc::sync_channel::<(usize, Fetched)>(1);
             slots.push(rx);
+            let stop = &stop;
             s.spawn(move || {
-                for (node, place) in found.iter().skip(k).step_by(FETCHERS) {
-                    if tx.send(Posted { node: node.clone(), place: place.clone(), text: fetch(node) }).is_err() {
+                for (i, (node, _)) in found.iter().enumerate().skip(k).step_by(FETCHERS) {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) || tx.send((i, fetch(node))).is_err() {
                         return;
                     }
                 }
             });
         }
-        for i in 0..found.len() {
+        let mut result = Ok(());
+        for (i, (node, place)) in found.iter().enumerate() {
             match slots[i % FETCHERS].recv() {
-                Ok(p) => each(p),
-                Err(_) => break,
+                Ok((j, Ok(text))) if j == i => each(Posted { node: node.clone(), place: place.clone(), text }),
+                Ok((_, Err(e))) => {
+                    result = Err(e);
+                    break;
+                }
+                _ => {
+                    result = Err(format!("fetching {node} stopped unanswered"));
+                    break;
+                }
             }
         }
-    });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Receivers dropped here: a fetcher blocked on a full channel returns.
+        drop(slots);
+        result
+    })
 }
 
 /// A job folder's captures (node name, path) and the files refused for

@@ -184,3 +184,43 @@ fn names_fold_as_slurm_writes_them() {
     assert_eq!(fold_names(&["n01".to_string()]), "n01");
     assert!(valid_name("node-1.rack_2") && !valid_name("../x") && !valid_name("a b") && !valid_name(""));
 }
+
+/// A board whose posting for `node003` does not verify and which stops
+/// answering at `node006`.
+struct Flaky(Vec<(String, String)>);
+
+impl gpudirect::engine::Board for Flaky {
+    fn post(&self, _: &str, _: &str, _: &[u8]) -> Result<(), gpudirect::engine::EngineError> {
+        unreachable!("only read")
+    }
+    fn names(&self, _: &str) -> Result<Vec<String>, gpudirect::engine::EngineError> {
+        Ok(self.0.iter().map(|(n, _)| n.clone()).collect())
+    }
+    fn fetch(&self, _: &str, name: &str) -> Result<Option<Vec<u8>>, gpudirect::engine::EngineError> {
+        use gpudirect::engine::{AuthError, EngineError};
+        match name {
+            "node003" => Err(EngineError::Auth { peer: "etcd test".into(), source: AuthError::BadProof { what: "the posting j/node003 (its seal)".into() } }),
+            "node006" => Err(EngineError::Rendezvous { server: "test".into(), reason: "unreachable".into() }),
+            _ => Ok(self.0.iter().find(|(n, _)| n == name).map(|(_, t)| t.clone().into_bytes())),
+        }
+    }
+    fn remove(&self, _: &str, _: &str) -> Result<(), gpudirect::engine::EngineError> {
+        unreachable!("only read")
+    }
+}
+
+/// A posting that does not verify is that node's (unreadable, the gate
+/// shut); a store that stops answering is the check's: it could not run.
+#[test]
+fn an_unproven_posting_is_unreadable_and_a_store_gone_fails_the_check() {
+    let mut nodes = captures(&[]);
+    let healthy = || Collection::Board { board: Box::new(Flaky(captures(&[]).into_iter().filter(|(n, _)| n != "node006").collect())), shown: "test".into() };
+    let r = check(&healthy(), Some("j"), None).unwrap();
+    assert_eq!((r.nodes, r.exit_status()), (8, 1));
+    assert_eq!(r.unreadable.len(), 1, "{:?}", r.unreadable);
+    assert!(r.unreadable[0].file.contains("j/node003") && r.unreadable[0].error.contains("did not verify"), "{:?}", r.unreadable);
+    nodes.truncate(10);
+    let gone = Collection::Board { board: Box::new(Flaky(nodes)), shown: "test".into() };
+    let e = check(&gone, Some("j"), None).unwrap_err();
+    assert!(e.contains("unreachable"), "{e}");
+}
