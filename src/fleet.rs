@@ -30,7 +30,7 @@
 //! capture limit; node names are the capture files' names, refused unless
 //! made of letters, digits, `-`, `_` and `.`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -43,11 +43,12 @@ use crate::doctor::sources::{judge_capture, judge_this_machine_recording};
 use crate::doctor::Status;
 
 mod collect;
+mod names;
 
 pub use collect::{Collection, Posted};
+pub use names::{expand_hostlist, fold_names, MAX_NODES};
+use names::natural;
 
-/// The most captures one check reads.
-pub const MAX_NODES: usize = 100_000;
 /// The JSON layout's version (`schema`), raised only when a field changes meaning.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -75,8 +76,13 @@ pub struct FleetReport {
     pub shared: Vec<Shared>,
     /// Captures that could not be judged, with why.
     pub unreadable: Vec<Unreadable>,
-    /// Nodes expected (`--expect`) that sent no capture.
+    /// Nodes expected (`--expect`, `--nodes`) that sent no capture.
     pub missing: usize,
+    /// Their names, when the nodes were named (`--nodes`).
+    pub missing_nodes: Vec<String>,
+    /// Nodes that posted but are not among those named (`--nodes`): not
+    /// judged, and the gate stays shut.
+    pub unexpected: Vec<String>,
     /// Nodes x the checks that matter, for [`svg`](Self::svg); not in the JSON.
     #[serde(skip)]
     pub grid: Grid,
@@ -155,7 +161,7 @@ impl FleetReport {
     /// proves nothing, so the gate stays shut); 3 only open verdicts stand
     /// in the way.
     pub fn exit_status(&self) -> u8 {
-        if !self.staging.is_empty() || !self.unreadable.is_empty() || self.missing > 0 || self.nodes == 0 {
+        if !self.staging.is_empty() || !self.unreadable.is_empty() || self.missing > 0 || !self.unexpected.is_empty() || self.nodes == 0 {
             1
         } else if !self.open.is_empty() {
             3
@@ -288,11 +294,49 @@ pub fn valid_name(s: &str) -> bool {
     gpudirect::engine::posting_name_ok(s)
 }
 
+/// Which nodes the check expects to have posted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// This many (`--expect N`): fewer captures fail the check.
+    Count(usize),
+    /// These names (`--nodes LIST`, the allocation's host list): each one
+    /// missing is named, and a capture from a node not in it shuts the
+    /// gate (a stray or impostor posting cannot stand in for a node).
+    Names(Vec<String>),
+}
+
+impl Expect {
+    /// How many nodes are expected.
+    pub fn count(&self) -> usize {
+        match self {
+            Expect::Count(n) => *n,
+            Expect::Names(v) => v.len(),
+        }
+    }
+}
+
+/// Who was expected and did not post, and who posted unexpected.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Attendance {
+    /// Nodes expected that sent no capture.
+    pub missing: usize,
+    /// Their names, when the nodes were named.
+    pub missing_nodes: Vec<String>,
+    /// Nodes that posted but are not in the names expected (not judged).
+    pub unexpected: Vec<String>,
+}
+
 /// Judges every capture posted under `job` in `from`.
 ///
 /// # Errors
 /// When the job cannot be listed.
-pub fn check(from: &Collection, job: Option<&str>, expect: Option<usize>) -> Result<FleetReport, String> {
+pub fn check(from: &Collection, job: Option<&str>, expect: Option<&Expect>) -> Result<FleetReport, String> {
+    let named: Option<HashSet<&str>> = match expect {
+        Some(Expect::Names(v)) => Some(v.iter().map(String::as_str).collect()),
+        _ => None,
+    };
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut unexpected = Vec::new();
     let mut reports: Vec<(String, Arc<Node>)> = Vec::new();
     let mut unreadable = Vec::new();
     // Nodes built alike write the same bytes: each distinct capture is
@@ -302,6 +346,10 @@ pub fn check(from: &Collection, job: Option<&str>, expect: Option<usize>) -> Res
     let mut judged: HashMap<[u8; 32], Result<Arc<Node>, String>> = HashMap::new();
     let mut facts = Interner::default();
     let refused = from.for_each(job, |p| {
+        if named.as_ref().is_some_and(|n| !n.contains(p.node.as_str())) {
+            return unexpected.push(p.node);
+        }
+        seen.insert(p.node.clone());
         let text = match p.text {
             Ok(text) => text,
             Err(error) => return unreadable.push(Unreadable { file: p.place, error }),
@@ -318,13 +366,20 @@ pub fn check(from: &Collection, job: Option<&str>, expect: Option<usize>) -> Res
         }
     })?;
     unreadable.extend(refused);
-    let seen = reports.len() + unreadable.len();
-    let missing = expect.map_or(0, |n| n.saturating_sub(seen));
-    Ok(summarise(job, &reports, unreadable, missing))
+    let attendance = match expect {
+        Some(Expect::Names(v)) => {
+            let missing_nodes: Vec<String> = v.iter().filter(|n| !seen.contains(n.as_str())).cloned().collect();
+            Attendance { missing: missing_nodes.len(), missing_nodes, unexpected }
+        }
+        Some(Expect::Count(n)) => Attendance { missing: n.saturating_sub(reports.len() + unreadable.len()), ..Attendance::default() },
+        None => Attendance::default(),
+    };
+    Ok(summarise(job, &reports, unreadable, attendance))
 }
 
 /// The fleet's report from every node's report.
-pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Node>)], unreadable: Vec<Unreadable>, missing: usize) -> FleetReport {
+pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Node>)], unreadable: Vec<Unreadable>, attendance: Attendance) -> FleetReport {
+    let Attendance { missing, missing_nodes, unexpected } = attendance;
     let mut staging: BTreeMap<Vec<String>, Vec<&(String, Arc<Node>)>> = BTreeMap::new();
     let mut open: BTreeMap<Vec<String>, Vec<&(String, Arc<Node>)>> = BTreeMap::new();
     for nr in reports {
@@ -364,8 +419,8 @@ pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Node>)], unreadable:
     let grid = grid(reports, &staging, &differences, &shared);
     let bad = staging.iter().map(|g| g.count).sum::<usize>();
     let n = reports.len();
-    let all_well = n > 0 && bad == 0 && open.is_empty() && unreadable.is_empty() && missing == 0;
-    let line = if n == 0 && unreadable.is_empty() && missing == 0 {
+    let all_well = n > 0 && bad == 0 && open.is_empty() && unreadable.is_empty() && missing == 0 && unexpected.is_empty();
+    let line = if n == 0 && unreadable.is_empty() && missing == 0 && unexpected.is_empty() {
         "fleet: no captures to judge: nothing shows any node will use GPUDirect RDMA".to_owned()
     } else if all_well {
         format!("fleet: GPUDirect RDMA on all {n} node(s)")
@@ -384,6 +439,9 @@ pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Node>)], unreadable:
         if missing > 0 {
             parts.push(format!("{missing} node(s) sent no capture"));
         }
+        if !unexpected.is_empty() {
+            parts.push(format!("{} capture(s) from nodes not expected", unexpected.len()));
+        }
         format!("fleet: {}", parts.join("; "))
     };
     FleetReport {
@@ -398,6 +456,8 @@ pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Node>)], unreadable:
         shared,
         unreadable,
         missing,
+        missing_nodes,
+        unexpected,
         grid,
     }
 }
@@ -556,58 +616,6 @@ fn shared(nodes: &[(String, Arc<Node>)]) -> Vec<Shared> {
         .collect()
 }
 
-/// `node003`, `node004` ... as `(prefix, number, width)` for folding.
-fn split_number(name: &str) -> Option<(&str, u64, usize)> {
-    let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
-    if digits == 0 || digits > 18 {
-        return None;
-    }
-    let (prefix, num) = name.split_at(name.len() - digits);
-    Some((prefix, num.parse().ok()?, digits))
-}
-
-fn natural(name: &str) -> (String, u64, String) {
-    match split_number(name) {
-        Some((p, n, _)) => (p.to_owned(), n, name.to_owned()),
-        None => (name.to_owned(), 0, name.to_owned()),
-    }
-}
-
-/// Folds node names as Slurm writes host lists: `node[003-007,019],gpu-a`.
-pub fn fold_names(names: &[String]) -> String {
-    let mut by_prefix: BTreeMap<(String, usize), BTreeSet<u64>> = BTreeMap::new();
-    let mut plain: Vec<&str> = Vec::new();
-    for n in names {
-        match split_number(n) {
-            Some((p, num, w)) => {
-                by_prefix.entry((p.to_owned(), w)).or_default().insert(num);
-            }
-            None => plain.push(n),
-        }
-    }
-    let mut out: Vec<String> = Vec::new();
-    for ((prefix, width), nums) in by_prefix {
-        let nums: Vec<u64> = nums.into_iter().collect();
-        if nums.len() == 1 {
-            out.push(format!("{prefix}{:0width$}", nums[0]));
-            continue;
-        }
-        let mut ranges = Vec::new();
-        let mut i = 0;
-        while i < nums.len() {
-            let mut j = i;
-            while j + 1 < nums.len() && nums[j + 1] == nums[j] + 1 {
-                j += 1;
-            }
-            ranges.push(if i == j { format!("{:0width$}", nums[i]) } else { format!("{:0width$}-{:0width$}", nums[i], nums[j]) });
-            i = j + 1;
-        }
-        out.push(format!("{prefix}[{}]", ranges.join(",")));
-    }
-    out.extend(plain.into_iter().map(str::to_owned));
-    out.join(",")
-}
-
 /// The text report: the verdict line, then the groups.
 impl std::fmt::Display for FleetReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -625,8 +633,13 @@ impl std::fmt::Display for FleetReport {
         for u in &r.unreadable {
             writeln!(f, "  UNREADABLE {}: {}", u.file, u.error)?;
         }
-        if r.missing > 0 {
+        if !r.missing_nodes.is_empty() {
+            writeln!(f, "  MISSING: {} node(s) expected sent no capture: {}", r.missing, fold_names(&r.missing_nodes))?;
+        } else if r.missing > 0 {
             writeln!(f, "  MISSING: {} node(s) expected sent no capture", r.missing)?;
+        }
+        if !r.unexpected.is_empty() {
+            writeln!(f, "  NOT EXPECTED: {} capture(s) from nodes not in --nodes, not judged: {}", r.unexpected.len(), fold_names(&r.unexpected))?;
         }
         for s in &r.shared {
             writeln!(f, "  on every node, {} {}: {}", s.status, s.check, s.summary)?;

@@ -202,10 +202,15 @@ enum FleetAction {
         #[arg(long)]
         json: bool,
         /// The number of nodes in the allocation: fewer captures fail the check.
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", conflicts_with = "nodes")]
         expect: Option<usize>,
-        /// Wait up to this many seconds for --expect captures to arrive.
-        #[arg(long, value_name = "SECS", requires = "expect")]
+        /// The allocation's nodes as a Slurm host list
+        /// (`node[001-064]`, `$SLURM_JOB_NODELIST`): each one missing is
+        /// named, and a capture from a node not in it fails the check.
+        #[arg(long, value_name = "LIST")]
+        nodes: Option<String>,
+        /// Wait up to this many seconds for the --expect or --nodes captures to arrive.
+        #[arg(long, value_name = "SECS")]
         wait: Option<u64>,
         /// Also draw nodes x checks into this SVG file.
         #[arg(long, value_name = "FILE")]
@@ -284,7 +289,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Fleet { action: FleetAction::Check { place, job, json, expect, wait, svg, timeout } } => {
+        Command::Fleet { action: FleetAction::Check { place, job, json, expect, nodes, wait, svg, timeout } } => {
             let failed = |e: String| {
                 eprintln!("gpudirect fleet check: {e}");
                 ExitCode::from(2)
@@ -293,10 +298,19 @@ fn main() -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return failed(e),
             };
-            if let (Some(n), Some(secs)) = (expect, wait) {
-                from.wait_for(job.as_deref(), n, std::time::Duration::from_secs(secs));
+            let expect = match (expect, nodes) {
+                (Some(n), _) => Some(fleet::Expect::Count(n)),
+                (None, Some(list)) => match fleet::expand_hostlist(&list) {
+                    Ok(names) => Some(fleet::Expect::Names(names)),
+                    Err(e) => return failed(format!("--nodes: {e}")),
+                },
+                (None, None) if wait.is_some() => return failed("--wait needs --expect N or --nodes LIST: what to wait for".into()),
+                (None, None) => None,
+            };
+            if let (Some(e), Some(secs)) = (&expect, wait) {
+                from.wait_for(job.as_deref(), e, std::time::Duration::from_secs(secs));
             }
-            let report = match fleet::check(&from, job.as_deref(), expect) {
+            let report = match fleet::check(&from, job.as_deref(), expect.as_ref()) {
                 Ok(r) => r,
                 Err(e) => return failed(e),
             };

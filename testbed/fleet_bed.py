@@ -63,6 +63,7 @@ def verify(path, intruder):
 
     expect("nodes judged", r["nodes"], NODES)
     expect("missing", r["missing"], 0)
+    expect("unexpected", r.get("unexpected"), [])
     groups = sorted(sorted(g["names"]) for g in r["staging"])
     expect("staging groups", groups, [["node007"], ["node023", "node041"]])
     for g in r["staging"]:

@@ -310,6 +310,7 @@ def fleet_check(
     rendezvous: Optional[str] = None,
     etcd: Optional[List[str]] = None,
     expect: Optional[int] = None,
+    nodes: Optional[str] = None,
     wait: Optional[float] = None,
     timeout: float = 30.0,
 ) -> Dict[str, Any]:
@@ -322,7 +323,10 @@ def fleet_check(
     grouped by cause, with the fix and their names folded as
     ``node[003-007]``), ``report["differences"]`` and ``report["shared"]``.
     With ``expect``, nodes that sent no capture (after waiting up to
-    ``wait`` seconds) are counted in ``report["missing"]``.
+    ``wait`` seconds) are counted in ``report["missing"]``; with ``nodes``
+    (a Slurm host list, ``"node[001-064]"``) they are also named in
+    ``report["missing_nodes"]``, and captures from nodes not in it are
+    listed in ``report["unexpected"]``, not judged, and fail the check.
 
     The captures are read from exactly one place: ``dir`` (``dir/job/``,
     a folder every node shares), ``rendezvous`` (``"host:port"`` of
@@ -335,7 +339,7 @@ def fleet_check(
     released while it waits and judges.
     """
     where = None if dir is None else os.fspath(dir)
-    out, _, _ = _native.fleet_check(where, job=job, rendezvous=rendezvous, etcd=etcd, expect=expect, wait=wait, timeout=timeout)
+    out, _, _ = _native.fleet_check(where, job=job, rendezvous=rendezvous, etcd=etcd, expect=expect, nodes=nodes, wait=wait, timeout=timeout)
     return json.loads(out)
 
 

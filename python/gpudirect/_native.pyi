@@ -35,6 +35,7 @@ def fleet_check(
     rendezvous: Optional[str] = None,
     etcd: Optional[List[str]] = None,
     expect: Optional[int] = None,
+    nodes: Optional[str] = None,
     wait: Optional[float] = None,
     timeout: float = 30.0,
 ) -> Tuple[str, str, int]:

@@ -79,7 +79,7 @@ fn explain_nccl_log(py: Python<'_>, text: String) -> PyResult<Rendered> {
 /// Judges every node's capture of a job together, from a shared folder,
 /// the rendezvous server or etcd; see `gpudirect.fleet_check`.
 #[pyfunction]
-#[pyo3(signature = (dir=None, *, job=None, rendezvous=None, etcd=None, expect=None, wait=None, timeout=30.0))]
+#[pyo3(signature = (dir=None, *, job=None, rendezvous=None, etcd=None, expect=None, nodes=None, wait=None, timeout=30.0))]
 #[allow(clippy::too_many_arguments)]
 fn fleet_check(
     py: Python<'_>,
@@ -88,6 +88,7 @@ fn fleet_check(
     rendezvous: Option<String>,
     etcd: Option<Vec<String>>,
     expect: Option<usize>,
+    nodes: Option<String>,
     wait: Option<f64>,
     timeout: f64,
 ) -> PyResult<Rendered> {
@@ -95,10 +96,16 @@ fn fleet_check(
     let report = py
         .detach(|| {
             let from = fleet::Collection::open(dir.as_deref(), rendezvous.as_deref(), &etcd.unwrap_or_default(), secs(timeout).max(std::time::Duration::from_millis(1)))?;
-            if let (Some(n), Some(w)) = (expect, wait) {
-                from.wait_for(job.as_deref(), n, secs(w));
+            let expect = match (expect, nodes) {
+                (Some(_), Some(_)) => return Err("give expect or nodes, not both".to_owned()),
+                (Some(n), None) => Some(fleet::Expect::Count(n)),
+                (None, Some(list)) => Some(fleet::Expect::Names(fleet::expand_hostlist(&list)?)),
+                (None, None) => None,
+            };
+            if let (Some(e), Some(w)) = (&expect, wait) {
+                from.wait_for(job.as_deref(), e, secs(w));
             }
-            fleet::check(&from, job.as_deref(), expect)
+            fleet::check(&from, job.as_deref(), expect.as_ref())
         })
         .map_err(DoctorError::new_err)?;
     let json = serde_json::to_string(&report).map_err(|e| GpudirectError::new_err(e.to_string()))?;

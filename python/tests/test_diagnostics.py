@@ -107,6 +107,10 @@ def test_fleet_check_names_the_node_that_would_stage(clean_env, tmp_path):
     assert r["nodes"] == 4 and r["missing"] == 1
     assert not r["available_everywhere"]
     assert [(g["folded"], g["checks"]) for g in r["staging"]] == [("n04", ["env.nccl_ib_disable"])]
+    r = gpudirect.fleet_check(tmp_path, job="job-9", nodes="n[01-03,05]")
+    assert r["missing_nodes"] == ["n05"] and r["unexpected"] == ["n04"]
+    with pytest.raises(gpudirect.DoctorError, match="backwards"):
+        gpudirect.fleet_check(tmp_path, job="job-9", nodes="n[05-01]")
     with pytest.raises(gpudirect.DoctorError):
         gpudirect.fleet_check(tmp_path, job="../x")
 

@@ -141,17 +141,26 @@ impl Collection {
         Ok((found, bad))
     }
 
-    /// How many nodes posted under `job` (0 when it cannot be read yet).
-    pub fn count(&self, job: Option<&str>) -> usize {
-        self.names(job).map_or(0, |(n, _)| n.len())
+    /// How many of the nodes `expect`ed posted under `job` (0 when it
+    /// cannot be read yet).
+    fn arrived(&self, job: Option<&str>, expect: &super::Expect) -> usize {
+        let Ok((names, _)) = self.names(job) else { return 0 };
+        match expect {
+            super::Expect::Count(_) => names.len(),
+            super::Expect::Names(want) => {
+                let posted: std::collections::HashSet<&str> = names.iter().map(|(n, _)| n.as_str()).collect();
+                want.iter().filter(|n| posted.contains(n.as_str())).count()
+            }
+        }
     }
 
-    /// Waits until `expect` nodes posted under `job`, or `wait` passes.
-    pub fn wait_for(&self, job: Option<&str>, expect: usize, wait: Duration) -> usize {
+    /// Waits until the nodes `expect`ed posted under `job`, or `wait`
+    /// passes; returns how many did.
+    pub fn wait_for(&self, job: Option<&str>, expect: &super::Expect, wait: Duration) -> usize {
         let start = Instant::now();
         loop {
-            let n = self.count(job);
-            if n >= expect || start.elapsed() >= wait {
+            let n = self.arrived(job, expect);
+            if n >= expect.count() || start.elapsed() >= wait {
                 return n;
             }
             std::thread::sleep(Duration::from_millis(500));

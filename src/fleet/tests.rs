@@ -63,7 +63,7 @@ fn far_hca(c: &mut serde_json::Value) {
 fn each_bad_node_is_named_with_its_cause_and_nothing_else() {
     let tree = testkit::Tree::new("fleet");
     fleet(tree.path(), &BROKEN);
-    let r = check(&Collection::Dir(tree.path().to_path_buf()), None, Some(10)).unwrap();
+    let r = check(&Collection::Dir(tree.path().to_path_buf()), None, Some(&Expect::Count(10))).unwrap();
     assert_eq!(r.nodes, 10);
     assert_eq!(r.exit_status(), 1);
     assert!(!r.available_everywhere);
@@ -107,7 +107,7 @@ fn a_healthy_fleet_passes_and_a_missing_node_fails_the_gate() {
     assert!(r.differences.is_empty(), "{:?}", r.differences);
     // Without a job id, the folder itself.
     let here = Collection::Dir(job.clone());
-    let r = check(&here, None, Some(12)).unwrap();
+    let r = check(&here, None, Some(&Expect::Count(12))).unwrap();
     assert_eq!((r.exit_status(), r.missing), (1, 2));
     std::fs::write(job.join("node011.json"), b"{ not json").unwrap();
     std::fs::write(job.join("bad name.json"), b"{}").unwrap();
@@ -149,8 +149,8 @@ fn a_fleet_posted_to_the_rendezvous_is_judged_as_the_folder_is() {
     assert!(own.verdict.available && place.contains("job-1/node010"), "{place}");
     let tree = testkit::Tree::new("fleet-same");
     fleet(tree.path(), &BROKEN);
-    let by_board = check(&to, Some("job-1"), Some(10)).unwrap();
-    let by_dir = check(&Collection::Dir(tree.path().to_path_buf()), None, Some(10)).unwrap();
+    let by_board = check(&to, Some("job-1"), Some(&Expect::Count(10))).unwrap();
+    let by_dir = check(&Collection::Dir(tree.path().to_path_buf()), None, Some(&Expect::Count(10))).unwrap();
     assert_eq!((by_board.nodes, &by_board.line, &by_board.staging, &by_board.differences), (by_dir.nodes, &by_dir.line, &by_dir.staging, &by_dir.differences));
     assert_eq!(by_board.exit_status(), 1);
     for intruder in [board(None), board(Some(secret(8)))] {
@@ -223,4 +223,29 @@ fn an_unproven_posting_is_unreadable_and_a_store_gone_fails_the_check() {
     let gone = Collection::Board { board: Box::new(Flaky(nodes)), shown: "test".into() };
     let e = check(&gone, Some("j"), None).unwrap_err();
     assert!(e.contains("unreachable"), "{e}");
+}
+
+/// With the allocation's host list, each missing node is named, and a
+/// capture from a node outside it (a stray job's, or a member posting a
+/// healthy capture under a made-up name to stand in for a missing node)
+/// is listed, not judged, and shuts the gate.
+#[test]
+fn named_nodes_name_the_missing_and_refuse_the_unexpected() {
+    let tree = testkit::Tree::new("fleet-named");
+    fleet(tree.path(), &[]);
+    std::fs::remove_file(tree.path().join("node004.json")).unwrap();
+    std::fs::copy(tree.path().join("node001.json"), tree.path().join("stand-in.json")).unwrap();
+    let dir = Collection::Dir(tree.path().to_path_buf());
+    let want = Expect::Names(expand_hostlist("node[001-010]").unwrap());
+    let r = check(&dir, None, Some(&want)).unwrap();
+    assert_eq!((r.nodes, r.missing, r.missing_nodes.as_slice(), r.unexpected.as_slice()), (9, 1, &["node004".to_owned()][..], &["stand-in".to_owned()][..]));
+    assert_eq!(r.exit_status(), 1);
+    let text = r.to_string();
+    assert!(text.contains("MISSING: 1 node(s) expected sent no capture: node004") && text.contains("NOT EXPECTED: 1 capture(s)"), "{text}");
+    // The count alone would have been fooled: ten captures, none missing.
+    let r = check(&dir, None, Some(&Expect::Count(10))).unwrap();
+    assert_eq!((r.missing, r.exit_status()), (0, 0), "{}", r.line);
+    std::fs::remove_file(tree.path().join("stand-in.json")).unwrap();
+    std::fs::copy(tree.path().join("node001.json"), tree.path().join("node004.json")).unwrap();
+    assert_eq!(check(&dir, None, Some(&want)).unwrap().exit_status(), 0);
 }
