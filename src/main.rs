@@ -183,6 +183,11 @@ enum FleetAction {
         /// capturing this machine now.
         #[arg(long, value_name = "CAPTURE")]
         from: Option<PathBuf>,
+        /// With --etcd: the capture expires this many seconds after this
+        /// post (an etcd lease; at least 2). The rendezvous server's own
+        /// `--lease` bounds what it holds.
+        #[arg(long, value_name = "SECS", requires = "etcd")]
+        lease: Option<u64>,
         /// Bound on each request to the rendezvous or etcd, in seconds (a
         /// post also waits this long for a rendezvous server not up yet).
         #[arg(long, value_name = "SECS", default_value_t = 30)]
@@ -277,8 +282,12 @@ fn main() -> ExitCode {
             }
             ExitCode::from(report.exit_status())
         }
-        Command::Fleet { action: FleetAction::Post { place, job, node, from, timeout } } => {
-            match place.open(timeout).and_then(|to| fleet::post(&to, &job, node.as_deref(), from.as_deref())) {
+        Command::Fleet { action: FleetAction::Post { place, job, node, from, lease, timeout } } => {
+            let to = match lease {
+                Some(secs) => fleet::Collection::etcd_leased(&place.etcd, std::time::Duration::from_secs(timeout.max(1)), Some(std::time::Duration::from_secs(secs))),
+                None => place.open(timeout),
+            };
+            match to.and_then(|to| fleet::post(&to, &job, node.as_deref(), from.as_deref())) {
                 Ok((place, report)) => {
                     println!("{} ({place})", report.verdict.line);
                     ExitCode::from(report.exit_status())

@@ -84,7 +84,20 @@ impl Collection {
     /// # Errors
     /// etcd not reachable within `timeout`, or an unusable secret.
     pub fn etcd(endpoints: &[String], timeout: Duration) -> Result<Collection, String> {
-        let board = gpudirect::engine::EtcdRendezvous::connect(endpoints, timeout).map_err(|e| e.to_string())?;
+        Collection::etcd_leased(endpoints, timeout, None)
+    }
+
+    /// [`etcd`](Self::etcd), whose postings live under an etcd lease of
+    /// `ttl`: once the posting process is gone, they expire `ttl` later
+    /// (a job's captures do not outlive its gate).
+    ///
+    /// # Errors
+    /// As [`etcd`](Self::etcd).
+    pub fn etcd_leased(endpoints: &[String], timeout: Duration, ttl: Option<Duration>) -> Result<Collection, String> {
+        let mut board = gpudirect::engine::EtcdRendezvous::connect(endpoints, timeout).map_err(|e| e.to_string())?;
+        if let Some(ttl) = ttl {
+            board = board.with_lease(ttl);
+        }
         Ok(Collection::Board { board: Box::new(board), shown: format!("etcd {}", endpoints.join(",")) })
     }
 

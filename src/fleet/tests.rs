@@ -249,3 +249,41 @@ fn named_nodes_name_the_missing_and_refuse_the_unexpected() {
     std::fs::copy(tree.path().join("node001.json"), tree.path().join("node004.json")).unwrap();
     assert_eq!(check(&dir, None, Some(&want)).unwrap().exit_status(), 0);
 }
+
+/// Through etcd: the mutated fleet judged as the folder is; a value
+/// sealed with another secret, or with none, is unreadable; a leased
+/// posting expires after its poster is gone.
+#[test]
+#[ignore = "needs etcd (Debian: etcd-server)"]
+fn a_fleet_in_etcd_is_sealed_and_a_leased_posting_expires() {
+    use gpudirect::engine::{Board, ClusterSecret, EtcdRendezvous};
+    let etcd = testkit::Etcd::local();
+    let t = std::time::Duration::from_secs(5);
+    let secret = |b: u8| ClusterSecret::new(vec![b; 32]).unwrap();
+    let board = |b: u8| Collection::Board { board: Box::new(EtcdRendezvous::connect(&[etcd.url()], t).unwrap().with_secret(secret(b))), shown: "etcd".into() };
+    let to = board(7);
+    for (name, text) in captures(&BROKEN) {
+        to.post("job-1", &name, &text).unwrap();
+    }
+    board(8).post("job-1", "node011", &captures(&[])[0].1).unwrap();
+    let r = check(&to, Some("job-1"), None).unwrap();
+    assert_eq!((r.nodes, r.unreadable.len(), r.staging.len(), r.exit_status()), (10, 1, 2, 1), "{:?}", r.unreadable);
+    assert!(r.unreadable[0].file.contains("job-1/node011") && r.unreadable[0].error.contains("did not verify"), "{:?}", r.unreadable);
+    {
+        let leased = EtcdRendezvous::connect(&[etcd.url()], t).unwrap().with_secret(secret(7)).with_lease(std::time::Duration::from_secs(2));
+        leased.post("job-2", "node001", b"{}").unwrap();
+        assert_eq!(to_names(&to, "job-2"), ["node001"]);
+    }
+    let gone = std::time::Instant::now();
+    while !to_names(&to, "job-2").is_empty() {
+        assert!(gone.elapsed() < std::time::Duration::from_secs(15), "a leased posting outlived its poster by {:?}", gone.elapsed());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+fn to_names(c: &Collection, topic: &str) -> Vec<String> {
+    match c {
+        Collection::Board { board, .. } => board.names(topic).unwrap(),
+        Collection::Dir(_) => unreachable!(),
+    }
+}
