@@ -186,7 +186,7 @@ enum FleetAction {
         /// With --etcd: the capture expires this many seconds after this
         /// post (an etcd lease; at least 2). The rendezvous server's own
         /// `--lease` bounds what it holds.
-        #[arg(long, value_name = "SECS", requires = "etcd")]
+        #[arg(long, value_name = "SECS")]
         lease: Option<u64>,
         /// Bound on each request to the rendezvous or etcd, in seconds (a
         /// post also waits this long for a rendezvous server not up yet).
@@ -284,6 +284,7 @@ fn main() -> ExitCode {
         }
         Command::Fleet { action: FleetAction::Post { place, job, node, from, lease, timeout } } => {
             let to = match lease {
+                Some(_) if place.etcd.is_empty() => Err("--lease applies to --etcd (the rendezvous server's own --lease bounds what it holds)".to_owned()),
                 Some(secs) => fleet::Collection::etcd_leased(&place.etcd, std::time::Duration::from_secs(timeout.max(1)), Some(std::time::Duration::from_secs(secs))),
                 None => place.open(timeout),
             };
