@@ -278,9 +278,15 @@ mod tests {
             let (r1, _w1) = pipe();
             let number = r1.as_raw_fd();
             let first = watch(number).unwrap();
-            drop(r1);
-            let (r2, w2) = pipe();
-            assert_eq!(r2.as_raw_fd(), number, "the lowest free number is reused");
+            // dup3 closes the first pipe's file and puts the second's on the
+            // same number in one step: waiting for the lowest free number to
+            // be reused races with other tests' threads opening files.
+            let (tmp, w2) = pipe();
+            // SAFETY: both are open descriptors this test owns; `number`
+            // stays owned by `r1`, which now names the second pipe's file.
+            assert_eq!(unsafe { libc::dup3(tmp.as_raw_fd(), number, libc::O_CLOEXEC) }, number);
+            drop(tmp);
+            let r2 = r1;
             let second = watch(r2.as_raw_fd()).unwrap();
             drop(first);
             // SAFETY: writing one byte from a valid buffer to an open pipe.
