@@ -8,7 +8,8 @@
 //! ```
 //!
 //! The device is `$PEERS_DEVICE` (default rxe0); the control port listens
-//! on `$PEERS_HOST` (default 127.0.0.1), where no secret is needed.
+//! on `$PEERS_HOST` (default 127.0.0.1), where no secret is needed;
+//! `$PEERS_QPS_PER_RAIL` overrides the engine's queue pairs per rail.
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -114,7 +115,8 @@ fn say(line: &str) {
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
-fn cpu_seconds() -> f64 {
+/// (user + system, user) seconds of this process, every thread.
+fn cpu_seconds() -> (f64, f64) {
     // SAFETY: getrusage writes only into the struct it is given.
     let ru = unsafe {
         let mut ru = std::mem::zeroed::<libc::rusage>();
@@ -122,7 +124,7 @@ fn cpu_seconds() -> f64 {
         ru
     };
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    secs(ru.ru_utime) + secs(ru.ru_stime)
+    (secs(ru.ru_utime) + secs(ru.ru_stime), secs(ru.ru_utime))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -130,7 +132,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> R<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err("odd hex length".into());
     }
     (0..s.len()).step_by(2).map(|i| Ok(u8::from_str_radix(&s[i..i + 2], 16)?)).collect()
@@ -150,14 +152,15 @@ fn initiator_run(agent: &Agent, buf: &Registration, peer: &Peer, name: &str, n: 
         Ok(r.wait(Some(WAIT))?)
     };
     (0..WARMUP).try_for_each(run)?;
-    let (cpu0, t0) = (cpu_seconds(), Instant::now());
+    let ((cpu0, user0), t0) = (cpu_seconds(), Instant::now());
     (0..n).try_for_each(run)?;
-    let (secs, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+    let (secs, (cpu, user)) = (t0.elapsed().as_secs_f64(), cpu_seconds());
+    let (cpu, user) = (cpu - cpu0, user - user0);
     if plan.op == Op::Read {
         plan.check(buf, &plan.local).map_err(|e| format!("{name}: read back wrong: {e}"))?;
     }
     let notes = if plan.notify() { n + WARMUP } else { 0 };
-    say(&format!("RESULT {secs:.6} {cpu:.6} {n} {} {notes}", n * plan.per_req * plan.block));
+    say(&format!("RESULT {secs:.6} {cpu:.6} {user:.6} {n} {} {notes}", n * plan.per_req * plan.block));
     Ok(())
 }
 
@@ -186,9 +189,12 @@ fn target_cmd(buf: &Registration, count: &Mutex<usize>, words: &[&str]) -> R<()>
 }
 
 fn side(role: &str) -> R<()> {
-    let mut config = AgentConfig::named(&format!("peers-{role}"));
+    let mut config = AgentConfig::named(format!("peers-{role}"));
     config.devices = vec![std::env::var("PEERS_DEVICE").unwrap_or_else(|_| "rxe0".into())];
     config.listen = format!("{}:0", std::env::var("PEERS_HOST").unwrap_or_else(|_| "127.0.0.1".into())).parse()?;
+    if let Ok(q) = std::env::var("PEERS_QPS_PER_RAIL") {
+        config.qps_per_rail = Some(q.parse()?);
+    }
     let agent = Agent::new(config)?;
     let buf = agent.alloc("buf", BUF)?;
     buf.write_at(0, &vec![POISON; BUF])?;

@@ -143,7 +143,7 @@ def drive(args):
             envs[eng][k] = v
             extra.setdefault(eng, {})[k] = v
     counter = f"/sys/class/infiniband/{env.get('PEERS_DEVICE', 'rxe0')}/ports/1/hw_counters/sent_pkts"
-    emit("META", {"kernel": os.uname().release, "nproc": os.cpu_count(), "cpu": _cpu_model(), "repeat": args.repeat, "scale": args.scale, "engines": engines,
+    emit("META", {"date": time.strftime("%Y-%m-%d"), "kernel": os.uname().release, "nproc": os.cpu_count(), "cpu": _cpu_model(), "repeat": args.repeat, "scale": args.scale, "engines": engines,
                   "env": {k: v for k, v in env.items() if k.startswith(("UCX_", "MC_", "NIXL_", "PEERS_"))}, "engine_env": extra, "counter": counter})
     unavailable = {}
     for rep in range(1, args.repeat + 1):
@@ -164,7 +164,7 @@ def drive(args):
                     target.expect("OK", STEP_TIMEOUT)
                     pkts = _packets(counter)
                     init.send(f"RUN {wl} {n}")
-                    secs, cpu, reqs, nbytes, notes = init.expect("RESULT", STEP_TIMEOUT)
+                    secs, cpu, user, reqs, nbytes, notes = init.expect("RESULT", STEP_TIMEOUT)
                     pkts = _packets(counter) - pkts
                     target.send(f"CHECK {wl} {notes}")
                     target.expect("OK", STEP_TIMEOUT)
@@ -173,7 +173,7 @@ def drive(args):
                     # TCP or shared-memory fallback), which is not this race.
                     if pkts * 4096 < int(nbytes):
                         raise RuntimeError(f"the bytes did not cross {counter.split('/')[4]}: {pkts} packets for {nbytes} bytes (a TCP or shared-memory fallback?)")
-                    emit("RESULT", {"engine": eng, "workload": wl, "rep": rep, "secs": float(secs), "cpu": float(cpu), "requests": int(reqs), "bytes": int(nbytes), "notifications": int(notes), "packets": pkts})
+                    emit("RESULT", {"engine": eng, "workload": wl, "rep": rep, "secs": float(secs), "cpu": float(cpu), "user": float(user), "requests": int(reqs), "bytes": int(nbytes), "notifications": int(notes), "packets": pkts})
                     print(f"[peers] rep {rep} {eng:15} {wl:13} {int(nbytes) / float(secs) / 1e6:8.1f} MB/s {float(cpu) / int(reqs) * 1e6:9.1f} us CPU/req", file=sys.stderr, flush=True)
                 except Exception as e:  # noqa: BLE001 - one engine's failure is reported, the others run
                     emit("FAIL", {"engine": eng, "workload": wl, "rep": rep, "why": str(e), "at_start": pair is None})
@@ -189,10 +189,32 @@ def drive(args):
             if pair:
                 for side in pair:
                     side.close()
+        if args.ceiling:
+            ceiling(rep, args.scale, env.get("PEERS_DEVICE", "rxe0"))
     for eng, why in unavailable.items():
         emit("UNAVAILABLE", {"engine": eng, "why": why})
     emit("DONE", {})
     return 0
+
+
+def ceiling(rep, scale, device):
+    """perftest's ib_write_bw / ib_read_bw in the same guest: what the bed
+    itself carries (pipelined, 128 in flight: not the engines' workloads)."""
+    for op in ("write", "read"):
+        for size in (1 << 20, 64 << 10, 4 << 10):
+            n = max(16, int((256 << 20) * scale / size)) if size > 4096 else max(16, int((64 << 20) * scale / size))
+            cmd = [f"ib_{op}_bw", "-d", device, "-x", "1", "-F", "-s", str(size), "-n", str(n), "-p", "18650"]
+            try:
+                srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                time.sleep(1.0)
+                out = subprocess.run(cmd + ["127.0.0.1"], capture_output=True, text=True, timeout=STEP_TIMEOUT).stdout
+                srv.wait(30)
+            except (OSError, subprocess.SubprocessError) as e:
+                emit("CEILING", {"op": op, "size": size, "rep": rep, "error": str(e)})
+                continue
+            rows = [l.split() for l in out.splitlines()]
+            vals = [float(r[3]) for r in rows if len(r) >= 4 and r[0] == str(size)]
+            emit("CEILING", {"op": op, "size": size, "rep": rep, "mbps": vals[0] if vals else None})
 
 
 def _packets(path):
@@ -214,7 +236,7 @@ def _cpu_model():
 # ------------------------------------------------------------------ render
 
 def parse_log(text):
-    out = {"META": [], "RESULT": [], "FAIL": [], "UNAVAILABLE": [], "DONE": []}
+    out = {"META": [], "RESULT": [], "FAIL": [], "UNAVAILABLE": [], "CEILING": [], "DONE": []}
     for line in text.splitlines():
         i = line.find("PEERS-")
         if i < 0:
@@ -239,6 +261,7 @@ def summarize(results):
             "mbps": [r["bytes"] / r["secs"] / 1e6 for r in runs],
             "rps": [r["requests"] / r["secs"] for r in runs],
             "cpu_us": [r["cpu"] / r["requests"] * 1e6 for r in runs],
+            "user_us": [r.get("user", r["cpu"]) / r["requests"] * 1e6 for r in runs],
         }
         out[key] = {k: (statistics.median(v), min(v), max(v)) for k, v in m.items()}
         out[key]["n"] = len(runs)
@@ -258,7 +281,7 @@ def ratios(summary, ours, peer, wl):
     a, b = summary.get((ours, wl)), summary.get((peer, wl))
     if not a or not b:
         return None
-    return a["mbps"][0] / b["mbps"][0], a["cpu_us"][0] / b["cpu_us"][0]
+    return a["mbps"][0] / b["mbps"][0], a["cpu_us"][0] / b["cpu_us"][0], a["user_us"][0] / b["user_us"][0]
 
 
 def render_markdown(parsed, versions):
@@ -270,36 +293,52 @@ def render_markdown(parsed, versions):
              "two processes per engine on one Soft-RoCE device (rxe over loopback), host memory. "
              "Each cell: the median over repeats, (the range); MB/s and requests/s are the initiator's "
              "from its first post to its last completion; CPU is the initiator process's user+system "
-             "seconds over the same span (its engine threads included) per request. Every byte is checked "
+             "seconds over the same span (its engine threads included) per request, and its user-space part: "
+             "rxe does the NIC's work in the kernel, partly in the poster's context, so system time holds "
+             "work that a real NIC does in hardware. Every byte is checked "
              "after each workload (reads at the initiator, writes and notification counts at the target).", ""]
-    lines.append("Machine: %s, %s vCPUs, kernel %s; %s repeats, scale %s; peers: %s." % (
-        meta.get("cpu", "?"), meta.get("nproc", "?"), meta.get("kernel", "?"), meta.get("repeat", "?"), meta.get("scale", "?"), versions or "?"))
+    lines.append("Measured %s. Machine: %s, %s vCPUs, kernel %s; %s repeats, scale %s; peers: %s." % (
+        meta.get("date", "?"), meta.get("cpu", "?"), meta.get("nproc", "?"), meta.get("kernel", "?"), meta.get("repeat", "?"), meta.get("scale", "?"), versions or "?"))
     if meta.get("env"):
         lines.append("Environment given to every engine: " + ", ".join(f"`{k}={v}`" for k, v in sorted(meta["env"].items())) + ".")
+    root = os.path.dirname(HERE) + "/"
     for e, kv in sorted(meta.get("engine_env", {}).items()):
-        lines.append(f"Environment given to {TITLE.get(e, e)} alone: " + ", ".join(f"`{k}={v}`" for k, v in sorted(kv.items())) + ".")
+        lines.append(f"Environment given to {TITLE.get(e, e)} alone: " + ", ".join(f"`{k}={v.replace(root, '')}`" for k, v in sorted(kv.items())) + ".")
     lines.append("")
     for wl in WORKLOADS:
         if not any((e, wl) in summary for e in engines):
             continue
-        lines += [f"## {wl}: {WHAT[wl]}", "", "| engine | MB/s | requests/s | CPU µs/request | runs |", "|---|---:|---:|---:|---:|"]
+        lines += [f"## {wl}: {WHAT[wl]}", "", "| engine | MB/s | requests/s | CPU µs/request | of which user space | runs |", "|---|---:|---:|---:|---:|---:|"]
         for e in engines:
             st = summary.get((e, wl))
             if st:
-                lines.append(f"| {TITLE[e]} | {_cell(st['mbps'])} | {_cell(st['rps'])} | {_cell(st['cpu_us'])} | {st['n']} |")
+                lines.append(f"| {TITLE[e]} | {_cell(st['mbps'])} | {_cell(st['rps'])} | {_cell(st['cpu_us'])} | {_cell(st['user_us'])} | {st['n']} |")
             else:
-                lines.append(f"| {TITLE[e]} | — | — | — | 0 |")
+                lines.append(f"| {TITLE[e]} | — | — | — | — | 0 |")
+        lines.append("")
+    ceil = {}
+    for c in parsed["CEILING"]:
+        if c.get("mbps"):
+            ceil.setdefault((c["op"], c["size"]), []).append(c["mbps"])
+    if ceil:
+        lines += ["## What the bed carries", "",
+                  "perftest in the same guest, between the engines' runs (`ib_write_bw`/`ib_read_bw -F`, 128 requests in flight, "
+                  "one size per run): the ceiling of Soft-RoCE on these vCPUs, not the engines' workloads.", "",
+                  "| perftest | MB/s |", "|---|---:|"]
+        for (op, size), v in sorted(ceil.items(), key=lambda kv: (kv[0][0] != "write", -kv[0][1])):
+            label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+            lines.append(f"| ib_{op}_bw {label} | {_cell((statistics.median(v), min(v), max(v)))} |")
         lines.append("")
     lines += ["## Ratios, gpudirect / peer (medians)", "",
-              "Throughput above 1.00 and CPU per request below 1.00 favour gpudirect.", "",
-              "| workload | " + " | ".join(f"{TITLE[o]} / {TITLE[p]} MB/s, CPU" for o in ("gpudirect-py", "gpudirect-rust") for p in ("mooncake", "nixl")) + " |",
+              "MB/s, then CPU per request, then its user-space part: throughput above 1.00 and CPU below 1.00 favour gpudirect.", "",
+              "| workload | " + " | ".join(f"{TITLE[o]} / {TITLE[p]}" for o in ("gpudirect-py", "gpudirect-rust") for p in ("mooncake", "nixl")) + " |",
               "|---|" + "---:|" * 4]
     for wl in WORKLOADS:
         row = []
         for o in ("gpudirect-py", "gpudirect-rust"):
             for p in ("mooncake", "nixl"):
                 r = ratios(summary, o, p, wl)
-                row.append("—" if r is None else f"{r[0]:.2f}x, {r[1]:.2f}x")
+                row.append("—" if r is None else ", ".join(f"{v:.2f}x" if v >= 0.005 else "<0.01x" for v in r))
         lines.append(f"| {wl} | " + " | ".join(row) + " |")
     lines += ["", "## What each engine needed to start", ""]
     for e in engines:
@@ -381,6 +420,7 @@ def main(argv=None):
     d.add_argument("--scale", type=float, default=1.0)
     d.add_argument("--python", required=True)
     d.add_argument("--rust", required=True)
+    d.add_argument("--ceiling", action="store_true", help="also run perftest's ib_write_bw and ib_read_bw each repeat")
     d.add_argument("--engine-env", action="append", default=[], metavar="ENGINE:KEY=VALUE", help="set for that engine's processes only")
     r = sub.add_parser("render")
     r.add_argument("log")

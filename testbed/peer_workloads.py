@@ -6,14 +6,15 @@ the workloads and the bytes (see PROTOCOL below).
 
 Usage: python peer_workloads.py ENGINE target|initiator
        ENGINE: gpudirect-py | mooncake | nixl; the device is
-       $PEERS_DEVICE (default rxe0), the address $PEERS_HOST (127.0.0.1).
+       $PEERS_DEVICE (default rxe0), the address $PEERS_HOST (127.0.0.1);
+       $PEERS_QPS_PER_RAIL overrides gpudirect's queue pairs per rail.
 
 PROTOCOL (one line each way, in order):
   -> READY <hex>          this side's blob (metadata, address) once it is up
   <- PEER <hex>           the other side's blob
   <- PREP <workload>      target: fill (reads) or poison (writes) its slots
   <- RUN <workload> <n>   initiator: warm up, time n requests, check bytes
-  -> RESULT <secs> <cpu_secs> <requests> <bytes> <notifications sent>
+  -> RESULT <secs> <cpu_secs> <user_secs> <requests> <bytes> <notifications sent>
   <- CHECK <workload> <k> target: wait for k notifications, check bytes
   -> OK                   (or ERR <why>, after which the side exits)
   <- QUIT
@@ -97,7 +98,8 @@ class GpudirectPy:
     def __init__(self, role, buf):
         import gpudirect
         self.name = "peers-" + role
-        self.agent = gpudirect.Agent(self.name, devices=[os.environ.get("PEERS_DEVICE", "rxe0")], listen=os.environ.get("PEERS_HOST", "127.0.0.1") + ":0")
+        qps = os.environ.get("PEERS_QPS_PER_RAIL")
+        self.agent = gpudirect.Agent(self.name, devices=[os.environ.get("PEERS_DEVICE", "rxe0")], listen=os.environ.get("PEERS_HOST", "127.0.0.1") + ":0", qps_per_rail=int(qps) if qps else None)
         self.agent.register("buf", buf)
         self.peer = None
 
@@ -231,8 +233,9 @@ def say(line):
 
 
 def cpu_seconds():
+    """(user + system, user) of this process, every thread."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
+    return ru.ru_utime + ru.ru_stime, ru.ru_utime
 
 
 def initiator_run(eng, buf, name, n):
@@ -244,16 +247,17 @@ def initiator_run(eng, buf, name, n):
     reqs = eng.requests(plan)
     for i in range(WARMUP):
         eng.run(reqs[i % len(reqs)])
-    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    (cpu0, user0), t0 = cpu_seconds(), time.perf_counter()
     for i in range(n):
         eng.run(reqs[i % len(reqs)])
-    secs, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+    secs, (cpu, user) = time.perf_counter() - t0, cpu_seconds()
+    cpu, user = cpu - cpu0, user - user0
     if plan.op == "read":
         bad = plan.check(buf, plan.local)
         if bad:
             raise RuntimeError(f"{name}: read back wrong: {bad}")
     notes = (n + WARMUP) if plan.notify else 0
-    say(f"RESULT {secs:.6f} {cpu:.6f} {n} {n * plan.per_req * plan.block} {notes}")
+    say(f"RESULT {secs:.6f} {cpu:.6f} {user:.6f} {n} {n * plan.per_req * plan.block} {notes}")
 
 
 class Counter:

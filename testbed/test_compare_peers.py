@@ -15,7 +15,7 @@ def line(kind, **obj):
 
 def result(engine, wl, rep, mbps, cpu_us, requests=100, size=1 << 20):
     secs = requests * size / (mbps * 1e6)
-    return line("RESULT", engine=engine, workload=wl, rep=rep, secs=secs, cpu=cpu_us * requests / 1e6, requests=requests, bytes=requests * size, notifications=0)
+    return line("RESULT", engine=engine, workload=wl, rep=rep, secs=secs, cpu=cpu_us * requests / 1e6, user=cpu_us * requests / 2e6, requests=requests, bytes=requests * size, notifications=0)
 
 
 LOG = "\n".join([
@@ -30,6 +30,9 @@ LOG = "\n".join([
     result("mooncake", "write-1m", 3, 150, 120),
     line("FAIL", engine="nixl", workload="write-1m", rep=1, why="no UCX transport", at_start=True),
     line("UNAVAILABLE", engine="nixl", why="no UCX transport"),
+    line("CEILING", op="read", size=65536, rep=1, mbps=60.0),
+    line("CEILING", op="read", size=65536, rep=2, mbps=58.0),
+    line("CEILING", op="write", size=4096, rep=1, error="no perftest"),
     line("DONE"),
 ])
 
@@ -53,19 +56,23 @@ class Report(unittest.TestCase):
 
     def test_ratios_of_medians(self):
         s = cp.summarize(self.parsed["RESULT"])
-        mb, cpu = cp.ratios(s, "gpudirect-py", "mooncake", "write-1m")
+        mb, cpu, user = cp.ratios(s, "gpudirect-py", "mooncake", "write-1m")
         self.assertAlmostEqual(mb, 2.0)
         self.assertAlmostEqual(cpu, 0.5)
+        self.assertAlmostEqual(user, 0.5)
+        self.assertAlmostEqual(s[("mooncake", "write-1m")]["user_us"][0], 50)
         self.assertIsNone(cp.ratios(s, "gpudirect-py", "nixl", "write-1m"))
 
     def test_markdown_names_failures_and_needs(self):
         md = cp.render_markdown(self.parsed, "mooncake==x nixl==y")
         self.assertIn("| gpudirect (Python) | 250 (200-300) |", md)
-        self.assertIn("| write-1m | 2.00x, 0.50x | — |", md)
+        self.assertIn("| write-1m | 2.00x, 0.50x, 0.50x | — |", md)
         self.assertIn("NIXL (UCX) did not run: no UCX transport", md)
         self.assertIn("P2PHANDSHAKE", md)
         self.assertIn("`UCX_TLS=rc`", md)
         self.assertNotIn("did not finish", md)
+        self.assertIn("| ib_read_bw 64 KiB | 59.0 (58.0-60.0) |", md)
+        self.assertNotIn("ib_write_bw 4 KiB", md)
 
     def test_unfinished_run_is_said(self):
         md = cp.render_markdown(cp.parse_log(LOG.replace(line("DONE"), "")), "")
