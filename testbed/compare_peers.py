@@ -398,10 +398,13 @@ def render(args):
     with open(args.log, encoding="utf-8", errors="replace") as f:
         parsed = parse_log(f.read())
     os.makedirs(args.out, exist_ok=True)
+    meta = parsed["META"][0] if parsed["META"] else None
     with open(os.path.join(args.out, "peers.md"), "w") as f:
         f.write(render_markdown(parsed, args.versions))
-        if args.command_line:
-            f.write(f"\nReproduce: `{args.command_line}`\n")
+        if meta:
+            # From what the guest run recorded, so a log rendered later says how it was made.
+            scale = ("%g" % meta["scale"]) if isinstance(meta.get("scale"), (int, float)) else meta.get("scale")
+            f.write(f"\nReproduce: `testbed/compare-peers --repeat {meta.get('repeat')} --scale {scale} --smp {meta.get('nproc')} --engines {','.join(meta.get('engines', ENGINES))}`\n")
     with open(os.path.join(args.out, "peers.svg"), "w") as f:
         f.write(render_svg(parsed))
     with open(os.path.join(args.out, "peers.json"), "w") as f:
@@ -426,7 +429,6 @@ def main(argv=None):
     r.add_argument("log")
     r.add_argument("out")
     r.add_argument("--versions", default="")
-    r.add_argument("--command-line", default="")
     args = ap.parse_args(argv)
     return drive(args) if args.cmd == "drive" else render(args)
 
