@@ -202,7 +202,9 @@ def ceiling(rep, scale, device):
     itself carries (pipelined, 128 in flight: not the engines' workloads)."""
     for op in ("write", "read"):
         for size in (1 << 20, 64 << 10, 4 << 10):
-            n = max(16, int((256 << 20) * scale / size)) if size > 4096 else max(16, int((64 << 20) * scale / size))
+            # As ITERS: about 256 MiB per large size, 64 MiB for 4 KiB.
+            total = (256 << 20) if size > 4096 else (64 << 20)
+            n = max(16, int(total * scale / size))
             cmd = [f"ib_{op}_bw", "-d", device, "-x", "1", "-F", "-s", str(size), "-n", str(n), "-p", "18650"]
             try:
                 srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
