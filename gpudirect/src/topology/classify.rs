@@ -1,6 +1,8 @@
 //! Classifying a GPU–NIC pair: nvidia-smi's view from the sysfs paths,
 //! and NCCL's own (see the module docs of [`super`]).
 
+use std::fmt;
+
 use super::discover::nccl_is_bdf;
 use super::{is_bdf, nccl_path_type, GpuDev, NcclPathType, NicDev, Pair, PathLevel, PciTopology};
 use crate::sysroot::SysRoot;
@@ -157,12 +159,34 @@ pub fn pairs(root: &SysRoot, topo: &PciTopology) -> Vec<Pair> {
     all_pairs(root, topo).into_iter().filter_map(Result::ok).collect()
 }
 
+/// A GPU–NIC pair whose distance is unknown: one of the two devices does not
+/// resolve to a path of PCI bus ids under `/sys/devices` (a virtual function
+/// passed through oddly, a broken sysfs, a fixture missing a link).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unplaced {
+    /// The GPU's [`GpuDev::index`].
+    pub gpu_index: usize,
+    /// The NIC's verbs name, `mlx5_0`.
+    pub nic: String,
+    /// Which device could not be placed, and where its sysfs path led.
+    pub why: String,
+}
+
+impl fmt::Display for Unplaced {
+    /// `GPU0 <-> mlx5_0: 0000:18:00.0 resolves to ..., not a PCI device path`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GPU{} <-> {}: {}", self.gpu_index, self.nic, self.why)
+    }
+}
+
+impl std::error::Error for Unplaced {}
+
 /// Every GPU–NIC pair, GPU by GPU, or why it could not be placed.
-pub fn all_pairs(root: &SysRoot, topo: &PciTopology) -> Vec<Result<Pair, String>> {
+pub fn all_pairs(root: &SysRoot, topo: &PciTopology) -> Vec<Result<Pair, Unplaced>> {
     let mut out = Vec::new();
     for gpu in &topo.gpus {
         for nic in &topo.nics {
-            out.push(classify(root, gpu, nic).map_err(|why| format!("{} <-> {}: {why}", gpu.label(), nic.name)));
+            out.push(classify(root, gpu, nic).map_err(|why| Unplaced { gpu_index: gpu.index, nic: nic.name.clone(), why }));
         }
     }
     out

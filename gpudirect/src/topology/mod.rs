@@ -51,7 +51,7 @@ pub mod acs;
 mod classify;
 mod discover;
 
-pub use classify::{all_pairs, pairs, placement, Placement};
+pub use classify::{all_pairs, pairs, placement, Placement, Unplaced};
 pub use discover::{discover, is_bdf, natural_key};
 
 /// Where PCI functions are listed.

@@ -13,7 +13,7 @@
 
 use crate::sysroot::SysRoot;
 use crate::topology::acs::redirecting_bridge;
-use crate::topology::{all_pairs, discover, GdrLimit, Pair, PathLevel};
+use crate::topology::{all_pairs, discover, GdrLimit, Pair, PathLevel, Unplaced};
 
 /// What one NIC of the agent is to the GPU's memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,11 +66,11 @@ pub(crate) fn place(root: &SysRoot, gpu_bdf: Option<&str>, nics: &[&str], limit:
         ));
     };
     let label = format!("{} ({})", gpu.label(), gpu.bdf);
-    let pairs: Vec<Result<Pair, String>> = all_pairs(root, &topo)
+    let pairs: Vec<Result<Pair, Unplaced>> = all_pairs(root, &topo)
         .into_iter()
         .filter(|p| match p {
             Ok(p) => p.gpu_index == gpu.index,
-            Err(why) => why.starts_with(&format!("{} <-> ", gpu.label())),
+            Err(u) => u.gpu_index == gpu.index,
         })
         .collect();
     let mut notes = Vec::new();
@@ -81,10 +81,9 @@ pub(crate) fn place(root: &SysRoot, gpu_bdf: Option<&str>, nics: &[&str], limit:
             if let Some(o) = topo.other_rdma.iter().find(|o| o.name == nic) {
                 return Err(format!("{nic} cannot reach GPU memory: {}", o.reason));
             }
-            let tag = format!(" <-> {nic}: ");
             match pairs.iter().find(|p| match p {
                 Ok(p) => p.nic == nic,
-                Err(why) => why.contains(&tag),
+                Err(u) => u.nic == nic,
             }) {
                 Some(Ok(p)) => match redirecting_bridge(root, p) {
                     Some((bridge, ctrl)) => Err(format!(
@@ -121,11 +120,14 @@ pub(crate) fn place(root: &SysRoot, gpu_bdf: Option<&str>, nics: &[&str], limit:
             (Ok(Some(p)), Some((n, best))) if p.level > best.level => {
                 Place::Skip(format!("{nic} is {} from {label}, {} is {}: only the NICs nearest the GPU carry its memory", p.level, nics[n], best.level))
             }
+            // NCCL's level decides, so it is the one named; nvidia-smi's is
+            // added where the two differ, or the refusal reads as a contradiction.
             (Ok(Some(p)), _) if !gdr.allows(p.nccl_level) => Place::Skip(format!(
-                "{nic} is {} from {label}, beyond the agent's limit {limit} (AgentConfig::gpu_path_limit): GPUDirect RDMA over it would \
-                 cross {}; use a NIC nearer the GPU (NUMA node {}), or raise the limit to accept that path",
-                p.level,
-                crossing(p.level),
+                "{nic} is {}{} from {label}, beyond the agent's limit {limit} (AgentConfig::gpu_path_limit): GPUDirect RDMA over it \
+                 would cross {}; use a NIC nearer the GPU (NUMA node {}), or raise the limit to accept that path",
+                p.nccl_level,
+                if p.nccl_level == p.level { String::new() } else { format!(" in NCCL's view ({} in nvidia-smi's)", p.level) },
+                crossing(p.nccl_level),
                 gpu.numa_node.map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
             )),
             (Ok(Some(p)), _) => Place::Use(Some(p.clone())),
@@ -276,5 +278,41 @@ mod tests {
         let empty = testkit::Tree::new("placement");
         let p = place(&SysRoot::at(empty.path()), Some("0000:18:00.0"), &["mlx5_0"], PathLevel::Pxb);
         assert_eq!(p.places, [Place::Use(None)]);
+    }
+
+    /// A NIC whose sysfs path is not a chain of bus ids (behind a VMBus or
+    /// platform device) is unplaced for each GPU on its own: the GPU asked
+    /// about gets its note, and no other GPU's pairs leak into its answer.
+    #[test]
+    fn an_unplaced_nic_is_said_for_the_gpu_asked_about() {
+        let t = testkit::Tree::new("placement-unplaced");
+        for (bdf, under) in [("0000:01:00.0", "0000:00:01.0"), ("0000:02:00.0", "0000:00:02.0")] {
+            let dev = format!("/sys/devices/pci0000:00/{under}/{bdf}");
+            t.file(&format!("{dev}/vendor"), "0x10de\n").file(&format!("{dev}/class"), "0x030200\n");
+            t.link(&format!("/sys/bus/pci/devices/{bdf}"), &format!("../../..{}", &dev["/sys".len()..]));
+        }
+        t.dir("/sys/devices/pci0000:00/0000:00:02.0/0000:02:00.1");
+        t.link("/sys/class/infiniband/mlx5_0/device", "../../../devices/pci0000:00/0000:00:02.0/0000:02:00.1");
+        t.dir("/sys/devices/pci0000:00/vmbus-0/0000:05:00.0");
+        t.link("/sys/class/infiniband/mlx5_1/device", "../../../devices/pci0000:00/vmbus-0/0000:05:00.0");
+        let root = SysRoot::at(t.path());
+        let unplaced: Vec<Unplaced> = all_pairs(&root, &discover(&root)).into_iter().filter_map(Result::err).collect();
+        assert_eq!(unplaced.iter().map(|u| (u.gpu_index, u.nic.as_str())).collect::<Vec<_>>(), [(0, "mlx5_1"), (1, "mlx5_1")]);
+        assert!(unplaced[1].to_string().starts_with("GPU1 <-> mlx5_1: 0000:05:00.0 resolves to /sys/devices/pci0000:00/vmbus-0/"), "{}", unplaced[1]);
+
+        // GPU1 and mlx5_0 are two functions under one root port: PIX to
+        // nvidia-smi, PHB to NCCL, whose level is the one that decides.
+        let p = place(&root, Some("0000:02:00.0"), &["mlx5_1", "mlx5_0"], PathLevel::Pxb);
+        assert!(p.chosen().is_empty(), "{p:#?}");
+        assert!(skip(&p, 1).starts_with("mlx5_0 is PHB in NCCL's view (PIX in nvidia-smi's) from GPU1 (0000:02:00.0), beyond the agent's limit PXB"), "{p:#?}");
+        let p = place(&root, Some("0000:02:00.0"), &["mlx5_1", "mlx5_0"], PathLevel::Phb);
+        assert_eq!(p.chosen(), [1], "{p:#?}");
+        assert_eq!(p.notes.len(), 1, "{:?}", p.notes);
+        assert!(p.notes[0].starts_with("GPU1 <-> mlx5_1: ") && p.notes[0].ends_with("its distance to GPU1 (0000:02:00.0) is unknown"), "{:?}", p.notes);
+        assert!(skip(&p, 0).contains("mlx5_1's distance to GPU1 (0000:02:00.0) is unknown"), "{p:#?}");
+        // Alone, it is tried, and said.
+        let p = place(&root, Some("0000:01:00.0"), &["mlx5_1"], PathLevel::Pxb);
+        assert_eq!(p.places, [Place::Use(None)]);
+        assert!(p.notes[0].starts_with("GPU0 <-> mlx5_1: "), "{:?}", p.notes);
     }
 }
