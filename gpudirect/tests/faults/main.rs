@@ -236,16 +236,28 @@ fn set_netem(spec: Option<&str>) -> R<()> {
 /// how long it took. Any failed completion is an error.
 fn stream(h: &Host, qp: &QueuePair, write: bool, local: &MemoryRegion, remote: &RemoteBuffer, depth: usize, chunk: usize) -> R<Duration> {
     let t = Instant::now();
-    match stream_from(h, qp, write, local, remote, depth, chunk, 0)? {
-        None => Ok(t.elapsed()),
-        Some((_, e)) => Err(e.into()),
+    match stream_from(h, qp, write, local, remote, depth, chunk, 0, None)? {
+        Streamed::Done => Ok(t.elapsed()),
+        Streamed::Failed(_, e) => Err(e.into()),
+        Streamed::Stopped(at) => Err(format!("stopped at chunk {at} with no time limit").into()),
     }
 }
 
-/// [`stream`] from chunk `first` on. When a request fails, waits for every
-/// outstanding one (the rest are flushed) and returns the index of the
-/// first chunk that did not arrive with the error; completions come in
-/// order, so every chunk before it did.
+/// How [`stream_from`] ended.
+enum Streamed {
+    /// Every chunk arrived.
+    Done,
+    /// A request failed: the first chunk that did not arrive, and why.
+    /// Completions come in order, so every chunk before it did.
+    Failed(usize, gpudirect::WcError),
+    /// The time limit passed: nothing more was posted and every posted
+    /// chunk completed; the first chunk not sent.
+    Stopped(usize),
+}
+
+/// [`stream`] from chunk `first` on, posting nothing new once `until` has
+/// passed. When a request fails, waits for every outstanding one (the rest
+/// are flushed).
 #[allow(clippy::too_many_arguments)]
 fn stream_from(
     h: &Host,
@@ -256,18 +268,24 @@ fn stream_from(
     depth: usize,
     chunk: usize,
     first: usize,
-) -> R<Option<(usize, gpudirect::WcError)>> {
+    until: Option<Instant>,
+) -> R<Streamed> {
     let n = local.len() / chunk;
     let (mut posted, mut done) = (first, first);
     let mut failed = None;
+    let mut stopped = false;
     let mut wcs = [WorkCompletion::default(); 32];
-    while done < posted || (failed.is_none() && done < n) {
-        while failed.is_none() && posted < n && posted - done < depth {
+    while done < posted || (failed.is_none() && !stopped && done < n) {
+        stopped = stopped || until.is_some_and(|u| Instant::now() >= u);
+        while failed.is_none() && !stopped && posted < n && posted - done < depth {
             let off = posted * chunk;
             let s = local.slice(off..off + chunk)?;
             let wr = if write { SendWr::write(s, remote, off as u64)? } else { SendWr::read(s, remote, off as u64)? };
             qp.post_send(&[wr.wr_id(posted as u64)])?;
             posted += 1;
+        }
+        if done == posted {
+            break;
         }
         let k = h.wait(&mut wcs)?;
         for wc in &wcs[..k] {
@@ -278,5 +296,9 @@ fn stream_from(
             }
         }
     }
-    Ok(failed)
+    Ok(match failed {
+        Some((at, e)) => Streamed::Failed(at, e),
+        None if done < n => Streamed::Stopped(done),
+        None => Streamed::Done,
+    })
 }
