@@ -447,3 +447,69 @@ fn a_posted_request_dropped_with_its_memory_completes_safely() {
     assert!(got[8..] == testkit::pattern(LEN, 7)[8..], "the dropped write's bytes landed");
     assert_eq!(a.peer_stats("b").unwrap().failed, 0);
 }
+
+/// A post given up on while in flight (what a caller does when its wait
+/// timed out on a connection that stopped making progress; here the peer
+/// is gone and the queue pair's retries are not yet used up): a thread
+/// blocked in `wait(None)` on it returns `Aborted` at once, a post queued
+/// behind it on the same connection fails with its flushed completion, no
+/// peer is reported lost, and the peer started again is reached by a new
+/// connection with every byte and its notification.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn an_aborted_post_frees_its_waiters_and_the_next_post_reconnects() {
+    const LEN: usize = 16 << 20;
+    let a = agent("abort-a");
+    let src = a.alloc("src", LEN).unwrap();
+    let write = |to: &Agent, note: &[u8]| {
+        let dst = to.alloc("dst", LEN).unwrap();
+        let remote = a.load_remote(&md(to)).unwrap().memory("dst").unwrap();
+        let req = |n: usize, note: &[u8]| a.prepare(Op::Write, &[(src.range(..n).unwrap(), remote.range(..n as u64).unwrap())], Some(note)).unwrap();
+        (req(LEN, note), req(4096, b"small"), dst)
+    };
+    let b = agent("abort-b");
+    let (big, small, _) = write(&b, b"big");
+    small.post().unwrap();
+    small.wait(T).unwrap();
+    assert_eq!(b.wait_notification(T).unwrap().msg, b"small");
+    assert!(!big.abort().unwrap(), "nothing was posted yet");
+    // Its queue pairs gone, the peer acknowledges nothing: the posts stay
+    // in flight until the retries run out (about half a second).
+    drop(b);
+    big.post().unwrap();
+    small.post().unwrap();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| big.wait(None));
+        std::thread::sleep(Duration::from_millis(50));
+        let started = Instant::now();
+        assert!(big.abort().unwrap(), "the post to a peer that acknowledges nothing had finished within 50 ms");
+        match waiter.join().unwrap() {
+            Err(EngineError::Aborted { peer }) => assert_eq!(peer, "abort-b"),
+            r => panic!("the blocked waiter got {r:?}"),
+        }
+        println!("waiter released {:?} after the abort", started.elapsed());
+    });
+    assert!(matches!(big.status(), Err(EngineError::Aborted { .. })), "{:?}", big.status());
+    match small.wait(T) {
+        Err(EngineError::PeerLost { peer, completion }) => {
+            assert_eq!((peer.as_str(), completion.status), ("abort-b", gpudirect::WcStatus::WrFlushError));
+        }
+        r => panic!("a post behind the aborted one gave {r:?}"),
+    }
+    assert!(!big.abort().unwrap(), "an aborted post is no longer in flight");
+    assert_eq!(a.peer_events().0, [], "an abort is not a peer lost");
+    assert_eq!(a.connections(), 0, "the flushed connection was retired");
+
+    let b = agent("abort-b");
+    let (again, _, dst) = write(&b, b"again");
+    src.fill(.., 0x5a).unwrap();
+    again.post().unwrap();
+    again.wait(T).unwrap();
+    assert_eq!(b.wait_notification(T).unwrap().msg, b"again");
+    assert!(b.notifications().unwrap().is_empty(), "the aborted post's notification never comes");
+    let mut got = vec![0; LEN];
+    dst.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&x| x == 0x5a), "the write after the abort did not land whole");
+    let s = a.peer_stats("abort-b").unwrap();
+    assert_eq!((s.posts, s.completed, s.failed, s.connects), (4, 2, 2, 2), "{s:?}");
+}

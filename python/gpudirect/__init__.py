@@ -43,6 +43,7 @@ from .types import GpuPolicy
 
 from . import _native
 from ._native import (
+    AbortedError,
     AuthError,
     ConfigError,
     ControlError,
@@ -92,6 +93,7 @@ __all__ = [
     "GpudirectError",
     "DoctorError",
     "EngineError",
+    "AbortedError",
     "AuthError",
     "ConfigError",
     "ControlError",

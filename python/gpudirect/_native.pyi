@@ -81,6 +81,9 @@ class DuplicateNameError(EngineError):
 class PeerLostError(EngineError):
     """A transfer to the peer failed (it died, its memory went away, the link did); post again to reconnect."""
 
+class AbortedError(EngineError):
+    """The transfer was aborted (Request.abort()): its connection was flushed and retired; post again to reconnect."""
+
 class PartlyPostedError(EngineError):
     """Posting stopped part way; the transfer failed and may be posted again."""
 
@@ -264,6 +267,8 @@ class Request:
         """Where it stands, never waiting."""
     def wait(self, timeout: Optional[float] = None) -> None:
         """Until every byte is in place (``timeout`` seconds, or forever); raises its failure."""
+    def abort(self) -> bool:
+        """Give up on the post in flight: it fails with :class:`AbortedError`, its connection is flushed and retired (other posts on it fail too); whether one was in flight."""
     def _poll_completed(self) -> bool: ...
     def stats(self) -> TransferStats:
         """What its posts did."""

@@ -481,6 +481,13 @@ impl Request {
         py.detach(|| self.inner.wait(timeout)).map_err(to_py)
     }
 
+    /// Gives up on the post in flight: it fails with `AbortedError`, its
+    /// connection is flushed and retired (other posts on it fail too);
+    /// whether one was in flight.
+    fn abort(&self, py: Python<'_>) -> PyResult<bool> {
+        py.detach(|| self.inner.abort()).map_err(to_py)
+    }
+
     /// Whether the last post finished, never waiting; `False` arms the
     /// agent's descriptor.
     fn _poll_completed(&self, py: Python<'_>) -> PyResult<bool> {

@@ -34,13 +34,13 @@ def pair():
 
 def test_each_engine_error_kind_is_its_own_exception_with_the_rust_message():
     kinds = gpudirect._native._error_kinds()
-    assert len(kinds) == 27
+    assert len(kinds) == 28
     classes = set()
     for message, exc in kinds:
         assert isinstance(exc, gpudirect.EngineError) and isinstance(exc, gpudirect.GpudirectError)
         assert str(exc) == message
         classes.add(type(exc))
-    assert len(classes) == 27, "two kinds share an exception class"
+    assert len(classes) == 28, "two kinds share an exception class"
     # Messages speak Python: no Rust paths.
     assert not [m for m, _ in kinds if "::" in m], [m for m, _ in kinds if "::" in m]
     unknown = [m for m, e in kinds if isinstance(e, gpudirect.UnknownPeerError)][0]
@@ -511,3 +511,50 @@ def test_the_engine_s_warnings_reach_python_logging(caplog):
     assert got, [r.getMessage() for r in caplog.records]
     assert got[0].levelno == logging.WARNING and got[0].name.startswith("gpudirect.engine")
     a.close()
+
+
+@needs_device
+def test_abort_gives_up_on_a_post_and_the_next_one_reconnects():
+    """What to do after ``wait(timeout)`` gave up: abort() frees a thread
+    blocked in wait(), the post raises AbortedError, and the next post to
+    the peer (started again) connects anew and moves every byte."""
+
+    n = 16 << 20
+    a = agent("abort-a")
+    src = np.zeros(n, dtype=np.uint8)
+    a.register("src", src)
+
+    def target(note):
+        b = agent("abort-b")
+        dst = np.zeros(n, dtype=np.uint8)
+        b.register("dst", dst)
+        a.load_remote(b.metadata())
+        return b, dst, a.prepare("write", [("src", 0, "abort-b", "dst", 0, n)], notify=note)
+
+    b, _, big = target(b"big")
+    assert big.abort() is False, "nothing was posted yet"
+    big.post()
+    big.wait(30)
+    # Its queue pairs gone, the peer acknowledges nothing: the post stays in
+    # flight until the retries run out (about half a second).
+    b.close()
+    big.post()
+    outcome = []
+    waiter = threading.Thread(target=lambda: outcome.append(pytest.raises(gpudirect.AbortedError, big.wait)))
+    waiter.start()
+    time.sleep(0.05)
+    assert big.abort() is True, "the post to a peer that acknowledges nothing had finished within 50 ms"
+    waiter.join(10)
+    assert not waiter.is_alive() and outcome and "aborted" in str(outcome[0].value)
+    with pytest.raises(gpudirect.AbortedError):
+        big.status()
+    assert a.connections() == 0
+
+    b, dst, again = target(b"again")
+    src[:] = 0x5A
+    again.post()
+    again.wait(30)
+    assert b.wait_notification(30) == ("abort-a", b"again")
+    assert (dst == 0x5A).all()
+    a.close()
+    b.close()

@@ -68,6 +68,16 @@ pub enum EngineError {
         /// The failed completion: status, opcode, queue pair.
         completion: WcError,
     },
+    /// The caller gave up on the post with
+    /// [`TransferRequest::abort`](crate::engine::TransferRequest::abort):
+    /// the queue pairs it used were moved to the error state and their
+    /// connections retired. Bytes it moved before may or may not have
+    /// landed; the next post reconnects.
+    #[error("transfer to agent {peer:?} was aborted: its queue pairs were flushed and their connections retired (posts outstanding on them failed too); post again to reconnect")]
+    Aborted {
+        /// The peer agent.
+        peer: String,
+    },
     /// Posting stopped part way (the queue pair failed under it): the
     /// requests posted complete or fail on their own; the transfer is
     /// failed and may be posted again.

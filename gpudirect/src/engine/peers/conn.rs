@@ -659,6 +659,17 @@ impl ConnPool {
         tracing::warn!(peer = %conn.peer, nic, qp = qpn, "engine connection failed; retired (the next transfer reconnects)");
     }
 
+    /// Drops a connection whose queue pair a caller flushed
+    /// ([`TransferRequest::abort`](crate::engine::TransferRequest::abort));
+    /// no [`PeerEvent::Lost`]: the peer did nothing. Its flushed
+    /// completions still find the peer's name.
+    pub(crate) fn retire_aborted(&self, conn: &Conn) {
+        let key = (conn.nic, conn.qp.endpoint().qp_num);
+        let Some(conn) = self.live.lock().remove(&key) else { return };
+        self.gone.lock().insert(key, conn.peer.clone());
+        unlist(&mut self.sending.lock(), &conn);
+    }
+
     /// Connections alive now.
     pub(crate) fn connections(&self) -> usize {
         self.live.lock().len()

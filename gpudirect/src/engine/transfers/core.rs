@@ -53,6 +53,7 @@ pub(crate) enum Phase {
 #[derive(Clone, Debug)]
 pub(crate) enum Failure {
     Lost { peer: String, completion: WcError },
+    Aborted { peer: String },
     Partial { peer: String, posted: usize, total: usize, reason: String },
 }
 
@@ -60,6 +61,7 @@ impl Failure {
     pub(crate) fn to_error(&self) -> EngineError {
         match self {
             Failure::Lost { peer, completion } => EngineError::PeerLost { peer: peer.clone(), completion: *completion },
+            Failure::Aborted { peer } => EngineError::Aborted { peer: peer.clone() },
             Failure::Partial { peer, posted, total, reason } => {
                 EngineError::PartlyPosted { peer: peer.clone(), posted: *posted, total: *total, reason: reason.clone() }
             }
@@ -325,6 +327,38 @@ impl Core {
         if let Some(o) = self.outstanding.lock().remove(&id) {
             o.state.end(Phase::Failed(failure));
         }
+    }
+
+    /// Gives up on the post `state` is in: ends it as aborted, moves the
+    /// queue pairs it used to the error state and retires their
+    /// connections. Whether one was in flight (`false`: it had finished,
+    /// or none was made).
+    ///
+    /// Ended before the flush, so that a flushed completion reaped by
+    /// another thread meanwhile cannot end it as lost instead; retired at
+    /// once, so that the next post reconnects rather than meeting the
+    /// flushed queue pair. The flushed completions fail the other posts
+    /// outstanding on those queue pairs when they are reaped ([`Self::lose`]).
+    pub(crate) fn abort(&self, state: &Arc<ReqState>, peer: &str) -> Result<bool, EngineError> {
+        let found = {
+            let mut out = self.outstanding.lock();
+            let id = out.iter().find(|(_, o)| Arc::ptr_eq(&o.state, state)).map(|(id, _)| *id);
+            id.and_then(|id| out.remove(&id))
+        };
+        let Some(o) = found else { return Ok(false) };
+        o.state.end(Phase::Failed(Failure::Aborted { peer: peer.to_owned() }));
+        let mut first_error = None;
+        for c in o.conns.as_slice() {
+            // Every connection is retired even when one flush fails: a
+            // queue pair that cannot be moved to the error state is not
+            // one to post on again either.
+            if let Err(e) = c.qp.move_to_error() {
+                first_error.get_or_insert(e);
+            }
+            self.pool.retire_aborted(c);
+        }
+        tracing::info!(peer, lanes = o.conns.as_slice().len(), "transfer aborted; its connections were flushed and retired");
+        first_error.map_or(Ok(true), |e| Err(e.into()))
     }
 
     /// Handles one send-queue completion of NIC `nic`.

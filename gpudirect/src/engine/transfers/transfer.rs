@@ -448,6 +448,30 @@ impl TransferRequest {
         self.core.wait(&self.state, &self.nics, timeout)
     }
 
+    /// Gives up on the last post while it is in flight: the post fails
+    /// with [`EngineError::Aborted`] (from this call on, for every waiter
+    /// and [`status`](Self::status)), the queue pairs it used are moved to
+    /// the error state and their connections retired; the next post of
+    /// any request to the peer sets up new ones. What to do when a
+    /// [`wait`](Self::wait) timed out and the request is not to be waited
+    /// for any longer: RDMA cannot take back one work request, so the
+    /// connection goes with it. Other posts outstanding on those
+    /// connections fail with [`EngineError::PeerLost`] (their work
+    /// requests complete flushed, `IBV_WC_WR_FLUSH_ERR`). Bytes the post
+    /// moved before may or may not have landed, and the peer is not
+    /// notified; after `true` the request may be posted again.
+    ///
+    /// Returns whether a post was in flight (`false`: it had finished or
+    /// none was made, and its outcome stands).
+    ///
+    /// # Errors
+    /// [`EngineError::Verbs`] when `ibv_modify_qp` refused to move a queue
+    /// pair to the error state; the post is aborted and its connections
+    /// retired all the same.
+    pub fn abort(&self) -> Result<bool, EngineError> {
+        self.core.abort(&self.state, &self.peer.name)
+    }
+
     /// Whether the last post finished, never waiting (an idle request
     /// counts as finished). `false` arms the agent's
     /// [`Readiness`](crate::engine::Readiness): it turns readable when the post may
