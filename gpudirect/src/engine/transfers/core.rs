@@ -334,11 +334,12 @@ impl Core {
     /// connections. Whether one was in flight (`false`: it had finished,
     /// or none was made).
     ///
-    /// Ended before the flush, so that a flushed completion reaped by
-    /// another thread meanwhile cannot end it as lost instead; retired at
-    /// once, so that the next post reconnects rather than meeting the
-    /// flushed queue pair. The flushed completions fail the other posts
-    /// outstanding on those queue pairs when they are reaped ([`Self::lose`]).
+    /// Ended, and its connections retired, before the flush: a flushed
+    /// completion that another thread reaps meanwhile then neither ends it
+    /// as lost nor reports the peer lost, and the next post reconnects
+    /// rather than meeting the flushed queue pair. The flushed completions
+    /// fail the other posts outstanding on those queue pairs when they are
+    /// reaped ([`Self::lose`]).
     pub(crate) fn abort(&self, state: &Arc<ReqState>, peer: &str) -> Result<bool, EngineError> {
         let found = {
             let mut out = self.outstanding.lock();
@@ -349,13 +350,12 @@ impl Core {
         o.state.end(Phase::Failed(Failure::Aborted { peer: peer.to_owned() }));
         let mut first_error = None;
         for c in o.conns.as_slice() {
-            // Every connection is retired even when one flush fails: a
-            // queue pair that cannot be moved to the error state is not
-            // one to post on again either.
+            // Retired even when its flush fails: a queue pair that cannot
+            // be moved to the error state is not one to post on again.
+            self.pool.retire_aborted(c);
             if let Err(e) = c.qp.move_to_error() {
                 first_error.get_or_insert(e);
             }
-            self.pool.retire_aborted(c);
         }
         tracing::info!(peer, lanes = o.conns.as_slice().len(), "transfer aborted; its connections were flushed and retired");
         first_error.map_or(Ok(true), |e| Err(e.into()))
