@@ -440,7 +440,8 @@ impl TransferRequest {
 
     /// Waits until the last post finished, up to `timeout` (`None`: no
     /// limit; a dead peer still fails it within the queue pair's retry
-    /// bound, about half a second with the default settings).
+    /// bound, about half a second with the default settings). A post not
+    /// to be waited for any longer is given up with [`abort`](Self::abort).
     ///
     /// # Errors
     /// As [`status`](Self::status); [`EngineError::Timeout`].
