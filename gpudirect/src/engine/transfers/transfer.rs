@@ -459,8 +459,10 @@ impl TransferRequest {
     /// connection goes with it. Other posts outstanding on those
     /// connections fail with [`EngineError::PeerLost`] (their work
     /// requests complete flushed, `IBV_WC_WR_FLUSH_ERR`). Bytes the post
-    /// moved before may or may not have landed, and the peer is not
-    /// notified; after `true` the request may be posted again.
+    /// moved before may or may not have landed; its notification, if it
+    /// has one, never reaches the peer unless it was already on the wire
+    /// (then after all the data, as always). After `true` the request may
+    /// be posted again.
     ///
     /// Returns whether a post was in flight (`false`: it had finished or
     /// none was made, and its outcome stands).
