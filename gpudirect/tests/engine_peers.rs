@@ -513,3 +513,38 @@ fn an_aborted_post_frees_its_waiters_and_the_next_post_reconnects() {
     let s = a.peer_stats("abort-b").unwrap();
     assert_eq!((s.posts, s.completed, s.failed, s.connects), (4, 2, 2, 2), "{s:?}");
 }
+
+/// The same from an async task: a task awaiting a post (`completed()`)
+/// on a tokio runtime is woken by an abort from another thread, with
+/// `Aborted`, well within the post's own retry bound.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn an_awaited_post_is_woken_by_its_abort() {
+    const LEN: usize = 16 << 20;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let a = agent("await-abort-a");
+    let src = a.alloc("src", LEN).unwrap();
+    let b = agent("await-abort-b");
+    b.alloc("dst", LEN).unwrap();
+    let remote = a.load_remote(&md(&b)).unwrap().memory("dst").unwrap();
+    let req = std::sync::Arc::new(a.prepare(Op::Write, &[(src.range(..).unwrap(), remote.range(..).unwrap())], Some(b"x")).unwrap());
+    req.post().unwrap();
+    req.wait(T).unwrap();
+    drop(b);
+    req.post().unwrap();
+    let task = {
+        let req = req.clone();
+        rt.spawn(async move { req.completed().await })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let started = Instant::now();
+    assert!(req.abort().unwrap(), "the post to a peer that acknowledges nothing had finished within 50 ms");
+    let got = rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), task).await });
+    match got {
+        Ok(Ok(Err(EngineError::Aborted { peer }))) => assert_eq!(peer, "await-abort-b"),
+        r => panic!("the awaiting task got {r:?}"),
+    }
+    // The retries alone would have ended it as lost after about 0.5 s.
+    assert!(started.elapsed() < Duration::from_millis(400), "woken {:?} after the abort", started.elapsed());
+    println!("awaiting task woken {:?} after the abort", started.elapsed());
+}
