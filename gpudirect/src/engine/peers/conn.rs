@@ -621,18 +621,18 @@ impl ConnPool {
     /// of the pool, remembering their peer for completions still queued.
     fn retire_where(&self, peer: &str, stale: impl Fn(&Conn) -> bool) -> Vec<Arc<Conn>> {
         let keys: Vec<(usize, u32)> = self.live.lock().iter().filter(|(_, c)| *c.peer == *peer && stale(c)).map(|(k, _)| *k).collect();
-        let mut out = Vec::new();
-        for key in keys {
-            // Out of the `live` lock before `sending` is taken (the order
-            // elsewhere is sending, then live).
-            let removed = self.live.lock().remove(&key);
-            if let Some(conn) = removed {
-                self.gone.lock().insert(key, conn.peer.clone());
-                unlist(&mut self.sending.lock(), &conn);
-                out.push(conn);
-            }
-        }
-        out
+        keys.into_iter().filter_map(|key| self.take(key)).collect()
+    }
+
+    /// Takes connection `key` (local NIC, queue pair number) out of the
+    /// pool, remembering its peer for completions still queued.
+    fn take(&self, key: (usize, u32)) -> Option<Arc<Conn>> {
+        // Out of the `live` lock before `sending` is taken (the order
+        // elsewhere is sending, then live).
+        let conn = self.live.lock().remove(&key)?;
+        self.gone.lock().insert(key, conn.peer.clone());
+        unlist(&mut self.sending.lock(), &conn);
+        Some(conn)
     }
 
     /// Records that `peer` is now run `new`, replacing run `old`.
@@ -652,9 +652,7 @@ impl ConnPool {
     /// Drops a failed connection; the next transfer to its peer sets up a
     /// new one. The caller has failed the requests outstanding on it.
     pub(crate) fn retire(&self, nic: usize, qpn: u32, completion: crate::wc::WcError) {
-        let Some(conn) = self.live.lock().remove(&(nic, qpn)) else { return };
-        self.gone.lock().insert((nic, qpn), conn.peer.clone());
-        unlist(&mut self.sending.lock(), &conn);
+        let Some(conn) = self.take((nic, qpn)) else { return };
         self.events.lock().push(PeerEvent::Lost { peer: conn.peer.to_string(), completion });
         tracing::warn!(peer = %conn.peer, nic, qp = qpn, "engine connection failed; retired (the next transfer reconnects)");
     }
@@ -664,10 +662,7 @@ impl ConnPool {
     /// no [`PeerEvent::Lost`]: the peer did nothing. Its flushed
     /// completions still find the peer's name.
     pub(crate) fn retire_aborted(&self, conn: &Conn) {
-        let key = (conn.nic, conn.qp.endpoint().qp_num);
-        let Some(conn) = self.live.lock().remove(&key) else { return };
-        self.gone.lock().insert(key, conn.peer.clone());
-        unlist(&mut self.sending.lock(), &conn);
+        self.take((conn.nic, conn.qp.endpoint().qp_num));
     }
 
     /// Connections alive now.

@@ -348,6 +348,9 @@ impl Core {
         };
         let Some(o) = found else { return Ok(false) };
         o.state.end(Phase::Failed(Failure::Aborted { peer: peer.to_owned() }));
+        // Ended without a reap: its sleepers are told here, not left to a
+        // flushed completion's channel event, which rxe may never raise.
+        self.tell();
         let mut first_error = None;
         for c in o.conns.as_slice() {
             // Retired even when its flush fails: a queue pair that cannot
