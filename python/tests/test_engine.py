@@ -556,5 +556,20 @@ def test_abort_gives_up_on_a_post_and_the_next_one_reconnects():
     again.wait(30)
     assert b.wait_notification(30) == ("abort-a", b"again")
     assert (dst == 0x5A).all()
-    a.close()
+
+    # Awaited on asyncio: the abort wakes the task (the flush may raise no
+    # completion event), well before the retries would have ended it.
     b.close()
+    again.post()
+
+    async def main():
+        task = asyncio.ensure_future(again)
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        assert again.abort() is True
+        with pytest.raises(gpudirect.AbortedError):
+            await asyncio.wait_for(task, 5)
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) < 0.4
+    a.close()
