@@ -38,6 +38,10 @@ pub struct JobEnv {
     /// for first.
     #[serde(default)]
     pub library_path: Option<String>,
+    /// `NCCL_*`/`UCX_*` names a job file names that its reading did not
+    /// take into a value (*seen, not read*), each with its line.
+    #[serde(default)]
+    pub seen: Vec<super::jobfile::Seen>,
 }
 
 /// A variable whose value the job file cannot settle.
@@ -73,22 +77,33 @@ impl JobEnv {
 pub use super::jobfile::judged;
 
 /// The job's variables as a job file sets them ([`super::jobfile`]): the
-/// `NCCL_*` and `UCX_*` names, each with its line and form; those the file
-/// unsets are left out, those it cannot settle are [`JobEnv::unsettled`],
-/// and plain assignments a script does not export are noted, not taken
-/// (its commands do not see them).
+/// `NCCL_*` and `UCX_*` names its launch sees, each with its line and
+/// form; those the file unsets are left out, those it cannot settle are
+/// [`JobEnv::unsettled`], and plain assignments a script does not export
+/// are noted, not taken (its commands do not see them). Names the file
+/// names but the reading did not take are [`JobEnv::seen`]; a deciding
+/// one among them leaves the verdict open, as an unsettled value does.
 pub fn from_job_file(file: &super::jobfile::JobFile, shown: &str) -> JobEnv {
+    use super::jobfile::{Form, Value};
     let mut env = JobEnv::default();
-    if let Some(super::jobfile::Value::Known(p)) = file.last("LD_LIBRARY_PATH").and_then(|a| a.value.clone()) {
-        env.library_path = Some(p);
+    if let Some((a, true)) = file.job("LD_LIBRARY_PATH") {
+        if let Some(Value::Known(p)) = &a.value {
+            env.library_path = Some(p.clone());
+        }
     }
-    for a in file.assignments.iter().filter(|a| judged(&a.name)) {
+    match &file.launch {
+        Some(l) => {
+            let may = l.uncertain.as_ref().map_or_else(String::new, |w| format!(" ({w})"));
+            env.notes.push(format!("{shown}: the job's launch is taken to be line {} ({}){may}: the variables are those it sees", l.line, l.command));
+        }
+        None if file.script => env.notes.push(format!("{shown}: no launcher found (torchrun, python, srun, mpirun, ...): the variables are those set at the end of the file")),
+        None => {}
+    }
+    for (a, reaches) in file.job_env().filter(|(a, _)| judged(&a.name)) {
         let origin = format!("{shown} line {} ({})", a.line, a.form.shown());
-        env.vars.retain(|(n, _)| *n != a.name);
-        env.unsettled.retain(|u| u.name != a.name);
-        if !a.reaches_the_job(file) {
+        if !reaches {
             let why = match a.form {
-                super::jobfile::Form::DockerArg => "a build argument, not in the container's environment",
+                Form::DockerArg => "a build argument, not in the container's environment",
                 _ => "not exported, so the script's commands do not see it (export it)",
             };
             env.notes.push(format!("{origin}: {} is {why}", a.name));
@@ -96,18 +111,29 @@ pub fn from_job_file(file: &super::jobfile::JobFile, shown: &str) -> JobEnv {
         }
         match &a.value {
             None => env.notes.push(format!("{origin}: {} is unset", a.name)),
-            Some(super::jobfile::Value::Known(v)) => {
+            Some(Value::Known(v)) => {
                 env.origins.push((a.name.clone(), origin));
                 env.vars.push((a.name.clone(), v.clone()));
             }
-            Some(super::jobfile::Value::Unknown { text, why }) => {
+            Some(Value::Unknown { text, why }) => {
                 env.unsettled.push(Unsettled { name: a.name.clone(), text: text.clone(), why: why.clone(), origin });
             }
         }
     }
+    for s in &file.seen {
+        if super::env::DECIDING.contains(&s.name.as_str()) && !env.unsettled.iter().any(|u| u.name == s.name) {
+            let why = format!("line {} names it in a form this reading does not take into a value, so what the job gets is not known here", s.line);
+            env.unsettled.push(Unsettled { name: s.name.clone(), text: s.text.clone(), why, origin: format!("{shown} line {}", s.line) });
+        }
+    }
     let (taken, unsettled) = (env.vars.len(), env.unsettled.len());
-    env.notes.insert(0, format!("{shown}: {taken} NCCL_/UCX_ variable(s) settled, {unsettled} left to the running job"));
+    env.notes.insert(0, format!("{shown}: {taken} NCCL_/UCX_ variable(s) settled, {unsettled} left to the running job, {} seen, not read", file.seen.len()));
+    if let Some(l) = file.too_deep {
+        env.notes.push(format!("{shown}: line {l} nests deeper than {} levels: what it sets there is seen, not read", super::jobfile::MAX_NESTING));
+    }
+    env.notes.extend(file.scope_notes.iter().map(|n| format!("{shown}: {n}")));
     env.notes.extend(file.notes.iter().map(|n| format!("{shown}: {n}")));
+    env.seen = file.seen.clone();
     env
 }
 
@@ -278,7 +304,7 @@ mod tests {
 
     #[test]
     fn env_files_and_scripts_are_read_without_running_them() {
-        let script = "# job\nexport NCCL_IB_DISABLE=1\nNCCL_NET_GDR_LEVEL='LOC'\n  export NCCL_IB_HCA=\"=mlx5_1:1\"\npython train.py --lr=3\nexport NCCL_SOCKET_IFNAME=$IFACE\nPATH=/x\n";
+        let script = "# job\nexport NCCL_IB_DISABLE=1\nNCCL_NET_GDR_LEVEL='LOC'\n  export NCCL_IB_HCA=\"=mlx5_1:1\"\nexport NCCL_SOCKET_IFNAME=$IFACE\npython train.py --lr=3\nPATH=/x\nexport NCCL_ALGO=Ring\n";
         let e = from_job_file(&crate::doctor::jobfile::read(script), "job.sh");
         assert_eq!(
             e.vars,
@@ -286,7 +312,9 @@ mod tests {
         );
         assert_eq!(e.origin("NCCL_IB_HCA"), "job.sh line 4 (export)");
         assert_eq!((e.unsettled.len(), e.unsettled[0].name.as_str(), e.unsettled[0].text.as_str()), (1, "NCCL_SOCKET_IFNAME", "$IFACE"));
-        assert_eq!(e.unsettled[0].origin, "job.sh line 6 (export)");
+        assert_eq!(e.unsettled[0].origin, "job.sh line 5 (export)");
+        assert!(e.notes.iter().any(|n| n.contains("launch is taken to be line 6 (python)")), "{:?}", e.notes);
+        assert!(e.notes.iter().any(|n| n.contains("line 8: NCCL_ALGO is set after the launch on line 6")), "{:?}", e.notes);
         let run = from_job_file(&crate::doctor::jobfile::read("#!/bin/bash\nNCCL_IB_HCA=mlx5_0\npython x.py\n"), "run.sh");
         assert!(run.vars.is_empty() && run.notes.iter().any(|n| n.contains("not exported")), "{run:?}");
         assert_eq!(parse_environ(b"A=1\0NCCL_NET=Socket\0junk\0=x\0"), vec![("A".into(), "1".into()), ("NCCL_NET".into(), "Socket".into())]);

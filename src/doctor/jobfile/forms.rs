@@ -1,7 +1,8 @@
 //! Each kind of job file, read into [`JobFile`] assignments.
 
-use super::shell::{is_name, Lexer, Sep, Tok, Word};
-use super::{expand, judged, Form, JobFile, Value};
+use super::script::Reader;
+use super::shell::{is_name, Lexer, Tok, Word};
+use super::{judged, Form, Value};
 
 /// Which language a job file is written in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,94 +54,21 @@ fn yaml_key(l: &str) -> Option<(String, &str)> {
     Some((k.to_owned(), v.trim()))
 }
 
-/// Records an assignment made where it may not run (`cond`: why).
-fn assign(f: &mut JobFile, name: String, value: Value, line: usize, form: Form, cond: Option<&str>) {
-    let value = match (value, cond) {
-        (Value::Known(v), Some(why)) => {
-            let same = f.last(&name).is_some_and(|a| a.value == Some(Value::Known(v.clone())));
-            if same {
-                Value::Known(v)
-            } else {
-                Value::Unknown { text: v, why: format!("set on line {line} {why}, so only the running job settles it") }
-            }
-        }
-        (v, _) => v,
-    };
-    f.set(name, Some(value), line, form);
-}
-
-fn unset(f: &mut JobFile, name: String, line: usize, cond: Option<&str>) {
-    match cond {
-        None => f.set(name, None, line, Form::Unset),
-        Some(why) => {
-            let why = format!("unset on line {line} {why}, so only the running job settles it");
-            f.set(name, Some(Value::Unknown { text: "(unset)".into(), why }), line, Form::Unset);
-        }
-    }
-}
-
-/// A block that may not run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Block {
-    If,
-    Case,
-    Loop,
-    Function,
-    Group,
-}
-
-impl Block {
-    fn why(self) -> Option<&'static str> {
-        match self {
-            Block::If => Some("inside an `if`, which runs only when its condition holds"),
-            Block::Case => Some("inside a `case` branch"),
-            Block::Loop => Some("inside a loop"),
-            Block::Function => Some("inside a function, which sets it only when called"),
-            Block::Group => None,
-        }
-    }
-}
-
-/// Reads shell text; `outer` says why none of it may run.
-pub(super) fn shell_script(f: &mut JobFile, text: &str, first_line: usize, outer: Option<&str>) {
-    // `NAME = "value"` lines (TOML, Python) are not shell: taken apart
-    // first, blanked for the shell.
+/// A shell script or env file: `NAME = "value"` lines (TOML, Python)
+/// are taken apart first and blanked for the shell.
+pub(super) fn shell_script(r: &mut Reader, text: &str) {
     let mut shellish = String::with_capacity(text.len());
     for (i, l) in text.lines().enumerate() {
-        if spaced(f, l, first_line + i) {
-            shellish.push('\n');
-        } else {
+        if !spaced(r, l, i + 1) {
             shellish.push_str(l);
-            shellish.push('\n');
         }
+        shellish.push('\n');
     }
-    let mut lx = Lexer::new(&shellish, first_line);
-    let (mut words, mut blocks, mut fn_pending, mut after_or) = (Vec::new(), Vec::new(), false, false);
-    loop {
-        let tok = lx.next_tok();
-        match tok {
-            Some(Tok::Word(w)) => words.push(w),
-            Some(Tok::Sep(sep)) => {
-                if sep == Sep::Open && words.len() == 1 {
-                    fn_pending = true;
-                    words.clear();
-                    continue;
-                }
-                let or_why = after_or.then_some("after `||`, which runs only when what precedes it fails");
-                command(f, &words, &mut blocks, &mut fn_pending, outer.or(or_why));
-                words.clear();
-                after_or = sep == Sep::Or;
-            }
-            None => {
-                command(f, &words, &mut blocks, &mut fn_pending, outer);
-                return;
-            }
-        }
-    }
+    r.top(&shellish, 1);
 }
 
 /// `NAME = value` of a judged name, as TOML and Python write it.
-fn spaced(f: &mut JobFile, line: &str, n: usize) -> bool {
+fn spaced(r: &mut Reader, line: &str, n: usize) -> bool {
     let t = line.trim();
     let Some((name, rest)) = t.split_once('=') else { return false };
     let name = name.trim();
@@ -148,7 +76,7 @@ fn spaced(f: &mut JobFile, line: &str, n: usize) -> bool {
         return false;
     }
     let value = literal_value(rest.trim());
-    assign(f, name.to_owned(), value, n, Form::Spaced, None);
+    r.assign(name.to_owned(), value, n, Form::Spaced, None);
     true
 }
 
@@ -189,215 +117,9 @@ fn lit(w: &Word) -> String {
     w.literal().unwrap_or_default()
 }
 
-/// One command: block keywords, leading assignments, then the builtins
-/// and launchers that set variables.
-fn command(f: &mut JobFile, words: &[Word], blocks: &mut Vec<Block>, fn_pending: &mut bool, outer: Option<&str>) {
-    // What `$( )` runs is read too: `OUT=$(NCCL_DEBUG=INFO cmd)` runs cmd so.
-    for w in words {
-        for seg in &w.segs {
-            if let super::shell::Seg::Command(inner) = seg {
-                shell_script(f, inner, w.line, outer);
-            }
-        }
-    }
-    let mut i = 0;
-    while let Some(w) = words.get(i) {
-        match lit(w).as_str() {
-            "if" => blocks.push(Block::If),
-            "while" | "until" => blocks.push(Block::Loop),
-            "then" | "do" | "else" | "elif" | "!" | "time" => {}
-            "fi" | "done" | "esac" | "}" => {
-                blocks.pop();
-            }
-            "{" => blocks.push(if std::mem::take(fn_pending) { Block::Function } else { Block::Group }),
-            "for" | "select" => return blocks.push(Block::Loop),
-            "case" => return blocks.push(Block::Case),
-            "function" => {
-                if words.last().is_some_and(|w| lit(w) == "{") {
-                    blocks.push(Block::Function);
-                } else {
-                    *fn_pending = true;
-                }
-                return;
-            }
-            _ => break,
-        }
-        i += 1;
-    }
-    let cond = outer.or_else(|| blocks.iter().rev().find_map(|b| b.why()));
-    let mut prefix = Vec::new();
-    while let Some((name, value)) = words.get(i).and_then(|w| w.split_assignment(true)) {
-        prefix.push((name, value));
-        i += 1;
-    }
-    let form = if i < words.len() { Form::CommandPrefix } else { Form::Shell };
-    for (name, value) in prefix {
-        let v = expand(&value, f);
-        assign(f, name, v, value.line, form, cond);
-    }
-    let Some(cmd) = words.get(i) else { return };
-    let line = cmd.line;
-    let base = lit(cmd).rsplit('/').next().unwrap_or_default().to_owned();
-    let rest = &words[i + 1..];
-    match base.as_str() {
-        "export" | "declare" | "typeset" | "readonly" | "local" => {
-            let exports = base == "export" || rest.iter().any(|w| lit(w).starts_with('-') && lit(w).contains('x'));
-            for w in rest {
-                if let Some((name, value)) = w.split_assignment(false) {
-                    if exports {
-                        f.exported.push(name.clone());
-                    }
-                    let v = expand(&value, f);
-                    assign(f, name, v, w.line, if exports { Form::Export } else { Form::Shell }, cond);
-                } else if exports && is_name(&lit(w)) {
-                    f.exported.push(lit(w));
-                }
-            }
-        }
-        "unset" => {
-            for w in rest {
-                match lit(w).as_str() {
-                    "-v" => {}
-                    "-f" => return,
-                    n if is_name(n) => unset(f, n.to_owned(), w.line, cond),
-                    _ => {}
-                }
-            }
-        }
-        "set" => {
-            if rest.iter().any(|w| {
-                let s = lit(w);
-                (s.starts_with('-') && s.contains('a')) || s == "allexport"
-            }) {
-                f.allexport = true;
-            }
-        }
-        "source" | "." => {
-            let file = rest.first().map_or_else(String::new, |w| w.raw.clone());
-            f.notes.push(format!("line {line}: reads {file}, which this reading does not follow: what it sets is not judged"));
-        }
-        "env" => {
-            let mut j = 0;
-            while let Some(w) = rest.get(j) {
-                match lit(w).as_str() {
-                    "-u" | "--unset" => {
-                        if let Some(n) = rest.get(j + 1).map(lit).filter(|n| is_name(n)) {
-                            unset(f, n, w.line, cond);
-                        }
-                        j += 2;
-                        continue;
-                    }
-                    "-i" | "-" | "--ignore-environment" => {}
-                    _ => match w.split_assignment(false) {
-                        Some((name, value)) => {
-                            let v = expand(&value, f);
-                            assign(f, name, v, w.line, Form::Env, cond);
-                        }
-                        None => break,
-                    },
-                }
-                j += 1;
-            }
-            launcher_flags(f, &rest[j..], cond);
-        }
-        _ => launcher_flags(f, &words[i..], cond),
-    }
-}
-
-const SHELLS: [&str; 5] = ["sh", "bash", "zsh", "dash", "ksh"];
-
-/// Variables a launcher passes to what it starts.
-fn launcher_flags(f: &mut JobFile, words: &[Word], cond: Option<&str>) {
-    let mut j = 0;
-    while let Some(w) = words.get(j) {
-        let s = lit(w);
-        let next = words.get(j + 1);
-        let pair = |form: Form, word: Option<&Word>, f: &mut JobFile| {
-            if let Some((name, value)) = word.and_then(|w| w.split_assignment(false)) {
-                let v = expand(&value, f);
-                assign(f, name, v, value.line, form, cond);
-            }
-        };
-        match s.as_str() {
-            "-x" => pair(Form::MpirunX, next, f),
-            "-e" | "--env" => pair(Form::ContainerEnv, next, f),
-            "-genv" | "-env" => {
-                if let (Some(n), Some(v)) = (next.map(lit).filter(|n| is_name(n)), words.get(j + 2)) {
-                    let value = expand(v, f);
-                    assign(f, n, value, v.line, Form::MpirunGenv, cond);
-                    j += 1;
-                }
-            }
-            "--export" => {
-                if let Some(n) = next {
-                    export_list(f, n, None, cond);
-                }
-            }
-            _ if s.starts_with("--export=") || w.raw.starts_with("--export=") => export_list(f, w, Some("--export="), cond),
-            _ if w.raw.starts_with("--env=") => {
-                let stripped = strip_word_prefix(w, "--env=");
-                pair(Form::ContainerEnv, stripped.as_ref(), f);
-                j += 1;
-                continue;
-            }
-            _ if s.starts_with('-') && s.ends_with('c') && !s.starts_with("--") && words[..j].iter().any(|p| SHELLS.contains(&lit(p).rsplit('/').next().unwrap_or(""))) => {
-                if let Some(script) = next {
-                    if let Value::Known(text) = expand(script, f) {
-                        shell_script(f, &text, script.line, cond);
-                    }
-                }
-                return;
-            }
-            _ => {
-                j += 1;
-                continue;
-            }
-        }
-        j += 2;
-    }
-}
-
-/// `word` without its leading literal `prefix`.
-fn strip_word_prefix(word: &Word, prefix: &str) -> Option<Word> {
-    let mut w = word.clone();
-    let super::shell::Seg::Lit { text, .. } = w.segs.first_mut()? else { return None };
-    *text = text.strip_prefix(prefix)?.to_owned();
-    w.raw = w.raw.strip_prefix(prefix).unwrap_or(&w.raw).to_owned();
-    Some(w)
-}
-
-/// `srun --export=ALL,NAME=value,...`: the names it sets.
-fn export_list(f: &mut JobFile, word: &Word, prefix: Option<&str>, cond: Option<&str>) {
-    let word = match prefix {
-        Some(p) => match strip_word_prefix(word, p) {
-            Some(w) => w,
-            None => return,
-        },
-        None => word.clone(),
-    };
-    match expand(&word, f) {
-        Value::Known(list) => {
-            for item in list.split(',') {
-                if let Some((n, v)) = item.split_once('=').filter(|(n, _)| is_name(n)) {
-                    assign(f, n.to_owned(), Value::Known(v.to_owned()), word.line, Form::SrunExport, cond);
-                }
-            }
-        }
-        Value::Unknown { why, .. } => {
-            for item in word.raw.split(',') {
-                if let Some((n, v)) = item.split_once('=').filter(|(n, _)| is_name(n)) {
-                    let text = v.to_owned();
-                    let v = if text.contains(['$', '`']) { Value::Unknown { text, why: why.clone() } } else { Value::Known(text) };
-                    assign(f, n.to_owned(), v, word.line, Form::SrunExport, cond);
-                }
-            }
-        }
-    }
-}
-
 /// A Dockerfile: `ENV`, `ARG`, and the shell of `RUN`, `CMD`,
 /// `ENTRYPOINT`.
-pub(super) fn dockerfile(f: &mut JobFile, text: &str) {
+pub(super) fn dockerfile(r: &mut Reader, text: &str) {
     for (line, instr) in logical_lines(text) {
         let t = instr.trim_start();
         let (word, rest) = t.split_once(char::is_whitespace).unwrap_or((t, ""));
@@ -409,18 +131,20 @@ pub(super) fn dockerfile(f: &mut JobFile, text: &str) {
                 if words.first().is_some_and(|w| w.split_assignment(false).is_some()) {
                     for w in &words {
                         if let Some((name, value)) = w.split_assignment(false) {
-                            let v = expand(&value, f);
-                            assign(f, name, v, line, form, None);
+                            let v = r.expand(&value);
+                            r.assign(name, v, line, form, None);
                         }
                     }
                 } else if let (Some(name), true) = (words.first().map(lit).filter(|n| is_name(n)), form == Form::DockerEnv) {
                     // The legacy `ENV NAME value with spaces`.
                     let value = rest[name.len()..].trim();
-                    let v = expand(&super::shell::Lexer::new(value, line).whole_word(), f);
-                    assign(f, name, v, line, form, None);
+                    let v = r.expand(&Lexer::new(value, line).whole_word());
+                    r.assign(name, v, line, form, None);
                 }
             }
-            "RUN" | "CMD" | "ENTRYPOINT" => shell_script(f, &flow_to_shell(rest), line, None),
+            // A build step runs in its own shell and is not the job.
+            "RUN" => r.child_text(&flow_to_shell(rest), line, None, true),
+            "CMD" | "ENTRYPOINT" => r.child_text(&flow_to_shell(rest), line, None, false),
             _ => {}
         }
     }
@@ -505,7 +229,7 @@ fn flow_to_shell(text: &str) -> String {
 
 /// Compose and Kubernetes YAML: `environment:` lists and maps, `env:`
 /// entries, and the shell in `command:`, `args:` and block scalars.
-pub(super) fn yaml(f: &mut JobFile, text: &str) {
+pub(super) fn yaml(r: &mut Reader, text: &str) {
     let lines: Vec<&str> = text.lines().collect();
     let mut pending: Option<(String, usize)> = None;
     let mut i = 0;
@@ -529,7 +253,7 @@ pub(super) fn yaml(f: &mut JobFile, text: &str) {
                 i += 1;
             }
             let block = lines[start..i].join("\n");
-            shell_script(f, &block, start + 1, None);
+            r.child_text(&block, start + 1, None, false);
             continue;
         }
         if let Some((key, v)) = yaml_key(body) {
@@ -540,24 +264,24 @@ pub(super) fn yaml(f: &mut JobFile, text: &str) {
                 }
                 "value" if pending.is_some() => {
                     let (name, _) = pending.take().unwrap_or_default();
-                    let v = kubernetes_value(unquote(v), f, n);
-                    assign(f, name, v, n, Form::KubernetesEnv, None);
+                    let v = kubernetes_value(unquote(v), r, n);
+                    r.assign(name, v, n, Form::KubernetesEnv, None);
                     continue;
                 }
                 "valueFrom" if pending.is_some() => {
                     let (name, _) = pending.take().unwrap_or_default();
                     let why = "comes from a Secret, a ConfigMap or a field of the pod (valueFrom), which only the cluster settles".to_owned();
-                    assign(f, name, Value::Unknown { text: "valueFrom".into(), why }, n, Form::KubernetesEnv, None);
+                    r.assign(name, Value::Unknown { text: "valueFrom".into(), why }, n, Form::KubernetesEnv, None);
                     continue;
                 }
                 k if is_name(k) && k.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_') => {
-                    let v = interpolated(unquote(v.trim_end_matches(',')), f, n);
-                    assign(f, key, v, n, Form::YamlMap, None);
+                    let v = interpolated(unquote(v.trim_end_matches(',')), r, n);
+                    r.assign(key, v, n, Form::YamlMap, None);
                     continue;
                 }
                 _ => {
                     if !v.is_empty() {
-                        shell_script(f, &flow_to_shell(v), n, None);
+                        r.child_text(&flow_to_shell(v), n, None, false);
                     }
                     continue;
                 }
@@ -566,10 +290,10 @@ pub(super) fn yaml(f: &mut JobFile, text: &str) {
         if item.is_some() {
             let entry = unquote(body);
             if let Some((name, v)) = entry.split_once('=').filter(|(k, _)| is_name(k)) {
-                let v = interpolated(v, f, n);
-                assign(f, name.to_owned(), v, n, Form::YamlList, None);
+                let v = interpolated(v, r, n);
+                r.assign(name.to_owned(), v, n, Form::YamlList, None);
             } else {
-                shell_script(f, &flow_to_shell(body), n, None);
+                r.child_text(&flow_to_shell(body), n, None, false);
             }
         }
     }
@@ -582,13 +306,13 @@ fn unquote(v: &str) -> &str {
 
 /// A Compose value: `${NAME}` and `${NAME:-default}` interpolated as
 /// the shell would.
-fn interpolated(v: &str, f: &JobFile, line: usize) -> Value {
-    expand(&Lexer::new(v, line).whole_word(), f)
+fn interpolated(v: &str, r: &Reader, line: usize) -> Value {
+    r.expand(&Lexer::new(v, line).whole_word())
 }
 
 /// A Kubernetes `value:`: `$(NAME)` refers to an earlier entry of the
 /// same `env:` (kept as written when there is none), `$$` is `$`.
-fn kubernetes_value(v: &str, f: &JobFile, line: usize) -> Value {
+fn kubernetes_value(v: &str, r: &Reader, line: usize) -> Value {
     let mut out = String::new();
     let mut rest = v;
     while let Some(at) = rest.find('$') {
@@ -598,8 +322,11 @@ fn kubernetes_value(v: &str, f: &JobFile, line: usize) -> Value {
             out.push('$');
             rest = t;
         } else if let Some((name, t)) = tail.strip_prefix('(').and_then(|t| t.split_once(')')).filter(|(n, _)| is_name(n)) {
-            match f.last(name).and_then(|a| a.value.clone()) {
-                Some(Value::Known(s)) => out.push_str(&s),
+            match r.get(name).and_then(|(v, _)| v) {
+                Some(Value::Known(s)) if out.len() + s.len() <= super::MAX_VALUE => out.push_str(&s),
+                Some(Value::Known(_)) => {
+                    return Value::Unknown { text: v.chars().take(super::shell::RAW_LIMIT).collect(), why: format!("expands to more than {} bytes", super::MAX_VALUE) };
+                }
                 Some(Value::Unknown { .. }) => {
                     return Value::Unknown { text: v.to_owned(), why: format!("`$({name})` refers to an entry the file cannot settle (line {line})") };
                 }
@@ -612,12 +339,15 @@ fn kubernetes_value(v: &str, f: &JobFile, line: usize) -> Value {
         }
     }
     out.push_str(rest);
+    if out.len() > super::MAX_VALUE {
+        return Value::Unknown { text: v.chars().take(super::shell::RAW_LIMIT).collect(), why: format!("expands to more than {} bytes", super::MAX_VALUE) };
+    }
     Value::Known(out)
 }
 
 /// Python (and TOML): `os.environ[...] = ...`, `setdefault`, dict
 /// entries of judged names, `NAME = value` lines.
-pub(super) fn python(f: &mut JobFile, text: &str) {
+pub(super) fn python(r: &mut Reader, text: &str) {
     for (i, l) in text.lines().enumerate() {
         let n = i + 1;
         let t = l.trim();
@@ -633,7 +363,7 @@ pub(super) fn python(f: &mut JobFile, text: &str) {
                             Value::Unknown { text, .. } => Value::Unknown { text, why: "a Python expression, evaluated when the job runs".into() },
                             k => k,
                         };
-                        assign(f, name.to_owned(), v, n, Form::PythonEnviron, None);
+                        r.assign(name.to_owned(), v, n, Form::PythonEnviron, None);
                     }
                 }
             }
@@ -644,20 +374,20 @@ pub(super) fn python(f: &mut JobFile, text: &str) {
                 let name = unquote(key);
                 if is_name(name) {
                     let why = format!("setdefault keeps the value the job's environment already has, and sets {} otherwise", value.trim());
-                    assign(f, name.to_owned(), Value::Unknown { text: value.trim().to_owned(), why }, n, Form::PythonEnviron, None);
+                    r.assign(name.to_owned(), Value::Unknown { text: value.trim().to_owned(), why }, n, Form::PythonEnviron, None);
                 }
             }
             continue;
         }
-        if spaced(f, l, n) {
+        if spaced(r, l, n) {
             continue;
         }
-        dict_entries(f, t, n);
+        dict_entries(r, t, n);
     }
 }
 
 /// `"NAME": value` entries of judged names on a line.
-fn dict_entries(f: &mut JobFile, line: &str, n: usize) {
+fn dict_entries(r: &mut Reader, line: &str, n: usize) {
     let mut rest = line;
     while let Some(at) = rest.find(['"', '\'']) {
         let q = rest[at..].chars().next().unwrap_or('"');
@@ -676,7 +406,7 @@ fn dict_entries(f: &mut JobFile, line: &str, n: usize) {
             _ => value.find([',', '}', ')']).unwrap_or(value.len()),
         };
         let v = literal_value(&value[..end]);
-        assign(f, name.to_owned(), v, n, Form::DictEntry, None);
+        r.assign(name.to_owned(), v, n, Form::DictEntry, None);
         rest = &value[end..];
     }
 }

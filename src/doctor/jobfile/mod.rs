@@ -10,9 +10,14 @@
 //! [`Value::Unknown`] with the reason, never read as literal text.
 
 mod forms;
+mod script;
+mod seen;
 mod shell;
 
 use shell::{Seg, Word};
+
+pub use seen::Seen;
+pub use shell::MAX_NESTING;
 
 /// A value as the file leaves it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,11 +110,40 @@ pub struct Assignment {
     pub form: Form,
 }
 
+/// The command taken as the job's launch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// Its line.
+    pub line: usize,
+    /// The launcher it runs (`torchrun`, `srun`, a function that does).
+    pub command: String,
+    /// Why it may not run (inside an `if`...), when it may not.
+    pub uncertain: Option<String>,
+}
+
 /// What a job file sets.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct JobFile {
-    /// Every assignment, of every name, in the order the file makes them.
+    /// Every assignment, of every name, in the order the file makes them,
+    /// whether or not it reaches the job.
     pub assignments: Vec<Assignment>,
+    /// The job's environment as the file leaves it: `(index into
+    /// assignments, whether the launched job sees it)`, in file order,
+    /// one per name. A script's is what its launch sees.
+    pub env: Vec<(usize, bool)>,
+    /// The launch, when the file runs one.
+    pub launch: Option<Launch>,
+    /// Assignments that do not reach the launch, and why (a command's
+    /// prefix, after the launch, refused as read-only).
+    pub scope_notes: Vec<String>,
+    /// `NCCL_*`/`UCX_*` names the file names that the reading did not
+    /// take into a value or account for otherwise.
+    pub seen: Vec<Seen>,
+    /// The first line where nesting went deeper than the reading follows.
+    pub too_deep: Option<usize>,
+    /// Names printed by `echo`/`printf`, with their lines: text, not
+    /// settings.
+    pub printed: Vec<(String, usize)>,
     /// What the reading could not follow (`source`d files).
     pub notes: Vec<String>,
     /// A script run as a program (it starts with `#!`): its plain
@@ -122,9 +156,21 @@ pub struct JobFile {
 }
 
 impl JobFile {
-    /// The last assignment of `name`.
+    /// The last assignment of `name` in the file, wherever it is.
     pub fn last(&self, name: &str) -> Option<&Assignment> {
         self.assignments.iter().rev().find(|a| a.name == name)
+    }
+
+    /// `name` as the job sees it: its assignment, and whether it reaches
+    /// the launched job.
+    pub fn job(&self, name: &str) -> Option<(&Assignment, bool)> {
+        self.env.iter().map(|(i, r)| (&self.assignments[*i], *r)).find(|(a, _)| a.name == name)
+    }
+
+    /// The job's environment in file order, each with whether it reaches
+    /// the launched job.
+    pub fn job_env(&self) -> impl Iterator<Item = (&Assignment, bool)> {
+        self.env.iter().map(|(i, r)| (&self.assignments[*i], *r))
     }
 
     fn set(&mut self, name: String, value: Option<Value>, line: usize, form: Form) {
@@ -138,52 +184,55 @@ pub fn judged(name: &str) -> bool {
     name.starts_with("NCCL_") || name.starts_with("UCX_")
 }
 
-/// Reads `text`, a job file of any of the forms above.
+/// Reads `text`, a job file of any of the forms above. Time and memory
+/// are linear in the text.
 pub fn read(text: &str) -> JobFile {
-    let mut f = JobFile::default();
-    match forms::dialect(text) {
-        forms::Dialect::Shell => forms::shell_script(&mut f, text, 1, None),
-        forms::Dialect::Dockerfile => forms::dockerfile(&mut f, text),
-        forms::Dialect::Yaml => forms::yaml(&mut f, text),
-        forms::Dialect::Python => forms::python(&mut f, text),
+    let mut r = script::Reader::default();
+    r.f.script = text.starts_with("#!");
+    let dialect = forms::dialect(text);
+    match dialect {
+        forms::Dialect::Shell => forms::shell_script(&mut r, text),
+        forms::Dialect::Dockerfile => forms::dockerfile(&mut r, text),
+        forms::Dialect::Yaml => forms::yaml(&mut r, text),
+        forms::Dialect::Python => forms::python(&mut r, text),
     }
-    f.script = text.starts_with("#!");
+    let mut f = r.finish(dialect == forms::Dialect::Shell);
+    f.seen = seen::unaccounted(text, &f);
     f
 }
 
-impl Assignment {
-    /// Whether the job's commands see this assignment: a plain
-    /// `NAME=value` in a script reaches them only when the name is
-    /// exported; a Dockerfile `ARG` never reaches the container.
-    pub fn reaches_the_job(&self, f: &JobFile) -> bool {
-        match self.form {
-            Form::DockerArg => false,
-            Form::Shell => !f.script || f.allexport || f.exported.contains(&self.name),
-            _ => true,
-        }
-    }
-}
+/// The longest value a file's expansions may build: `A=$A$A` repeated
+/// doubles a value each line, and a Kubernetes `$(NAME)` chain grows it
+/// each entry. Past it the value is unsettled, not built.
+pub const MAX_VALUE: usize = 64 << 10;
 
 /// Why a command substitution is unsettled.
 const COMMAND_WHY: &str = "is the output of a command, which only running it settles";
 
-/// What a word expands to with what `f` set before it.
-fn expand(word: &Word, f: &JobFile) -> Value {
+/// How a value is looked up: `(value, line)` of the name's assignment as
+/// the shell has it now, `None` when the file has not set it.
+type Lookup<'a> = dyn Fn(&str) -> Option<(Option<Value>, usize)> + 'a;
+
+/// What a word expands to with what was set before it.
+fn expand(word: &Word, f: &Lookup<'_>) -> Value {
     match expand_segs(&word.segs, f) {
         Ok(s) => Value::Known(s),
         Err(why) => Value::Unknown { text: word.raw.clone(), why },
     }
 }
 
-fn expand_segs(segs: &[Seg], f: &JobFile) -> Result<String, String> {
+fn expand_segs(segs: &[Seg], f: &Lookup<'_>) -> Result<String, String> {
     let mut out = String::new();
     for seg in segs {
+        if out.len() > MAX_VALUE {
+            return Err(format!("expands to more than {MAX_VALUE} bytes"));
+        }
         match seg {
             Seg::Lit { text, .. } => out.push_str(text),
-            Seg::Command(c) => return Err(format!("`$({})` {COMMAND_WHY}", c.trim())),
+            Seg::Command(c) => return Err(format!("`$({})` {COMMAND_WHY}", c.preview(80).trim())),
             Seg::Other(o) => return Err(format!("`{o}` is expanded when the job runs")),
             Seg::Param { name, op } => {
-                let set = f.last(name).map(|a| (a.value.clone(), a.line));
+                let set = f(name);
                 let operand = || op.as_ref().map(|(_, s)| expand_segs(s, f));
                 match (set, op.as_ref().map(|(o, _)| o.as_str())) {
                     (Some((Some(Value::Known(v)), _)), None) => out.push_str(&v),
@@ -216,6 +265,9 @@ fn expand_segs(segs: &[Seg], f: &JobFile) -> Result<String, String> {
                 }
             }
         }
+    }
+    if out.len() > MAX_VALUE {
+        return Err(format!("expands to more than {MAX_VALUE} bytes"));
     }
     Ok(out)
 }

@@ -1,8 +1,66 @@
 //! Shell text as the shell reads it, far enough to find the job's
 //! variables: words with their quoting, `$` expansions kept as parts (so
 //! a value is expanded from what the file set before it, or said to be
-//! unsettled), comments, line continuations, here-documents skipped, and
-//! commands split at `;`, `&&`, `||`, `|`, `&` and newlines.
+//! unsettled), comments, line continuations, here-documents (their
+//! bodies kept aside, for a shell they are fed to), and commands split at
+//! `;`, `&&`, `||`, `|`, `&`, parentheses and newlines.
+//!
+//! The cost is linear in the text: one buffer shared by every nested
+//! reading (a `$( )` body or a `${NAME:-...}` operand is a span of it, not
+//! a copy), words keep at most [`RAW_LIMIT`] characters of their text as
+//! written, and nesting deeper than [`MAX_NESTING`] is not followed: it is
+//! recorded ([`Lexer::too_deep`]) so the reading says it could not tell.
+
+use std::rc::Rc;
+
+/// The deepest nesting of `$( )`, `${...}` and `bash -c` followed; past
+/// it the text is left unread and the reading is open.
+pub const MAX_NESTING: usize = 64;
+
+/// The most characters of a word's text kept as written (for reports);
+/// longer text is cut, never needed whole.
+pub(super) const RAW_LIMIT: usize = 256;
+
+/// A stretch of the shared buffer: a `$( )` body or a here-document.
+#[derive(Clone, Debug)]
+pub(super) struct Span {
+    pub buf: Rc<[char]>,
+    pub start: usize,
+    pub end: usize,
+    /// The line of its first character.
+    pub line: usize,
+    /// How deep inside other text it sits.
+    pub depth: usize,
+}
+
+impl Span {
+    /// Its text, at most `max` characters (an ellipsis marks a cut).
+    pub fn preview(&self, max: usize) -> String {
+        capped(&self.buf[self.start..self.end], max)
+    }
+
+    /// A lexer over it.
+    pub fn lexer(&self) -> Lexer {
+        Lexer { s: self.buf.clone(), pos: self.start, end: self.end, line: self.line, depth: self.depth, heredocs: Vec::new(), bodies: Vec::new(), too_deep: None }
+    }
+}
+
+impl PartialEq for Span {
+    fn eq(&self, o: &Span) -> bool {
+        self.buf[self.start..self.end] == o.buf[o.start..o.end]
+    }
+}
+
+impl Eq for Span {}
+
+/// `chars` as a string of at most `max` characters.
+fn capped(chars: &[char], max: usize) -> String {
+    let mut s: String = chars.iter().take(max).collect();
+    if chars.len() > max {
+        s.push('…');
+    }
+    s
+}
 
 /// One part of a word.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -14,13 +72,14 @@ pub(super) enum Seg {
     /// `=`, `:+`, `+`, `:?`, `?`) and its operand.
     Param { name: String, op: Option<(String, Vec<Seg>)> },
     /// `$(...)` or `` `...` ``: the inner text.
-    Command(String),
+    Command(Span),
     /// Anything else expanded at run time (`$1`, `$@`, `$((...))`,
     /// `${#x}`, `${x%y}`), as written.
     Other(String),
 }
 
-/// A word: its parts, its text as written and its line (1-based).
+/// A word: its parts, its text as written (at most [`RAW_LIMIT`]
+/// characters) and its line (1-based).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Word {
     pub segs: Vec<Seg>,
@@ -82,7 +141,7 @@ pub(super) fn is_name(s: &str) -> bool {
 /// What separates two commands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Sep {
-    /// `;`, `;;`, `&`, a newline, `(` or `)`.
+    /// `;`, `;;`, `&` or a newline.
     End,
     /// `&&`.
     And,
@@ -90,8 +149,10 @@ pub(super) enum Sep {
     Or,
     /// `|`.
     Pipe,
-    /// `(`, which after a lone word makes a function.
+    /// `(`: a subshell, or after a lone word a function.
     Open,
+    /// `)`: the end of a subshell or of a `case` pattern.
+    Close,
 }
 
 /// A token.
@@ -101,26 +162,57 @@ pub(super) enum Tok {
     Sep(Sep),
 }
 
+/// A here-document waiting for its body: its delimiter, whether tabs are
+/// stripped.
+type Pending = (String, bool);
+
 /// Splits shell text into words and separators.
 pub(super) struct Lexer {
-    s: Vec<char>,
+    s: Rc<[char]>,
     pos: usize,
+    end: usize,
     line: usize,
-    heredocs: Vec<(String, bool)>,
+    /// How deep this text sits inside other text.
+    depth: usize,
+    heredocs: Vec<Pending>,
+    /// Bodies of the here-documents read since [`Lexer::take_bodies`].
+    bodies: Vec<Span>,
+    /// The first line where nesting went past [`MAX_NESTING`].
+    pub too_deep: Option<usize>,
 }
 
 impl Lexer {
     /// A lexer over `text`, whose first line is `line`.
     pub fn new(text: &str, line: usize) -> Lexer {
-        Lexer { s: text.chars().collect(), pos: 0, line, heredocs: Vec::new() }
+        let s: Rc<[char]> = text.chars().collect();
+        Lexer { end: s.len(), s, pos: 0, line, depth: 0, heredocs: Vec::new(), bodies: Vec::new(), too_deep: None }
+    }
+
+    /// The here-document bodies read since the last call, in order.
+    pub fn take_bodies(&mut self) -> Vec<Span> {
+        std::mem::take(&mut self.bodies)
     }
 
     fn peek(&self) -> Option<char> {
-        self.s.get(self.pos).copied()
+        (self.pos < self.end).then(|| self.s[self.pos])
     }
 
     fn at(&self, k: usize) -> Option<char> {
-        self.s.get(self.pos + k).copied()
+        (self.pos + k < self.end).then(|| self.s[self.pos + k])
+    }
+
+    fn span(&self, start: usize, end: usize, line: usize) -> Span {
+        Span { buf: self.s.clone(), start, end, line, depth: self.depth + 1 }
+    }
+
+    /// Whether text one level further in is still followed; records the
+    /// line where it is not.
+    fn may_nest(&mut self, line: usize) -> bool {
+        if self.depth + 1 >= MAX_NESTING {
+            self.too_deep.get_or_insert(line);
+            return false;
+        }
+        true
     }
 
     fn bump(&mut self) -> Option<char> {
@@ -182,7 +274,7 @@ impl Lexer {
                 }
                 ')' => {
                     self.pos += 1;
-                    return Some(Tok::Sep(Sep::End));
+                    return Some(Tok::Sep(Sep::Close));
                 }
                 '<' | '>' => self.redirection(),
                 _ => return Some(Tok::Word(self.word())),
@@ -227,18 +319,31 @@ impl Lexer {
 
     fn skip_heredocs(&mut self) {
         for (delim, strip) in std::mem::take(&mut self.heredocs) {
+            let (body_start, body_line) = (self.pos, self.line);
+            let mut body_end = self.end;
             while self.peek().is_some() {
                 let start = self.pos;
                 while self.peek().is_some_and(|c| c != '\n') {
                     self.pos += 1;
                 }
-                let text: String = self.s[start..self.pos].iter().collect();
-                self.bump();
-                let text = if strip { text.trim_start_matches('\t') } else { text.as_str() };
-                if text.trim_end_matches('\r') == delim {
+                let mut text = &self.s[start..self.pos];
+                if strip {
+                    while text.first() == Some(&'\t') {
+                        text = &text[1..];
+                    }
+                }
+                if text.last() == Some(&'\r') {
+                    text = &text[..text.len() - 1];
+                }
+                let is_delim = text.len() == delim.chars().count() && text.iter().copied().eq(delim.chars());
+                if is_delim {
+                    body_end = start;
+                    self.bump();
                     break;
                 }
+                self.bump();
             }
+            self.bodies.push(Span { buf: self.s.clone(), start: body_start, end: body_end.max(body_start), line: body_line, depth: self.depth + 1 });
         }
     }
 
@@ -246,6 +351,11 @@ impl Lexer {
     /// (a `${NAME:-a b}` operand, a Compose value).
     pub fn whole_word(&mut self) -> Word {
         let (start, line) = (self.pos, self.line);
+        let segs = self.whole_segs();
+        Word { segs, raw: capped(&self.s[start..self.end], RAW_LIMIT), line }
+    }
+
+    fn whole_segs(&mut self) -> Vec<Seg> {
         let mut segs = Vec::new();
         while self.peek().is_some() {
             let w = self.word();
@@ -254,7 +364,7 @@ impl Lexer {
                 lit(&mut segs, c, false);
             }
         }
-        Word { segs, raw: self.s[start..].iter().collect(), line }
+        segs
     }
 
     /// One word, up to unquoted blank or operator.
@@ -310,7 +420,7 @@ impl Lexer {
                 }
             }
         }
-        let raw = self.s[start..self.pos].iter().collect();
+        let raw = capped(&self.s[start..self.pos], RAW_LIMIT);
         Word { segs, raw, line }
     }
 
@@ -345,6 +455,7 @@ impl Lexer {
 
     fn backtick(&mut self, segs: &mut Vec<Seg>) {
         self.pos += 1;
+        let (start, line) = (self.pos, self.line);
         let mut inner = String::new();
         while let Some(c) = self.bump() {
             match c {
@@ -353,67 +464,82 @@ impl Lexer {
                 c => inner.push(c),
             }
         }
-        segs.push(Seg::Command(inner));
+        // Backquotes do not nest without escapes, so the body is read from
+        // its own (unescaped) text.
+        let mut body = Lexer::new(&inner, line);
+        body.depth = self.depth + 1;
+        if self.may_nest(line) {
+            segs.push(Seg::Command(Span { buf: body.s, start: 0, end: body.end, line, depth: self.depth + 1 }));
+        } else {
+            segs.push(Seg::Other(capped(&self.s[start - 1..self.pos], RAW_LIMIT)));
+        }
     }
 
-    /// The text up to the `close` that matches an already consumed open
-    /// bracket, quotes respected; the close is consumed.
-    fn balanced(&mut self, open: char, close: char) -> String {
-        let mut depth = 1;
-        let mut out = String::new();
+    /// Where the text up to the `close` that matches an already consumed
+    /// open bracket ends, quotes respected; the close is consumed. A loop,
+    /// not a recursion: nesting costs no stack.
+    fn balanced(&mut self, open: char, close: char) -> usize {
+        let mut depth = 1usize;
         while let Some(c) = self.bump() {
             match c {
                 '\\' => {
-                    out.push(c);
-                    out.extend(self.bump());
-                    continue;
+                    self.bump();
                 }
                 '\'' | '"' => {
-                    out.push(c);
                     while let Some(q) = self.bump() {
-                        out.push(q);
                         if q == '\\' && c == '"' {
-                            out.extend(self.bump());
+                            self.bump();
                         } else if q == c {
                             break;
                         }
                     }
-                    continue;
                 }
                 c if c == open => depth += 1,
                 c if c == close => {
                     depth -= 1;
                     if depth == 0 {
-                        return out;
+                        return self.pos - 1;
                     }
                 }
                 _ => {}
             }
-            out.push(c);
         }
-        out
+        self.pos
     }
 
     fn dollar(&mut self, segs: &mut Vec<Seg>) {
+        let (at, line) = (self.pos, self.line);
         self.pos += 1;
         match self.peek() {
             Some('(') if self.at(1) == Some('(') => {
                 self.pos += 2;
-                let inner = self.balanced('(', ')');
+                self.balanced('(', ')');
                 // The second closing parenthesis of `$(( ))`.
                 if self.peek() == Some(')') {
                     self.pos += 1;
                 }
-                segs.push(Seg::Other(format!("$(({inner}))")));
+                segs.push(Seg::Other(capped(&self.s[at..self.pos], RAW_LIMIT)));
             }
             Some('(') => {
                 self.pos += 1;
-                segs.push(Seg::Command(self.balanced('(', ')')));
+                let start = self.pos;
+                let end = self.balanced('(', ')');
+                if self.may_nest(line) {
+                    segs.push(Seg::Command(self.span(start, end, line)));
+                } else {
+                    segs.push(Seg::Other(capped(&self.s[at..self.pos], RAW_LIMIT)));
+                }
             }
             Some('{') => {
                 self.pos += 1;
-                let inner = self.balanced('{', '}');
-                segs.push(braced(&inner));
+                let start = self.pos;
+                let end = self.balanced('{', '}');
+                if self.may_nest(line) {
+                    let seg = self.braced(start, end, line);
+                    segs.push(seg);
+                } else {
+                    segs.push(Seg::Other(capped(&self.s[at..self.pos], RAW_LIMIT)));
+                }
             }
             Some(c) if c.is_ascii_alphabetic() || c == '_' => {
                 let mut name = String::new();
@@ -430,25 +556,34 @@ impl Lexer {
             _ => lit(segs, '$', false),
         }
     }
-}
 
-/// `${...}`'s inside.
-fn braced(inner: &str) -> Seg {
-    let name_len = inner.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(inner.len());
-    let (name, rest) = inner.split_at(name_len);
-    if !is_name(name) {
-        return Seg::Other(format!("${{{inner}}}"));
-    }
-    if rest.is_empty() {
-        return Seg::Param { name: name.to_owned(), op: None };
-    }
-    for op in [":-", ":=", ":+", ":?", "-", "=", "+", "?"] {
-        if let Some(operand) = rest.strip_prefix(op) {
-            let segs = Lexer::new(operand, 0).whole_word().segs;
-            return Seg::Param { name: name.to_owned(), op: Some((op.to_owned(), segs)) };
+    /// `${...}`'s inside, `start..end` of the buffer; an operand is read
+    /// one level further in (its nesting bounded by [`MAX_NESTING`]).
+    fn braced(&mut self, start: usize, end: usize, line: usize) -> Seg {
+        let inner = &self.s[start..end];
+        let other = || Seg::Other(format!("${{{}}}", capped(inner, RAW_LIMIT)));
+        let name_len = inner.iter().position(|c| !(c.is_ascii_alphanumeric() || *c == '_')).unwrap_or(inner.len());
+        let name: String = inner[..name_len].iter().collect();
+        if !is_name(&name) {
+            return other();
         }
+        let rest = &inner[name_len..];
+        if rest.is_empty() {
+            return Seg::Param { name, op: None };
+        }
+        for op in [":-", ":=", ":+", ":?", "-", "=", "+", "?"] {
+            let n = op.len();
+            if rest.len() >= n && rest[..n].iter().copied().eq(op.chars()) {
+                let mut sub = self.span(start + name_len + n, end, line).lexer();
+                let segs = sub.whole_segs();
+                if let Some(l) = sub.too_deep {
+                    self.too_deep.get_or_insert(l);
+                }
+                return Seg::Param { name, op: Some((op.to_owned(), segs)) };
+            }
+        }
+        other()
     }
-    Seg::Other(format!("${{{inner}}}"))
 }
 
 fn lit(segs: &mut Vec<Seg>, c: char, quoted: bool) {

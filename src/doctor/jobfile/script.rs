@@ -1,0 +1,811 @@
+//! A shell script read as the shell runs it, far enough to know what the
+//! job's launch sees: one table of the shell's variables (each the index
+//! of its last assignment, exported or not, read-only or not), scopes
+//! that end as the shell's do, and the launch.
+//!
+//! What the shell never hands the launched job is not the job's value: a
+//! `NAME=v cmd` prefix or `env NAME=v cmd` is for that command only; a
+//! `( ... )` subshell, a `$( ... )` body, a pipeline's element and a child
+//! shell (`bash -c`, a here-document fed to `bash`) change nothing after
+//! them; a read-only variable keeps its value; nothing after an
+//! unconditional `exit` or `exec` runs; and what comes after the launch
+//! does not reach it. The launch is the last command that runs a known
+//! launcher (or a function that does); without one, the end of the file.
+//!
+//! Every change goes through [`Reader::put`] with an undo log, so leaving
+//! a scope costs what the scope changed, and the launch's environment is
+//! kept up to date from the names changed since the last launch: the
+//! reading is linear in the file.
+
+use std::collections::{HashMap, HashSet};
+
+use super::shell::{is_name, Lexer, Sep, Seg, Span, Tok, Word, MAX_NESTING};
+use super::{expand, judged, Form, JobFile, Launch, Value};
+
+/// A shell variable: its last assignment and how it is marked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Var {
+    /// Index into [`JobFile::assignments`].
+    pub idx: usize,
+    pub exported: bool,
+    pub readonly: bool,
+    /// The scope it was set in: 0 for the file's own level.
+    pub depth: usize,
+}
+
+/// Names whose value at the launch is kept: the judged ones and where
+/// NCCL looks for its plugin.
+fn tracked(name: &str) -> bool {
+    judged(name) || name == "LD_LIBRARY_PATH"
+}
+
+/// Most bytes of values the reading builds in all.
+const MAX_BUILT: usize = 16 << 20;
+
+/// Most notes on assignments that do not reach the launch.
+const MAX_NOTES: usize = 64;
+
+/// A command's own assignment: name, value (`None`: unset), line, form.
+type Scoped = (String, Option<Value>, usize, Form);
+
+/// Builtins whose changes stay in the script's shell.
+const PERSISTENT: [&str; 10] = ["export", "declare", "typeset", "readonly", "local", "unset", "set", "source", ".", "exit"];
+
+/// The state of one reading.
+#[derive(Default)]
+pub(super) struct Reader {
+    pub f: JobFile,
+    vars: HashMap<String, Var>,
+    undo: Vec<(String, Option<Var>)>,
+    /// Scopes open (marks not yet rolled back).
+    open: usize,
+    /// Bytes of values built so far.
+    built: usize,
+    pub depth: usize,
+    /// The tracked variables as the last launch saw them.
+    launch_env: HashMap<String, Var>,
+    dirty: HashSet<String>,
+    allexport: bool,
+    /// Nothing runs after an unconditional `exit` or `exec`.
+    stopped: bool,
+    /// Inside `$( )`: what runs there is not the job.
+    captured: usize,
+    /// Functions whose body runs a launcher.
+    launching: HashSet<String>,
+    /// Names `export`ed before they were set.
+    export_pending: HashSet<String>,
+}
+
+/// A block that may not run, or a scope.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Block {
+    If,
+    Case,
+    Loop,
+    Function(String),
+    Group,
+    /// `( ... )`: its undo mark.
+    Subshell(usize),
+}
+
+/// The open blocks, each with what holds inside it, so that each
+/// question costs the same at any depth: why a command there may not run,
+/// how many subshells are open, the innermost function.
+#[derive(Default)]
+struct Blocks {
+    v: Vec<(Block, Option<&'static str>, usize, Option<usize>)>,
+}
+
+impl Blocks {
+    fn push(&mut self, b: Block) {
+        let (why, subshells, function) = self.v.last().map_or((None, 0, None), |(_, w, s, f)| (*w, *s, *f));
+        let entry = (
+            b.why().or(why),
+            subshells + usize::from(matches!(b, Block::Subshell(_))),
+            if matches!(b, Block::Function(_)) { Some(self.v.len()) } else { function },
+        );
+        self.v.push((b, entry.0, entry.1, entry.2));
+    }
+
+    fn pop(&mut self) -> Option<Block> {
+        self.v.pop().map(|e| e.0)
+    }
+
+    fn last(&self) -> Option<&Block> {
+        self.v.last().map(|e| &e.0)
+    }
+
+    /// Why a command here may not run.
+    fn why(&self) -> Option<&'static str> {
+        self.v.last().and_then(|e| e.1)
+    }
+
+    fn in_subshell(&self) -> bool {
+        self.v.last().is_some_and(|e| e.2 > 0)
+    }
+
+    /// The function whose body this is.
+    fn function(&self) -> Option<&str> {
+        match &self.v[self.v.last()?.3?].0 {
+            Block::Function(name) => Some(name),
+            _ => None,
+        }
+    }
+}
+
+impl Block {
+    fn why(&self) -> Option<&'static str> {
+        match self {
+            Block::If => Some("inside an `if`, which runs only when its condition holds"),
+            Block::Case => Some("inside a `case` branch"),
+            Block::Loop => Some("inside a loop"),
+            Block::Function(_) => Some("inside a function, which sets it only when called"),
+            Block::Group | Block::Subshell(_) => None,
+        }
+    }
+}
+
+/// Programs that start the job (`python3.11` too).
+const LAUNCHERS: [&str; 22] = [
+    "torchrun", "python", "python3", "srun", "mpirun", "mpiexec", "mpiexec.hydra", "orterun", "deepspeed", "accelerate", "ray", "horovodrun", "jsrun",
+    "aprun", "flux", "docker", "podman", "apptainer", "singularity", "enroot", "composer", "vllm",
+];
+
+/// Programs that run the command after their own options.
+const WRAPPERS: [&str; 10] = ["nohup", "time", "sudo", "numactl", "taskset", "stdbuf", "nice", "timeout", "ionice", "command"];
+
+pub(super) const SHELLS: [&str; 5] = ["sh", "bash", "zsh", "dash", "ksh"];
+
+fn base(w: &Word) -> String {
+    lit(w).rsplit('/').next().unwrap_or_default().to_owned()
+}
+
+fn lit(w: &Word) -> String {
+    w.literal().unwrap_or_default()
+}
+
+fn is_launcher(name: &str) -> bool {
+    LAUNCHERS.contains(&name) || name.strip_prefix("python").is_some_and(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_digit() || c == '.'))
+}
+
+/// The launcher `words` run, when they run one.
+fn launcher_in(words: &[Word]) -> Option<String> {
+    let first = base(words.first()?);
+    if is_launcher(&first) {
+        return Some(first);
+    }
+    if WRAPPERS.contains(&first.as_str()) {
+        return words[1..].iter().map(base).find(|b| is_launcher(b));
+    }
+    None
+}
+
+impl Reader {
+    /// A value as the shell has it now: `(value, line)`, `None` when the
+    /// file has not set the name.
+    pub fn get(&self, name: &str) -> Option<(Option<Value>, usize)> {
+        let v = self.vars.get(name)?;
+        let a = &self.f.assignments[v.idx];
+        Some((a.value.clone(), a.line))
+    }
+
+    /// What `word` expands to now.
+    pub fn expand(&self, word: &Word) -> Value {
+        expand(word, &|n| self.get(n))
+    }
+
+    fn put(&mut self, name: &str, var: Option<Var>) {
+        let old = match var {
+            Some(v) => self.vars.insert(name.to_owned(), v),
+            None => self.vars.remove(name),
+        };
+        // With no scope open, nothing will be undone.
+        if self.open > 0 {
+            self.undo.push((name.to_owned(), old));
+        }
+        if tracked(name) {
+            self.dirty.insert(name.to_owned());
+        }
+    }
+
+    /// Opens a scope: what changes after it can be undone.
+    fn mark(&mut self) -> usize {
+        self.open += 1;
+        self.undo.len()
+    }
+
+    /// Undoes every change since `mark`, and closes its scope.
+    fn rollback(&mut self, mark: usize) {
+        self.open = self.open.saturating_sub(1);
+        while self.undo.len() > mark {
+            let Some((name, old)) = self.undo.pop() else { break };
+            match old {
+                Some(v) => self.vars.insert(name.clone(), v),
+                None => self.vars.remove(&name),
+            };
+            if tracked(&name) {
+                self.dirty.insert(name);
+            }
+        }
+    }
+
+    fn note(&mut self, n: String) {
+        if self.f.scope_notes.len() < MAX_NOTES {
+            self.f.scope_notes.push(n);
+        }
+    }
+
+    /// Records an assignment (`cond`: why it may not run) and sets the
+    /// variable, unless it is read-only.
+    pub fn assign(&mut self, name: String, value: Value, line: usize, form: Form, cond: Option<&str>) {
+        let value = match (value, cond) {
+            (Value::Known(v), Some(why)) => {
+                let same = self.get(&name).is_some_and(|(a, _)| a == Some(Value::Known(v.clone())));
+                if same {
+                    Value::Known(v)
+                } else {
+                    Value::Unknown { text: v, why: format!("set on line {line} {why}, so only the running job settles it") }
+                }
+            }
+            (v, _) => v,
+        };
+        self.record(name, Some(value), line, form);
+    }
+
+    fn record(&mut self, name: String, value: Option<Value>, line: usize, form: Form) {
+        // What expansions build is bounded in all, not only per value: a
+        // chain of `$(NAME)x` entries grows each by one.
+        let value = match value {
+            Some(Value::Known(v)) if self.built + v.len() > MAX_BUILT => {
+                let why = format!("the file's values come to more than {MAX_BUILT} bytes in all by here: not built");
+                Some(Value::Unknown { text: v.chars().take(super::shell::RAW_LIMIT).collect(), why })
+            }
+            Some(Value::Known(v)) => {
+                self.built += v.len();
+                Some(Value::Known(v))
+            }
+            other => other,
+        };
+        let old = self.vars.get(&name).copied();
+        self.f.set(name.clone(), value, line, form);
+        let idx = self.f.assignments.len() - 1;
+        if let Some(o) = old.filter(|o| o.readonly) {
+            let since = self.f.assignments[o.idx].line;
+            if judged(&name) {
+                self.note(format!("line {line}: {name} is read-only since line {since}: the shell refuses this assignment, the value stays"));
+            }
+            return;
+        }
+        let exported = match form {
+            Form::Shell | Form::Spaced => self.allexport || old.is_some_and(|o| o.exported) || self.export_pending.contains(&name),
+            Form::DockerArg => false,
+            _ => true,
+        };
+        self.put(&name, Some(Var { idx, exported, readonly: false, depth: self.depth }));
+    }
+
+    pub fn unset(&mut self, name: String, line: usize, cond: Option<&str>) {
+        match cond {
+            None => self.record(name, None, line, Form::Unset),
+            Some(why) => {
+                let why = format!("unset on line {line} {why}, so only the running job settles it");
+                self.record(name, Some(Value::Unknown { text: "(unset)".into(), why }), line, Form::Unset);
+            }
+        }
+    }
+
+    fn flag(&mut self, name: &str, export: bool, readonly: bool) {
+        if let Some(mut v) = self.vars.get(name).copied() {
+            v.exported |= export;
+            v.readonly |= readonly;
+            self.put(name, Some(v));
+        } else if export {
+            self.f.exported.push(name.to_owned());
+            self.export_pending.insert(name.to_owned());
+        }
+    }
+
+    /// The command on `line` starts the job: the environment it sees now
+    /// is the job's, unless a later launch replaces it.
+    fn launch(&mut self, line: usize, what: &str, blocks: &Blocks, cond: Option<&str>) {
+        if self.captured > 0 {
+            return;
+        }
+        if let Some(name) = blocks.function() {
+            self.launching.insert(name.to_owned());
+            return;
+        }
+        for name in std::mem::take(&mut self.dirty) {
+            match self.vars.get(&name) {
+                Some(v) => self.launch_env.insert(name, *v),
+                None => self.launch_env.remove(&name),
+            };
+        }
+        self.f.launch = Some(Launch { line, command: what.to_owned(), uncertain: cond.map(str::to_owned) });
+    }
+
+    /// Reads a child's script (`bash -c`, a here-document fed to a
+    /// shell, a `$( )` body, a Dockerfile `RUN`): its changes end with it.
+    pub fn child(&mut self, body: &Span, outer: Option<&str>, captured: bool) {
+        if self.too_deep(body.line) {
+            return;
+        }
+        let mark = self.mark();
+        self.depth += 1;
+        self.captured += usize::from(captured);
+        let mut lx = body.lexer();
+        self.run(&mut lx, outer);
+        self.captured -= usize::from(captured);
+        self.depth -= 1;
+        self.rollback(mark);
+    }
+
+    /// Reads `text` as a child script; `captured`: what it runs is not
+    /// the job (a build step).
+    pub fn child_text(&mut self, text: &str, line: usize, outer: Option<&str>, captured: bool) {
+        if self.too_deep(line) {
+            return;
+        }
+        let mut lx = Lexer::new(text, line);
+        let mark = self.mark();
+        self.depth += 1;
+        self.captured += usize::from(captured);
+        self.run(&mut lx, outer);
+        self.captured -= usize::from(captured);
+        self.depth -= 1;
+        self.rollback(mark);
+    }
+
+    /// Whether a child one level further in is past [`MAX_NESTING`]
+    /// (recorded: what it sets is then seen, not read).
+    fn too_deep(&mut self, line: usize) -> bool {
+        if self.depth + 1 >= MAX_NESTING {
+            self.f.too_deep.get_or_insert(line);
+            return true;
+        }
+        false
+    }
+
+    /// Reads shell text at the file's own level.
+    pub fn top(&mut self, text: &str, first_line: usize) {
+        let mut lx = Lexer::new(text, first_line);
+        self.run(&mut lx, None);
+    }
+
+    /// Reads commands until the lexer ends; `outer` says why none of it
+    /// may run.
+    fn run(&mut self, lx: &mut Lexer, outer: Option<&str>) {
+        let (mut words, mut blocks) = (Vec::new(), Blocks::default());
+        let mut fn_pending: Option<String> = None;
+        let (mut before, mut in_pipe) = (Sep::End, false);
+        loop {
+            let tok = lx.next_tok();
+            let sep = match tok {
+                Some(Tok::Word(w)) => {
+                    words.push(w);
+                    continue;
+                }
+                Some(Tok::Sep(s)) => s,
+                None => Sep::End,
+            };
+            match sep {
+                Sep::Open if words.len() == 1 => {
+                    fn_pending = words.pop().map(|w| lit(&w));
+                    continue;
+                }
+                Sep::Close if words.is_empty() && fn_pending.is_some() => continue,
+                Sep::Close if !matches!(blocks.last(), Some(Block::Subshell(_))) && matches!(blocks.last(), Some(Block::Case)) => {
+                    // A `case` pattern: not a command.
+                    words.clear();
+                    continue;
+                }
+                _ => {}
+            }
+            let pipe = in_pipe || sep == Sep::Pipe;
+            let or_why = (before == Sep::Or).then_some("after `||`, which runs only when what precedes it fails");
+            let conditional = matches!(before, Sep::Or | Sep::And);
+            let bodies = lx.take_bodies();
+            // Each element of a pipeline runs in a subshell.
+            let mark = pipe.then(|| self.mark());
+            self.command(&words, &bodies, &mut blocks, &mut fn_pending, outer.or(or_why), conditional || pipe);
+            if let Some(m) = mark {
+                self.rollback(m);
+            }
+            words.clear();
+            in_pipe = sep == Sep::Pipe;
+            match sep {
+                Sep::Open => blocks.push(Block::Subshell(self.mark())),
+                Sep::Close => {
+                    while let Some(b) = blocks.pop() {
+                        if let Block::Subshell(m) = b {
+                            self.rollback(m);
+                            break;
+                        }
+                    }
+                }
+                _ => {}
+            }
+            before = sep;
+            if tok.is_none() {
+                if let Some(l) = lx.too_deep {
+                    self.f.too_deep.get_or_insert(l);
+                }
+                return;
+            }
+        }
+    }
+
+    /// One command: block keywords, leading assignments, then the
+    /// builtins and launchers that set variables or start the job.
+    /// `conditional`: after `&&`/`||` or in a pipeline.
+    fn command(&mut self, words: &[Word], bodies: &[Span], blocks: &mut Blocks, fn_pending: &mut Option<String>, outer: Option<&str>, conditional: bool) {
+        if self.stopped || words.is_empty() {
+            return;
+        }
+        // What `$( )` runs is read, as a subshell whose output is taken:
+        // nothing it sets stays, and it is not the job.
+        for w in words {
+            for seg in &w.segs {
+                if let Seg::Command(body) = seg {
+                    self.child(body, outer, true);
+                }
+            }
+        }
+        let mut i = 0;
+        while let Some(w) = words.get(i) {
+            match lit(w).as_str() {
+                "if" => blocks.push(Block::If),
+                "while" | "until" => blocks.push(Block::Loop),
+                "then" | "do" | "else" | "elif" | "!" | "time" => {}
+                "fi" | "done" | "esac" | "}" => {
+                    blocks.pop();
+                }
+                "{" => blocks.push(match fn_pending.take() {
+                    Some(name) => Block::Function(name),
+                    None => Block::Group,
+                }),
+                "for" | "select" => return blocks.push(Block::Loop),
+                "case" => return blocks.push(Block::Case),
+                "function" => {
+                    let name = words.get(i + 1).map(lit).unwrap_or_default();
+                    if words.last().is_some_and(|w| lit(w) == "{") {
+                        blocks.push(Block::Function(name));
+                    } else {
+                        *fn_pending = Some(name);
+                    }
+                    return;
+                }
+                _ => break,
+            }
+            i += 1;
+        }
+        let cond = outer.or_else(|| blocks.why());
+        let mut prefix = Vec::new();
+        while let Some((name, value)) = words.get(i).and_then(|w| w.split_assignment(true)) {
+            prefix.push((name, value));
+            i += 1;
+        }
+        if i >= words.len() {
+            for (name, value) in prefix {
+                let v = self.expand(&value);
+                self.assign(name, v, value.line, Form::Shell, cond);
+            }
+            return;
+        }
+        // The shell expands every word before it assigns a command's
+        // prefixes, so each is expanded with what was set before it.
+        let scoped: Vec<Scoped> = prefix.iter().map(|(n, v)| (n.clone(), Some(self.expand(v)), v.line, Form::CommandPrefix)).collect();
+        let words = &words[i..];
+        let unconditional = cond.is_none() && !conditional && self.depth == 0 && !blocks.in_subshell();
+        if PERSISTENT.contains(&base(&words[0]).as_str()) {
+            // A builtin's prefixes last for the builtin only; its own
+            // changes stay.
+            for (n, v, line, form) in scoped {
+                self.f.set(n, v, line, form);
+            }
+            self.builtin(words, cond, unconditional);
+        } else {
+            self.run_command(scoped, words, bodies, blocks, cond, unconditional);
+        }
+    }
+
+    /// The builtins whose changes stay in the script's shell.
+    fn builtin(&mut self, words: &[Word], cond: Option<&str>, unconditional: bool) {
+        let line = words[0].line;
+        let name = base(&words[0]);
+        let rest = &words[1..];
+        match name.as_str() {
+            "export" | "declare" | "typeset" | "readonly" | "local" => {
+                let opts: String = rest.iter().map(lit).filter(|w| w.starts_with('-')).collect();
+                let exports = name == "export" || opts.contains('x');
+                let readonly = name == "readonly" || opts.contains('r');
+                for w in rest {
+                    if let Some((n, value)) = w.split_assignment(false) {
+                        if exports {
+                            self.f.exported.push(n.clone());
+                            self.export_pending.insert(n.clone());
+                        }
+                        let v = self.expand(&value);
+                        self.assign(n.clone(), v, w.line, if exports { Form::Export } else { Form::Shell }, cond);
+                        if readonly {
+                            self.flag(&n, false, true);
+                        }
+                    } else if is_name(&lit(w)) && (exports || readonly) {
+                        self.flag(&lit(w), exports, readonly);
+                    }
+                }
+            }
+            "unset" => {
+                for w in rest {
+                    match lit(w).as_str() {
+                        "-v" => {}
+                        "-f" => return,
+                        n if is_name(n) => self.unset(n.to_owned(), w.line, cond),
+                        _ => {}
+                    }
+                }
+            }
+            "set" => {
+                let on = rest.iter().map(lit).any(|s| (s.starts_with('-') && s.contains('a')) || s == "allexport");
+                if on {
+                    self.allexport = true;
+                    self.f.allexport = true;
+                }
+            }
+            "source" | "." => {
+                let file = rest.first().map_or_else(String::new, |w| w.raw.clone());
+                self.f.notes.push(format!("line {line}: reads {file}, which this reading does not follow: what it sets is not judged"));
+            }
+            _ => {
+                // `exit`.
+                if unconditional {
+                    self.stopped = true;
+                }
+            }
+        }
+    }
+
+    /// A command that is not a builtin: `scoped` (its prefixes, then
+    /// what `env` and the launcher's flags pass) is its own environment,
+    /// gone after it.
+    fn run_command(&mut self, mut scoped: Vec<Scoped>, mut words: &[Word], bodies: &[Span], blocks: &Blocks, cond: Option<&str>, unconditional: bool) {
+        let mut stop_after = false;
+        loop {
+            let Some(first) = words.first() else { return };
+            match base(first).as_str() {
+                "exec" => {
+                    stop_after = unconditional;
+                    words = &words[1..];
+                }
+                "sudo" => {
+                    // sudo's options, then `NAME=value` it puts in the
+                    // command's environment.
+                    let mut j = 1;
+                    while let Some(w) = words.get(j) {
+                        let o = lit(w);
+                        if matches!(o.as_str(), "-u" | "-g" | "-C" | "-D" | "-h" | "-p" | "-r" | "-t" | "-U" | "-T") {
+                            j += 2;
+                        } else if o.starts_with('-') {
+                            j += 1;
+                        } else if let Some((n, value)) = w.split_assignment(true) {
+                            scoped.push((n, Some(self.expand(&value)), w.line, Form::Env));
+                            j += 1;
+                        } else {
+                            break;
+                        }
+                    }
+                    words = &words[j.min(words.len())..];
+                }
+                "echo" | "printf" => {
+                    for w in &words[1..] {
+                        for n in super::seen::names_in(&w.raw) {
+                            self.f.printed.push((n.to_owned(), w.line));
+                        }
+                    }
+                    return;
+                }
+                "env" => {
+                    let rest = &words[1..];
+                    let mut j = 0;
+                    while let Some(w) = rest.get(j) {
+                        match lit(w).as_str() {
+                            "-u" | "--unset" => {
+                                if let Some(n) = rest.get(j + 1).map(lit).filter(|n| is_name(n)) {
+                                    scoped.push((n, None, w.line, Form::Unset));
+                                }
+                                j += 2;
+                                continue;
+                            }
+                            "-i" | "-" | "--ignore-environment" => {}
+                            _ => match w.split_assignment(false) {
+                                Some((n, value)) => scoped.push((n, Some(self.expand(&value)), w.line, Form::Env)),
+                                None => break,
+                            },
+                        }
+                        j += 1;
+                    }
+                    words = &rest[j..];
+                }
+                _ => break,
+            }
+        }
+        if words.is_empty() {
+            // `exec` with redirections only: the shell goes on.
+            return;
+        }
+        let line = words[0].line;
+        let name = base(&words[0]);
+        let script = self.launcher_flags(words, &mut scoped);
+        let mark = self.mark();
+        for (n, v, l, form) in scoped {
+            match v {
+                Some(v) => self.assign(n, v, l, form, cond),
+                None => self.unset(n, l, cond),
+            }
+        }
+        if self.launching.contains(&name) {
+            self.launch(line, &format!("{name} (a function that runs the launcher)"), blocks, cond);
+        } else if let Some(script) = script {
+            match script {
+                Ok((text, at)) => self.child_text(&text, at, cond, false),
+                Err(note) => self.f.notes.push(note),
+            }
+        } else if let Some(l) = launcher_in(words) {
+            self.launch(line, &l, blocks, cond);
+        } else if words.iter().any(|w| SHELLS.contains(&base(w).as_str())) && !words.iter().skip(1).any(|w| w.raw.contains('/') || w.raw.ends_with(".sh")) {
+            // `bash <<EOF`, `ssh host bash <<EOF`, `srun bash <<EOF`: the
+            // here-document is the script.
+            for b in bodies {
+                self.child(b, cond, false);
+            }
+        }
+        self.end_command(mark, words);
+        if stop_after {
+            self.stopped = true;
+        }
+    }
+
+    /// Variables a launcher passes to what it starts (into `scoped`), and
+    /// the text of a `sh -c` script, expanded now (or why it cannot be).
+    fn launcher_flags(&mut self, words: &[Word], scoped: &mut Vec<Scoped>) -> Option<Result<(String, usize), String>> {
+        let mut j = 0;
+        while let Some(w) = words.get(j) {
+            let s = lit(w);
+            let next = words.get(j + 1);
+            match s.as_str() {
+                "-x" => self.pair(Form::MpirunX, next, scoped),
+                "-e" | "--env" => self.pair(Form::ContainerEnv, next, scoped),
+                "-genv" | "-env" => {
+                    if let (Some(n), Some(v)) = (next.map(lit).filter(|n| is_name(n)), words.get(j + 2)) {
+                        scoped.push((n, Some(self.expand(v)), v.line, Form::MpirunGenv));
+                        j += 1;
+                    }
+                }
+                "--export" => {
+                    if let Some(n) = next {
+                        self.export_list(n, None, scoped);
+                    }
+                }
+                _ if s.starts_with("--export=") || w.raw.starts_with("--export=") => self.export_list(w, Some("--export="), scoped),
+                _ if w.raw.starts_with("--env=") => {
+                    let stripped = strip_word_prefix(w, "--env=");
+                    self.pair(Form::ContainerEnv, stripped.as_ref(), scoped);
+                    j += 1;
+                    continue;
+                }
+                _ if s.starts_with('-') && s.ends_with('c') && !s.starts_with("--") && words[..j].iter().any(|p| SHELLS.contains(&base(p).as_str())) => {
+                    let script = next?;
+                    return Some(match self.expand(script) {
+                        Value::Known(text) => Ok((text, script.line)),
+                        Value::Unknown { why, .. } => Err(format!("line {}: the script given to `{s}` {why}: what it sets is not read", script.line)),
+                    });
+                }
+                _ => {
+                    j += 1;
+                    continue;
+                }
+            }
+            j += 2;
+        }
+        None
+    }
+
+    /// Ends a command's own assignments, saying which of the judged
+    /// names did not reach the job.
+    fn end_command(&mut self, mark: usize, words: &[Word]) {
+        let launched = self.f.launch.as_ref().is_some_and(|l| words.first().is_some_and(|w| w.line == l.line));
+        if !launched && self.captured == 0 {
+            let cmd = words.first().map(|w| w.raw.clone()).unwrap_or_default();
+            let mut dropped: Vec<(usize, String)> = Vec::new();
+            for (n, _) in &self.undo[mark..] {
+                if let Some(v) = self.vars.get(n).filter(|_| judged(n)) {
+                    dropped.push((self.f.assignments[v.idx].line, n.clone()));
+                }
+            }
+            dropped.dedup();
+            for (line, n) in dropped {
+                self.note(format!("line {line}: {n} is set for `{cmd}` only, which is not the job's launch: the job does not see it"));
+            }
+        }
+        self.rollback(mark);
+    }
+
+    fn pair(&mut self, form: Form, word: Option<&Word>, scoped: &mut Vec<Scoped>) {
+        if let Some((name, value)) = word.and_then(|w| w.split_assignment(false)) {
+            scoped.push((name, Some(self.expand(&value)), value.line, form));
+        }
+    }
+
+    /// `srun --export=ALL,NAME=value,...`: the names it sets.
+    fn export_list(&mut self, word: &Word, prefix: Option<&str>, scoped: &mut Vec<Scoped>) {
+        let word = match prefix {
+            Some(p) => match strip_word_prefix(word, p) {
+                Some(w) => w,
+                None => return,
+            },
+            None => word.clone(),
+        };
+        match self.expand(&word) {
+            Value::Known(list) => {
+                for item in list.split(',') {
+                    if let Some((n, v)) = item.split_once('=').filter(|(n, _)| is_name(n)) {
+                        scoped.push((n.to_owned(), Some(Value::Known(v.to_owned())), word.line, Form::SrunExport));
+                    }
+                }
+            }
+            Value::Unknown { why, .. } => {
+                for item in word.raw.split(',') {
+                    if let Some((n, v)) = item.split_once('=').filter(|(n, _)| is_name(n)) {
+                        let text = v.to_owned();
+                        let v = if text.contains(['$', '`']) { Value::Unknown { text, why: why.clone() } } else { Value::Known(text) };
+                        scoped.push((n.to_owned(), Some(v), word.line, Form::SrunExport));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The job's environment: `(assignment index, reaches the job)` in
+    /// file order. A shell script's is what its launch saw (the end of the
+    /// file without one); another file's is its own entries, with what a
+    /// script inside it set before its launch over them.
+    pub fn finish(mut self, shell: bool) -> JobFile {
+        let script = self.f.script;
+        let launched = self.f.launch.is_some();
+        let mut env: HashMap<String, Var> = if shell && launched {
+            self.launch_env.clone()
+        } else {
+            self.vars.iter().filter(|(n, _)| tracked(n)).map(|(n, v)| (n.clone(), *v)).collect()
+        };
+        if !shell {
+            env.extend(self.launch_env.iter().filter(|(_, v)| v.depth > 0).map(|(n, v)| (n.clone(), *v)));
+        }
+        if let Some(at) = self.f.launch.as_ref().filter(|_| shell).map(|l| l.line) {
+            let mut after: Vec<(usize, String)> = Vec::new();
+            for (n, v) in &self.vars {
+                let a = &self.f.assignments[v.idx];
+                if judged(n) && a.line > at && env.get(n).map(|e| e.idx) != Some(v.idx) {
+                    after.push((a.line, n.clone()));
+                }
+            }
+            after.sort();
+            for (line, n) in after {
+                self.note(format!("line {line}: {n} is set after the launch on line {at}: the job does not see it"));
+            }
+        }
+        let reaches = |v: &Var| v.exported || (!script && self.f.assignments[v.idx].form != Form::DockerArg);
+        let mut out: Vec<(usize, bool)> = env.values().map(|v| (v.idx, reaches(v))).collect();
+        out.sort_unstable();
+        self.f.env = out;
+        self.f
+    }
+}
+
+/// `word` without its leading literal `prefix`.
+pub(super) fn strip_word_prefix(word: &Word, prefix: &str) -> Option<Word> {
+    let mut w = word.clone();
+    let Seg::Lit { text, .. } = w.segs.first_mut()? else { return None };
+    *text = text.strip_prefix(prefix)?.to_owned();
+    w.raw = w.raw.strip_prefix(prefix).unwrap_or(&w.raw).to_owned();
+    Some(w)
+}
