@@ -141,6 +141,9 @@ pub struct JobFile {
     pub seen: Vec<Seen>,
     /// The first line where nesting went deeper than the reading follows.
     pub too_deep: Option<usize>,
+    /// The line of the unconditional `exit` or `exec` after which nothing
+    /// runs.
+    pub stopped_at: Option<usize>,
     /// Names printed by `echo`/`printf`, with their lines: text, not
     /// settings.
     pub printed: Vec<(String, usize)>,
@@ -274,3 +277,6 @@ fn expand_segs(segs: &[Seg], f: &Lookup<'_>) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod scoping_tests;

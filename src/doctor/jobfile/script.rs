@@ -22,13 +22,19 @@ use std::collections::{HashMap, HashSet};
 use super::shell::{is_name, Lexer, Sep, Seg, Span, Tok, Word, MAX_NESTING};
 use super::{expand, judged, Form, JobFile, Launch, Value};
 
+/// [`Var::idx`] of a name declared (`export NAME`, `readonly NAME`)
+/// before any value: marked, not set.
+const DECLARED: usize = usize::MAX;
+
 /// A shell variable: its last assignment and how it is marked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Var {
-    /// Index into [`JobFile::assignments`].
+    /// Index into [`JobFile::assignments`], or [`DECLARED`].
     pub idx: usize,
     pub exported: bool,
-    pub readonly: bool,
+    /// Read-only in this process (the mark is not passed to a child
+    /// process; a subshell keeps it).
+    pub readonly: Option<usize>,
     /// The scope it was set in: 0 for the file's own level.
     pub depth: usize,
 }
@@ -57,6 +63,13 @@ pub(super) struct Reader {
     pub f: JobFile,
     vars: HashMap<String, Var>,
     undo: Vec<(String, Option<Var>)>,
+    /// The process reading now (a child shell is another), and how many
+    /// have been.
+    proc: usize,
+    procs: usize,
+    /// Assignments now are a program's (`env`, a launcher's flags), not
+    /// the shell's: read-only does not stop them.
+    external: bool,
     /// Scopes open (marks not yet rolled back).
     open: usize,
     /// Bytes of values built so far.
@@ -70,10 +83,10 @@ pub(super) struct Reader {
     stopped: bool,
     /// Inside `$( )`: what runs there is not the job.
     captured: usize,
+    /// The tracked names each function's body sets.
+    functions: HashMap<String, Vec<String>>,
     /// Functions whose body runs a launcher.
     launching: HashSet<String>,
-    /// Names `export`ed before they were set.
-    export_pending: HashSet<String>,
 }
 
 /// A block that may not run, or a scope.
@@ -82,7 +95,9 @@ enum Block {
     If,
     Case,
     Loop,
-    Function(String),
+    /// A function's body, with the undo mark of its definition: it sets
+    /// nothing where it is defined.
+    Function(String, usize),
     Group,
     /// `( ... )`: its undo mark.
     Subshell(usize),
@@ -102,7 +117,7 @@ impl Blocks {
         let entry = (
             b.why().or(why),
             subshells + usize::from(matches!(b, Block::Subshell(_))),
-            if matches!(b, Block::Function(_)) { Some(self.v.len()) } else { function },
+            if matches!(b, Block::Function(..)) { Some(self.v.len()) } else { function },
         );
         self.v.push((b, entry.0, entry.1, entry.2));
     }
@@ -127,7 +142,7 @@ impl Blocks {
     /// The function whose body this is.
     fn function(&self) -> Option<&str> {
         match &self.v[self.v.last()?.3?].0 {
-            Block::Function(name) => Some(name),
+            Block::Function(name, _) => Some(name),
             _ => None,
         }
     }
@@ -139,7 +154,7 @@ impl Block {
             Block::If => Some("inside an `if`, which runs only when its condition holds"),
             Block::Case => Some("inside a `case` branch"),
             Block::Loop => Some("inside a loop"),
-            Block::Function(_) => Some("inside a function, which sets it only when called"),
+            Block::Function(..) => Some("inside a function, which sets it only when called"),
             Block::Group | Block::Subshell(_) => None,
         }
     }
@@ -184,7 +199,7 @@ impl Reader {
     /// A value as the shell has it now: `(value, line)`, `None` when the
     /// file has not set the name.
     pub fn get(&self, name: &str) -> Option<(Option<Value>, usize)> {
-        let v = self.vars.get(name)?;
+        let v = self.vars.get(name).filter(|v| v.idx != DECLARED)?;
         let a = &self.f.assignments[v.idx];
         Some((a.value.clone(), a.line))
     }
@@ -269,19 +284,20 @@ impl Reader {
         let old = self.vars.get(&name).copied();
         self.f.set(name.clone(), value, line, form);
         let idx = self.f.assignments.len() - 1;
-        if let Some(o) = old.filter(|o| o.readonly) {
-            let since = self.f.assignments[o.idx].line;
+        if let Some(o) = old.filter(|o| o.readonly == Some(self.proc) && !self.external) {
             if judged(&name) {
-                self.note(format!("line {line}: {name} is read-only since line {since}: the shell refuses this assignment, the value stays"));
+                let since = self.f.assignments.get(o.idx).map_or_else(|| "before".to_owned(), |a| format!("since line {}", a.line));
+                self.note(format!("line {line}: {name} is read-only {since}: the shell refuses this assignment, the value stays"));
             }
             return;
         }
+        // `unset` takes the export mark away with the value.
         let exported = match form {
-            Form::Shell | Form::Spaced => self.allexport || old.is_some_and(|o| o.exported) || self.export_pending.contains(&name),
-            Form::DockerArg => false,
+            Form::Shell | Form::Spaced => self.allexport || old.is_some_and(|o| o.exported),
+            Form::DockerArg | Form::Unset => false,
             _ => true,
         };
-        self.put(&name, Some(Var { idx, exported, readonly: false, depth: self.depth }));
+        self.put(&name, Some(Var { idx, exported, readonly: None, depth: self.depth }));
     }
 
     pub fn unset(&mut self, name: String, line: usize, cond: Option<&str>) {
@@ -297,11 +313,15 @@ impl Reader {
     fn flag(&mut self, name: &str, export: bool, readonly: bool) {
         if let Some(mut v) = self.vars.get(name).copied() {
             v.exported |= export;
-            v.readonly |= readonly;
+            if readonly {
+                v.readonly = Some(self.proc);
+            }
             self.put(name, Some(v));
-        } else if export {
-            self.f.exported.push(name.to_owned());
-            self.export_pending.insert(name.to_owned());
+        } else {
+            if export {
+                self.f.exported.push(name.to_owned());
+            }
+            self.put(name, Some(Var { idx: DECLARED, exported: export, readonly: readonly.then_some(self.proc), depth: self.depth }));
         }
     }
 
@@ -333,8 +353,16 @@ impl Reader {
         let mark = self.mark();
         self.depth += 1;
         self.captured += usize::from(captured);
+        // `$( )` is a subshell of this process; a here-document's shell
+        // is a process of its own.
+        let proc = self.proc;
+        if !captured {
+            self.procs += 1;
+            self.proc = self.procs;
+        }
         let mut lx = body.lexer();
         self.run(&mut lx, outer);
+        self.proc = proc;
         self.captured -= usize::from(captured);
         self.depth -= 1;
         self.rollback(mark);
@@ -350,10 +378,30 @@ impl Reader {
         let mark = self.mark();
         self.depth += 1;
         self.captured += usize::from(captured);
+        let proc = self.proc;
+        self.procs += 1;
+        self.proc = self.procs;
         self.run(&mut lx, outer);
+        self.proc = proc;
         self.captured -= usize::from(captured);
         self.depth -= 1;
         self.rollback(mark);
+    }
+
+    /// The end of a function's body: what it set is undone (it runs only
+    /// when called) and remembered for its calls.
+    fn define(&mut self, name: String, mark: usize) {
+        let mut sets: Vec<String> = self.undo[mark.min(self.undo.len())..].iter().map(|(n, _)| n.clone()).filter(|n| tracked(n)).collect();
+        sets.sort();
+        sets.dedup();
+        self.rollback(mark);
+        self.functions.insert(name, sets);
+    }
+
+    /// Nothing after `line` runs.
+    fn stop(&mut self, line: usize) {
+        self.stopped = true;
+        self.f.stopped_at = Some(line);
     }
 
     /// Whether a child one level further in is past [`MAX_NESTING`]
@@ -458,18 +506,24 @@ impl Reader {
                 "while" | "until" => blocks.push(Block::Loop),
                 "then" | "do" | "else" | "elif" | "!" | "time" => {}
                 "fi" | "done" | "esac" | "}" => {
-                    blocks.pop();
+                    if let Some(Block::Function(name, mark)) = blocks.pop() {
+                        self.define(name, mark);
+                    }
                 }
-                "{" => blocks.push(match fn_pending.take() {
-                    Some(name) => Block::Function(name),
-                    None => Block::Group,
-                }),
+                "{" => {
+                    let b = match fn_pending.take() {
+                        Some(name) => Block::Function(name, self.mark()),
+                        None => Block::Group,
+                    };
+                    blocks.push(b);
+                }
                 "for" | "select" => return blocks.push(Block::Loop),
                 "case" => return blocks.push(Block::Case),
                 "function" => {
                     let name = words.get(i + 1).map(lit).unwrap_or_default();
                     if words.last().is_some_and(|w| lit(w) == "{") {
-                        blocks.push(Block::Function(name));
+                        let mark = self.mark();
+                        blocks.push(Block::Function(name, mark));
                     } else {
                         *fn_pending = Some(name);
                     }
@@ -517,21 +571,40 @@ impl Reader {
         match name.as_str() {
             "export" | "declare" | "typeset" | "readonly" | "local" => {
                 let opts: String = rest.iter().map(lit).filter(|w| w.starts_with('-')).collect();
-                let exports = name == "export" || opts.contains('x');
+                let plus: String = rest.iter().map(lit).filter(|w| w.starts_with('+')).collect();
+                if opts.contains('f') || opts.contains('p') {
+                    // Functions, or a listing: no variable changes.
+                    return;
+                }
+                // `export -n` and `declare +x` take the mark away.
+                let unexports = (name == "export" && opts.contains('n')) || plus.contains('x');
+                let exports = !unexports && (name == "export" || opts.contains('x'));
                 let readonly = name == "readonly" || opts.contains('r');
                 for w in rest {
-                    if let Some((n, value)) = w.split_assignment(false) {
-                        if exports {
-                            self.f.exported.push(n.clone());
-                            self.export_pending.insert(n.clone());
+                    let (n, value) = match w.split_assignment(false) {
+                        Some((n, value)) => (n, Some(value)),
+                        None if is_name(&lit(w)) => (lit(w), None),
+                        None => continue,
+                    };
+                    if exports {
+                        self.f.exported.push(n.clone());
+                    }
+                    if let Some(value) = value {
+                        // A read-only variable refuses the value, not the mark.
+                        if exports && self.vars.get(&n).is_some_and(|v| v.readonly == Some(self.proc)) {
+                            self.flag(&n, true, false);
                         }
                         let v = self.expand(&value);
                         self.assign(n.clone(), v, w.line, if exports { Form::Export } else { Form::Shell }, cond);
-                        if readonly {
-                            self.flag(&n, false, true);
+                    }
+                    if exports || readonly {
+                        self.flag(&n, exports, readonly);
+                    }
+                    if unexports {
+                        if let Some(mut v) = self.vars.get(&n).copied() {
+                            v.exported = false;
+                            self.put(&n, Some(v));
                         }
-                    } else if is_name(&lit(w)) && (exports || readonly) {
-                        self.flag(&lit(w), exports, readonly);
                     }
                 }
             }
@@ -559,7 +632,7 @@ impl Reader {
             _ => {
                 // `exit`.
                 if unconditional {
-                    self.stopped = true;
+                    self.stop(line);
                 }
             }
         }
@@ -636,13 +709,24 @@ impl Reader {
         let line = words[0].line;
         let name = base(&words[0]);
         let script = self.launcher_flags(words, &mut scoped);
+        if let Some(sets) = self.functions.get(&name).cloned() {
+            // What a called function sets stays in the shell; the reading
+            // does not follow the body again, so each is unsettled.
+            for n in sets {
+                let why = format!("set inside the function `{name}`, called on line {line}, which this reading does not follow into");
+                self.external = false;
+                self.assign(n, Value::Unknown { text: format!("(set by {name})"), why }, line, Form::Export, None);
+            }
+        }
         let mark = self.mark();
         for (n, v, l, form) in scoped {
+            self.external = form != Form::CommandPrefix;
             match v {
                 Some(v) => self.assign(n, v, l, form, cond),
                 None => self.unset(n, l, cond),
             }
         }
+        self.external = false;
         if self.launching.contains(&name) {
             self.launch(line, &format!("{name} (a function that runs the launcher)"), blocks, cond);
         } else if let Some(script) = script {
@@ -661,7 +745,7 @@ impl Reader {
         }
         self.end_command(mark, words);
         if stop_after {
-            self.stopped = true;
+            self.stop(line);
         }
     }
 
@@ -718,7 +802,7 @@ impl Reader {
             let cmd = words.first().map(|w| w.raw.clone()).unwrap_or_default();
             let mut dropped: Vec<(usize, String)> = Vec::new();
             for (n, _) in &self.undo[mark..] {
-                if let Some(v) = self.vars.get(n).filter(|_| judged(n)) {
+                if let Some(v) = self.vars.get(n).filter(|v| judged(n) && v.idx != DECLARED) {
                     dropped.push((self.f.assignments[v.idx].line, n.clone()));
                 }
             }
@@ -782,7 +866,7 @@ impl Reader {
         }
         if let Some(at) = self.f.launch.as_ref().filter(|_| shell).map(|l| l.line) {
             let mut after: Vec<(usize, String)> = Vec::new();
-            for (n, v) in &self.vars {
+            for (n, v) in self.vars.iter().filter(|(_, v)| v.idx != DECLARED) {
                 let a = &self.f.assignments[v.idx];
                 if judged(n) && a.line > at && env.get(n).map(|e| e.idx) != Some(v.idx) {
                     after.push((a.line, n.clone()));
@@ -794,7 +878,7 @@ impl Reader {
             }
         }
         let reaches = |v: &Var| v.exported || (!script && self.f.assignments[v.idx].form != Form::DockerArg);
-        let mut out: Vec<(usize, bool)> = env.values().map(|v| (v.idx, reaches(v))).collect();
+        let mut out: Vec<(usize, bool)> = env.values().filter(|v| v.idx != DECLARED).map(|v| (v.idx, reaches(v))).collect();
         out.sort_unstable();
         self.f.env = out;
         self.f

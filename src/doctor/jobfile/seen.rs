@@ -14,7 +14,8 @@
 //!   is either a reference (`$NAME`, `${NAME...}`, `$(NAME)`) or a name
 //!   the file assigns somewhere (`export NAME`, `-x NAME`).
 //!
-//! Comments (a `#` at the start of a word, outside quotes) are not read.
+//! Comments (a `#` at the start of a word, outside quotes) and what
+//! follows an unconditional `exit` or `exec` (it never runs) are not read.
 //! One pass over the text: linear.
 
 use std::collections::HashSet;
@@ -107,6 +108,10 @@ pub(super) fn unaccounted(text: &str, f: &JobFile) -> Vec<Seen> {
     let mut logical_start = 1;
     for (i, raw) in text.lines().enumerate() {
         let n = i + 1;
+        if f.stopped_at.is_some_and(|s| n > s) {
+            // Never runs.
+            break;
+        }
         let line = code(raw);
         let b = line.as_bytes();
         let mut at = 0;

@@ -277,7 +277,14 @@ impl Lexer {
                     return Some(Tok::Sep(Sep::Close));
                 }
                 '<' | '>' => self.redirection(),
-                _ => return Some(Tok::Word(self.word())),
+                _ => {
+                    let w = self.word();
+                    // `2>file`: the digits are the redirection's descriptor.
+                    let fd = w.raw.bytes().all(|b| b.is_ascii_digit()) && matches!(self.peek(), Some('<' | '>'));
+                    if !fd {
+                        return Some(Tok::Word(w));
+                    }
+                }
             }
         }
     }
