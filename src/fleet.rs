@@ -358,7 +358,14 @@ pub fn check(from: &Collection, job: Option<&str>, expect: Option<&Expect>) -> R
         let digest: [u8; 32] = <Sha256 as Digest>::digest(text.as_bytes()).into();
         let result = judged.entry(digest).or_insert_with(|| {
             let c = Capture::parse(&text, &p.place).map_err(|e| e.to_string())?;
-            judge_capture(c, &Options::default()).map(|r| Arc::new(facts.node(&r)))
+            let r = judge_capture(c, &Options::default())?;
+            // A capture that does not show what the verdict needs (its
+            // sysfs, the plugin's library) cannot be judged, only refused.
+            let unseen: Vec<String> = r.verdict.open.iter().filter(|u| u.variable().is_none()).map(ToString::to_string).collect();
+            if !unseen.is_empty() {
+                return Err(format!("the capture does not show what the verdict rests on: {}", unseen.join("; ")));
+            }
+            Ok(Arc::new(facts.node(&r)))
         });
         match result {
             Ok(r) => reports.push((p.node, Arc::clone(r))),

@@ -276,10 +276,13 @@ def doctor(
     docs/doctor-json.md): ``report["verdict"]["available"]`` says whether
     NCCL will use GPUDirect RDMA here, ``report["verdict"]["line"]`` says it
     in a sentence, ``report["findings"]`` holds every check.
-    ``report["verdict"]["unsettled"]`` lists the deciding variables a job
-    file leaves to the running job (``${NCCL_IB_HCA:-...}``, ``$(cmd)``, a
-    Kubernetes ``valueFrom``): then ``available`` is false and the line says
-    "cannot tell".
+    ``report["verdict"]["open"]`` lists what "available" would rest on that
+    was not read or seen: deciding variables a job file leaves to the
+    running job (``${NCCL_IB_HCA:-...}``, ``$(cmd)``, a Kubernetes
+    ``valueFrom``) or names in a form not read, and machine facts not
+    recorded (a PCIe path, a network plugin's library); then ``available``
+    is false and the line says "cannot tell". ``report["verdict"]
+    ["unsettled"]`` names those variables.
 
     The job's environment is this process's ``NCCL_*``/``UCX_*`` variables,
     or those of ``env_file`` (a job script, Dockerfile, Compose or

@@ -139,6 +139,7 @@ pub mod input;
 pub mod iommu;
 pub mod jobenv;
 pub mod jobfile;
+pub mod open;
 pub mod pci;
 pub mod plan;
 pub mod pod;

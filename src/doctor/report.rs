@@ -7,6 +7,7 @@ use gpudirect::RegistrationPath;
 
 use gpudirect::topology::{self, PathLevel};
 
+use super::open::Unseen;
 use super::pci;
 use super::probes::Probes;
 use super::stack::PathsLeft;
@@ -53,17 +54,20 @@ pub struct Verdict {
     /// The PCIe relation of the best pair (`PIX`, `PXB`, `PHB`, `NODE`, `SYS`).
     pub topology: Option<String>,
     /// Variables that decide NCCL's use of GPUDirect RDMA but that the job
-    /// file leaves to the running job: when not empty, the machine allows
-    /// it and what the file settles lets NCCL use it, but the verdict is
-    /// open (`available` is false, the exit status 3).
+    /// file leaves to the running job (or names in a form not read): the
+    /// names of `open`'s variables.
     pub unsettled: Vec<String>,
+    /// What "available" would rest on that was not read or seen: when not
+    /// empty, the machine and what was read allow it, but the verdict is
+    /// open (`available` is false, the exit status 3).
+    pub open: Vec<super::open::Unseen>,
 }
 
 impl Report {
     /// The doctor's exit status: 0 available, 1 not, 3 left open by
     /// variables only the running job settles.
     pub fn exit_status(&self) -> u8 {
-        match (self.verdict.available, self.verdict.unsettled.is_empty()) {
+        match (self.verdict.available, self.verdict.open.is_empty()) {
             (true, _) => 0,
             (false, false) => 3,
             (false, true) => 1,
@@ -163,7 +167,11 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
         c.blocked = findings.iter().filter(|f| f.blocks.as_ref().is_some_and(|b| b.blocks(&c.nic, &c.bridges))).map(|f| f.summary.clone()).collect();
     }
     findings.extend(nic_per_gpu(&candidates, &m.job.vars, &site));
-    let verdict = decide(&candidates, &rdma, &gpus, &m.job.vars, &site, &env::unsettled_deciding(&m.job));
+    let unread: Vec<Unseen> = env::unsettled_deciding(&m.job)
+        .into_iter()
+        .map(|u| Unseen::Variable { name: u.name.clone(), origin: u.origin.clone(), text: u.text.clone(), why: u.why.clone() })
+        .collect();
+    let verdict = decide(&candidates, &rdma, &gpus, &m.job.vars, &site, unread);
     let start = candidates.iter().find(|c| verdict.gpu.as_deref() == Some(c.gpu.label.as_str()) && verdict.nic.as_deref() == Some(c.nic.as_str()));
     let start = start.map(|c| super::plan::Start { ordinal: c.gpu.ordinal, bdf: c.gpu.pci_bus_id.as_deref(), nic: &c.nic });
     let ordinal_of = |e: &super::bandwidth::Estimate| {
@@ -228,7 +236,7 @@ fn decide(
     gpus: &Result<Vec<GpuFacts>, String>,
     vars: &[(String, String)],
     site: &env::Site,
-    unsettled: &[&super::jobenv::Unsettled],
+    mut open: Vec<Unseen>,
 ) -> Verdict {
     let not = |why: String| Verdict {
         available: false,
@@ -240,6 +248,7 @@ fn decide(
         nic: None,
         topology: None,
         unsettled: Vec::new(),
+        open: Vec::new(),
     };
     match (rdma, gpus) {
         (Err(e), _) => return not(format!("no RDMA device can be used ({e})")),
@@ -261,21 +270,38 @@ fn decide(
     // The best pair NCCL will use in this environment.
     if let Some(c) = usable().filter(|c| stops(c).is_none()).min_by_key(rank) {
         let (path, level) = pair_of(c);
-        // What the job file settles lets NCCL use it; what it leaves to the
-        // running job may not, and then the verdict stays open.
-        let allows = if unsettled.is_empty() { "available" } else { "cannot tell: the hardware and the settled variables allow it" };
+        // "Available" rests on the pair's PCIe path (the distance rule
+        // reads it) and, for a plugin's network, on its library having
+        // been looked for: unseen, the verdict stays open.
+        if c.level.is_none() {
+            open.push(Unseen::Fact {
+                what: format!(
+                    "the PCIe path between {} and {} (the PCI devices of this machine's sysfs do not show where they sit, so NCCL's distance rule cannot be applied)",
+                    c.gpu.label, c.nic
+                ),
+            });
+        }
+        if let Some(net) = env::var(vars, "NCCL_NET").filter(|n| env::plugin_network(n) && site.net_libs.is_none()) {
+            open.push(Unseen::Fact {
+                what: format!("whether the network plugin for NCCL_NET={net:?} is installed (its library directories were not looked in: capture again with this version)"),
+            });
+        }
+        // What was read lets NCCL use it; what was not may not, and then
+        // the verdict stays open.
+        let allows = if open.is_empty() { "available" } else { "cannot tell: the hardware and what was read allow it" };
         let mut line = format!("GPUDirect RDMA: {allows} via {path} for {} <-> {} ({level})", c.gpu.label, c.nic);
         if let Some(nearest) = usable().min_by_key(rank).filter(|n| n.nic != c.nic || n.gpu.ordinal != c.gpu.ordinal) {
             if let Some(why) = stops(nearest) {
                 line.push_str(&format!("; not on the nearer {} <-> {}: {why}", nearest.gpu.label, nearest.nic));
             }
         }
-        let names: Vec<String> = unsettled.iter().map(|u| u.name.clone()).collect();
-        if let Some(first) = unsettled.first() {
-            line.push_str(&format!(", but the job file leaves {} to the running job ({}: `{}`, {})", names.join(", "), first.origin, first.text, first.why));
+        let names: Vec<String> = open.iter().filter_map(Unseen::variable).map(str::to_owned).collect();
+        if !open.is_empty() {
+            let shown: Vec<String> = open.iter().map(ToString::to_string).collect();
+            line.push_str(&format!(", but not read or not seen: {}", shown.join("; ")));
         }
         return Verdict {
-            available: unsettled.is_empty(),
+            available: open.is_empty(),
             hardware_allows: true,
             environment: None,
             line,
@@ -284,6 +310,7 @@ fn decide(
             nic: Some(c.nic.clone()),
             topology: c.level.map(|l| l.to_string()),
             unsettled: names,
+            open,
         };
     }
     // The machine allows it, the environment stops NCCL from using it.
@@ -303,6 +330,7 @@ fn decide(
             nic: Some(c.nic.clone()),
             topology: c.level.map(|l| l.to_string()),
             unsettled: Vec::new(),
+            open: Vec::new(),
         };
     }
     // Not available: name the first reason of the closest pair.
@@ -324,6 +352,7 @@ fn decide(
         nic: Some(c.nic.clone()),
         topology: c.level.map(|l| l.to_string()),
         unsettled: Vec::new(),
+        open: Vec::new(),
     }
 }
 
@@ -622,7 +651,7 @@ mod tests {
             .collect();
         machines.sort();
         assert!(machines.len() >= 8, "{machines:?}");
-        let (mut checked, mut available, mut blocked, mut by_default) = (0, 0, 0, 0);
+        let (mut checked, mut available, mut blocked, mut by_default, mut unseen) = (0, 0, 0, 0, 0);
         for name in &machines {
             let m = machine(name);
             let topo = topology::discover(&m.root);
@@ -674,6 +703,14 @@ mod tests {
                                 let first = decision.causes[0].checked(&facts);
                                 assert!(r.verdict.line.ends_with(&first), "{what}\nexpected the first cause: {first}");
                             }
+                            // The machine's sysfs does not show the pair:
+                            // never "available", open naming the path.
+                            Some(path) if r.verdict.topology.is_none() && r.verdict.hardware_allows && r.verdict.environment.is_none() => {
+                                unseen += 1;
+                                assert!(!r.verdict.available && r.exit_status() == 3, "{what}");
+                                assert_eq!(r.verdict.path.as_deref(), Some(path.to_string().as_str()), "{what}");
+                                assert!(r.verdict.open.iter().any(|u| u.to_string().starts_with("the PCIe path between")), "{what}");
+                            }
                             Some(path) if r.verdict.available => {
                                 available += 1;
                                 assert_eq!(r.verdict.path.as_deref(), Some(path.to_string().as_str()), "{what}");
@@ -700,7 +737,7 @@ mod tests {
                 }
             }
         }
-        assert!(available > 0 && blocked > 0 && by_default > 0, "{available} available, {blocked} blocked, {by_default} staged by NCCL's default of {checked}");
+        assert!(available > 0 && blocked > 0 && by_default > 0 && unseen > 0, "{available} available, {blocked} blocked, {by_default} staged by NCCL's default, {unseen} open of {checked}");
         println!(
             "{checked} verdicts of {} machines x 64 probe answers: {available} available, {by_default} staged by NCCL's default distance, {blocked} blocked by the path, the rest as the registration would fail",
             machines.len()

@@ -31,7 +31,7 @@ mod site;
 mod tuning;
 mod ucx;
 
-pub use rules::{dmabuf_disabled, nccl_stops, registration_path, transport_off, Stop, DECIDING};
+pub use rules::{dmabuf_disabled, nccl_stops, plugin_network, registration_path, transport_off, Stop, DECIDING};
 pub use site::{find_net_libs, plugin_names, LibSearch, Site};
 
 use nccl::{
@@ -187,7 +187,10 @@ pub fn check(job: &JobEnv, site: &Site) -> Vec<Finding> {
         sources.push(f);
     }
     let unsettled: Vec<Finding> = job.unsettled.iter().filter(|u| super::jobenv::judged(&u.name)).map(unsettled_finding).collect();
-    if set.is_empty() && unsettled.is_empty() {
+    if let Some(f) = seen_finding(job) {
+        sources.push(f);
+    }
+    if set.is_empty() && unsettled.is_empty() && job.seen.is_empty() {
         return sources.into_iter().chain([Finding::new(
             "env.defaults",
             Status::Ok,
@@ -268,6 +271,30 @@ pub fn check(job: &JobEnv, site: &Site) -> Vec<Finding> {
 /// whether NCCL uses GPUDirect RDMA.
 pub fn unsettled_deciding(job: &JobEnv) -> Vec<&super::jobenv::Unsettled> {
     job.unsettled.iter().filter(|u| DECIDING.contains(&u.name.as_str())).collect()
+}
+
+/// The names a job file names that its reading did not take (*seen, not
+/// read*): a deciding one among them leaves the verdict open.
+fn seen_finding(job: &JobEnv) -> Option<Finding> {
+    let first = job.seen.first()?;
+    let deciding: Vec<&str> = job.seen.iter().map(|s| s.name.as_str()).filter(|n| DECIDING.contains(n)).collect();
+    let mut f = Finding::new(
+        "env.seen_not_read",
+        Status::Skipped,
+        format!(
+            "{} NCCL_*/UCX_* name(s) the job file names in a form this reading does not take into a value (first: {} on line {}){}",
+            job.seen.len(),
+            first.name,
+            first.line,
+            if deciding.is_empty() { String::new() } else { format!("; deciding ones leave the verdict open: {}", deciding.join(", ")) }
+        ),
+    )
+    .fix(format!("write each as `export NAME=value` before the job's launch, or {SETTLE}"));
+    for s in &job.seen {
+        // Quoted: the line is the file's, not the report's.
+        f = f.evidence(format!("line {}: {} in {:?}", s.line, s.name, s.text));
+    }
+    Some(f)
 }
 
 /// What would settle a value the job file cannot.

@@ -105,7 +105,7 @@ fn ib_off(vars: &Vars) -> Option<Stop> {
 
 /// Whether `NCCL_NET=value` names a network only a plugin provides (not
 /// sockets, not NCCL's built-in IB).
-pub(super) fn plugin_network(value: &str) -> bool {
+pub fn plugin_network(value: &str) -> bool {
     !is_tcp_network(value) && !value.trim().eq_ignore_ascii_case("ib")
 }
 
