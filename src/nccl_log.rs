@@ -33,7 +33,11 @@
 //!    plugin loaded.
 //!    A log of one node (every `nNodes` 1, or one rank) had no inter-node
 //!    traffic: its headline says what traffic between nodes *would* do,
-//!    and when it cannot tell, it says no one-node run can show it.
+//!    and when it cannot tell, it says no one-node run can show it. A log
+//!    that does not show the run spanned nodes (no `nNodes` above 1) says
+//!    what *would* happen too, never that inter-node traffic went through
+//!    host memory. A start-up listing of networks is not a connection:
+//!    `NET/Socket` listed beside an RDMA network is not a socket run.
 //! 0. Before all of these: the lines of gpudirect's own NCCL plugin
 //!    (`NET/GPUDirect : GPU2 -> mlx5_3:1: GPUDirect RDMA via dma-buf`, `...
 //!    staged through host memory: CAUSE. Fix: FIX`, `refusing to stage
@@ -548,6 +552,8 @@ const HEAD_NOT_USED: &str =
     "GPUDirect RDMA was NOT used: inter-node traffic went through host memory, crossing PCIe twice: expect about half the multi-node bandwidth";
 /// A one-node log whose setup rules GPUDirect RDMA out.
 const HEAD_NOT_USED_ONE_NODE: &str = "GPUDirect RDMA would NOT be used between nodes: this run was on one node, so no traffic crossed the network";
+/// A log without connection lines that does not show the run spanned nodes.
+const HEAD_NOT_USED_UNSPANNED: &str = "GPUDirect RDMA would NOT be used between nodes: this log does not show whether the run spanned nodes (no communicator with nNodes above 1)";
 const HEAD_WOULD_STAGE: &str = "with this setup inter-node traffic would go through host memory, crossing PCIe twice, at about half the multi-node bandwidth";
 /// The cost of a partial use, appended to its headline.
 const PARTIAL_COST: &str = "the ranks without it move about half as much, and each collective waits for them";

@@ -409,6 +409,22 @@ impl Scan {
                 .any(|c| !c.net.as_deref().is_some_and(is_tcp_network))
     }
 
+    /// Whether the log shows NCCL's network was TCP sockets: a socket
+    /// connection or GDR line, or start-up lines that name sockets and no
+    /// RDMA network (NCCL 2.4 lists both `NET/IB` and `NET/Socket` at
+    /// start-up: a listing is not a connection).
+    pub(super) fn socket_transport(&self) -> bool {
+        ((!self.socket_evidence().is_empty() || !self.socket_devices().is_empty()) && !self.rdma_network_named())
+            || self.net_conns().any(|c| c.net.as_deref().is_some_and(is_tcp_network))
+            || self.support.iter().any(|s| s.net.as_deref().is_some_and(is_tcp_network))
+    }
+
+    /// Whether the run is shown to have spanned nodes: the line of a
+    /// communicator with `nNodes` above 1.
+    pub(super) fn spans_nodes(&self) -> Option<String> {
+        self.n_nodes.iter().find(|(n, _)| *n > 1).map(|(n, l)| format!("{}: nNodes {n}", quote(l)))
+    }
+
     /// The line showing this log is of one node: every communicator's
     /// `nNodes` is 1, or (with none printed) the largest rank count is 1.
     pub(super) fn single_node(&self) -> Option<String> {

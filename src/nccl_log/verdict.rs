@@ -7,7 +7,7 @@ use gpudirect::nccl::is_tcp_network;
 
 use super::{
     describe_support, quote, CompletionError, Connection, Direction, GdrSupport, Scan,
-    Verdict, HEAD_NOT_USED, HEAD_NOT_USED_ONE_NODE, HEAD_PARTIAL, HEAD_WOULD_STAGE, HEAD_UNKNOWN, HEAD_USED, PARTIAL_COST, SETTLE_SUBSYS,
+    Verdict, HEAD_NOT_USED, HEAD_NOT_USED_ONE_NODE, HEAD_NOT_USED_UNSPANNED, HEAD_PARTIAL, HEAD_WOULD_STAGE, HEAD_UNKNOWN, HEAD_USED, PARTIAL_COST, SETTLE_SUBSYS,
 };
 
 /// The verdict and what it rests on, before causes are added.
@@ -31,9 +31,12 @@ pub(super) fn decide(scan: &Scan) -> Decision {
     let mut evidence = Vec::new();
     // One node: nothing crossed a network; the log says what inter-node
     // traffic would do, not what it did.
-    let headline = match scan.single_node() {
-        Some(why) => format!("{HEAD_NOT_USED_ONE_NODE} ({why}): {HEAD_WOULD_STAGE}"),
-        None => HEAD_NOT_USED.to_string(),
+    // Without connection lines, "went through host memory" needs the run
+    // to have spanned nodes; a log that does not show it says what would.
+    let headline = match (scan.single_node(), scan.spans_nodes()) {
+        (Some(why), _) => format!("{HEAD_NOT_USED_ONE_NODE} ({why}): {HEAD_WOULD_STAGE}"),
+        (None, Some(_)) => HEAD_NOT_USED.to_string(),
+        (None, None) => format!("{HEAD_NOT_USED_UNSPANNED}: {HEAD_WOULD_STAGE}"),
     };
     let not_used = |evidence: Vec<String>| Decision {
         verdict: Verdict::NotUsed,
@@ -413,15 +416,7 @@ pub(super) fn causes(scan: &Scan, d: &Decision) -> Vec<String> {
     if d.verdict == Verdict::Used {
         return out.0;
     }
-    let socket_run = !scan.socket_evidence().is_empty()
-        || !scan.socket_devices().is_empty()
-        || scan
-            .net_conns()
-            .any(|c| c.net.as_deref().is_some_and(is_tcp_network))
-        || scan
-            .support
-            .iter()
-            .any(|s| s.net.as_deref().is_some_and(is_tcp_network));
+    let socket_run = scan.socket_transport();
     if let Some(e) = scan.env("NCCL_IB_DISABLE").filter(|e| gpudirect::nccl::ib_disabled(&e.value)) {
         out.add(format!(
             "NCCL_IB_DISABLE={} is set (line {}): NCCL skips InfiniBand/RoCE and falls back to \
@@ -460,7 +455,11 @@ pub(super) fn causes(scan: &Scan, d: &Decision) -> Vec<String> {
                  RDMA NICs (InfiniBand, RoCE, EFA) and the NCCL net plugin that drives them"
             ));
         }
-        let used = if scan.single_node().is_some() { "would use TCP sockets between nodes (this run had one node)" } else { "used TCP sockets between nodes" };
+        let used = match (scan.single_node(), scan.spans_nodes()) {
+            (Some(_), _) => "would use TCP sockets between nodes (this run had one node)",
+            (None, Some(_)) => "used TCP sockets between nodes",
+            (None, None) => "would use TCP sockets between nodes (this log does not show whether the run spanned nodes)",
+        };
         out.add(format!(
             "NCCL {used}: check that every node has an RDMA NIC with a link up (`ibv_devinfo`), \
              that NCCL can see it (NCCL_IB_HCA, container devices) and that no setting disables it"

@@ -64,8 +64,11 @@ fn check_no_panic(text: &str) {
         Verdict::NotUsed => HEAD_NOT_USED,
         Verdict::Unknown => HEAD_UNKNOWN,
     };
+    // A "not used" log that does not show traffic between nodes says
+    // what would happen there.
+    let would = r.verdict == Verdict::NotUsed && r.headline.starts_with("GPUDirect RDMA would NOT be used between nodes: ");
     assert!(
-        r.headline.starts_with(expected_start),
+        would || r.headline.starts_with(expected_start),
         "{:?} / {}",
         r.verdict,
         r.headline

@@ -170,6 +170,33 @@ fn a_single_node_log_says_what_would_happen_between_nodes() {
     assert!(explain(&multi).headline.starts_with("GPUDirect RDMA was NOT used: inter-node traffic went through host memory"));
 }
 
+/// A log that does not show whether the run spanned nodes (no `nNodes`
+/// line, more than one rank) says what would happen between nodes, never
+/// that traffic between them went through host memory.
+#[test]
+fn a_log_that_does_not_show_nodes_says_what_would_happen() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/nccl-logs/h200-vm-1rank-no-rdma-socket-2.28.9.txt")).unwrap();
+    let body = text.split_once("\n---\n").unwrap().1;
+    let unspanned: String = body.lines().filter(|l| !l.contains("nNodes")).map(|l| format!("{}\n", l.replace("nranks 1", "nranks 2").replace("nRanks 1", "nRanks 2"))).collect();
+    let r = explain(&unspanned);
+    assert_eq!(r.verdict, Verdict::NotUsed, "{r:#?}");
+    assert!(r.headline.starts_with("GPUDirect RDMA would NOT be used between nodes: this log does not show whether the run spanned nodes"), "{}", r.headline);
+    assert!(!r.headline.contains("went through"), "{}", r.headline);
+    assert!(r.causes.iter().any(|c| c.contains("would use TCP sockets between nodes (this log does not show")), "{:#?}", r.causes);
+}
+
+/// NCCL 2.4 lists both its IB and its socket network at start-up: a
+/// listing is not a connection, and sockets are not the cause.
+#[test]
+fn a_start_up_listing_of_both_networks_is_not_a_socket_run() {
+    let log = "node1:10:10 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n\
+               node1:10:10 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.0.0.1<0>\n\
+               node1:10:10 [0] NCCL INFO NCCL_NET_GDR_LEVEL set by environment to LOC\n";
+    let r = explain(log);
+    assert!(!r.causes.iter().any(|c| c.contains("TCP sockets")), "{:#?}", r.causes);
+    assert!(!r.evidence.iter().any(|e| e.contains("TCP socket transport")), "{:#?}", r.evidence);
+}
+
 /// A one-node log with only intra-node connections is not told to rerun
 /// with NET debug output: no run on one node can show it.
 #[test]
