@@ -278,7 +278,7 @@ pub fn check(
         Finding::new("pod.fabric", Status::Ok, format!("host networking: the pod has the node's NICs ({fabric}): full rate, and no isolation between pods"))
     } else if !vfs.is_empty() || !ib_vfs.is_empty() {
         let all = [vfs.clone(), ib_vfs.join(", ")].into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join(", ");
-        Finding::new("pod.fabric", Status::Ok, format!("SR-IOV virtual function ({all}): line rate through the NIC's embedded switch, one function per pod, GPUDirect RDMA as on the node"))
+        Finding::new("pod.fabric", Status::Ok, format!("SR-IOV virtual function ({all}): line rate through the NIC's embedded switch, one function per pod; whether GPUDirect RDMA is used through it is the verdict's"))
     } else if !vfs_down.is_empty() {
         Finding::new("pod.fabric", Status::Fail, format!("SR-IOV virtual function(s) {} whose RDMA port is not active: nothing reaches the fabric through them, so NCCL uses TCP sockets", vfs_down.join(", ")))
             .fix("check the VF's link on the node (`ip link show` on the PF: the VF's link-state, VLAN and trust) and the switch port; `ibv_devinfo` in the pod must show PORT_ACTIVE")
@@ -477,6 +477,8 @@ mod tests {
         let fabric = find(&f, "pod.fabric");
         assert_eq!(fabric.status, Status::Ok);
         assert!(fabric.summary.starts_with("SR-IOV virtual function (net1)"), "{}", fabric.summary);
+        // The way into the fabric is not a verdict on GPUDirect RDMA.
+        assert!(fabric.summary.ends_with("whether GPUDirect RDMA is used through it is the verdict's"), "{}", fabric.summary);
         assert!(fabric.evidence.iter().any(|e| e == "net1: an SR-IOV VF of 0000:3b:00.0: PCI function 0000:3b:02.1, a virtual function of 0000:3b:00.0"), "{:?}", fabric.evidence);
         let hca = find(&f, "pod.nccl_ib_hca");
         assert_eq!(hca.status, Status::Fail);
