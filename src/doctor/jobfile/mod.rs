@@ -280,3 +280,6 @@ mod tests;
 
 #[cfg(test)]
 mod scoping_tests;
+
+#[cfg(test)]
+mod attack_tests;
