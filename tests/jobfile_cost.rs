@@ -58,6 +58,8 @@ fn adversarial(size: usize) -> Vec<(&'static str, String)> {
         ("nested bash here-documents", format!("#!/bin/bash\n{}python x.py\n", nested("bash <<E\n", "export NCCL_IB_DISABLE=1\n", "E\n", size))),
         ("nested if blocks", format!("#!/bin/bash\n{}\npython x.py\n", nested("if true; then ", "export NCCL_IB_DISABLE=1;", " fi;", size))),
         ("a line of A=$B;", format!("#!/bin/bash\n{}\npython x.py\n", repeated("A=$B;B=$A;", size))),
+        ("distinct names", format!("#!/bin/bash\n{}\npython x.py\n", (0..size / 12).map(|i| format!("V{i:06}=$B;")).collect::<String>())),
+        ("distinct NCCL_ names", format!("#!/bin/bash\n{}\npython x.py\n", (0..size / 20).map(|i| format!("export NCCL_{i:06}=1;")).collect::<String>())),
         ("a line of NCCL_ assignments", format!("#!/bin/bash\n{}\npython x.py\n", repeated("export NCCL_X=$NCCL_Y;", size))),
         ("a line of launches and changes", format!("#!/bin/bash\n{}\n", repeated("export NCCL_A$RANDOM=1;python x.py;", size))),
         ("lines of expansions", repeated("export NCCL_IB_HCA=${NCCL_IB_HCA:-${X:-mlx5_0}}\n", size)),

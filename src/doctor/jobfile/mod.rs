@@ -124,8 +124,9 @@ pub struct Launch {
 /// What a job file sets.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct JobFile {
-    /// Every assignment, of every name, in the order the file makes them,
-    /// whether or not it reaches the job.
+    /// Every assignment of the judged names (and `LD_LIBRARY_PATH`), in
+    /// the order the file makes them, whether or not it reaches the job;
+    /// of other names, kept only to expand later values, the last.
     pub assignments: Vec<Assignment>,
     /// The job's environment as the file leaves it: `(index into
     /// assignments, whether the launched job sees it)`, in file order,

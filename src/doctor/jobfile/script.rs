@@ -282,8 +282,20 @@ impl Reader {
             other => other,
         };
         let old = self.vars.get(&name).copied();
-        self.f.set(name.clone(), value, line, form);
-        let idx = self.f.assignments.len() - 1;
+        // Another name's history is not kept (it only expands later
+        // values): with nothing to undo, its slot is reused, so a file of
+        // many assignments holds one per name.
+        let reuse = old.filter(|o| !tracked(&name) && self.open == 0 && o.idx != DECLARED && o.readonly != Some(self.proc));
+        let idx = match reuse {
+            Some(o) => {
+                self.f.assignments[o.idx] = super::Assignment { name: name.clone(), value, line, form };
+                o.idx
+            }
+            None => {
+                self.f.set(name.clone(), value, line, form);
+                self.f.assignments.len() - 1
+            }
+        };
         if let Some(o) = old.filter(|o| o.readonly == Some(self.proc) && !self.external) {
             if judged(&name) {
                 let since = self.f.assignments.get(o.idx).map_or_else(|| "before".to_owned(), |a| format!("since line {}", a.line));
