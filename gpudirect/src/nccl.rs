@@ -17,6 +17,10 @@
 //!   digit, a legacy number read by `strtol` and mapped through
 //!   `levelsOldToNew`; anything else is ignored. NCCL logs the raw string.
 //!   See [`gdr_level`].
+//! - The rules that stop GPUDirect RDMA on a pair (`NCCL_NET`,
+//!   `NCCL_IB_DISABLE`, a missing plugin, `NCCL_IB_HCA`, the distance
+//!   limit, `NCCL_DMABUF_ENABLE`, `NCCL_NET_GDR_READ`) are one table,
+//!   [`stops`], each typed ([`Stop`]) and worded once.
 //! - `NCCL_NET` names a network, compared case-insensitively
 //!   (`strcasecmp`) with the names of the built-in transports (`IB`,
 //!   `Socket`) and of loaded plugins. See [`is_tcp_network`].
@@ -24,7 +28,9 @@
 use std::fmt;
 
 mod lines;
+mod rules;
 pub use lines::{PluginLine, PluginPath, PLUGIN_PREFIX};
+pub use rules::{dmabuf_disabled, plugin_network, registration_stops, stops, transport_off, var, Pair, Stop, DECIDING};
 
 
 /// How an integer parameter's value is read.

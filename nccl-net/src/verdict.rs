@@ -18,9 +18,9 @@
 use std::ffi::c_int;
 
 use gpudirect::gdr::{plan, GdrFacts, Plan};
-use gpudirect::nccl::{param_int, Int, PluginLine, PluginPath};
+use gpudirect::nccl::{registration_stops, PluginLine, PluginPath};
 use gpudirect::sysroot::SysRoot;
-use gpudirect::topology::{gdr_limit, nccl_path_type, pairs, PathLevel, PciTopology};
+use gpudirect::topology::{pairs, PathLevel, PciTopology};
 use gpudirect::RegistrationPath;
 
 use crate::abi;
@@ -146,22 +146,12 @@ fn staged_cause(side: Side, pair: &PairJudgement, nic: &str, env: &[(String, Str
             fixes.join("; "),
         );
     }
-    let limit = gdr_limit(env);
-    if let Some(level) = pair.nccl_level.filter(|l| !limit.allows(*l)) {
-        return (
-            format!("{gpu} is {level} from {nic}, beyond {}: NCCL does not use GPUDirect RDMA that far", limit.describe()),
-            format!(
-                "set NCCL_NET_GDR_LEVEL={} if this path is fast enough, or list a NIC nearer {gpu} in NCCL_IB_HCA",
-                nccl_path_type(level).name()
-            ),
-        );
-    }
-    let read = env.iter().rev().find(|(k, _)| k == "NCCL_NET_GDR_READ").map(|(_, v)| param_int(v));
-    if side == Side::Send && matches!(read.and_then(Int::used), Some(0)) {
-        return (
-            "NCCL_NET_GDR_READ=0 in the job's environment: NCCL sends from host memory".into(),
-            "unset NCCL_NET_GDR_READ (or set it to 1)".into(),
-        );
+    // The library's table, as the doctor and nccl-log judge by it: only
+    // its registration rules, since NCCL already chose this network and
+    // NIC for the connection.
+    let p = gpudirect::nccl::Pair { nic: Some(nic), level: pair.nccl_level, shown: None, dma_buf_only: false, plugin_missing: None, sends: side == Side::Send };
+    if let Some(stop) = registration_stops(env, &p) {
+        return (format!("{gpu} <-> {nic}: {}", stop.cause()), stop.fix());
     }
     let paths: Vec<String> = pair.plan.try_paths.iter().map(ToString::to_string).collect();
     let read_note = if side == Side::Send {

@@ -56,7 +56,10 @@ fn a_far_nic_is_offered_gpu_memory_but_its_staged_connection_is_refused_under_re
     assert_eq!(ptr_support(std::slice::from_ref(&p)), abi::PTR_HOST | abi::PTR_CUDA | abi::PTR_DMABUF);
     let path = judge(Side::Recv, HOST_ONLY, Some(&p), "mlx5_0", &[]);
     let ConnPath::Staged { cause, fix } = &path else { panic!("{path:?}") };
-    assert!(cause.starts_with("GPU0 (NVIDIA A100, 0000:3b:00.0) is SYS from mlx5_0, beyond NCCL's default limit PXB"), "{cause}");
+    // The library's rule, worded as the doctor words it.
+    let stop = gpudirect::nccl::Stop::DefaultBelowPath { level: "SYS".into(), value: "SYS".into() };
+    assert_eq!(cause, &format!("GPU0 (NVIDIA A100, 0000:3b:00.0) <-> mlx5_0: {}", stop.cause()));
+    assert_eq!(fix, &stop.fix());
     assert!(fix.starts_with("set NCCL_NET_GDR_LEVEL=SYS"), "{fix}");
 
     let (line, action) = decide(GdrPolicy::Require, Side::Recv, &path, Some(0), "mlx5_0");
@@ -101,7 +104,7 @@ fn nccl_net_gdr_read_0_is_named_for_sends_only() {
     let p = pair("dgx-pix", "mlx5_0", |_| {});
     let vars = env(&[("NCCL_NET_GDR_READ", "0")]);
     let ConnPath::Staged { cause, fix } = judge(Side::Send, HOST_ONLY, Some(&p), "mlx5_0", &vars) else { panic!() };
-    assert!(cause.starts_with("NCCL_NET_GDR_READ=0") && fix.starts_with("unset NCCL_NET_GDR_READ"), "{cause} / {fix}");
+    assert!(cause.starts_with("GPU0 (NVIDIA A100, 0000:18:00.0) <-> mlx5_0: NCCL_NET_GDR_READ=0") && fix.starts_with("unset NCCL_NET_GDR_READ"), "{cause} / {fix}");
     let ConnPath::Staged { cause, .. } = judge(Side::Recv, HOST_ONLY, Some(&p), "mlx5_0", &vars) else { panic!() };
     assert!(!cause.contains("GDR_READ"), "{cause}");
 }

@@ -89,8 +89,8 @@ struct Candidate {
     nic: String,
     path: Result<RegistrationPath, GdrError>,
     level: Option<PathLevel>,
-    /// NCCL's default `NCCL_NET_GDR_LEVEL` would use GDR for this pair.
-    nccl_default: Option<bool>,
+    /// The PCIe relation in NCCL's view, the one that decides.
+    nccl_level: Option<PathLevel>,
     /// dma-buf is the only registration path for the pair.
     dma_buf_only: bool,
     /// The PCIe bridges between the two.
@@ -102,7 +102,7 @@ struct Candidate {
 impl Candidate {
     /// Why NCCL, run with `vars`, will not use GPUDirect RDMA on this pair.
     fn stopped_by(&self, vars: &[(String, String)], site: &env::Site) -> Option<String> {
-        let pair = env::PairInEnv { nic: &self.nic, level: self.level, dma_buf_only: self.dma_buf_only, nccl_default: self.nccl_default, site };
+        let pair = env::PairInEnv { nic: &self.nic, level: self.level, nccl_level: self.nccl_level, dma_buf_only: self.dma_buf_only, site };
         env::nccl_stops(vars, &pair).map(|s| s.to_string())
     }
 }
@@ -134,9 +134,9 @@ pub fn run(m: &Machine, probes: &dyn Probes, opts: &Options) -> Report {
             let path = p.try_paths.first().copied().ok_or(GdrError { facts, causes: p.causes });
             let pair = pairs.iter().find(|pr| Some(&pr.gpu) == g.pci_bus_id.as_ref() && pr.nic == d.name);
             let level = pair.map(|pr| pr.level);
-            let nccl_default = pair.map(|pr| pr.gdr_by_default);
+            let nccl_level = pair.map(|pr| pr.nccl_level);
             let bridges = pair.map(|pr| pr.bridges.clone()).unwrap_or_default();
-            candidates.push(Candidate { gpu: g.clone(), nic: d.name.clone(), path, level, nccl_default, dma_buf_only, bridges, blocked: vec![] });
+            candidates.push(Candidate { gpu: g.clone(), nic: d.name.clone(), path, level, nccl_level, dma_buf_only, bridges, blocked: vec![] });
         }
     }
     let mut left = PathsLeft { no_pairs: candidates.is_empty(), host_allows: PathsLeft::host_paths(&host), ..PathsLeft::default() };

@@ -115,13 +115,13 @@ fn with_int_note(v: Judged, raw: &str, read: Int) -> Judged {
 pub struct PairInEnv<'a> {
     /// The NIC's RDMA device name.
     pub nic: &'a str,
-    /// Their PCIe relation, when the topology knows it.
+    /// Their PCIe relation as nvidia-smi names it, when the topology
+    /// knows it.
     pub level: Option<gpudirect::topology::PathLevel>,
+    /// Their PCIe relation in NCCL's view, the one that decides.
+    pub nccl_level: Option<gpudirect::topology::PathLevel>,
     /// dma-buf is the only registration path here (no peer memory).
     pub dma_buf_only: bool,
-    /// Whether NCCL's default `NCCL_NET_GDR_LEVEL` uses GPUDirect RDMA on
-    /// this pair's path, when the topology knows.
-    pub nccl_default: Option<bool>,
     /// What the machine offers (its network plugins).
     pub site: &'a Site,
 }
@@ -535,14 +535,14 @@ mod tests {
             assert!(f.status == Warn && f.summary.contains("NCCL does not read this name"), "{f:#?}");
         }
         // The verdict's judge says the same of a plugin network.
-        let pair = PairInEnv { nic: "mlx5_0", level: None, dma_buf_only: false, nccl_default: Some(true), site: &none };
+        let pair = PairInEnv { nic: "mlx5_0", level: None, nccl_level: None, dma_buf_only: false, site: &none };
         let stop = nccl_stops(&vars(&[("NCCL_NET", "gIB")]), &pair).unwrap();
         assert!(matches!(&stop, Stop::PluginMissing { net, .. } if net == "gIB"), "{stop:?}");
         assert!(stop.to_string().contains("Failed to initialize any NET plugin"));
         let pair = PairInEnv { site: &Site::default(), ..pair };
         assert_eq!(nccl_stops(&vars(&[("NCCL_NET", "gIB")]), &pair), None, "plugins not looked for: not judged absent");
         // NCCL knows no NODE: the fix names the value NCCL reads.
-        let node = PairInEnv { level: Some(gpudirect::topology::PathLevel::Node), nccl_default: Some(false), ..pair };
+        let node = PairInEnv { level: Some(gpudirect::topology::PathLevel::Node), nccl_level: Some(gpudirect::topology::PathLevel::Phb), ..pair };
         let why = nccl_stops(&[], &node).unwrap().to_string();
         assert!(why.contains("this NODE path") && why.contains("set NCCL_NET_GDR_LEVEL=PHB "), "{why}");
     }
