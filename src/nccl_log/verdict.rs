@@ -91,34 +91,21 @@ pub(super) fn decide(scan: &Scan) -> Decision {
         ));
         return not_used(evidence);
     }
-    if let Some(e) = scan.env("NCCL_NET_GDR_LEVEL") {
-        // Read as NCCL reads it (and as the doctor does): `loc` is ignored, `00` is LOC.
-        if let Some((level, _)) = gpudirect::nccl::gdr_level(&e.value).filter(|(l, _)| l.forbids_every_nic()) {
-            evidence.push(format!(
-                "NCCL_NET_GDR_LEVEL={} (line {}, = {level}) forbids GPUDirect RDMA for every GPU",
-                e.value, e.line
-            ));
-            return not_used(evidence);
-        }
-    }
-    if let Some(e) = scan.env("NCCL_NET") {
-        if is_tcp_network(&e.value) {
-            evidence.push(format!(
-                "NCCL_NET={} (line {}) selects TCP sockets",
-                e.value, e.line
-            ));
-            return not_used(evidence);
-        }
-    }
-    if let (Some(e), Some(internal)) = (scan.env("NCCL_IB_DISABLE"), &scan.internal_net) {
-        if gpudirect::nccl::ib_disabled(&e.value) && scan.plugin_loaded.is_none() && !scan.rdma_network_named() {
-            evidence.push(format!(
-                "NCCL_IB_DISABLE={} (line {}) with NCCL's internal network ({}) leaves only TCP \
-                 sockets",
-                e.value,
-                e.line,
-                quote(internal)
-            ));
+    // The variables NCCL read, judged by the library's rule table (as the
+    // doctor and the NCCL plugin judge them) for what holds on every
+    // pair: sockets, IB off, a distance limit shorter than any PCIe path.
+    // NCCL_IB_DISABLE stops only NCCL's internal IB: it counts where the
+    // log shows that network and no plugin's or RDMA network.
+    let ib_counts = scan.internal_net.is_some() && scan.plugin_loaded.is_none() && !scan.rdma_network_named();
+    let vars: Vec<(String, String)> =
+        scan.env.iter().filter(|e| e.set_by_plugin.is_none() && (ib_counts || e.name != "NCCL_IB_DISABLE")).map(|e| (e.name.clone(), e.value.clone())).collect();
+    if let Some(stop) = gpudirect::nccl::stops(&vars, &gpudirect::nccl::Pair::default()) {
+        if let Some(e) = scan.env(stop.variable()) {
+            let network = match (&stop, &scan.internal_net) {
+                (gpudirect::nccl::Stop::IbDisabled { .. }, Some(internal)) => format!(", with NCCL's internal network ({})", quote(internal)),
+                _ => String::new(),
+            };
+            evidence.push(format!("{}={} (line {}{network}): {}", e.name, e.value, e.line, stop.cause()));
             return not_used(evidence);
         }
     }
