@@ -627,37 +627,40 @@ fn shared(nodes: &[(String, Arc<Node>)]) -> Vec<Shared> {
 impl std::fmt::Display for FleetReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let r = self;
-        writeln!(f, "{}", r.line)?;
+        // What captures carry is shown escaped: a capture's text cannot
+        // forge a line of the gate's report.
+        let s = |x: &str| crate::doctor::shown(x);
+        writeln!(f, "{}", s(&r.line))?;
         for g in &r.staging {
-            writeln!(f, "  NOT USED on {} node(s) {}: {}", g.count, g.folded, g.cause)?;
+            writeln!(f, "  NOT USED on {} node(s) {}: {}", g.count, s(&g.folded), s(&g.cause))?;
             if let Some(fix) = &g.fix {
-                writeln!(f, "    fix: {fix}")?;
+                writeln!(f, "    fix: {}", s(fix))?;
             }
         }
         for g in &r.open {
-            writeln!(f, "  OPEN on {} node(s) {}: {}", g.count, g.folded, g.cause)?;
+            writeln!(f, "  OPEN on {} node(s) {}: {}", g.count, s(&g.folded), s(&g.cause))?;
         }
         for u in &r.unreadable {
-            writeln!(f, "  UNREADABLE {}: {}", u.file, u.error)?;
+            writeln!(f, "  UNREADABLE {}: {}", s(&u.file), s(&u.error))?;
         }
         if !r.missing_nodes.is_empty() {
-            writeln!(f, "  MISSING: {} node(s) expected sent no capture: {}", r.missing, fold_names(&r.missing_nodes))?;
+            writeln!(f, "  MISSING: {} node(s) expected sent no capture: {}", r.missing, s(&fold_names(&r.missing_nodes)))?;
         } else if r.missing > 0 {
             writeln!(f, "  MISSING: {} node(s) expected sent no capture", r.missing)?;
         }
         if !r.unexpected.is_empty() {
-            writeln!(f, "  NOT EXPECTED: {} capture(s) from nodes not in --nodes, not judged: {}", r.unexpected.len(), fold_names(&r.unexpected))?;
+            writeln!(f, "  NOT EXPECTED: {} capture(s) from nodes not in --nodes, not judged: {}", r.unexpected.len(), s(&fold_names(&r.unexpected)))?;
         }
-        for s in &r.shared {
-            writeln!(f, "  on every node, {} {}: {}", s.status, s.check, s.summary)?;
-            if let Some(fix) = &s.fix {
-                writeln!(f, "    fix: {fix}")?;
+        for sh in &r.shared {
+            writeln!(f, "  on every node, {} {}: {}", sh.status, s(&sh.check), s(&sh.summary))?;
+            if let Some(fix) = &sh.fix {
+                writeln!(f, "    fix: {}", s(fix))?;
             }
         }
         for d in &r.differences {
-            writeln!(f, "  {} differs: {} node(s) {}", d.check, d.majority_count, d.majority)?;
+            writeln!(f, "  {} differs: {} node(s) {}", s(&d.check), d.majority_count, s(&d.majority))?;
             for g in &d.others {
-                writeln!(f, "    {} node(s) {}: {}", g.count, g.folded, g.cause)?;
+                writeln!(f, "    {} node(s) {}: {}", g.count, s(&g.folded), s(&g.cause))?;
             }
         }
         Ok(())

@@ -68,11 +68,15 @@ fn adversarial(size: usize) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// One test at a time: the counters are the process's, and another
+/// test's allocations would count.
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Seconds and peak heap bytes of reading `text`.
 fn cost(text: &str) -> (f64, usize, gpudirect_tools::doctor::jobfile::JobFile) {
-    // One reading at a time: the counters are the process's.
-    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
     let base = NOW.load(Ordering::Relaxed);
     PEAK.store(base, Ordering::Relaxed);
     let t = std::time::Instant::now();
@@ -82,6 +86,7 @@ fn cost(text: &str) -> (f64, usize, gpudirect_tools::doctor::jobfile::JobFile) {
 
 #[test]
 fn adversarial_job_files_cost_linear_time_and_memory() {
+    let _alone = alone();
     // Debug builds are several times slower than release; the bound is
     // the release build's 1 s, scaled.
     let bound = if cfg!(debug_assertions) { 20.0 } else { 1.0 };
@@ -105,6 +110,7 @@ fn adversarial_job_files_cost_linear_time_and_memory() {
 #[test]
 #[ignore = "prints figures; run in a release build"]
 fn figures() {
+    let _alone = alone();
     for size in [MB / 4, MB] {
         for (what, text) in adversarial(size) {
             let (s, peak, _) = cost(&text);

@@ -123,6 +123,14 @@ impl Machine {
     }
 }
 
+/// `s` as it may be shown in a text report: control characters (a
+/// newline, a carriage return, a terminal escape) written as escapes, so
+/// text from a job file, a capture or a peer cannot forge a line of the
+/// report or drive the terminal.
+pub fn shown(s: &str) -> String {
+    s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
+}
+
 /// The kernel driver bound to the device whose sysfs directory is
 /// `device` (its `driver` link's target: `bnxt_en`, `virtio_net`); `None`
 /// when the link does not resolve here (a capture that did not record it).

@@ -8,6 +8,7 @@ use gpudirect::RegistrationPath;
 use gpudirect::topology::{self, PathLevel};
 
 use super::open::Unseen;
+use super::shown;
 use super::pci;
 use super::probes::Probes;
 use super::stack::PathsLeft;
@@ -359,14 +360,14 @@ fn decide(
 /// Every finding with its evidence (`--verbose`).
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "{}", self.verdict.line)?;
+        writeln!(f, "{}", shown(&self.verdict.line))?;
         for x in &self.findings {
-            writeln!(f, "[{:<7}] {}: {}", x.status.to_string(), x.check, x.summary)?;
+            writeln!(f, "[{:<7}] {}: {}", x.status.to_string(), shown(&x.check), shown(&x.summary))?;
             for e in &x.evidence {
-                writeln!(f, "            evidence: {e}")?;
+                writeln!(f, "            evidence: {}", shown(e))?;
             }
             if let Some(fix) = &x.fix {
-                writeln!(f, "            fix: {fix}")?;
+                writeln!(f, "            fix: {}", shown(fix))?;
             }
         }
         Ok(())
@@ -381,16 +382,16 @@ pub struct Brief<'a>(pub &'a Report);
 impl std::fmt::Display for Brief<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let r = self.0;
-        writeln!(f, "{}", r.verdict.line)?;
+        writeln!(f, "{}", shown(&r.verdict.line))?;
         for status in [Status::Fail, Status::Warn] {
             for x in r.findings.iter().filter(|x| x.status == status) {
-                writeln!(f, "[{:<7}] {}: {}", x.status.to_string(), x.check, x.summary)?;
+                writeln!(f, "[{:<7}] {}: {}", x.status.to_string(), shown(&x.check), shown(&x.summary))?;
                 // Where a variable came from is half of what to change.
                 if let Some(origin) = x.evidence.iter().find(|e| x.check.starts_with("env.") && e.starts_with("set by ")) {
-                    writeln!(f, "            {origin}")?;
+                    writeln!(f, "            {}", shown(origin))?;
                 }
                 if let Some(fix) = &x.fix {
-                    writeln!(f, "            fix: {fix}")?;
+                    writeln!(f, "            fix: {}", shown(fix))?;
                 }
             }
         }

@@ -17,6 +17,7 @@ mod shell;
 use shell::{Seg, Word};
 
 pub use seen::Seen;
+pub(crate) use super::shown;
 pub use shell::MAX_NESTING;
 
 /// A value as the file leaves it.
@@ -148,6 +149,8 @@ pub struct JobFile {
     /// Names printed by `echo`/`printf`, with their lines: text, not
     /// settings.
     pub printed: Vec<(String, usize)>,
+    /// Where the shell's comments start: `(line, column in characters)`.
+    pub comments: Vec<(usize, usize)>,
     /// What the reading could not follow (`source`d files).
     pub notes: Vec<String>,
     /// A script run as a program (it starts with `#!`): its plain
@@ -193,6 +196,10 @@ pub fn judged(name: &str) -> bool {
 pub fn read(text: &str) -> JobFile {
     let mut r = script::Reader::default();
     r.f.script = text.starts_with("#!");
+    let shebang = text.lines().next().unwrap_or_default();
+    r.posix = ["/sh", "/dash", "/ash", " sh", " dash"].iter().any(|s| shebang.starts_with("#!") && shebang.trim_end().ends_with(s));
+    // Functions called again and scripts read again cost at most this.
+    r.budget = 4 * text.len() + (64 << 10);
     let dialect = forms::dialect(text);
     match dialect {
         forms::Dialect::Shell => forms::shell_script(&mut r, text),
@@ -201,7 +208,7 @@ pub fn read(text: &str) -> JobFile {
         forms::Dialect::Python => forms::python(&mut r, text),
     }
     let mut f = r.finish(dialect == forms::Dialect::Shell);
-    f.seen = seen::unaccounted(text, &f);
+    f.seen = seen::unaccounted(text, &f, dialect == forms::Dialect::Shell);
     f
 }
 

@@ -21,6 +21,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::shell::{is_name, Lexer, Sep, Seg, Span, Tok, Word, MAX_NESTING};
 use super::{expand, judged, Form, JobFile, Launch, Value};
+use gpudirect::nccl::DECIDING;
 
 /// [`Var::idx`] of a name declared (`export NAME`, `readonly NAME`)
 /// before any value: marked, not set.
@@ -55,7 +56,26 @@ const MAX_NOTES: usize = 64;
 type Scoped = (String, Option<Value>, usize, Form);
 
 /// Builtins whose changes stay in the script's shell.
-const PERSISTENT: [&str; 10] = ["export", "declare", "typeset", "readonly", "local", "unset", "set", "source", ".", "exit"];
+const PERSISTENT: [&str; 18] = [
+    "export", "declare", "typeset", "readonly", "local", "unset", "set", "source", ".", "exit", "eval", "shopt", "read", "mapfile", "readarray", "getopts",
+    ":", "true",
+];
+
+/// POSIX's special builtins: in POSIX mode their prefixes stay.
+const SPECIAL: [&str; 15] = [":", ".", "break", "continue", "eval", "exec", "exit", "export", "readonly", "return", "set", "shift", "times", "trap", "unset"];
+
+/// Where a command stands among its neighbours.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    /// Why none of it may run (a child's, or after `&&`/`||`).
+    outer: Option<&'a str>,
+    /// After `&&`/`||`, or in a pipeline.
+    conditional: bool,
+    /// Its input is a pipe.
+    piped_in: bool,
+    /// Its output goes to a pipe or a file.
+    piped_out: bool,
+}
 
 /// The state of one reading.
 #[derive(Default)]
@@ -84,9 +104,28 @@ pub(super) struct Reader {
     /// Inside `$( )`: what runs there is not the job.
     captured: usize,
     /// The tracked names each function's body sets.
-    functions: HashMap<String, Vec<String>>,
+    functions: HashMap<String, std::rc::Rc<[String]>>,
     /// Functions whose body runs a launcher.
     launching: HashSet<String>,
+    /// The last launch that certainly runs: its line and the deciding
+    /// variables' assignments it saw.
+    certain: Option<(usize, Vec<Option<usize>>)>,
+    /// Deciding variables whose value differs between the last certain
+    /// launch and a later uncertain one: (certain line, uncertain line, why).
+    diverged: std::collections::BTreeMap<String, (usize, usize, String)>,
+    /// Assignments made by [`Reader::opaque`].
+    opaque_made: HashSet<usize>,
+    /// The file's text as the lexer reads it.
+    file_text: Option<std::rc::Rc<[char]>>,
+    /// `shopt -s lastpipe`: a pipeline's last element runs in this shell.
+    lastpipe: bool,
+    /// POSIX mode (`sh`, `set -o posix`): a special builtin's prefixes stay.
+    pub posix: bool,
+    /// `set -e`: a command that fails ends the script.
+    errexit: bool,
+    /// What calls of functions and re-read scripts may still cost, in
+    /// assignments and characters: past it, they are opaque.
+    pub budget: usize,
 }
 
 /// A block that may not run, or a scope.
@@ -95,10 +134,11 @@ enum Block {
     If,
     Case,
     Loop,
-    /// A function's body, with the undo mark of its definition: it sets
-    /// nothing where it is defined.
-    Function(String, usize),
-    Group,
+    /// A function's body, with the undo mark of its definition (it sets
+    /// nothing where it is defined) and whether a `)` ends it (`f() ( ... )`).
+    Function(String, usize, bool),
+    /// `{ ... }`, with why it may not run (after `&&`/`||`).
+    Group(Option<&'static str>),
     /// `( ... )`: its undo mark.
     Subshell(usize),
 }
@@ -116,7 +156,7 @@ impl Blocks {
         let (why, subshells, function) = self.v.last().map_or((None, 0, None), |(_, w, s, f)| (*w, *s, *f));
         let entry = (
             b.why().or(why),
-            subshells + usize::from(matches!(b, Block::Subshell(_))),
+            subshells + usize::from(matches!(b, Block::Subshell(_) | Block::Function(_, _, true))),
             if matches!(b, Block::Function(..)) { Some(self.v.len()) } else { function },
         );
         self.v.push((b, entry.0, entry.1, entry.2));
@@ -139,10 +179,15 @@ impl Blocks {
         self.v.last().is_some_and(|e| e.2 > 0)
     }
 
+    /// Whether a `)` has something to close.
+    fn open_parens(&self) -> bool {
+        self.in_subshell()
+    }
+
     /// The function whose body this is.
     fn function(&self) -> Option<&str> {
         match &self.v[self.v.last()?.3?].0 {
-            Block::Function(name, _) => Some(name),
+            Block::Function(name, _, _) => Some(name),
             _ => None,
         }
     }
@@ -155,7 +200,8 @@ impl Block {
             Block::Case => Some("inside a `case` branch"),
             Block::Loop => Some("inside a loop"),
             Block::Function(..) => Some("inside a function, which sets it only when called"),
-            Block::Group | Block::Subshell(_) => None,
+            Block::Group(why) => *why,
+            Block::Subshell(_) => None,
         }
     }
 }
@@ -353,7 +399,44 @@ impl Reader {
                 None => self.launch_env.remove(&name),
             };
         }
+        let deciding: Vec<Option<usize>> = DECIDING.iter().map(|n| self.vars.get(*n).map(|v| v.idx)).collect();
+        match cond {
+            // A launch that may not run, or may not be one: where it sees
+            // other deciding values than the last certain launch, which
+            // one is the job's is not known here.
+            Some(why) => {
+                if let Some((at, before)) = &self.certain {
+                    for (k, n) in DECIDING.iter().enumerate() {
+                        if before[k] != deciding[k] {
+                            self.diverged.entry((*n).to_owned()).or_insert((*at, line, why.to_owned()));
+                        }
+                    }
+                }
+            }
+            None => {
+                self.certain = Some((line, deciding));
+                self.diverged.clear();
+            }
+        }
         self.f.launch = Some(Launch { line, command: what.to_owned(), uncertain: cond.map(str::to_owned) });
+    }
+
+    /// A command that may set any variable in ways this reading does not
+    /// follow (`eval`, `source`, a program named by a variable): every
+    /// deciding variable is unsettled from here.
+    fn opaque(&mut self, line: usize, what: &str) {
+        for n in DECIDING {
+            let is_opaque = self.vars.get(n).is_some_and(|v| self.opaque_made.contains(&v.idx));
+            if !is_opaque {
+                let why = format!("line {line} {what}, which this reading does not follow: it may set it");
+                self.external = false;
+                self.assign(n.to_owned(), Value::Unknown { text: format!("(after line {line})"), why }, line, Form::Export, None);
+                if let Some(v) = self.vars.get(n) {
+                    self.opaque_made.insert(v.idx);
+                }
+            }
+        }
+        self.note(format!("line {line}: {what}: what it sets is not read, so every deciding variable is left to the running job"));
     }
 
     /// Reads a child's script (`bash -c`, a here-document fed to a
@@ -407,7 +490,7 @@ impl Reader {
         sets.sort();
         sets.dedup();
         self.rollback(mark);
-        self.functions.insert(name, sets);
+        self.functions.insert(name, sets.into());
     }
 
     /// Nothing after `line` runs.
@@ -429,57 +512,115 @@ impl Reader {
     /// Reads shell text at the file's own level.
     pub fn top(&mut self, text: &str, first_line: usize) {
         let mut lx = Lexer::new(text, first_line);
+        self.file_text = Some(lx.buffer());
         self.run(&mut lx, None);
     }
 
     /// Reads commands until the lexer ends; `outer` says why none of it
     /// may run.
     fn run(&mut self, lx: &mut Lexer, outer: Option<&str>) {
-        let (mut words, mut blocks) = (Vec::new(), Blocks::default());
+        let (mut words, mut blocks): (Vec<Word>, Blocks) = (Vec::new(), Blocks::default());
         let mut fn_pending: Option<String> = None;
         let (mut before, mut in_pipe) = (Sep::End, false);
+        // Inside `NAME=( ... )`: array elements, not commands.
+        let mut array = 0usize;
         loop {
             let tok = lx.next_tok();
             let sep = match tok {
                 Some(Tok::Word(w)) => {
-                    words.push(w);
+                    if array == 0 {
+                        words.push(w);
+                    }
                     continue;
                 }
                 Some(Tok::Sep(s)) => s,
                 None => Sep::End,
             };
-            match sep {
-                Sep::Open if words.len() == 1 => {
-                    fn_pending = words.pop().map(|w| lit(&w));
+            if array > 0 {
+                match sep {
+                    Sep::Open => array += 1,
+                    Sep::Close => array -= 1,
+                    _ => {}
+                }
+                if tok.is_some() {
                     continue;
                 }
-                Sep::Close if words.is_empty() && fn_pending.is_some() => continue,
-                Sep::Close if !matches!(blocks.last(), Some(Block::Subshell(_))) && matches!(blocks.last(), Some(Block::Case)) => {
-                    // A `case` pattern: not a command.
+            }
+            match sep {
+                // `NAME=(...)`, `declare -a NAME=(...)`: an array.
+                Sep::Open if words.last().is_some_and(|w| w.raw.ends_with('=') && w.split_assignment_op(false).is_some()) => {
+                    if let Some((name, _, _)) = words.last().and_then(|w| w.split_assignment_op(false)) {
+                        let line = words.last().map_or(0, |w| w.line);
+                        let why = format!("an array, set on line {line}: NCCL reads the environment's strings");
+                        self.assign(name, Value::Unknown { text: "( ... )".into(), why }, line, Form::Shell, None);
+                    }
+                    words.pop();
+                    array = 1;
+                    continue;
+                }
+                Sep::Open if words.len() == 1 || (words.len() == 2 && lit(&words[0]) == "function") => {
+                    fn_pending = words.pop().map(|w| lit(&w));
+                    words.clear();
+                    continue;
+                }
+                Sep::Close if words.is_empty() && fn_pending.is_some() && !matches!(blocks.last(), Some(Block::Subshell(_) | Block::Function(_, _, true))) => continue,
+                // A `case` pattern's `)`: not a command; one-line `case`s too.
+                Sep::Close if words.first().is_some_and(|w| lit(w) == "case") => {
+                    blocks.push(Block::Case);
+                    words.clear();
+                    continue;
+                }
+                Sep::Close if matches!(blocks.last(), Some(Block::Case)) => {
                     words.clear();
                     continue;
                 }
                 _ => {}
             }
             let pipe = in_pipe || sep == Sep::Pipe;
-            let or_why = (before == Sep::Or).then_some("after `||`, which runs only when what precedes it fails");
-            let conditional = matches!(before, Sep::Or | Sep::And);
+            let or_why = match before {
+                Sep::Or => Some("after `||`, which runs only when what precedes it fails"),
+                Sep::And => Some("after `&&`, which runs only when what precedes it succeeds"),
+                _ => None,
+            };
             let bodies = lx.take_bodies();
-            // Each element of a pipeline runs in a subshell.
-            let mark = pipe.then(|| self.mark());
-            self.command(&words, &bodies, &mut blocks, &mut fn_pending, outer.or(or_why), conditional || pipe);
+            let redirected = lx.take_redirected();
+            // Each element of a pipeline runs in a subshell (the last one
+            // in this shell with `lastpipe`).
+            let own = self.lastpipe && in_pipe && sep != Sep::Pipe;
+            let mark = (pipe && !own).then(|| self.mark());
+            let ctx = Ctx { outer: outer.or(or_why), conditional: or_why.is_some() || pipe, piped_in: in_pipe, piped_out: sep == Sep::Pipe || redirected };
+            self.command(&words, &bodies, &mut blocks, &mut fn_pending, ctx);
             if let Some(m) = mark {
                 self.rollback(m);
             }
             words.clear();
             in_pipe = sep == Sep::Pipe;
             match sep {
-                Sep::Open => blocks.push(Block::Subshell(self.mark())),
-                Sep::Close => {
+                Sep::Open => match fn_pending.take() {
+                    // `f() ( ... )`: a function whose body is a subshell.
+                    Some(name) => {
+                        let mark = self.mark();
+                        blocks.push(Block::Function(name, mark, true));
+                    }
+                    None => {
+                        let mark = self.mark();
+                        blocks.push(Block::Subshell(mark));
+                    }
+                },
+                // Only a `)` that closes a subshell (or a function's
+                // subshell body) ends one.
+                Sep::Close if blocks.open_parens() => {
                     while let Some(b) = blocks.pop() {
-                        if let Block::Subshell(m) = b {
-                            self.rollback(m);
-                            break;
+                        match b {
+                            Block::Subshell(m) => {
+                                self.rollback(m);
+                                break;
+                            }
+                            Block::Function(name, m, true) => {
+                                self.define(name, m);
+                                break;
+                            }
+                            _ => {}
                         }
                     }
                 }
@@ -490,6 +631,11 @@ impl Reader {
                 if let Some(l) = lx.too_deep {
                     self.f.too_deep.get_or_insert(l);
                 }
+                // Comments in the file's own text (not in a string a child
+                // shell is given) say what the file does not run.
+                if self.file_text.as_ref().is_some_and(|t| lx.shares(t)) {
+                    self.f.comments.extend(std::mem::take(&mut lx.comments));
+                }
                 return;
             }
         }
@@ -498,16 +644,20 @@ impl Reader {
     /// One command: block keywords, leading assignments, then the
     /// builtins and launchers that set variables or start the job.
     /// `conditional`: after `&&`/`||` or in a pipeline.
-    fn command(&mut self, words: &[Word], bodies: &[Span], blocks: &mut Blocks, fn_pending: &mut Option<String>, outer: Option<&str>, conditional: bool) {
+    fn command(&mut self, words: &[Word], bodies: &[Span], blocks: &mut Blocks, fn_pending: &mut Option<String>, ctx: Ctx<'_>) {
         if self.stopped || words.is_empty() {
             return;
         }
-        // What `$( )` runs is read, as a subshell whose output is taken:
-        // nothing it sets stays, and it is not the job.
+        let outer = ctx.outer;
+        // What `$( )` and `<( )` run is read, as a subshell whose output
+        // is taken: nothing it sets stays, and it is not the job. An
+        // arithmetic expansion may assign.
         for w in words {
             for seg in &w.segs {
-                if let Seg::Command(body) = seg {
-                    self.child(body, outer, true);
+                match seg {
+                    Seg::Command(body) => self.child(body, outer, true),
+                    Seg::Other(text) if text.contains("((") => self.arithmetic(text, w.line),
+                    _ => {}
                 }
             }
         }
@@ -518,24 +668,32 @@ impl Reader {
                 "while" | "until" => blocks.push(Block::Loop),
                 "then" | "do" | "else" | "elif" | "!" | "time" => {}
                 "fi" | "done" | "esac" | "}" => {
-                    if let Some(Block::Function(name, mark)) = blocks.pop() {
+                    if let Some(Block::Function(name, mark, false)) = blocks.pop() {
                         self.define(name, mark);
                     }
                 }
                 "{" => {
                     let b = match fn_pending.take() {
-                        Some(name) => Block::Function(name, self.mark()),
-                        None => Block::Group,
+                        Some(name) => Block::Function(name, self.mark(), false),
+                        // After `&&`/`||` the whole group may not run.
+                        None => Block::Group((outer.is_some() && ctx.conditional).then_some("inside a `{ }` group after `&&` or `||`, which may not run")),
                     };
                     blocks.push(b);
                 }
-                "for" | "select" => return blocks.push(Block::Loop),
+                "for" | "select" => {
+                    // The loop's variable keeps the last value it takes.
+                    if let Some(n) = words.get(i + 1).map(lit).filter(|n| is_name(n)) {
+                        let why = format!("the variable of a loop on line {}: only running it settles it", w.line);
+                        self.assign(n, Value::Unknown { text: "(a loop's)".into(), why }, w.line, Form::Shell, None);
+                    }
+                    return blocks.push(Block::Loop);
+                }
                 "case" => return blocks.push(Block::Case),
                 "function" => {
                     let name = words.get(i + 1).map(lit).unwrap_or_default();
                     if words.last().is_some_and(|w| lit(w) == "{") {
                         let mark = self.mark();
-                        blocks.push(Block::Function(name, mark));
+                        blocks.push(Block::Function(name, mark, false));
                     } else {
                         *fn_pending = Some(name);
                     }
@@ -547,44 +705,84 @@ impl Reader {
         }
         let cond = outer.or_else(|| blocks.why());
         let mut prefix = Vec::new();
-        while let Some((name, value)) = words.get(i).and_then(|w| w.split_assignment(true)) {
-            prefix.push((name, value));
+        while let Some((name, value, append)) = words.get(i).and_then(|w| w.split_assignment_op(true)) {
+            prefix.push((name, value, append));
             i += 1;
         }
         if i >= words.len() {
-            for (name, value) in prefix {
-                let v = self.expand(&value);
+            for (name, value, append) in prefix {
+                let v = self.value_of(&name, &value, append);
                 self.assign(name, v, value.line, Form::Shell, cond);
             }
             return;
         }
         // The shell expands every word before it assigns a command's
         // prefixes, so each is expanded with what was set before it.
-        let scoped: Vec<Scoped> = prefix.iter().map(|(n, v)| (n.clone(), Some(self.expand(v)), v.line, Form::CommandPrefix)).collect();
+        let scoped: Vec<Scoped> = prefix.iter().map(|(n, v, append)| (n.clone(), Some(self.value_of(n, v, *append)), v.line, Form::CommandPrefix)).collect();
         let words = &words[i..];
-        let unconditional = cond.is_none() && !conditional && self.depth == 0 && !blocks.in_subshell();
-        if PERSISTENT.contains(&base(&words[0]).as_str()) {
+        let unconditional = cond.is_none() && !ctx.conditional && self.depth == 0 && !blocks.in_subshell();
+        let program = base(&words[0]);
+        // In POSIX mode a special builtin's prefixes stay in the shell.
+        if self.posix && SPECIAL.contains(&program.as_str()) {
+            for (n, v, line, _) in scoped.iter().cloned() {
+                if let Some(v) = v {
+                    self.assign(n, v, line, Form::Shell, cond);
+                }
+            }
+        }
+        if PERSISTENT.contains(&program.as_str()) {
             // A builtin's prefixes last for the builtin only; its own
             // changes stay.
-            for (n, v, line, form) in scoped {
-                self.f.set(n, v, line, form);
+            if !self.posix || !SPECIAL.contains(&program.as_str()) {
+                for (n, v, line, form) in scoped {
+                    self.f.set(n, v, line, form);
+                }
             }
-            self.builtin(words, cond, unconditional);
+            self.builtin(words, cond, unconditional, blocks.function().is_some());
         } else {
-            self.run_command(scoped, words, bodies, blocks, cond, unconditional);
+            self.run_command(scoped, words, bodies, blocks, cond, unconditional, ctx);
+        }
+    }
+
+    /// A value as assigned: `NAME+=v` appends to what the shell has.
+    fn value_of(&self, name: &str, word: &Word, append: bool) -> Value {
+        let v = self.expand(word);
+        if !append {
+            return v;
+        }
+        match (self.get(name).map(|(v, _)| v), v) {
+            (None | Some(None), v) => v,
+            (Some(Some(Value::Known(old))), Value::Known(new)) => Value::Known(old + &new),
+            (_, v) => {
+                let text = match &v {
+                    Value::Known(t) | Value::Unknown { text: t, .. } => t.clone(),
+                };
+                Value::Unknown { text, why: format!("`{name}+=` appends to a value the file cannot settle") }
+            }
+        }
+    }
+
+    /// `(( ... ))` or `$(( ... ))`: a judged name in it may be assigned.
+    fn arithmetic(&mut self, text: &str, line: usize) {
+        for n in super::seen::names_in(text) {
+            let why = format!("arithmetic on line {line} may assign it");
+            self.assign(n.to_owned(), Value::Unknown { text: text.to_owned(), why }, line, Form::Shell, None);
         }
     }
 
     /// The builtins whose changes stay in the script's shell.
-    fn builtin(&mut self, words: &[Word], cond: Option<&str>, unconditional: bool) {
+    fn builtin(&mut self, words: &[Word], cond: Option<&str>, unconditional: bool, in_function: bool) {
         let line = words[0].line;
         let name = base(&words[0]);
         let rest = &words[1..];
         match name.as_str() {
+            "local" if !in_function => {
+                // Outside a function `local` is an error: nothing is set.
+            }
             "export" | "declare" | "typeset" | "readonly" | "local" => {
                 let opts: String = rest.iter().map(lit).filter(|w| w.starts_with('-')).collect();
                 let plus: String = rest.iter().map(lit).filter(|w| w.starts_with('+')).collect();
-                if opts.contains('f') || opts.contains('p') {
+                if opts.contains('f') || opts.contains('p') || (opts.is_empty() && plus.is_empty() && rest.is_empty()) {
                     // Functions, or a listing: no variable changes.
                     return;
                 }
@@ -592,12 +790,19 @@ impl Reader {
                 let unexports = (name == "export" && opts.contains('n')) || plus.contains('x');
                 let exports = !unexports && (name == "export" || opts.contains('x'));
                 let readonly = name == "readonly" || opts.contains('r');
-                for w in rest {
-                    let (n, value) = match w.split_assignment(false) {
-                        Some((n, value)) => (n, Some(value)),
-                        None if is_name(&lit(w)) => (lit(w), None),
-                        None => continue,
+                let nameref = name != "export" && opts.contains('n');
+                for w in rest.iter().filter(|w| !w.raw.starts_with(['-', '+'])) {
+                    let (n, value, append) = match w.split_assignment_op(false) {
+                        Some((n, value, append)) => (n, Some(value), append),
+                        None if is_name(&lit(w)) => (lit(w), None, false),
+                        // A name only running the script settles
+                        // (`export $V=0`, brace expansion).
+                        None => return self.opaque(line, &format!("names a variable as `{}`", super::shown(&w.raw))),
                     };
+                    if nameref {
+                        // Assignments to the reference reach another name.
+                        return self.opaque(line, &format!("makes `{n}` a reference to another variable"));
+                    }
                     if exports {
                         self.f.exported.push(n.clone());
                     }
@@ -606,7 +811,7 @@ impl Reader {
                         if exports && self.vars.get(&n).is_some_and(|v| v.readonly == Some(self.proc)) {
                             self.flag(&n, true, false);
                         }
-                        let v = self.expand(&value);
+                        let v = self.value_of(&n, &value, append);
                         self.assign(n.clone(), v, w.line, if exports { Form::Export } else { Form::Shell }, cond);
                     }
                     if exports || readonly {
@@ -626,21 +831,59 @@ impl Reader {
                         "-v" => {}
                         "-f" => return,
                         n if is_name(n) => self.unset(n.to_owned(), w.line, cond),
-                        _ => {}
+                        _ => return self.opaque(line, &format!("unsets `{}`", super::shown(&w.raw))),
                     }
                 }
             }
             "set" => {
-                let on = rest.iter().map(lit).any(|s| (s.starts_with('-') && s.contains('a')) || s == "allexport");
-                if on {
+                let all: Vec<String> = rest.iter().map(lit).collect();
+                let has = |o: &str, letter: char| all.iter().any(|s| s == o) || all.iter().any(|s| s.starts_with('-') && !s.starts_with("--") && s.contains(letter));
+                if has("allexport", 'a') {
                     self.allexport = true;
                     self.f.allexport = true;
                 }
+                if has("errexit", 'e') {
+                    self.errexit = true;
+                }
+                if all.iter().any(|s| s == "posix") {
+                    self.posix = true;
+                }
+                if has("keyword", 'k') {
+                    self.opaque(line, "`set -k` makes any NAME=value word an assignment");
+                }
+            }
+            "shopt" => {
+                if rest.iter().any(|w| lit(w) == "-s") && rest.iter().any(|w| lit(w) == "lastpipe") {
+                    self.lastpipe = true;
+                }
             }
             "source" | "." => {
-                let file = rest.first().map_or_else(String::new, |w| w.raw.clone());
-                self.f.notes.push(format!("line {line}: reads {file}, which this reading does not follow: what it sets is not judged"));
+                let file = rest.first().map_or_else(String::new, |w| super::shown(&w.raw));
+                self.opaque(line, &format!("reads {file}"));
             }
+            "eval" => self.opaque(line, "runs `eval`"),
+            "read" | "mapfile" | "readarray" | "getopts" | "printf" => {
+                // The names they assign, with values only running them settles.
+                let targets: Vec<&Word> = match name.as_str() {
+                    "printf" => rest.iter().skip_while(|w| lit(w) != "-v").nth(1).into_iter().collect(),
+                    "getopts" => rest.get(1).into_iter().collect(),
+                    _ => rest.iter().filter(|w| !lit(w).starts_with('-')).collect(),
+                };
+                for w in targets {
+                    match w.literal().filter(|n| is_name(n)) {
+                        Some(n) => {
+                            let why = format!("set by `{name}` on line {line}: only running it settles it");
+                            self.assign(n, Value::Unknown { text: format!("({name})"), why }, line, Form::Shell, cond);
+                        }
+                        None if name != "read" && name != "mapfile" && name != "readarray" => {}
+                        None => {}
+                    }
+                }
+                if rest.iter().any(|w| w.literal().is_none() && !w.raw.starts_with('-')) && name != "printf" {
+                    self.opaque(line, &format!("`{name}` into a name only running it settles"));
+                }
+            }
+            ":" | "true" => {}
             _ => {
                 // `exit`.
                 if unconditional {
@@ -653,14 +896,24 @@ impl Reader {
     /// A command that is not a builtin: `scoped` (its prefixes, then
     /// what `env` and the launcher's flags pass) is its own environment,
     /// gone after it.
-    fn run_command(&mut self, mut scoped: Vec<Scoped>, mut words: &[Word], bodies: &[Span], blocks: &Blocks, cond: Option<&str>, unconditional: bool) {
+    #[allow(clippy::too_many_arguments)]
+    fn run_command(&mut self, mut scoped: Vec<Scoped>, mut words: &[Word], bodies: &[Span], blocks: &Blocks, cond: Option<&str>, unconditional: bool, ctx: Ctx<'_>) {
         let mut stop_after = false;
+        let mut cleared = false;
+        let line = words[0].line;
         loop {
             let Some(first) = words.first() else { return };
             match base(first).as_str() {
                 "exec" => {
                     stop_after = unconditional;
                     words = &words[1..];
+                }
+                // Programs that run the rest of their line as a command.
+                "nohup" | "command" | "builtin" | "time" | "stdbuf" | "nice" | "ionice" | "setsid" => {
+                    words = &words[1..];
+                    while words.first().is_some_and(|w| w.raw.starts_with('-')) {
+                        words = &words[1..];
+                    }
                 }
                 "sudo" => {
                     // sudo's options, then `NAME=value` it puts in the
@@ -681,7 +934,19 @@ impl Reader {
                     }
                     words = &words[j.min(words.len())..];
                 }
-                "echo" | "printf" => {
+                "printf" if words.iter().any(|w| lit(w) == "-v") => {
+                    // `printf -v NAME`: sets NAME to what only running it settles.
+                    match words.iter().skip_while(|w| lit(w) != "-v").nth(1).and_then(Word::literal).filter(|n| is_name(n)) {
+                        Some(n) => {
+                            let why = format!("set by `printf -v` on line {line}: only running it settles it");
+                            self.assign(n, Value::Unknown { text: "(printf -v)".into(), why }, line, Form::Shell, cond);
+                        }
+                        None => self.opaque(line, "`printf -v` into a name only running it settles"),
+                    }
+                    return;
+                }
+                "echo" | "printf" if !ctx.piped_out => {
+                    // Printed to the terminal: text, not settings.
                     for w in &words[1..] {
                         for n in super::seen::names_in(&w.raw) {
                             self.f.printed.push((n.to_owned(), w.line));
@@ -689,11 +954,18 @@ impl Reader {
                     }
                     return;
                 }
+                "false" => {
+                    if self.errexit && unconditional {
+                        self.stop(line);
+                    }
+                    return;
+                }
                 "env" => {
                     let rest = &words[1..];
                     let mut j = 0;
                     while let Some(w) = rest.get(j) {
-                        match lit(w).as_str() {
+                        let o = lit(w);
+                        match o.as_str() {
                             "-u" | "--unset" => {
                                 if let Some(n) = rest.get(j + 1).map(lit).filter(|n| is_name(n)) {
                                     scoped.push((n, None, w.line, Form::Unset));
@@ -701,7 +973,13 @@ impl Reader {
                                 j += 2;
                                 continue;
                             }
-                            "-i" | "-" | "--ignore-environment" => {}
+                            "-i" | "-" | "--ignore-environment" => cleared = true,
+                            _ if o.starts_with("--unset=") => {
+                                if let Some(n) = o.strip_prefix("--unset=").filter(|n| is_name(n)) {
+                                    scoped.push((n.to_owned(), None, w.line, Form::Unset));
+                                }
+                            }
+                            _ if o.starts_with('-') => {}
                             _ => match w.split_assignment(false) {
                                 Some((n, value)) => scoped.push((n, Some(self.expand(&value)), w.line, Form::Env)),
                                 None => break,
@@ -718,19 +996,33 @@ impl Reader {
             // `exec` with redirections only: the shell goes on.
             return;
         }
-        let line = words[0].line;
-        let name = base(&words[0]);
-        let script = self.launcher_flags(words, &mut scoped);
-        if let Some(sets) = self.functions.get(&name).cloned() {
-            // What a called function sets stays in the shell; the reading
-            // does not follow the body again, so each is unsettled.
-            for n in sets {
-                let why = format!("set inside the function `{name}`, called on line {line}, which this reading does not follow into");
-                self.external = false;
-                self.assign(n, Value::Unknown { text: format!("(set by {name})"), why }, line, Form::Export, None);
+        // A program named by an expansion: its value, where the file
+        // settles it; else it may be anything, a launcher or `eval`.
+        let mut name = base(&words[0]);
+        let mut named_by: Option<String> = None;
+        if words[0].literal().is_none() {
+            match self.expand(&words[0]) {
+                Value::Known(v) => name = v.split_whitespace().next().unwrap_or_default().rsplit('/').next().unwrap_or_default().to_owned(),
+                Value::Unknown { .. } => named_by = Some(super::shown(&words[0].raw)),
             }
         }
+        let script = self.launcher_flags(words, &mut scoped);
+        if let Some(sets) = self.functions.get(&name).cloned() {
+            self.call(&name, sets, line);
+        }
+        if let Some(what) = &named_by {
+            self.opaque(line, &format!("runs a program named by `{what}`"));
+        }
         let mark = self.mark();
+        if cleared {
+            // `env -i`: the command starts with only what it is given.
+            for n in DECIDING.iter().chain(["LD_LIBRARY_PATH"].iter()) {
+                if self.vars.contains_key(*n) {
+                    self.external = true;
+                    self.unset((*n).to_owned(), line, None);
+                }
+            }
+        }
         for (n, v, l, form) in scoped {
             self.external = form != Form::CommandPrefix;
             match v {
@@ -739,26 +1031,75 @@ impl Reader {
             }
         }
         self.external = false;
+        let shell_reads_stdin = SHELLS.contains(&name.as_str()) && words[1..].iter().all(|w| w.raw.starts_with('-'));
         if self.launching.contains(&name) {
             self.launch(line, &format!("{name} (a function that runs the launcher)"), blocks, cond);
         } else if let Some(script) = script {
             match script {
-                Ok((text, at)) => self.child_text(&text, at, cond, false),
-                Err(note) => self.f.notes.push(note),
+                Ok((text, at)) => {
+                    if self.spend(text.len(), at) {
+                        self.child_text(&text, at, cond, false);
+                    }
+                }
+                Err(note) => {
+                    self.f.notes.push(note);
+                    self.opaque(line, "runs a shell script only running the job settles");
+                    self.launch(line, "a shell's script", blocks, Some(cond.unwrap_or("a script this reading cannot read may launch it")));
+                }
             }
-        } else if let Some(l) = launcher_in(words) {
+        } else if let Some(l) = launcher_in(words).or_else(|| is_launcher(&name).then(|| name.clone())) {
             self.launch(line, &l, blocks, cond);
+        } else if named_by.is_some() {
+            self.launch(line, "a program named by a variable", blocks, Some(cond.unwrap_or("its program is named by a variable, so it may be the launcher")));
+        } else if shell_reads_stdin && ctx.piped_in {
+            // `... | bash`: a script from a pipe, which this reading cannot read.
+            self.opaque(line, "feeds a shell a script from a pipe");
+            self.launch(line, "a shell reading a pipe", blocks, Some(cond.unwrap_or("the script it reads may launch the job")));
         } else if words.iter().any(|w| SHELLS.contains(&base(w).as_str())) && !words.iter().skip(1).any(|w| w.raw.contains('/') || w.raw.ends_with(".sh")) {
             // `bash <<EOF`, `ssh host bash <<EOF`, `srun bash <<EOF`: the
             // here-document is the script.
             for b in bodies {
                 self.child(b, cond, false);
             }
+        } else if let Some(l) = words[1..].iter().map(base).find(|b| is_launcher(b)) {
+            // A launcher further on the line (`nsys profile python ...`).
+            self.launch(line, &l, blocks, Some(cond.unwrap_or("a launcher run by another program")));
         }
         self.end_command(mark, words);
         if stop_after {
             self.stop(line);
         }
+    }
+
+    /// A call of a function whose body sets `sets`: what it sets stays in
+    /// the shell; the reading does not follow the body again, so each is
+    /// unsettled (past the budget, every deciding variable is).
+    fn call(&mut self, name: &str, sets: std::rc::Rc<[String]>, line: usize) {
+        if !self.spend(sets.len(), line) {
+            return;
+        }
+        for n in sets.iter().cloned() {
+            let text = format!("(set by {name})");
+            if self.get(&n).is_some_and(|(v, _)| matches!(v, Some(Value::Unknown { text: t, .. }) if *t == text)) {
+                continue;
+            }
+            let why = format!("set inside the function `{name}`, called on line {line}, which this reading does not follow into");
+            self.external = false;
+            self.assign(n, Value::Unknown { text, why }, line, Form::Export, None);
+        }
+    }
+
+    /// Takes `cost` from the budget for work a file can repeat (calls,
+    /// scripts read again); past it, the reading stops following and
+    /// every deciding variable is unsettled.
+    fn spend(&mut self, cost: usize, line: usize) -> bool {
+        if cost <= self.budget {
+            self.budget -= cost;
+            return true;
+        }
+        self.budget = 0;
+        self.opaque(line, "repeats more work than this reading follows (functions called, scripts read again)");
+        false
     }
 
     /// Variables a launcher passes to what it starts (into `scoped`), and
@@ -888,6 +1229,13 @@ impl Reader {
             for (line, n) in after {
                 self.note(format!("line {line}: {n} is set after the launch on line {at}: the job does not see it"));
             }
+        }
+        for (n, (certain, maybe, why)) in std::mem::take(&mut self.diverged) {
+            let why = format!(
+                "the launch on line {certain} and the one on line {maybe} ({why}) see different values, and which one starts the job only running it settles"
+            );
+            self.f.set(n.clone(), Some(Value::Unknown { text: "(either launch's)".into(), why }), maybe, Form::Shell);
+            env.insert(n, Var { idx: self.f.assignments.len() - 1, exported: true, readonly: None, depth: 0 });
         }
         let reaches = |v: &Var| v.exported || (!script && self.f.assignments[v.idx].form != Form::DockerArg);
         let mut out: Vec<(usize, bool)> = env.values().filter(|v| v.idx != DECLARED).map(|v| (v.idx, reaches(v))).collect();

@@ -14,8 +14,9 @@
 //!   is either a reference (`$NAME`, `${NAME...}`, `$(NAME)`) or a name
 //!   the file assigns somewhere (`export NAME`, `-x NAME`).
 //!
-//! Comments (a `#` at the start of a word, outside quotes) and what
-//! follows an unconditional `exit` or `exec` (it never runs) are not read.
+//! Comments (in a shell script, where its lexer found them; elsewhere a
+//! `#` at the start of a word, outside quotes) and what follows an
+//! unconditional `exit` or `exec` (it never runs) are not read.
 //! One pass over the text: linear.
 
 use std::collections::HashSet;
@@ -76,6 +77,7 @@ fn assignment_shaped(after: &[u8]) -> bool {
     }
     match after.get(i) {
         Some(b'=') => after.get(i + 1) != Some(&b'='),
+        Some(b'+') => after.get(i + 1) == Some(&b'='),
         Some(b':') => after.get(i + 1).is_none_or(|c| matches!(c, b' ' | b'\t')),
         _ => false,
     }
@@ -101,7 +103,10 @@ pub(super) fn names_in(s: &str) -> Vec<&str> {
 
 /// The names `text` names that the reading of it (`f`) did not account
 /// for.
-pub(super) fn unaccounted(text: &str, f: &JobFile) -> Vec<Seen> {
+pub(super) fn unaccounted(text: &str, f: &JobFile, shell: bool) -> Vec<Seen> {
+    // A shell's comments are where its lexer found them (a `#` inside a
+    // string that spans lines is not one); other files' by the line.
+    let comment_at: std::collections::HashMap<usize, usize> = f.comments.iter().map(|(l, c)| (*l, *c)).collect();
     let recorded: HashSet<(&str, usize)> = f.assignments.iter().map(|a| (a.name.as_str(), a.line)).chain(f.printed.iter().map(|(n, l)| (n.as_str(), *l))).collect();
     let assigned: HashSet<&str> = f.assignments.iter().map(|a| a.name.as_str()).collect();
     let (mut out, mut named) = (Vec::new(), HashSet::new());
@@ -112,7 +117,14 @@ pub(super) fn unaccounted(text: &str, f: &JobFile) -> Vec<Seen> {
             // Never runs.
             break;
         }
-        let line = code(raw);
+        let line = if shell {
+            match comment_at.get(&n) {
+                Some(col) => raw.char_indices().nth(*col).map_or(raw, |(b, _)| &raw[..b]),
+                None => raw,
+            }
+        } else {
+            code(raw)
+        };
         let b = line.as_bytes();
         let mut at = 0;
         while at < b.len() {

@@ -41,7 +41,18 @@ impl Span {
 
     /// A lexer over it.
     pub fn lexer(&self) -> Lexer {
-        Lexer { s: self.buf.clone(), pos: self.start, end: self.end, line: self.line, depth: self.depth, heredocs: Vec::new(), bodies: Vec::new(), too_deep: None }
+        Lexer {
+            s: self.buf.clone(),
+            pos: self.start,
+            end: self.end,
+            line: self.line,
+            depth: self.depth,
+            heredocs: Vec::new(),
+            bodies: Vec::new(),
+            too_deep: None,
+            comments: Vec::new(),
+            redirected: false,
+        }
     }
 }
 
@@ -105,6 +116,12 @@ impl Word {
     /// the shell requires of an assignment; a launcher's argument
     /// (`-x "NAME=v"`) may be quoted.
     pub fn split_assignment(&self, unquoted: bool) -> Option<(String, Word)> {
+        self.split_assignment_op(unquoted).filter(|(_, _, append)| !append).map(|(n, w, _)| (n, w))
+    }
+
+    /// [`Word::split_assignment`], `NAME+=value` too (the third: whether
+    /// it appends).
+    pub fn split_assignment_op(&self, unquoted: bool) -> Option<(String, Word, bool)> {
         let mut name = String::new();
         for (i, seg) in self.segs.iter().enumerate() {
             let Seg::Lit { text, quoted } = seg else { return None };
@@ -115,6 +132,10 @@ impl Word {
                 None => name.push_str(text),
                 Some(at) => {
                     name.push_str(&text[..at]);
+                    let append = name.ends_with('+');
+                    if append {
+                        name.pop();
+                    }
                     if !is_name(&name) {
                         return None;
                     }
@@ -124,7 +145,7 @@ impl Word {
                     }
                     segs.extend(self.segs[i + 1..].iter().cloned());
                     let raw = self.raw.split_once('=').map_or(String::new(), |(_, r)| r.to_owned());
-                    return Some((name, Word { segs, raw, line: self.line }));
+                    return Some((name, Word { segs, raw, line: self.line }, append));
                 }
             }
         }
@@ -179,18 +200,37 @@ pub(super) struct Lexer {
     bodies: Vec<Span>,
     /// The first line where nesting went past [`MAX_NESTING`].
     pub too_deep: Option<usize>,
+    /// Where each comment starts: `(line, column in characters)`.
+    pub comments: Vec<(usize, usize)>,
+    /// An output redirection to a file since [`Lexer::take_redirected`].
+    redirected: bool,
 }
 
 impl Lexer {
     /// A lexer over `text`, whose first line is `line`.
     pub fn new(text: &str, line: usize) -> Lexer {
         let s: Rc<[char]> = text.chars().collect();
-        Lexer { end: s.len(), s, pos: 0, line, depth: 0, heredocs: Vec::new(), bodies: Vec::new(), too_deep: None }
+        Lexer { end: s.len(), s, pos: 0, line, depth: 0, heredocs: Vec::new(), bodies: Vec::new(), too_deep: None, comments: Vec::new(), redirected: false }
     }
 
     /// The here-document bodies read since the last call, in order.
     pub fn take_bodies(&mut self) -> Vec<Span> {
         std::mem::take(&mut self.bodies)
+    }
+
+    /// The text it reads.
+    pub fn buffer(&self) -> Rc<[char]> {
+        self.s.clone()
+    }
+
+    /// Whether it reads `text`.
+    pub fn shares(&self, text: &Rc<[char]>) -> bool {
+        Rc::ptr_eq(&self.s, text)
+    }
+
+    /// Whether output was redirected to a file since the last call.
+    pub fn take_redirected(&mut self) -> bool {
+        std::mem::take(&mut self.redirected)
     }
 
     fn peek(&self) -> Option<char> {
@@ -236,6 +276,8 @@ impl Lexer {
                     self.bump();
                 }
                 '#' => {
+                    let col = self.s[..self.pos].iter().rev().take_while(|c| **c != '\n').count();
+                    self.comments.push((self.line, col));
                     while self.peek().is_some_and(|c| c != '\n') {
                         self.pos += 1;
                     }
@@ -268,6 +310,17 @@ impl Lexer {
                     }
                     return Some(Tok::Sep(Sep::Pipe));
                 }
+                '(' if self.at(1) == Some('(') => {
+                    // `(( ... ))`: an arithmetic command, one word.
+                    let (at, line) = (self.pos, self.line);
+                    self.pos += 2;
+                    self.balanced('(', ')');
+                    if self.peek() == Some(')') {
+                        self.pos += 1;
+                    }
+                    let raw = capped(&self.s[at..self.pos], RAW_LIMIT);
+                    return Some(Tok::Word(Word { segs: vec![Seg::Other(raw.clone())], raw, line }));
+                }
                 '(' => {
                     self.pos += 1;
                     return Some(Tok::Sep(Sep::Open));
@@ -276,11 +329,13 @@ impl Lexer {
                     self.pos += 1;
                     return Some(Tok::Sep(Sep::Close));
                 }
+                '<' | '>' if self.at(1) == Some('(') => return Some(Tok::Word(self.word())),
                 '<' | '>' => self.redirection(),
                 _ => {
                     let w = self.word();
-                    // `2>file`: the digits are the redirection's descriptor.
-                    let fd = w.raw.bytes().all(|b| b.is_ascii_digit()) && matches!(self.peek(), Some('<' | '>'));
+                    // `2>file`, `{fd}>file`: the descriptor of a redirection.
+                    let named = w.raw.strip_prefix('{').and_then(|r| r.strip_suffix('}')).is_some_and(is_name);
+                    let fd = (named || w.raw.bytes().all(|b| b.is_ascii_digit())) && matches!(self.peek(), Some('<' | '>'));
                     if !fd {
                         return Some(Tok::Word(w));
                     }
@@ -315,6 +370,9 @@ impl Lexer {
             return;
         }
         let target = self.word();
+        if matches!(last, '>' | '|') && target.raw != "/dev/null" {
+            self.redirected = true;
+        }
         if heredoc {
             let delim: String = target.segs.iter().map(|s| match s {
                 Seg::Lit { text, .. } => text.clone(),
@@ -380,6 +438,18 @@ impl Lexer {
         let mut segs = Vec::new();
         while let Some(c) = self.peek() {
             match c {
+                '<' | '>' if self.at(1) == Some('(') => {
+                    // `<( ... )`: a command whose output is read, a subshell.
+                    let line = self.line;
+                    self.pos += 2;
+                    let start = self.pos;
+                    let end = self.balanced('(', ')');
+                    if self.may_nest(line) {
+                        segs.push(Seg::Command(self.span(start, end, line)));
+                    } else {
+                        segs.push(Seg::Other(capped(&self.s[start - 2..self.pos], RAW_LIMIT)));
+                    }
+                }
                 ' ' | '\t' | '\r' | '\n' | ';' | '&' | '|' | '(' | ')' | '<' | '>' => break,
                 '\\' => {
                     self.pos += 1;
@@ -485,9 +555,30 @@ impl Lexer {
     /// Where the text up to the `close` that matches an already consumed
     /// open bracket ends, quotes respected; the close is consumed. A loop,
     /// not a recursion: nesting costs no stack.
+    ///
+    /// As the shell finds the end: a comment's brackets do not count, nor a
+    /// here-document body's, nor a `case` pattern's `)` (`case` ... `esac`
+    /// words are counted).
     fn balanced(&mut self, open: char, close: char) -> usize {
         let mut depth = 1usize;
+        let mut cases = 0usize;
+        let mut pending: Vec<Pending> = Vec::new();
+        let mut word = String::new();
+        // Whether the next character starts a word.
+        let mut at_start = true;
         while let Some(c) = self.bump() {
+            let starts = at_start;
+            at_start = c.is_whitespace() || matches!(c, ';' | '&' | '|' | '(' | ')');
+            if c.is_ascii_alphanumeric() || c == '_' {
+                word.push(c);
+            } else {
+                match word.as_str() {
+                    "case" => cases += 1,
+                    "esac" => cases = cases.saturating_sub(1),
+                    _ => {}
+                }
+                word.clear();
+            }
             match c {
                 '\\' => {
                     self.bump();
@@ -501,7 +592,36 @@ impl Lexer {
                         }
                     }
                 }
+                '#' if starts => {
+                    while self.peek().is_some_and(|c| c != '\n') {
+                        self.pos += 1;
+                    }
+                }
+                '<' if self.peek() == Some('<') && self.at(1) != Some('<') => {
+                    self.pos += 1;
+                    let strip = self.peek() == Some('-');
+                    if strip {
+                        self.pos += 1;
+                    }
+                    while matches!(self.peek(), Some(' ' | '\t')) {
+                        self.pos += 1;
+                    }
+                    let target = self.word();
+                    let delim: String = target.segs.iter().map(|s| match s {
+                        Seg::Lit { text, .. } => text.clone(),
+                        _ => String::new(),
+                    }).collect();
+                    pending.push((delim, strip));
+                }
+                '\n' if !pending.is_empty() => {
+                    let saved = std::mem::replace(&mut self.heredocs, std::mem::take(&mut pending));
+                    let bodies = self.bodies.len();
+                    self.skip_heredocs();
+                    self.bodies.truncate(bodies);
+                    self.heredocs = saved;
+                }
                 c if c == open => depth += 1,
+                c if c == close && close == ')' && cases > 0 => {}
                 c if c == close => {
                     depth -= 1;
                     if depth == 0 {
