@@ -121,7 +121,7 @@ pub fn from_job_file(file: &super::jobfile::JobFile, shown: &str) -> JobEnv {
         }
     }
     for s in &file.seen {
-        if super::env::DECIDING.contains(&s.name.as_str()) && !env.unsettled.iter().any(|u| u.name == s.name) {
+        if gpudirect::nccl::DECIDING.contains(&s.name.as_str()) && !env.unsettled.iter().any(|u| u.name == s.name) {
             let why = format!("line {} names it in a form this reading does not take into a value, so what the job gets is not known here", s.line);
             env.unsettled.push(Unsettled { name: s.name.clone(), text: s.text.clone(), why, origin: format!("{shown} line {}", s.line) });
         }

@@ -1,0 +1,132 @@
+//! The builtins whose changes stay in the script's shell: `export` and
+//! its kin, `unset`, `set`, `shopt`, `source`, `eval`, `read` and its kin,
+//! `exit`.
+
+use super::super::shell::{is_name, Word};
+use super::super::{Form, Value};
+use super::{base, lit, Reader};
+
+impl Reader {
+    /// The builtins whose changes stay in the script's shell.
+    pub(super) fn builtin(&mut self, words: &[Word], cond: Option<&str>, unconditional: bool, in_function: bool) {
+        let line = words[0].line;
+        let name = base(&words[0]);
+        let rest = &words[1..];
+        match name.as_str() {
+            "local" if !in_function => {
+                // Outside a function `local` is an error: nothing is set.
+            }
+            "export" | "declare" | "typeset" | "readonly" | "local" => {
+                let opts: String = rest.iter().map(lit).filter(|w| w.starts_with('-')).collect();
+                let plus: String = rest.iter().map(lit).filter(|w| w.starts_with('+')).collect();
+                if opts.contains('f') || opts.contains('p') || (opts.is_empty() && plus.is_empty() && rest.is_empty()) {
+                    // Functions, or a listing: no variable changes.
+                    return;
+                }
+                // `export -n` and `declare +x` take the mark away.
+                let unexports = (name == "export" && opts.contains('n')) || plus.contains('x');
+                let exports = !unexports && (name == "export" || opts.contains('x'));
+                let readonly = name == "readonly" || opts.contains('r');
+                let nameref = name != "export" && opts.contains('n');
+                for w in rest.iter().filter(|w| !w.raw.starts_with(['-', '+'])) {
+                    let (n, value, append) = match w.split_assignment_op(false) {
+                        Some((n, value, append)) => (n, Some(value), append),
+                        None if is_name(&lit(w)) => (lit(w), None, false),
+                        // A name only running the script settles
+                        // (`export $V=0`, brace expansion).
+                        None => return self.opaque(line, &format!("names a variable as `{}`", super::super::shown(&w.raw))),
+                    };
+                    if nameref {
+                        // Assignments to the reference reach another name.
+                        return self.opaque(line, &format!("makes `{n}` a reference to another variable"));
+                    }
+                    if exports {
+                        self.f.exported.push(n.clone());
+                    }
+                    if let Some(value) = value {
+                        // A read-only variable refuses the value, not the mark.
+                        if exports && self.vars.get(&n).is_some_and(|v| v.readonly == Some(self.proc)) {
+                            self.flag(&n, true, false);
+                        }
+                        let v = self.value_of(&n, &value, append);
+                        self.assign(n.clone(), v, w.line, if exports { Form::Export } else { Form::Shell }, cond);
+                    }
+                    if exports || readonly {
+                        self.flag(&n, exports, readonly);
+                    }
+                    if unexports {
+                        if let Some(mut v) = self.vars.get(&n).copied() {
+                            v.exported = false;
+                            self.put(&n, Some(v));
+                        }
+                    }
+                }
+            }
+            "unset" => {
+                for w in rest {
+                    match lit(w).as_str() {
+                        "-v" => {}
+                        "-f" => return,
+                        n if is_name(n) => self.unset(n.to_owned(), w.line, cond),
+                        _ => return self.opaque(line, &format!("unsets `{}`", super::super::shown(&w.raw))),
+                    }
+                }
+            }
+            "set" => {
+                let all: Vec<String> = rest.iter().map(lit).collect();
+                let has = |o: &str, letter: char| all.iter().any(|s| s == o) || all.iter().any(|s| s.starts_with('-') && !s.starts_with("--") && s.contains(letter));
+                if has("allexport", 'a') {
+                    self.allexport = true;
+                    self.f.allexport = true;
+                }
+                if has("errexit", 'e') {
+                    self.errexit = true;
+                }
+                if all.iter().any(|s| s == "posix") {
+                    self.posix = true;
+                }
+                if has("keyword", 'k') {
+                    self.opaque(line, "`set -k` makes any NAME=value word an assignment");
+                }
+            }
+            "shopt" => {
+                if rest.iter().any(|w| lit(w) == "-s") && rest.iter().any(|w| lit(w) == "lastpipe") {
+                    self.lastpipe = true;
+                }
+            }
+            "source" | "." => {
+                let file = rest.first().map_or_else(String::new, |w| super::super::shown(&w.raw));
+                self.opaque(line, &format!("reads {file}"));
+            }
+            "eval" => self.opaque(line, "runs `eval`"),
+            "read" | "mapfile" | "readarray" | "getopts" | "printf" => {
+                // The names they assign, with values only running them settles.
+                let targets: Vec<&Word> = match name.as_str() {
+                    "printf" => rest.iter().skip_while(|w| lit(w) != "-v").nth(1).into_iter().collect(),
+                    "getopts" => rest.get(1).into_iter().collect(),
+                    _ => rest.iter().filter(|w| !lit(w).starts_with('-')).collect(),
+                };
+                for w in targets {
+                    match w.literal().filter(|n| is_name(n)) {
+                        Some(n) => {
+                            let why = format!("set by `{name}` on line {line}: only running it settles it");
+                            self.assign(n, Value::Unknown { text: format!("({name})"), why }, line, Form::Shell, cond);
+                        }
+                        None if name != "read" && name != "mapfile" && name != "readarray" => {}
+                        None => {}
+                    }
+                }
+                if rest.iter().any(|w| w.literal().is_none() && !w.raw.starts_with('-')) && name != "printf" {
+                    self.opaque(line, &format!("`{name}` into a name only running it settles"));
+                }
+            }
+            ":" | "true" => {}
+            _ => {
+                // `exit`.
+                if unconditional {
+                    self.stop(line);
+                }
+            }
+        }
+    }
+}
