@@ -271,12 +271,15 @@ fn inputs_are_confined_to_the_capture_and_bounded() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "the host file was read: {text}");
     assert!(!text.contains("NCCL_IB_DISABLE"), "{text}");
-    // The script naming a configuration file: not in the capture, said so.
+    // The script naming a configuration file: not in the capture, said
+    // so, and not read here either: what it may set leaves the verdict open.
     std::fs::write(&script, format!("export NCCL_CONF_FILE={}\n", host_conf.display())).unwrap();
     let out = doctor(&["--from", committed, "--env-file", script.to_str().unwrap(), "-v"], &[]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert_eq!(out.status.code(), Some(3), "{text}");
     assert!(text.contains("that file is not in the capture"), "{text}");
+    assert!(text.lines().next().is_some_and(|l| l.starts_with("GPUDirect RDMA: cannot tell") && l.contains("which was not read here (the capture does not hold it)")), "{text}");
+    assert!(!text.contains("AKIAEXAMPLESECRET"), "{text}");
 
     // Files that are not regular files, or too large: refused at once.
     let fifo = dir.join("fifo");

@@ -194,10 +194,30 @@ pub fn from_nccl_log(settings: &[crate::nccl_log::EnvSetting], shown: &str) -> J
 /// read inside `root` (links resolved there), only when it is a regular
 /// file, and up to [`SCRIPT_LIMIT`].
 pub fn resolve(process: JobEnv, root: &SysRoot, home: Option<&Path>) -> JobEnv {
-    let (files, notes) = read_conf_files(&process.vars, root, home);
+    let (files, notes, unread) = read_conf_files(&process.vars, root, home);
     let mut env = layer(process, files);
     env.notes.extend(notes);
+    for (file, why) in unread {
+        unread_file(&mut env, &file, &why);
+    }
     env
+}
+
+/// NCCL reads `file`, which was not read here (`why`): each deciding
+/// variable the environment does not set may be set there, so each is
+/// left to the running job, never judged as unset.
+fn unread_file(env: &mut JobEnv, file: &str, why: &str) {
+    for name in gpudirect::nccl::DECIDING {
+        if env.vars.iter().any(|(n, _)| n == name) || env.unsettled.iter().any(|u| u.name == name) {
+            continue;
+        }
+        env.unsettled.push(Unsettled {
+            name: name.to_owned(),
+            text: format!("(in {file})"),
+            why: format!("NCCL reads {file}, which was not read here ({why}), and it may set it"),
+            origin: file.to_owned(),
+        });
+    }
 }
 
 /// `process` completed by the configuration files a capture holds
@@ -213,6 +233,9 @@ pub fn over_captured_files(process: JobEnv, captured: &[ConfFile]) -> JobEnv {
         }
     }
     let mut env = layer(process, captured.to_vec());
+    if let (Some(f), Some(_)) = (&named, &note) {
+        unread_file(&mut env, f, "the capture does not hold it");
+    }
     env.notes.extend(note);
     env
 }
@@ -226,13 +249,14 @@ fn held(files: &[ConfFile]) -> String {
 
 /// The NCCL configuration files `process` makes NCCL read, as read under
 /// `root`, and notes on those that could not be.
-fn read_conf_files(process: &[(String, String)], root: &SysRoot, home: Option<&Path>) -> (Vec<ConfFile>, Vec<String>) {
+/// Also the files NCCL would read that could not be, with why.
+fn read_conf_files(process: &[(String, String)], root: &SysRoot, home: Option<&Path>) -> (Vec<ConfFile>, Vec<String>, Vec<(String, String)>) {
     let conf_file = process.iter().rev().find(|(n, _)| n == "NCCL_CONF_FILE").map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
     let user: Option<PathBuf> = match conf_file {
         Some(f) => Some(PathBuf::from(f)),
         None => home.map(|h| h.join(".nccl.conf")),
     };
-    let (mut files, mut notes) = (Vec::new(), Vec::new());
+    let (mut files, mut notes, mut unread) = (Vec::new(), Vec::new(), Vec::new());
     for file in user.into_iter().chain(std::iter::once(PathBuf::from("/etc/nccl.conf"))) {
         let shown = file.display().to_string();
         let machine_path = if file.is_absolute() {
@@ -244,15 +268,20 @@ fn read_conf_files(process: &[(String, String)], root: &SysRoot, home: Option<&P
                 Ok(d) => d.join(&file).display().to_string(),
                 Err(e) => {
                     notes.push(format!("{shown}: relative, and the working directory is unknown ({e})"));
+                    unread.push((shown, "relative, and the working directory is unknown".to_owned()));
                     continue;
                 }
             }
         } else {
             notes.push(format!("{shown}: a relative path, which only the job's working directory settles: not read"));
+            unread.push((shown, "a relative path only the job's working directory settles".to_owned()));
             continue;
         };
         match root.read_bytes(&machine_path, SCRIPT_LIMIT + 1) {
-            Ok(b) if b.len() as u64 > SCRIPT_LIMIT => notes.push(format!("{shown}: larger than {SCRIPT_LIMIT} bytes: not read")),
+            Ok(b) if b.len() as u64 > SCRIPT_LIMIT => {
+                notes.push(format!("{shown}: larger than {SCRIPT_LIMIT} bytes: not read"));
+                unread.push((shown, format!("larger than {SCRIPT_LIMIT} bytes")));
+            }
             Ok(b) => {
                 let text = String::from_utf8_lossy(&b);
                 let all = parse_nccl_conf(&text);
@@ -264,10 +293,13 @@ fn read_conf_files(process: &[(String, String)], root: &SysRoot, home: Option<&P
             }
             // Most machines have neither file: nothing worth a line.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => notes.push(format!("{shown}: cannot be read ({e})")),
+            Err(e) => {
+                notes.push(format!("{shown}: cannot be read ({e})"));
+                unread.push((shown, e.to_string()));
+            }
         }
     }
-    (files, notes)
+    (files, notes, unread)
 }
 
 /// `process` (a later name winning) with each configuration file's
@@ -349,6 +381,13 @@ mod tests {
         let get = |n: &str| e.vars.iter().rev().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
         assert_eq!((get("NCCL_IB_DISABLE"), get("NCCL_NET"), get("NCCL_DEBUG")), (Some("0"), Some("Socket"), Some("WARN")));
         assert_eq!(e.origin("NCCL_IB_DISABLE"), "process 7");
+        // A file NCCL reads that cannot be read here leaves each deciding
+        // variable the environment does not set to the running job.
+        std::fs::create_dir_all(root.join("big")).unwrap();
+        let e = resolve(from_process(vec![("NCCL_CONF_FILE".into(), "/big".into()), ("NCCL_NET".into(), "IB".into())], "process 7"), &SysRoot::at(&root), None);
+        let names: Vec<&str> = e.unsettled.iter().map(|u| u.name.as_str()).collect();
+        assert!(names.contains(&"NCCL_IB_HCA") && !names.contains(&"NCCL_NET") && !names.contains(&"NCCL_IB_DISABLE"), "{names:?}");
+        assert!(e.unsettled[0].why.starts_with("NCCL reads /big, which was not read here"), "{:?}", e.unsettled[0]);
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -59,7 +59,7 @@ fn yaml_key(l: &str) -> Option<(String, &str)> {
 pub(super) fn shell_script(r: &mut Reader, text: &str) {
     let mut shellish = String::with_capacity(text.len());
     for (i, l) in text.lines().enumerate() {
-        if !spaced(r, l, i + 1) {
+        if !spaced(r, l, i + 1, None) {
             shellish.push_str(l);
         }
         shellish.push('\n');
@@ -68,7 +68,7 @@ pub(super) fn shell_script(r: &mut Reader, text: &str) {
 }
 
 /// `NAME = value` of a judged name, as TOML and Python write it.
-fn spaced(r: &mut Reader, line: &str, n: usize) -> bool {
+fn spaced(r: &mut Reader, line: &str, n: usize, cond: Option<&str>) -> bool {
     let t = line.trim();
     let Some((name, rest)) = t.split_once('=') else { return false };
     let name = name.trim();
@@ -76,7 +76,7 @@ fn spaced(r: &mut Reader, line: &str, n: usize) -> bool {
         return false;
     }
     let value = literal_value(rest.trim());
-    r.assign(name.to_owned(), value, n, Form::Spaced, None);
+    r.assign(name.to_owned(), value, n, Form::Spaced, cond);
     true
 }
 
@@ -348,10 +348,21 @@ fn kubernetes_value(v: &str, r: &Reader, line: usize) -> Value {
 /// Python (and TOML): `os.environ[...] = ...`, `setdefault`, dict
 /// entries of judged names, `NAME = value` lines.
 pub(super) fn python(r: &mut Reader, text: &str) {
+    // Python's blocks, by indentation: `(indent, why it may not run)`.
+    let mut blocks: Vec<(usize, Option<&'static str>)> = Vec::new();
     for (i, l) in text.lines().enumerate() {
         let n = i + 1;
         let t = l.trim();
-        if t.starts_with('#') {
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        let indent = l.len() - l.trim_start().len();
+        while blocks.last().is_some_and(|(at, _)| *at >= indent) {
+            blocks.pop();
+        }
+        let cond = blocks.iter().rev().find_map(|(_, why)| *why);
+        if let Some(why) = python_block(t) {
+            blocks.push((indent, why));
             continue;
         }
         if let Some(rest) = t.strip_prefix("os.environ[") {
@@ -363,7 +374,7 @@ pub(super) fn python(r: &mut Reader, text: &str) {
                             Value::Unknown { text, .. } => Value::Unknown { text, why: "a Python expression, evaluated when the job runs".into() },
                             k => k,
                         };
-                        r.assign(name.to_owned(), v, n, Form::PythonEnviron, None);
+                        r.assign(name.to_owned(), v, n, Form::PythonEnviron, cond);
                     }
                 }
             }
@@ -374,20 +385,41 @@ pub(super) fn python(r: &mut Reader, text: &str) {
                 let name = unquote(key);
                 if is_name(name) {
                     let why = format!("setdefault keeps the value the job's environment already has, and sets {} otherwise", value.trim());
-                    r.assign(name.to_owned(), Value::Unknown { text: value.trim().to_owned(), why }, n, Form::PythonEnviron, None);
+                    r.assign(name.to_owned(), Value::Unknown { text: value.trim().to_owned(), why }, n, Form::PythonEnviron, cond);
                 }
             }
             continue;
         }
-        if spaced(r, l, n) {
+        if spaced(r, l, n, cond) {
             continue;
         }
-        dict_entries(r, t, n);
+        dict_entries(r, t, n, cond);
+    }
+}
+
+/// A Python line that opens a block (`if ...:`), with why what is in it
+/// may not run: `Some(Some(why))` for a branch or a loop, `Some(None)` for
+/// a block that runs (`def`, taken to be called; `with`, `try`; the
+/// script's own `if __name__ == "__main__":`), `None` for another line.
+fn python_block(t: &str) -> Option<Option<&'static str>> {
+    let code = strip_comment(t);
+    if !code.ends_with(':') {
+        return None;
+    }
+    let word = code.split(|c: char| !c.is_ascii_alphanumeric() && c != '_').next().unwrap_or_default();
+    match word {
+        "if" if code.contains("__name__") && code.contains("__main__") => Some(None),
+        "if" | "elif" | "else" => Some(Some("inside a Python `if`, which runs only when its condition holds")),
+        "for" | "while" => Some(Some("inside a Python loop")),
+        "except" => Some(Some("inside a Python `except`, which runs only on an error")),
+        "match" | "case" => Some(Some("inside a Python `match`")),
+        "def" | "async" | "class" | "with" | "try" | "finally" => Some(None),
+        _ => None,
     }
 }
 
 /// `"NAME": value` entries of judged names on a line.
-fn dict_entries(r: &mut Reader, line: &str, n: usize) {
+fn dict_entries(r: &mut Reader, line: &str, n: usize, cond: Option<&str>) {
     let mut rest = line;
     while let Some(at) = rest.find(['"', '\'']) {
         let q = rest[at..].chars().next().unwrap_or('"');
@@ -406,7 +438,7 @@ fn dict_entries(r: &mut Reader, line: &str, n: usize) {
             _ => value.find([',', '}', ')']).unwrap_or(value.len()),
         };
         let v = literal_value(&value[..end]);
-        r.assign(name.to_owned(), v, n, Form::DictEntry, None);
+        r.assign(name.to_owned(), v, n, Form::DictEntry, cond);
         rest = &value[end..];
     }
 }

@@ -191,6 +191,31 @@ fn python_and_toml() {
     assert_eq!((form(&s, "NCCL_IB_HCA"), known(&s, "NCCL_DEBUG").as_deref()), (Form::Spaced, Some("INFO")));
 }
 
+/// A Python launcher's `if` leaves what it sets to the running job; the
+/// script's own `if __name__ == "__main__":` and a `def` do not.
+#[test]
+fn python_branches_are_unsettled() {
+    let f = read(concat!(
+        "import os\n",
+        "os.environ[\"NCCL_DEBUG\"] = \"INFO\"\n",
+        "if os.getenv(\"ROCE\"):\n",
+        "    os.environ[\"NCCL_IB_DISABLE\"] = \"1\"\n",
+        "def main():\n",
+        "    os.environ[\"NCCL_IB_HCA\"] = \"mlx5_0\"\n",
+        "    for i in range(2):\n",
+        "        os.environ[\"NCCL_NET\"] = \"IB\"\n",
+        "    os.environ[\"NCCL_ALGO\"] = \"Ring\"\n",
+        "if __name__ == \"__main__\":\n",
+        "    os.environ[\"NCCL_PROTO\"] = \"Simple\"\n",
+        "    main()\n",
+    ));
+    assert!(unknown_why(&f, "NCCL_IB_DISABLE").contains("Python `if`"), "{f:#?}");
+    assert!(unknown_why(&f, "NCCL_NET").contains("Python loop"));
+    for (n, v) in [("NCCL_DEBUG", "INFO"), ("NCCL_IB_HCA", "mlx5_0"), ("NCCL_ALGO", "Ring"), ("NCCL_PROTO", "Simple")] {
+        assert_eq!(known(&f, n).as_deref(), Some(v), "{n}");
+    }
+}
+
 /// Arbitrary bytes never panic, and every line number is within the text.
 #[test]
 fn any_text_reads_without_panicking() {
