@@ -84,3 +84,25 @@ fn a_plugin_network_nobody_looked_for_is_open_never_fine() {
     let (code, _) = judge(&tree, &base(), "export NCCL_NET=IB\n");
     assert_eq!(code, Some(0));
 }
+
+/// A deciding variable set in branches: where every value the branches
+/// give leads to the same verdict, it holds and names them; where they
+/// differ, it stays open and names a value that changes it.
+#[test]
+fn branches_that_agree_hold_and_branches_that_differ_stay_open() {
+    let tree = testkit::Tree::new("unseen-branches");
+    // mlx5_0 or every NIC: GPU0's nearest NIC either way.
+    let (code, r) = judge(&tree, &base(), "#!/bin/bash\nif [ -n \"$PIN\" ]; then\n  export NCCL_IB_HCA=mlx5_0\nfi\npython train.py\n");
+    assert_eq!(code, Some(0), "{r:#}");
+    let line = r["verdict"]["line"].as_str().unwrap();
+    assert!(line.contains("the same for every value the branches give NCCL_IB_HCA (") && line.contains("NCCL_IB_HCA unset; NCCL_IB_HCA=mlx5_0"), "{line}");
+    // Sockets in one branch: open, naming it.
+    let (code, r) = judge(&tree, &base(), "#!/bin/bash\ncase \"$NET\" in\n  tcp) export NCCL_NET=Socket ;;\nesac\npython train.py\n");
+    assert_eq!(code, Some(3), "{r:#}");
+    let line = r["verdict"]["line"].as_str().unwrap();
+    assert!(line.contains("the branches decide it: with NCCL_NET unset available, with NCCL_NET=Socket not"), "{line}");
+    // Not available either way: the verdict holds, exit 1.
+    let (code, r) = judge(&tree, &base(), "#!/bin/bash\nexport NCCL_IB_DISABLE=1\n[ -n \"$X\" ] && export NCCL_IB_DISABLE=2\npython train.py\n");
+    assert_eq!(code, Some(1), "{r:#}");
+    assert!(r["verdict"]["line"].as_str().unwrap().contains("NCCL_IB_DISABLE=1; NCCL_IB_DISABLE=2"), "{r:#}");
+}

@@ -55,6 +55,10 @@ pub struct Unsettled {
     pub why: String,
     /// Where it is set (`job.sh line 4 (export)`).
     pub origin: String,
+    /// The values it may have, where the file lists them (branches that
+    /// set known values; `None`: unset); empty when they cannot be listed.
+    #[serde(default)]
+    pub alternatives: Vec<Option<String>>,
 }
 
 /// One NCCL configuration file as read.
@@ -99,7 +103,11 @@ pub fn from_job_file(file: &super::jobfile::JobFile, shown: &str) -> JobEnv {
         None if file.script => env.notes.push(format!("{shown}: no launcher found (torchrun, python, srun, mpirun, ...): the variables are those set at the end of the file")),
         None => {}
     }
-    for (a, reaches) in file.job_env().filter(|(a, _)| judged(&a.name)) {
+    for &(idx, reaches) in &file.env {
+        let a = &file.assignments[idx];
+        if !judged(&a.name) {
+            continue;
+        }
         let origin = format!("{shown} line {} ({})", a.line, a.form.shown());
         if !reaches {
             let why = match a.form {
@@ -116,14 +124,15 @@ pub fn from_job_file(file: &super::jobfile::JobFile, shown: &str) -> JobEnv {
                 env.vars.push((a.name.clone(), v.clone()));
             }
             Some(Value::Unknown { text, why }) => {
-                env.unsettled.push(Unsettled { name: a.name.clone(), text: text.clone(), why: why.clone(), origin });
+                let alternatives = file.alternatives.get(&idx).cloned().unwrap_or_default();
+                env.unsettled.push(Unsettled { name: a.name.clone(), text: text.clone(), why: why.clone(), origin, alternatives });
             }
         }
     }
     for s in &file.seen {
         if gpudirect::nccl::DECIDING.contains(&s.name.as_str()) && !env.unsettled.iter().any(|u| u.name == s.name) {
             let why = format!("line {} names it in a form this reading does not take into a value, so what the job gets is not known here", s.line);
-            env.unsettled.push(Unsettled { name: s.name.clone(), text: s.text.clone(), why, origin: format!("{shown} line {}", s.line) });
+            env.unsettled.push(Unsettled { name: s.name.clone(), text: s.text.clone(), why, origin: format!("{shown} line {}", s.line), alternatives: vec![] });
         }
     }
     let (taken, unsettled) = (env.vars.len(), env.unsettled.len());
@@ -216,6 +225,7 @@ fn unread_file(env: &mut JobEnv, file: &str, why: &str) {
             text: format!("(in {file})"),
             why: format!("NCCL reads {file}, which was not read here ({why}), and it may set it"),
             origin: file.to_owned(),
+            alternatives: vec![],
         });
     }
 }

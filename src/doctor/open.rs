@@ -20,6 +20,11 @@ pub enum Unseen {
         text: String,
         /// Why the file does not settle it.
         why: String,
+        /// The values it may have, where the file lists them (branches
+        /// that set known values; `None`: unset); empty when they cannot
+        /// be listed.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        alternatives: Vec<Option<String>>,
     },
     /// A fact of the machine the rules need for the pair, not recorded
     /// or not readable (a capture without sysfs, an old capture that did
@@ -33,7 +38,7 @@ pub enum Unseen {
 impl std::fmt::Display for Unseen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Unseen::Variable { name, origin, text, why } => write!(f, "{name} ({origin}: {text:?}, {why})"),
+            Unseen::Variable { name, origin, text, why, .. } => write!(f, "{name} ({origin}: {text:?}, {why})"),
             Unseen::Fact { what } => f.write_str(what),
         }
     }

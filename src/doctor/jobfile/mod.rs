@@ -151,6 +151,9 @@ pub struct JobFile {
     pub printed: Vec<(String, usize)>,
     /// Where the shell's comments start: `(line, column in characters)`.
     pub comments: Vec<(usize, usize)>,
+    /// For an unsettled value set in branches, the values it may have
+    /// (`None`: unset), by assignment index, where they can be listed.
+    pub alternatives: std::collections::HashMap<usize, Vec<Option<String>>>,
     /// What the reading could not follow (`source`d files).
     pub notes: Vec<String>,
     /// A script run as a program (it starts with `#!`): its plain

@@ -29,6 +29,11 @@ fn bed() -> PathBuf {
 /// What the last launch `script` runs under bash sees of
 /// `NCCL_IB_DISABLE` (`Some(None)`: unset), `None` when no launch ran.
 fn bash_sees(script: &str, case: usize) -> Option<Option<String>> {
+    bash_sees_with(script, case, &[])
+}
+
+/// [`bash_sees`] with `vars` in bash's environment.
+fn bash_sees_with(script: &str, case: usize, vars: &[(&str, &str)]) -> Option<Option<String>> {
     let dir = bed();
     let (file, out) = (dir.join(format!("case{case}.sh")), dir.join(format!("case{case}.out")));
     std::fs::write(&file, script).unwrap();
@@ -38,6 +43,7 @@ fn bash_sees(script: &str, case: usize) -> Option<Option<String>> {
         .env_clear()
         .env("PATH", format!("{}:/usr/bin:/bin", dir.display()))
         .env("GD_OUT", &out)
+        .envs(vars.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
@@ -206,4 +212,31 @@ fn random_scripts_never_disagree_with_bash() {
         }
     }
     assert!(failures.is_empty(), "{} of 300:\n{}", failures.len(), failures.join("\n\n"));
+}
+
+/// Branches: for each, bash run both ways (`X` unset and `X=1`); the
+/// reading leaves the value unsettled and lists every value bash gave
+/// among its alternatives, so the doctor can tell whether they agree.
+#[test]
+fn branches_list_every_value_bash_gives() {
+    const BRANCHES: &[&str] = &[
+        "export NCCL_IB_DISABLE=1\nif [ -n \"$X\" ]; then export NCCL_IB_DISABLE=0; fi\npython train.py\n",
+        "if [ -n \"$X\" ]; then export NCCL_IB_DISABLE=0; else export NCCL_IB_DISABLE=1; fi\npython train.py\n",
+        "export NCCL_IB_DISABLE=1\ncase \"$X\" in\n  1) export NCCL_IB_DISABLE=0 ;;\n  *) unset NCCL_IB_DISABLE ;;\nesac\npython train.py\n",
+        "export NCCL_IB_DISABLE=1\n[ -n \"$X\" ] && export NCCL_IB_DISABLE=0\npython train.py\n",
+        "export NCCL_IB_DISABLE=1\n[ -z \"$X\" ] || { export NCCL_IB_DISABLE=0; }\npython train.py\n",
+        "export NCCL_IB_DISABLE=1\nwhile [ -n \"$X\" ]; do export NCCL_IB_DISABLE=0; X=; done\npython train.py\n",
+    ];
+    for (i, body) in BRANCHES.iter().enumerate() {
+        let script = format!("#!/bin/bash\n{body}");
+        let f = read(&script);
+        let Some((a, true)) = f.job("NCCL_IB_DISABLE") else { panic!("case {i}: {f:#?}") };
+        let idx = f.env.iter().find(|(j, _)| f.assignments[*j].name == "NCCL_IB_DISABLE").map(|(j, _)| *j).unwrap();
+        assert!(matches!(a.value, Some(Value::Unknown { .. })), "case {i}: a branch's value is unsettled: {a:?}");
+        let alternatives = f.alternatives.get(&idx).unwrap_or_else(|| panic!("case {i}: no alternatives listed: {f:#?}"));
+        for (k, vars) in [&[][..], &[("X", "1")][..]].iter().enumerate() {
+            let bash = bash_sees_with(&script, 3000 + 2 * i + k, vars).expect("it launches");
+            assert!(alternatives.contains(&bash), "case {i}: bash with {vars:?} gives {bash:?}, not among {alternatives:?}:\n{body}");
+        }
+    }
 }

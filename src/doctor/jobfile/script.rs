@@ -52,6 +52,9 @@ fn tracked(name: &str) -> bool {
 /// Most bytes of values the reading builds in all.
 const MAX_BUILT: usize = 16 << 20;
 
+/// Most values a variable set in branches is followed with.
+const MAX_ALTERNATIVES: usize = 8;
+
 /// Most notes on assignments that do not reach the launch.
 const MAX_NOTES: usize = 64;
 
@@ -302,18 +305,57 @@ impl Reader {
     /// Records an assignment (`cond`: why it may not run) and sets the
     /// variable, unless it is read-only.
     pub fn assign(&mut self, name: String, value: Value, line: usize, form: Form, cond: Option<&str>) {
+        let mut alternatives = None;
         let value = match (value, cond) {
             (Value::Known(v), Some(why)) => {
                 let same = self.get(&name).is_some_and(|(a, _)| a == Some(Value::Known(v.clone())));
                 if same {
                     Value::Known(v)
                 } else {
+                    // The value the branch sets, or the one before it.
+                    alternatives = self.alternatives_of(&name).map(|mut a| {
+                        a.push(Some(v.clone()));
+                        a
+                    });
                     Value::Unknown { text: v, why: format!("set on line {line} {why}, so only the running job settles it") }
                 }
             }
             (v, _) => v,
         };
-        self.record(name, Some(value), line, form);
+        self.record(name.clone(), Some(value), line, form);
+        self.keep_alternatives(&name, alternatives);
+    }
+
+    /// The values `name` may have here, where they can be listed (`None`:
+    /// unset): a known value, or an unsettled one's alternatives.
+    fn alternatives_of(&self, name: &str) -> Option<Vec<Option<String>>> {
+        let Some(v) = self.vars.get(name).filter(|v| v.idx != DECLARED) else { return Some(vec![None]) };
+        match &self.f.assignments[v.idx].value {
+            None => Some(vec![None]),
+            Some(Value::Known(k)) => Some(vec![Some(k.clone())]),
+            Some(Value::Unknown { .. }) => self.f.alternatives.get(&v.idx).cloned(),
+        }
+    }
+
+    /// Records `alternatives` for `name`'s assignment just made (when it
+    /// was not refused), at most [`MAX_ALTERNATIVES`] of them.
+    fn keep_alternatives(&mut self, name: &str, alternatives: Option<Vec<Option<String>>>) {
+        let Some(mut a) = alternatives else { return };
+        let last = self.f.assignments.len().checked_sub(1);
+        if self.vars.get(name).map(|v| v.idx) != last {
+            return;
+        }
+        a.dedup();
+        let mut seen = Vec::new();
+        a.retain(|x| !seen.contains(x) && {
+            seen.push(x.clone());
+            true
+        });
+        if a.len() <= MAX_ALTERNATIVES {
+            if let Some(idx) = last {
+                self.f.alternatives.insert(idx, a);
+            }
+        }
     }
 
     fn record(&mut self, name: String, value: Option<Value>, line: usize, form: Form) {
@@ -331,6 +373,7 @@ impl Reader {
             other => other,
         };
         let old = self.vars.get(&name).copied();
+        let unsettled = matches!(value, Some(Value::Unknown { .. }));
         // Another name's history is not kept (it only expands later
         // values): with nothing to undo, its slot is reused, so a file of
         // many assignments holds one per name.
@@ -355,7 +398,9 @@ impl Reader {
         // `unset` takes the export mark away with the value.
         let exported = match form {
             Form::Shell | Form::Spaced => self.allexport || old.is_some_and(|o| o.exported),
-            Form::DockerArg | Form::Unset => false,
+            // An `unset` that may not run keeps the mark it may not take.
+            Form::Unset => unsettled && old.is_some_and(|o| o.exported),
+            Form::DockerArg => false,
             _ => true,
         };
         self.put(&name, Some(Var { idx, exported, readonly: None, depth: self.depth }));
@@ -366,7 +411,12 @@ impl Reader {
             None => self.record(name, None, line, Form::Unset),
             Some(why) => {
                 let why = format!("unset on line {line} {why}, so only the running job settles it");
-                self.record(name, Some(Value::Unknown { text: "(unset)".into(), why }), line, Form::Unset);
+                let alternatives = self.alternatives_of(&name).map(|mut a| {
+                    a.push(None);
+                    a
+                });
+                self.record(name.clone(), Some(Value::Unknown { text: "(unset)".into(), why }), line, Form::Unset);
+                self.keep_alternatives(&name, alternatives);
             }
         }
     }
