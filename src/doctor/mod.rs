@@ -155,3 +155,6 @@ pub mod probes;
 pub mod report;
 pub mod sources;
 pub mod stack;
+
+#[cfg(test)]
+mod unseen_tests;
