@@ -1,73 +1,8 @@
 //! Hostile review of the job-file reading: each test is one attack.
 //! The oracle is bash with a fake launcher on PATH (as in scoping_tests).
 
-use std::path::PathBuf;
-use std::process::Command;
-
+use super::scoping_tests::{bash_sees, bed, reading_sees};
 use super::*;
-
-fn bed() -> PathBuf {
-    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("gpudirect-attack-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let report = "printf '%s\\n' \"${NCCL_IB_DISABLE-<unset>}\" >> \"$GD_OUT\"\n";
-        let scripts = [
-            ("python", format!("#!/bin/sh\n{report}")),
-            ("torchrun", format!("#!/bin/sh\n{report}")),
-            // Open MPI's mpirun passes `-x NAME=value` to the ranks.
-            ("mpirun", format!("#!/bin/bash\nwhile [ $# -gt 0 ]; do case \"$1\" in -x) export \"$2\"; shift 2;; *) shift;; esac; done\n{report}")),
-            // A profiler that runs the rest of its command line.
-            ("nsys", "#!/bin/sh\nshift\nexec \"$@\"\n".to_owned()),
-        ];
-        for (l, body) in scripts {
-            let p = dir.join(l);
-            std::fs::write(&p, body).unwrap();
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-        }
-        dir
-    })
-    .clone()
-}
-
-static CASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// What the last launch sees of NCCL_IB_DISABLE under bash.
-fn bash_sees(script: &str) -> Option<Option<String>> {
-    let dir = bed();
-    let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let (file, out) = (dir.join(format!("a{case}.sh")), dir.join(format!("a{case}.out")));
-    std::fs::write(&file, script).unwrap();
-    let _ = std::fs::remove_file(&out);
-    let _ = Command::new("bash")
-        .arg(&file)
-        .current_dir(&dir)
-        .env_clear()
-        .env("PATH", format!("{}:/usr/bin:/bin", dir.display()))
-        .env("GD_OUT", &out)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    let seen = std::fs::read_to_string(&out).unwrap_or_default();
-    seen.lines().last().map(|l| (l != "<unset>").then(|| l.to_owned()))
-}
-
-fn reading_sees(f: &JobFile) -> Result<Option<String>, String> {
-    if let Some(s) = f.seen.iter().find(|s| s.name == "NCCL_IB_DISABLE") {
-        return Err(format!("seen, not read, line {}", s.line));
-    }
-    match f.job("NCCL_IB_DISABLE") {
-        None | Some((_, false)) => Ok(None),
-        Some((a, true)) => match &a.value {
-            None => Ok(None),
-            Some(Value::Known(v)) => Ok(Some(v.clone())),
-            Some(Value::Unknown { why, .. }) => Err(why.clone()),
-        },
-    }
-}
 
 /// The reading must agree with bash or leave it open.
 fn agrees(script: &str) {

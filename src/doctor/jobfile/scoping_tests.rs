@@ -9,15 +9,24 @@ use std::process::Command;
 use super::*;
 
 /// A folder with fake launchers (`python`, `torchrun`) that append what
-/// they see of `NCCL_IB_DISABLE` to `$GD_OUT`.
-fn bed() -> PathBuf {
+/// they see of `NCCL_IB_DISABLE` to `$GD_OUT`, an `mpirun` that passes
+/// `-x NAME=value` on as Open MPI does, and an `nsys` that runs the rest
+/// of its line, as a profiler does.
+pub(super) fn bed() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("gpudirect-scoping-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for l in ["python", "torchrun"] {
-            let p = dir.join(l);
-            std::fs::write(&p, "#!/bin/sh\nprintf '%s\\n' \"${NCCL_IB_DISABLE-<unset>}\" >> \"$GD_OUT\"\n").unwrap();
+        let report = "printf '%s\\n' \"${NCCL_IB_DISABLE-<unset>}\" >> \"$GD_OUT\"\n";
+        let programs = [
+            ("python", format!("#!/bin/sh\n{report}")),
+            ("torchrun", format!("#!/bin/sh\n{report}")),
+            ("mpirun", format!("#!/bin/bash\nwhile [ $# -gt 0 ]; do case \"$1\" in -x) export \"$2\"; shift 2;; *) shift;; esac; done\n{report}")),
+            ("nsys", "#!/bin/sh\nshift\nexec \"$@\"\n".to_owned()),
+        ];
+        for (name, body) in programs {
+            let p = dir.join(name);
+            std::fs::write(&p, body).unwrap();
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
@@ -28,34 +37,37 @@ fn bed() -> PathBuf {
 
 /// What the last launch `script` runs under bash sees of
 /// `NCCL_IB_DISABLE` (`Some(None)`: unset), `None` when no launch ran.
-fn bash_sees(script: &str, case: usize) -> Option<Option<String>> {
-    bash_sees_with(script, case, &[])
+pub(super) fn bash_sees(script: &str) -> Option<Option<String>> {
+    bash_sees_with(script, &[])
 }
 
 /// [`bash_sees`] with `vars` in bash's environment.
-fn bash_sees_with(script: &str, case: usize, vars: &[(&str, &str)]) -> Option<Option<String>> {
+pub(super) fn bash_sees_with(script: &str, vars: &[(&str, &str)]) -> Option<Option<String>> {
+    static CASE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let case = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = bed();
     let (file, out) = (dir.join(format!("case{case}.sh")), dir.join(format!("case{case}.out")));
     std::fs::write(&file, script).unwrap();
     let _ = std::fs::remove_file(&out);
-    let st = Command::new("bash")
+    let _ = Command::new("bash")
         .arg(&file)
+        .current_dir(&dir)
         .env_clear()
         .env("PATH", format!("{}:/usr/bin:/bin", dir.display()))
         .env("GD_OUT", &out)
         .envs(vars.iter().copied())
+        .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
         .unwrap();
-    let _ = st;
     let seen = std::fs::read_to_string(&out).unwrap_or_default();
     seen.lines().last().map(|l| (l != "<unset>").then(|| l.to_owned()))
 }
 
 /// What the reading says the launch sees: `Ok(value)`, or `Err` when it
 /// leaves it to the running job (unsettled, or seen, not read).
-fn reading_sees(f: &JobFile) -> Result<Option<String>, String> {
+pub(super) fn reading_sees(f: &JobFile) -> Result<Option<String>, String> {
     if let Some(s) = f.seen.iter().find(|s| s.name == "NCCL_IB_DISABLE") {
         return Err(format!("seen, not read, line {}", s.line));
     }
@@ -129,7 +141,7 @@ fn the_launch_sees_what_bash_hands_it() {
     let mut failures = Vec::new();
     for (i, (body, settled)) in CASES.iter().enumerate() {
         let script = format!("#!/bin/bash\n{body}");
-        let bash = bash_sees(&script, i).expect("every case launches");
+        let bash = bash_sees(&script).expect("every case launches");
         let f = read(&script);
         match reading_sees(&f) {
             Ok(v) if v == bash => {}
@@ -153,7 +165,8 @@ fn the_launch_is_the_last_launcher() {
 }
 
 /// Random scripts from fragments, each run by bash: the reading never
-/// gives the launch a value bash does not.
+/// gives the launch a value bash does not. `GD_SEED` and `GD_N` change
+/// the seed and the count for a longer run.
 #[test]
 fn random_scripts_never_disagree_with_bash() {
     const FRAGMENTS: [&str; 38] = [
@@ -198,13 +211,13 @@ fn random_scripts_never_disagree_with_bash() {
     ];
     let mut rng = testkit::Rng(std::env::var("GD_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(48));
     let mut failures = Vec::new();
-    for i in 0..std::env::var("GD_N").ok().and_then(|s| s.parse().ok()).unwrap_or(300) {
+    for _ in 0..std::env::var("GD_N").ok().and_then(|s| s.parse().ok()).unwrap_or(300) {
         let n = 2 + rng.index(6);
         let body: String = (0..n).map(|_| FRAGMENTS[rng.index(FRAGMENTS.len())]).collect();
         let script = format!("#!/bin/bash\n{body}");
         // Without a launch the reading's answer (the end of the file) is
         // not bash's to give.
-        let Some(bash) = bash_sees(&script, 1000 + i) else { continue };
+        let Some(bash) = bash_sees(&script) else { continue };
         if let Ok(v) = reading_sees(&read(&script)) {
             if v != bash {
                 failures.push(format!("bash hands the launch {bash:?}, the reading says {v:?}:\n{body}"));
@@ -234,8 +247,8 @@ fn branches_list_every_value_bash_gives() {
         let idx = f.env.iter().find(|(j, _)| f.assignments[*j].name == "NCCL_IB_DISABLE").map(|(j, _)| *j).unwrap();
         assert!(matches!(a.value, Some(Value::Unknown { .. })), "case {i}: a branch's value is unsettled: {a:?}");
         let alternatives = f.alternatives.get(&idx).unwrap_or_else(|| panic!("case {i}: no alternatives listed: {f:#?}"));
-        for (k, vars) in [&[][..], &[("X", "1")][..]].iter().enumerate() {
-            let bash = bash_sees_with(&script, 3000 + 2 * i + k, vars).expect("it launches");
+        for vars in [&[][..], &[("X", "1")][..]] {
+            let bash = bash_sees_with(&script, vars).expect("it launches");
             assert!(alternatives.contains(&bash), "case {i}: bash with {vars:?} gives {bash:?}, not among {alternatives:?}:\n{body}");
         }
     }

@@ -374,11 +374,7 @@ impl Lexer {
             self.redirected = true;
         }
         if heredoc {
-            let delim: String = target.segs.iter().map(|s| match s {
-                Seg::Lit { text, .. } => text.clone(),
-                _ => String::new(),
-            }).collect();
-            self.heredocs.push((delim, strip));
+            self.heredocs.push((delimiter(&target), strip));
         }
     }
 
@@ -440,15 +436,10 @@ impl Lexer {
             match c {
                 '<' | '>' if self.at(1) == Some('(') => {
                     // `<( ... )`: a command whose output is read, a subshell.
-                    let line = self.line;
+                    let (at, line) = (self.pos, self.line);
                     self.pos += 2;
-                    let start = self.pos;
-                    let end = self.balanced('(', ')');
-                    if self.may_nest(line) {
-                        segs.push(Seg::Command(self.span(start, end, line)));
-                    } else {
-                        segs.push(Seg::Other(capped(&self.s[start - 2..self.pos], RAW_LIMIT)));
-                    }
+                    let seg = self.command_body(at, line);
+                    segs.push(seg);
                 }
                 ' ' | '\t' | '\r' | '\n' | ';' | '&' | '|' | '(' | ')' | '<' | '>' => break,
                 '\\' => {
@@ -607,11 +598,7 @@ impl Lexer {
                         self.pos += 1;
                     }
                     let target = self.word();
-                    let delim: String = target.segs.iter().map(|s| match s {
-                        Seg::Lit { text, .. } => text.clone(),
-                        _ => String::new(),
-                    }).collect();
-                    pending.push((delim, strip));
+                    pending.push((delimiter(&target), strip));
                 }
                 '\n' if !pending.is_empty() => {
                     let saved = std::mem::replace(&mut self.heredocs, std::mem::take(&mut pending));
@@ -649,13 +636,8 @@ impl Lexer {
             }
             Some('(') => {
                 self.pos += 1;
-                let start = self.pos;
-                let end = self.balanced('(', ')');
-                if self.may_nest(line) {
-                    segs.push(Seg::Command(self.span(start, end, line)));
-                } else {
-                    segs.push(Seg::Other(capped(&self.s[at..self.pos], RAW_LIMIT)));
-                }
+                let seg = self.command_body(at, line);
+                segs.push(seg);
             }
             Some('{') => {
                 self.pos += 1;
@@ -681,6 +663,19 @@ impl Lexer {
                 segs.push(Seg::Other(format!("${c}")));
             }
             _ => lit(segs, '$', false),
+        }
+    }
+
+    /// A command's body after its `(` (`$(`, `<(`), up to its `)`: a span
+    /// to read one level further in, or past [`MAX_NESTING`] the text from
+    /// `at`, unread.
+    fn command_body(&mut self, at: usize, line: usize) -> Seg {
+        let start = self.pos;
+        let end = self.balanced('(', ')');
+        if self.may_nest(line) {
+            Seg::Command(self.span(start, end, line))
+        } else {
+            Seg::Other(capped(&self.s[at..self.pos], RAW_LIMIT))
         }
     }
 
@@ -711,6 +706,18 @@ impl Lexer {
         }
         other()
     }
+}
+
+/// A here-document's delimiter: its word's text, quotes removed.
+fn delimiter(target: &Word) -> String {
+    target
+        .segs
+        .iter()
+        .map(|s| match s {
+            Seg::Lit { text, .. } => text.clone(),
+            _ => String::new(),
+        })
+        .collect()
 }
 
 fn lit(segs: &mut Vec<Seg>, c: char, quoted: bool) {
