@@ -11,12 +11,12 @@ use gpudirect::gdr::GdrFacts;
 use gpudirect::nccl::PluginLine;
 use gpudirect::rcache::{CacheConfig, RegistrationCache};
 use gpudirect::sysroot::SysRoot;
-use gpudirect::topology::{discover, PathLevel};
+use gpudirect::topology::discover;
 use gpudirect::{devices, gpu_count, Context, LinkLayer, PortState, ProtectionDomain};
 
 use crate::config::Config;
 use crate::error::{NetError, Result};
-use crate::verdict::{nccl_level, ptr_support, PairJudgement};
+use crate::verdict::{levels, ptr_support, PairJudgement};
 
 /// Bytes moved through one NIC, by where they lived.
 #[derive(Debug, Default)]
@@ -185,8 +185,8 @@ impl Site {
         let pairs: Vec<PairJudgement> = (0..gpus)
             .map(|ordinal| {
                 let facts = GdrFacts::gather(&pd, ordinal, root);
-                let level: Option<PathLevel> = facts.gpu.pci_bus_id.as_deref().and_then(|bus| nccl_level(root, topo, bus, &name));
-                PairJudgement::new(ordinal, facts, level)
+                let levels = facts.gpu.pci_bus_id.as_deref().and_then(|bus| levels(root, topo, bus, &name));
+                PairJudgement::new(ordinal, facts, levels.map(|(nccl, _)| nccl)).shown_as(levels.map(|(_, shown)| shown))
             })
             .collect();
         let sysfs = format!("/sys/class/infiniband/{name}");

@@ -38,13 +38,22 @@ pub struct PairJudgement {
     /// NCCL's view of the PCIe distance (PIX ... SYS), when the pair could
     /// be placed in the PCIe tree.
     pub nccl_level: Option<PathLevel>,
+    /// nvidia-smi's name for it (`NODE` where NCCL says `PHB`), for the
+    /// wording: the doctor names the pair so too.
+    pub shown_level: Option<PathLevel>,
 }
 
 impl PairJudgement {
     /// Judges `facts` with the library's judge.
     pub fn new(ordinal: usize, facts: GdrFacts, nccl_level: Option<PathLevel>) -> PairJudgement {
         let plan = plan(&facts);
-        PairJudgement { ordinal, facts, plan, nccl_level }
+        PairJudgement { ordinal, facts, plan, nccl_level, shown_level: None }
+    }
+
+    /// The same, naming the distance `level` as nvidia-smi does.
+    pub fn shown_as(mut self, level: Option<PathLevel>) -> PairJudgement {
+        self.shown_level = level;
+        self
     }
 
     /// Whether a zero-copy path exists between the two.
@@ -59,11 +68,12 @@ impl PairJudgement {
 }
 
 /// NCCL's view of the PCIe path between the GPU at `gpu_bus_id` (as CUDA
-/// spells it) and the RDMA device `nic`; `None` when either cannot be
-/// placed in the tree (a software RDMA device, a VM without the tree).
-pub fn nccl_level(root: &SysRoot, topo: &PciTopology, gpu_bus_id: &str, nic: &str) -> Option<PathLevel> {
+/// spells it) and the RDMA device `nic`, and nvidia-smi's name for it;
+/// `None` when either cannot be placed in the tree (a software RDMA
+/// device, a VM without the tree).
+pub fn levels(root: &SysRoot, topo: &PciTopology, gpu_bus_id: &str, nic: &str) -> Option<(PathLevel, PathLevel)> {
     let gpu = topo.gpu_by_bus_id(gpu_bus_id)?;
-    pairs(root, topo).into_iter().find(|p| p.gpu_index == gpu.index && p.nic == nic).map(|p| p.nccl_level)
+    pairs(root, topo).into_iter().find(|p| p.gpu_index == gpu.index && p.nic == nic).map(|p| (p.nccl_level, p.level))
 }
 
 /// The `ptrSupport` a NIC advertises: host memory always; CUDA memory
@@ -149,7 +159,7 @@ fn staged_cause(side: Side, pair: &PairJudgement, nic: &str, env: &[(String, Str
     // The library's table, as the doctor and nccl-log judge by it: only
     // its registration rules, since NCCL already chose this network and
     // NIC for the connection.
-    let p = gpudirect::nccl::Pair { nic: Some(nic), level: pair.nccl_level, shown: None, dma_buf_only: false, plugin_missing: None, sends: side == Side::Send };
+    let p = gpudirect::nccl::Pair { nic: Some(nic), level: pair.nccl_level, shown: pair.shown_level, dma_buf_only: false, plugin_missing: None, sends: side == Side::Send };
     if let Some(stop) = registration_stops(env, &p) {
         return (format!("{gpu} <-> {nic}: {}", stop.cause()), stop.fix());
     }

@@ -37,8 +37,8 @@ fn facts(bus: &str, nic: &str, change: impl FnOnce(&mut GdrFacts)) -> GdrFacts {
 fn pair(machine_name: &str, nic: &str, change: impl FnOnce(&mut GdrFacts)) -> PairJudgement {
     let (root, topo) = machine(machine_name);
     let bus = topo.gpus[0].bdf.clone();
-    let level = nccl_level(&root, &topo, &bus, nic);
-    PairJudgement::new(0, facts(&bus, nic, change), level)
+    let levels = levels(&root, &topo, &bus, nic);
+    PairJudgement::new(0, facts(&bus, nic, change), levels.map(|(nccl, _)| nccl)).shown_as(levels.map(|(_, shown)| shown))
 }
 
 const HOST_ONLY: Seen = Seen { host: true, gpu: None };
@@ -136,5 +136,5 @@ fn host_memory_without_a_gpu_is_not_staging() {
 fn a_soft_roce_device_has_no_place_in_the_pci_tree() {
     let (root, topo) = machine("vm-soft-roce");
     let bus = topo.gpus[0].bdf.clone();
-    assert_eq!(nccl_level(&root, &topo, &bus, "rxe0"), None);
+    assert_eq!(levels(&root, &topo, &bus, "rxe0"), None);
 }

@@ -392,3 +392,70 @@ fn no_rdma_or_no_cuda_are_named() {
     assert_eq!(r.verdict.line, "GPUDirect RDMA: not available: no RDMA device can be used (no RDMA subsystem in this kernel)");
     assert!(r.to_string().starts_with("GPUDirect RDMA: not available"));
 }
+
+/// Parity over every fixture machine: for each GPU-NIC pair the machine
+/// allows and a table of job environments, the doctor's verdict on the
+/// pair names the library's rule-table stop for that pair (NCCL's
+/// distance, the registration path), and the NCCL plugin, judging a
+/// staged connection on the same pair, names the same variable wherever
+/// the stop concerns registration. (`crate::nccl_agreement` adds nccl-log.)
+#[test]
+fn the_doctor_and_the_plugin_agree_on_every_fixture_pair() {
+    use gpudirect::nccl::{registration_stops, stops, Pair};
+    use nccl_net_gpudirect::{judge, ConnPath, PairJudgement, Seen, Side};
+    let envs: &[&[(&str, &str)]] = &[
+        &[],
+        &[("NCCL_NET_GDR_LEVEL", "PIX")],
+        &[("NCCL_NET_GDR_LEVEL", "PXB")],
+        &[("NCCL_NET_GDR_LEVEL", "PHB")],
+        &[("NCCL_NET_GDR_LEVEL", "SYS")],
+        &[("NCCL_NET_GDR_LEVEL", "1")],
+        &[("NCCL_NET_GDR_READ", "0")],
+        &[("NCCL_DMABUF_ENABLE", "0")],
+        &[("NCCL_IB_DISABLE", "1")],
+        &[("NCCL_IB_HCA", "^mlx5")],
+    ];
+    let dir = testkit::machine("");
+    let mut machines: Vec<String> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()).filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    machines.sort();
+    let (mut pairs_checked, mut stopped) = (0, 0);
+    for name in &machines {
+        let root = SysRoot::at(testkit::machine(name));
+        let topo = topology::discover(&root);
+        let placed = topology::pairs(&root, &topo);
+        let gpus: Vec<(&'static str, bool)> = topo.gpus.iter().map(|g| (&*Box::leak(g.bdf.clone().into_boxed_str()), true)).collect();
+        let nics: Vec<(&'static str, DmaBufProbe)> = topo.nics.iter().map(|n| (&*Box::leak(n.name.clone().into_boxed_str()), CAPABLE)).collect();
+        let host = HostFacts { kernel_release: Some("6.8.0-45-generic".into()), peer_memory_found: vec![], peer_memory_api: Some(false) };
+        let probes = Fake { nics, gpus, host: Some(host.clone()) };
+        for (ordinal, g) in topo.gpus.iter().enumerate() {
+            for p in placed.iter().filter(|p| p.gpu == g.bdf) {
+                for env in envs {
+                    let vars: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+                    let m = Machine::new(root.clone(), vars.clone());
+                    let r = run(&m, &probes, &Options { gpu: Some(ordinal), device: Some(p.nic.clone()) });
+                    if !r.verdict.hardware_allows {
+                        continue;
+                    }
+                    pairs_checked += 1;
+                    let facts = GdrFacts { gpu: probes.gpus(&root).unwrap()[ordinal].clone(), nic: NicFacts { device: p.nic.clone(), dma_buf: CAPABLE }, host: host.clone() };
+                    let plugin_pair = PairJudgement::new(ordinal, facts, Some(p.nccl_level)).shown_as(Some(p.level));
+                    let dma_buf_only = plugin_pair.plan.try_paths == [RegistrationPath::DmaBuf];
+                    let pair = Pair { nic: Some(&p.nic), level: Some(p.nccl_level), shown: Some(p.level), dma_buf_only, plugin_missing: None, sends: true };
+                    let stop = stops(&vars, &pair);
+                    let what = format!("{name} GPU{ordinal} <-> {} {env:?}: {}", p.nic, r.verdict.line);
+                    assert_eq!(r.verdict.environment, stop.as_ref().map(ToString::to_string), "{what}");
+                    stopped += usize::from(stop.is_some());
+                    for side in [Side::Send, Side::Recv] {
+                        let ConnPath::Staged { cause, .. } = judge(side, Seen { host: true, gpu: None }, Some(&plugin_pair), &p.nic, &vars) else { panic!("{what}") };
+                        let own = registration_stops(&vars, &Pair { dma_buf_only: false, sends: side == Side::Send, ..pair });
+                        if let Some(s) = stop.as_ref().filter(|s| matches!(s.variable(), "NCCL_NET_GDR_LEVEL") || (side == Side::Send && s.sends_only())) {
+                            assert_eq!(own.as_ref().map(|o| o.variable()), Some(s.variable()), "{what} {side:?}");
+                            assert!(cause.contains(&s.cause()), "{what} {side:?}: the plugin says {cause}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(pairs_checked > 50 && stopped > 10, "{pairs_checked} pairs x environments, {stopped} stopped");
+}
