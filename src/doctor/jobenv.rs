@@ -203,13 +203,22 @@ pub fn from_nccl_log(settings: &[crate::nccl_log::EnvSetting], shown: &str) -> J
 /// read inside `root` (links resolved there), only when it is a regular
 /// file, and up to [`SCRIPT_LIMIT`].
 pub fn resolve(process: JobEnv, root: &SysRoot, home: Option<&Path>) -> JobEnv {
+    let named = unsettled_conf_file(&process);
     let (files, notes, unread) = read_conf_files(&process.vars, root, home);
     let mut env = layer(process, files);
     env.notes.extend(notes);
-    for (file, why) in unread {
+    for (file, why) in unread.into_iter().chain(named) {
         unread_file(&mut env, &file, &why);
     }
     env
+}
+
+/// When the job leaves `NCCL_CONF_FILE` to the running job (a value only
+/// it settles, a branch, a function), the file NCCL reads instead of
+/// `~/.nccl.conf` is not known: it is a file not read.
+fn unsettled_conf_file(process: &JobEnv) -> Option<(String, String)> {
+    let u = process.unsettled.iter().find(|u| u.name == "NCCL_CONF_FILE")?;
+    Some((format!("the file NCCL_CONF_FILE names ({})", u.origin), format!("NCCL_CONF_FILE is `{}`, and {}", u.text, u.why)))
 }
 
 /// NCCL reads `file`, which was not read here (`why`): each deciding
@@ -242,9 +251,13 @@ pub fn over_captured_files(process: JobEnv, captured: &[ConfFile]) -> JobEnv {
             note = Some(format!("NCCL_CONF_FILE={f}: that file is not in the capture (it holds {}); judged without it", held(captured)));
         }
     }
+    let unsettled = unsettled_conf_file(&process);
     let mut env = layer(process, captured.to_vec());
     if let (Some(f), Some(_)) = (&named, &note) {
         unread_file(&mut env, f, "the capture does not hold it");
+    }
+    if let Some((file, why)) = unsettled {
+        unread_file(&mut env, &file, &why);
     }
     env.notes.extend(note);
     env

@@ -294,3 +294,4 @@ mod scoping_tests;
 
 #[cfg(test)]
 mod attack_tests;
+#[cfg(test)] mod attack2_tests;

@@ -105,6 +105,8 @@ const CASES: &[(&str, bool)] = &[
     ("readonly NCCL_IB_DISABLE=1\nNCCL_IB_DISABLE=0\nexport NCCL_IB_DISABLE\npython train.py\n", true),
     ("export NCCL_IB_DISABLE=1\nreadonly NCCL_IB_DISABLE\nexport NCCL_IB_DISABLE=0\npython train.py\n", true),
     ("export NCCL_IB_DISABLE=1\ndeclare -r NCCL_IB_DISABLE\nunset NCCL_IB_DISABLE\npython train.py\n", true),
+    ("NCCL_IB_DISABLE=0\nreadonly NCCL_IB_DISABLE\ndeclare -x NCCL_IB_DISABLE=1\npython train.py\n", true),
+    ("NCCL_IB_DISABLE=0\nreadonly NCCL_IB_DISABLE\nexport NCCL_IB_DISABLE=1\npython train.py\n", true),
     // Nothing runs after an unconditional exit or exec; a conditional one goes on.
     ("export NCCL_IB_DISABLE=1\npython train.py\nexit 0\nexport NCCL_IB_DISABLE=0\npython train.py\n", true),
     ("export NCCL_IB_DISABLE=1\nexec python train.py\nexport NCCL_IB_DISABLE=0\npython train.py\n", true),

@@ -58,13 +58,17 @@ const MAX_ALTERNATIVES: usize = 8;
 /// Most notes on assignments that do not reach the launch.
 const MAX_NOTES: usize = 64;
 
+/// What a launch sees of one deciding variable: its assignment and
+/// whether it is exported (`None`: not set).
+type Seen = Option<(usize, bool)>;
+
 /// A command's own assignment: name, value (`None`: unset), line, form.
 type Scoped = (String, Option<Value>, usize, Form);
 
 /// Builtins whose changes stay in the script's shell.
-const PERSISTENT: [&str; 18] = [
+const PERSISTENT: [&str; 19] = [
     "export", "declare", "typeset", "readonly", "local", "unset", "set", "source", ".", "exit", "eval", "shopt", "read", "mapfile", "readarray", "getopts",
-    ":", "true",
+    ":", "true", "let",
 ];
 
 /// POSIX's special builtins: in POSIX mode their prefixes stay.
@@ -115,7 +119,7 @@ pub(super) struct Reader {
     launching: HashSet<String>,
     /// The last launch that certainly runs: its line and the deciding
     /// variables' assignments it saw.
-    certain: Option<(usize, Vec<Option<usize>>)>,
+    certain: Option<(usize, Vec<Seen>)>,
     /// Deciding variables whose value differs between the last certain
     /// launch and a later uncertain one: (certain line, uncertain line, why).
     diverged: std::collections::BTreeMap<String, (usize, usize, String)>,
@@ -129,6 +133,9 @@ pub(super) struct Reader {
     pub posix: bool,
     /// `set -e`: a command that fails ends the script.
     errexit: bool,
+    /// Names given `declare -i`/`-l`/`-u`: a value assigned to them is
+    /// transformed, so never taken as written (kept for the whole file).
+    transformed: HashSet<String>,
     /// What calls of functions and re-read scripts may still cost, in
     /// assignments and characters: past it, they are opaque.
     pub budget: usize,
@@ -372,6 +379,12 @@ impl Reader {
             }
             other => other,
         };
+        let value = match value {
+            Some(Value::Known(v)) if self.transformed.contains(&name) => {
+                Some(Value::Unknown { text: v, why: format!("{name} has an integer or case attribute (declare -i/-l/-u): what is assigned is transformed") })
+            }
+            v => v,
+        };
         let old = self.vars.get(&name).copied();
         let unsettled = matches!(value, Some(Value::Unknown { .. }));
         // Another name's history is not kept (it only expands later
@@ -452,7 +465,8 @@ impl Reader {
                 None => self.launch_env.remove(&name),
             };
         }
-        let deciding: Vec<Option<usize>> = DECIDING.iter().map(|n| self.vars.get(*n).map(|v| v.idx)).collect();
+        // What each deciding variable is here and whether the launch sees it.
+        let deciding: Vec<Seen> = DECIDING.iter().map(|n| self.vars.get(*n).map(|v| (v.idx, v.exported))).collect();
         match cond {
             // A launch that may not run, or may not be one: where it sees
             // other deciding values than the last certain launch, which

@@ -472,6 +472,27 @@ impl Lexer {
                             '\\' => match self.bump() {
                                 Some('n') => lit(&mut segs, '\n', true),
                                 Some('t') => lit(&mut segs, '\t', true),
+                                Some('r') => lit(&mut segs, '\r', true),
+                                Some('e' | 'E') => lit(&mut segs, '\x1b', true),
+                                Some('a') => lit(&mut segs, '\x07', true),
+                                Some('b') => lit(&mut segs, '\x08', true),
+                                Some('f') => lit(&mut segs, '\x0c', true),
+                                Some('v') => lit(&mut segs, '\x0b', true),
+                                Some('x') => {
+                                    // `\xHH`: one or two hex digits.
+                                    let mut v = 0u32;
+                                    let mut n = 0;
+                                    while n < 2 && self.peek().is_some_and(|c| c.is_ascii_hexdigit()) {
+                                        v = v * 16 + self.bump().and_then(|c| c.to_digit(16)).unwrap_or(0);
+                                        n += 1;
+                                    }
+                                    if n == 0 {
+                                        lit(&mut segs, '\\', true);
+                                        lit(&mut segs, 'x', true);
+                                    } else {
+                                        lit(&mut segs, char::from_u32(v).unwrap_or('?'), true);
+                                    }
+                                }
                                 Some(o) => lit(&mut segs, o, true),
                                 None => {}
                             },

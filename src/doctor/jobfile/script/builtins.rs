@@ -1,6 +1,6 @@
 //! The builtins whose changes stay in the script's shell: `export` and
-//! its kin, `unset`, `set`, `shopt`, `source`, `eval`, `read` and its kin,
-//! `exit`.
+//! its kin, `unset`, `set`, `shopt`, `let`, `source`, `eval`, `read` and
+//! its kin, `exit`.
 
 use super::super::shell::{is_name, Word};
 use super::super::{Form, Value};
@@ -19,10 +19,14 @@ impl Reader {
             "export" | "declare" | "typeset" | "readonly" | "local" => {
                 let opts: String = rest.iter().map(lit).filter(|w| w.starts_with('-')).collect();
                 let plus: String = rest.iter().map(lit).filter(|w| w.starts_with('+')).collect();
-                if opts.contains('f') || opts.contains('p') || (opts.is_empty() && plus.is_empty() && rest.is_empty()) {
-                    // Functions, or a listing: no variable changes.
+                let named = rest.iter().any(|w| !w.raw.starts_with(['-', '+']));
+                // Functions, or a listing (`export -p NAME` still exports NAME).
+                if opts.contains('f') || !named || (opts.contains('p') && name != "export") {
                     return;
                 }
+                // `-i`, `-l`, `-u`: what is assigned later is transformed
+                // (evaluated, case-changed), so not taken as written.
+                let transforms = opts.contains('i') || opts.contains('l') || opts.contains('u');
                 // `export -n` and `declare +x` take the mark away.
                 let unexports = (name == "export" && opts.contains('n')) || plus.contains('x');
                 let exports = !unexports && (name == "export" || opts.contains('x'));
@@ -36,6 +40,9 @@ impl Reader {
                         // (`export $V=0`, brace expansion).
                         None => return self.opaque(line, &format!("names a variable as `{}`", super::super::shown(&w.raw))),
                     };
+                    if transforms {
+                        self.transformed.insert(n.clone());
+                    }
                     if nameref {
                         // Assignments to the reference reach another name.
                         return self.opaque(line, &format!("makes `{n}` a reference to another variable"));
@@ -43,9 +50,20 @@ impl Reader {
                     if exports {
                         self.f.exported.push(n.clone());
                     }
+                    let refused = value.is_some() && self.vars.get(&n).is_some_and(|v| v.readonly == Some(self.proc));
+                    if refused && name != "export" {
+                        // `declare -x NAME=v` on a read-only NAME fails whole:
+                        // recorded as read, nothing changes.
+                        if let Some(value) = &value {
+                            let v = self.expand(value);
+                            self.f.set(n, Some(v), w.line, Form::Shell);
+                        }
+                        continue;
+                    }
                     if let Some(value) = value {
-                        // A read-only variable refuses the value, not the mark.
-                        if exports && self.vars.get(&n).is_some_and(|v| v.readonly == Some(self.proc)) {
+                        // `export` of a read-only variable refuses the value,
+                        // not the mark.
+                        if exports && refused {
                             self.flag(&n, true, false);
                         }
                         let v = self.value_of(&n, &value, append);
@@ -73,20 +91,40 @@ impl Reader {
                 }
             }
             "set" => {
+                // `-a`/`+a`, `-o allexport`/`+o allexport`, in order: the
+                // last one of each option wins.
                 let all: Vec<String> = rest.iter().map(lit).collect();
-                let has = |o: &str, letter: char| all.iter().any(|s| s == o) || all.iter().any(|s| s.starts_with('-') && !s.starts_with("--") && s.contains(letter));
-                if has("allexport", 'a') {
-                    self.allexport = true;
-                    self.f.allexport = true;
+                let mut k = 0;
+                while let Some(w) = all.get(k) {
+                    let on = w.starts_with('-');
+                    if !(on || w.starts_with('+')) || w == "--" || w == "-" {
+                        break;
+                    }
+                    // Each letter an option; `o` takes the next word's name.
+                    let mut names: Vec<String> = w[1..].chars().filter(|c| *c != 'o').map(|c| c.to_string()).collect();
+                    if w[1..].contains('o') {
+                        k += 1;
+                        names.extend(all.get(k).cloned());
+                    }
+                    for n in names {
+                        match n.as_str() {
+                            "a" | "allexport" => {
+                                self.allexport = on;
+                                self.f.allexport |= on;
+                            }
+                            "e" | "errexit" => self.errexit = on,
+                            "posix" => self.posix = on,
+                            "k" | "keyword" if on => self.opaque(line, "`set -k` makes any NAME=value word an assignment"),
+                            _ => {}
+                        }
+                    }
+                    k += 1;
                 }
-                if has("errexit", 'e') {
-                    self.errexit = true;
-                }
-                if all.iter().any(|s| s == "posix") {
-                    self.posix = true;
-                }
-                if has("keyword", 'k') {
-                    self.opaque(line, "`set -k` makes any NAME=value word an assignment");
+            }
+            "let" => {
+                // Arithmetic: a judged name in it may be assigned.
+                for w in rest {
+                    self.arithmetic(&w.raw, w.line);
                 }
             }
             "shopt" => {

@@ -26,12 +26,13 @@ impl Reader {
                 }
             }
         }
-        let mut i = 0;
+        let (mut i, mut negated) = (0, false);
         while let Some(w) = words.get(i) {
             match lit(w).as_str() {
+                "!" => negated = true,
                 "if" => blocks.push(Block::If),
                 "while" | "until" => blocks.push(Block::Loop),
-                "then" | "do" | "else" | "elif" | "!" | "time" => {}
+                "then" | "do" | "else" | "elif" | "time" => {}
                 "fi" | "done" | "esac" | "}" => {
                     if let Some(Block::Function(name, mark, false)) = blocks.pop() {
                         self.define(name, mark);
@@ -85,7 +86,8 @@ impl Reader {
         // prefixes, so each is expanded with what was set before it.
         let scoped: Vec<Scoped> = prefix.iter().map(|(n, v, append)| (n.clone(), Some(self.value_of(n, v, *append)), v.line, Form::CommandPrefix)).collect();
         let words = &words[i..];
-        let unconditional = cond.is_none() && !ctx.conditional && self.depth == 0 && !blocks.in_subshell();
+        // A negated command's failure never ends the script (`set -e`).
+        let unconditional = cond.is_none() && !ctx.conditional && !negated && self.depth == 0 && !blocks.in_subshell();
         let program = base(&words[0]);
         // In POSIX mode a special builtin's prefixes stay in the shell.
         if self.posix && SPECIAL.contains(&program.as_str()) {
@@ -128,7 +130,7 @@ impl Reader {
     }
 
     /// `(( ... ))` or `$(( ... ))`: a judged name in it may be assigned.
-    fn arithmetic(&mut self, text: &str, line: usize) {
+    pub(super) fn arithmetic(&mut self, text: &str, line: usize) {
         for n in super::super::seen::names_in(text) {
             let why = format!("arithmetic on line {line} may assign it");
             self.assign(n.to_owned(), Value::Unknown { text: text.to_owned(), why }, line, Form::Shell, None);
@@ -141,7 +143,7 @@ impl Reader {
     #[allow(clippy::too_many_arguments)]
     fn run_command(&mut self, mut scoped: Vec<Scoped>, mut words: &[Word], bodies: &[Span], blocks: &Blocks, cond: Option<&str>, unconditional: bool, ctx: Ctx<'_>) {
         let mut stop_after = false;
-        let mut cleared = false;
+        let (mut cleared, mut sudo_reset, mut split) = (false, false, false);
         let line = words[0].line;
         loop {
             let Some(first) = words.first() else { return };
@@ -149,6 +151,11 @@ impl Reader {
                 "exec" => {
                     stop_after = unconditional;
                     words = &words[1..];
+                    // `-c` clears the environment, `-a NAME` names the program.
+                    while let Some(o) = words.first().map(lit).filter(|o| o.starts_with('-') && o.len() > 1) {
+                        cleared |= o.contains('c');
+                        words = &words[if o.contains('a') { 2 } else { 1 }.min(words.len())..];
+                    }
                 }
                 // Programs that run the rest of their line as a command.
                 "nohup" | "command" | "builtin" | "time" | "stdbuf" | "nice" | "ionice" | "setsid" => {
@@ -159,13 +166,16 @@ impl Reader {
                 }
                 "sudo" => {
                     // sudo's options, then `NAME=value` it puts in the
-                    // command's environment.
+                    // command's environment; without `-E` it starts the
+                    // command with a reset environment.
                     let mut j = 1;
+                    let mut keep = false;
                     while let Some(w) = words.get(j) {
                         let o = lit(w);
                         if matches!(o.as_str(), "-u" | "-g" | "-C" | "-D" | "-h" | "-p" | "-r" | "-t" | "-U" | "-T") {
                             j += 2;
                         } else if o.starts_with('-') {
+                            keep |= o == "-E" || o.starts_with("--preserve-env") || (!o.starts_with("--") && o.contains('E'));
                             j += 1;
                         } else if let Some((n, value)) = w.split_assignment(true) {
                             scoped.push((n, Some(self.expand(&value)), w.line, Form::Env));
@@ -175,6 +185,7 @@ impl Reader {
                         }
                     }
                     words = &words[j.min(words.len())..];
+                    sudo_reset |= !keep;
                 }
                 "printf" if words.iter().any(|w| lit(w) == "-v") => {
                     // `printf -v NAME`: sets NAME to what only running it settles.
@@ -208,20 +219,49 @@ impl Reader {
                     while let Some(w) = rest.get(j) {
                         let o = lit(w);
                         match o.as_str() {
-                            "-u" | "--unset" => {
+                            "--unset" => {
                                 if let Some(n) = rest.get(j + 1).map(lit).filter(|n| is_name(n)) {
                                     scoped.push((n, None, w.line, Form::Unset));
                                 }
                                 j += 2;
                                 continue;
                             }
-                            "-i" | "-" | "--ignore-environment" => cleared = true,
+                            "-" | "--ignore-environment" => cleared = true,
                             _ if o.starts_with("--unset=") => {
                                 if let Some(n) = o.strip_prefix("--unset=").filter(|n| is_name(n)) {
                                     scoped.push((n.to_owned(), None, w.line, Form::Unset));
                                 }
                             }
-                            _ if o.starts_with('-') => {}
+                            _ if o.starts_with("--split-string") || o.starts_with("--chdir") && !o.contains('=') => {
+                                j += usize::from(!o.contains('='));
+                                split |= o.starts_with("--split-string");
+                            }
+                            _ if o.starts_with("--") => {}
+                            // Short options, several in one word: `-i`, `-u NAME`
+                            // or `-uNAME`, `-C DIR`, `-S STRING`.
+                            _ if o.starts_with('-') => {
+                                let letters: Vec<char> = o[1..].chars().collect();
+                                for (k, c) in letters.iter().enumerate() {
+                                    match c {
+                                        'i' => cleared = true,
+                                        'u' | 'C' | 'S' => {
+                                            let attached: String = letters[k + 1..].iter().collect();
+                                            let arg = if attached.is_empty() {
+                                                j += 1;
+                                                rest.get(j).map(lit).unwrap_or_default()
+                                            } else {
+                                                attached
+                                            };
+                                            if *c == 'u' && is_name(&arg) {
+                                                scoped.push((arg, None, w.line, Form::Unset));
+                                            }
+                                            split |= *c == 'S';
+                                            break;
+                                        }
+                                        _ => {}
+                                    }
+                                }
+                            }
                             _ => match w.split_assignment(false) {
                                 Some((n, value)) => scoped.push((n, Some(self.expand(&value)), w.line, Form::Env)),
                                 None => break,
@@ -229,10 +269,16 @@ impl Reader {
                         }
                         j += 1;
                     }
-                    words = &rest[j..];
+                    words = &rest[j.min(rest.len())..];
                 }
                 _ => break,
             }
+        }
+        if split {
+            // `env -S STRING`: env splits a command line this reading does
+            // not, which may set anything and start the job.
+            self.opaque(line, "runs `env -S`");
+            self.launch(line, "env -S", blocks, Some(cond.unwrap_or("the command line `env -S` splits may start the job")));
         }
         if words.is_empty() {
             // `exec` with redirections only: the shell goes on.
@@ -273,6 +319,16 @@ impl Reader {
             }
         }
         self.external = false;
+        if sudo_reset {
+            // sudo resets the environment, keeping what its sudoers
+            // configuration keeps: each deciding variable set here may
+            // reach the command or not.
+            for n in DECIDING {
+                if self.vars.get(n).is_some_and(|v| v.exported) {
+                    self.unset(n.to_owned(), line, Some("by `sudo`, which keeps it only where its sudoers configuration says"));
+                }
+            }
+        }
         let shell_reads_stdin = SHELLS.contains(&name.as_str()) && words[1..].iter().all(|w| w.raw.starts_with('-'));
         if self.launching.contains(&name) {
             self.launch(line, &format!("{name} (a function that runs the launcher)"), blocks, cond);
