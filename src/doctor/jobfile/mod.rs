@@ -159,10 +159,6 @@ pub struct JobFile {
     /// A script run as a program (it starts with `#!`): its plain
     /// `NAME=value` lines reach its commands only when exported.
     pub script: bool,
-    /// `set -a` (or `set -o allexport`): every assignment is exported.
-    pub allexport: bool,
-    /// Names `export`ed (or `declare -x`) anywhere in the file.
-    pub exported: Vec<String>,
 }
 
 impl JobFile {

@@ -109,8 +109,6 @@ pub(super) struct Reader {
     launch_env: HashMap<String, Var>,
     dirty: HashSet<String>,
     allexport: bool,
-    /// Nothing runs after an unconditional `exit` or `exec`.
-    stopped: bool,
     /// Inside `$( )`: what runs there is not the job.
     captured: usize,
     /// The tracked names each function's body sets.
@@ -442,9 +440,6 @@ impl Reader {
             }
             self.put(name, Some(v));
         } else {
-            if export {
-                self.f.exported.push(name.to_owned());
-            }
             self.put(name, Some(Var { idx: DECLARED, exported: export, readonly: readonly.then_some(self.proc), depth: self.depth }));
         }
     }
@@ -562,7 +557,6 @@ impl Reader {
 
     /// Nothing after `line` runs.
     fn stop(&mut self, line: usize) {
-        self.stopped = true;
         self.f.stopped_at = Some(line);
     }
 

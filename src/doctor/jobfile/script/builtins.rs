@@ -47,9 +47,6 @@ impl Reader {
                         // Assignments to the reference reach another name.
                         return self.opaque(line, &format!("makes `{n}` a reference to another variable"));
                     }
-                    if exports {
-                        self.f.exported.push(n.clone());
-                    }
                     let refused = value.is_some() && self.vars.get(&n).is_some_and(|v| v.readonly == Some(self.proc));
                     if refused && name != "export" {
                         // `declare -x NAME=v` on a read-only NAME fails whole:
@@ -108,10 +105,7 @@ impl Reader {
                     }
                     for n in names {
                         match n.as_str() {
-                            "a" | "allexport" => {
-                                self.allexport = on;
-                                self.f.allexport |= on;
-                            }
+                            "a" | "allexport" => self.allexport = on,
                             "e" | "errexit" => self.errexit = on,
                             "posix" => self.posix = on,
                             "k" | "keyword" if on => self.opaque(line, "`set -k` makes any NAME=value word an assignment"),

@@ -10,7 +10,7 @@ impl Reader {
     /// builtins and launchers that set variables or start the job.
     /// `ctx`: where it stands among its neighbours.
     pub(super) fn command(&mut self, words: &[Word], bodies: &[Span], blocks: &mut Blocks, fn_pending: &mut Option<String>, ctx: Ctx<'_>) {
-        if self.stopped || words.is_empty() {
+        if self.f.stopped_at.is_some() || words.is_empty() {
             return;
         }
         let outer = ctx.outer;
