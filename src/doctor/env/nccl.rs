@@ -67,16 +67,14 @@ pub(super) fn gdr_level(value: &str) -> Judged {
 pub(super) fn gdr_read(value: &str) -> Judged {
     let read = param_int(value);
     let v = match read.used() {
+        // A stop in the rule table (the verdict says so too): sends staged
+        // is no GPUDirect RDMA for half the traffic.
         Some(0) => Judged::new(
             Kind::Overrides,
-            Status::Warn,
-            "GPUDirect RDMA off for sends: data to send is first copied to host memory (receives still land in GPU \
-             memory directly)",
+            Status::Fail,
+            "GPUDirect RDMA off for sends: NCCL sends from host memory (receives still land in GPU memory directly)",
         )
-        .fix(
-            "Unset it: NCCL reads GPU memory directly for sends on Ampere and newer GPUs, and on older ones when \
-             NVLink connects them.",
-        ),
+        .fix("unset NCCL_NET_GDR_READ (or set it to 1): NCCL reads GPU memory directly for sends on Ampere and newer GPUs, and on older ones when NVLink connects them."),
         Some(n) if n > 0 => Judged::new(
             Kind::Overrides,
             Status::Ok,
