@@ -2,25 +2,8 @@
 //! attack, failing while the defect is there. The oracle is bash with a
 //! fake launcher on PATH (scoping_tests).
 
-use super::scoping_tests::{bash_sees_with, reading_sees};
+use super::scoping_tests::{agrees, reading_sees, sh};
 use super::*;
-
-/// The reading must agree with bash or leave it open.
-fn agrees(script: &str) {
-    agrees_with(script, &[]);
-}
-
-fn agrees_with(script: &str, vars: &[(&str, &str)]) {
-    let bash = bash_sees_with(script, vars).expect("the script launches under bash");
-    let f = read(script);
-    if let Ok(v) = reading_sees(&f) {
-        assert_eq!(v, bash, "bash hands the launch {bash:?}, the reading says {v:?}:\n{script}\n{f:#?}");
-    }
-}
-
-fn sh(body: &str) -> String {
-    format!("#!/bin/bash\n{body}")
-}
 
 // ---- class 1: certain and possible launches ----
 

@@ -1,22 +1,8 @@
 //! Hostile review of the job-file reading: each test is one attack.
 //! The oracle is bash with a fake launcher on PATH (as in scoping_tests).
 
-use super::scoping_tests::{bash_sees, bed, reading_sees};
+use super::scoping_tests::{agrees, bed, sh};
 use super::*;
-
-/// The reading must agree with bash or leave it open.
-fn agrees(script: &str) {
-    let bash = bash_sees(script).expect("the script launches under bash");
-    let f = read(script);
-    if let Ok(v) = reading_sees(&f) {
-        assert_eq!(v, bash, "bash hands the launch {bash:?}, the reading says {v:?}:\n{script}\n{f:#?}");
-    }
-}
-
-/// `#!/bin/bash\n` then `body`.
-fn sh(body: &str) -> String {
-    format!("#!/bin/bash\n{body}")
-}
 
 // ---- class 1: bash hands the launch a value the reading does not see ----
 

@@ -81,6 +81,20 @@ pub(super) fn reading_sees(f: &JobFile) -> Result<Option<String>, String> {
     }
 }
 
+/// `#!/bin/bash\n` then `body`.
+pub(super) fn sh(body: &str) -> String {
+    format!("#!/bin/bash\n{body}")
+}
+
+/// The reading must agree with bash or leave it open.
+pub(super) fn agrees(script: &str) {
+    let bash = bash_sees(script).expect("the script launches under bash");
+    let f = read(script);
+    if let Ok(v) = reading_sees(&f) {
+        assert_eq!(v, bash, "bash hands the launch {bash:?}, the reading says {v:?}:\n{script}\n{f:#?}");
+    }
+}
+
 /// `(script body after the shebang, whether the reading must settle it)`.
 const CASES: &[(&str, bool)] = &[
     // A prefix or `env` on another command is that command's only.

@@ -504,41 +504,33 @@ impl Reader {
     /// Reads a child's script (`bash -c`, a here-document fed to a
     /// shell, a `$( )` body, a Dockerfile `RUN`): its changes end with it.
     pub fn child(&mut self, body: &Span, outer: Option<&str>, captured: bool) {
-        if self.too_deep(body.line) {
-            return;
-        }
-        let mark = self.mark();
-        self.depth += 1;
-        self.captured += usize::from(captured);
         // `$( )` is a subshell of this process; a here-document's shell
         // is a process of its own.
-        let proc = self.proc;
-        if !captured {
-            self.procs += 1;
-            self.proc = self.procs;
-        }
-        let mut lx = body.lexer();
-        self.run(&mut lx, outer);
-        self.proc = proc;
-        self.captured -= usize::from(captured);
-        self.depth -= 1;
-        self.rollback(mark);
+        self.nested(&mut body.lexer(), body.line, outer, captured, !captured);
     }
 
     /// Reads `text` as a child script; `captured`: what it runs is not
     /// the job (a build step).
     pub fn child_text(&mut self, text: &str, line: usize, outer: Option<&str>, captured: bool) {
+        self.nested(&mut Lexer::new(text, line), line, outer, captured, true);
+    }
+
+    /// Reads what `lx` holds one scope further in (`own_process`: a
+    /// process of its own, which read-only marks do not reach); its
+    /// changes end with it.
+    fn nested(&mut self, lx: &mut Lexer, line: usize, outer: Option<&str>, captured: bool, own_process: bool) {
         if self.too_deep(line) {
             return;
         }
-        let mut lx = Lexer::new(text, line);
         let mark = self.mark();
         self.depth += 1;
         self.captured += usize::from(captured);
         let proc = self.proc;
-        self.procs += 1;
-        self.proc = self.procs;
-        self.run(&mut lx, outer);
+        if own_process {
+            self.procs += 1;
+            self.proc = self.procs;
+        }
+        self.run(lx, outer);
         self.proc = proc;
         self.captured -= usize::from(captured);
         self.depth -= 1;
