@@ -18,6 +18,23 @@
 //! receive is cut to the receive's size and the receiver's size says so,
 //! as NCCL's IB transport does.
 //!
+//! # What a peer can reach
+//! Each comm has its own protection domain: its queue pair, its control
+//! memory and every registration NCCL makes through it live there, so a
+//! key a peer of one comm holds opens nothing of another comm
+//! (`regIsGlobal` is 0: NCCL registers per comm). Registrations and the
+//! queue pair grant remote write only, never remote read (the protocol
+//! only writes; the flush is local). Within its comm, a receive's key
+//! opens the registration the receive lies in.
+//!
+//! # A peer's claims
+//! Every size, slot and count a peer writes is checked against what was
+//! posted before it is used: a receive whose sender claims more bytes than
+//! were posted, or a group's sizes in another slot than the group's,
+//! fails that request (`test` returns the error, with a WARN line naming
+//! the comm and the claim) and touches no other. A fifo entry whose group
+//! size disagrees with its group's fails the comm.
+//!
 //! # Bounds
 //! At most [`MAX_REQUESTS`] requests per comm (NCCL's own limit; past it,
 //! `isend`/`irecv` answer "not now"), [`MAX_RECVS`] receives per group,
@@ -27,30 +44,26 @@
 //! comm, so `test` and `isend` return an error instead of waiting forever.
 
 use std::ffi::c_void;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gpudirect::{AccessFlags, CompletionQueue, MemoryRegion, QpConfig, QueuePair, RecvWr, RemoteBuffer, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use gpudirect::rcache::{CacheConfig, RegistrationCache};
+use gpudirect::{AccessFlags, CompletionQueue, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RecvWr, RemoteBuffer, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::error::{NetError, Result};
 use crate::log;
 use crate::reg::Reg;
 use crate::site::{Nic, Site};
 use crate::verdict::{decide, judge, Action, Seen, Side};
+use crate::wire::{Entry, ENTRY, SIZES, SLOT};
 
 pub use crate::abi::MAX_REQUESTS;
+pub use crate::wire::MAX_RECVS;
 
-/// Receives per group (`maxRecvs`), as NCCL's IB transport offers.
-pub const MAX_RECVS: usize = 8;
 /// The largest message (`maxP2pBytes`, `maxCollBytes`): NCCL splits larger ones.
 pub const MAX_BYTES: usize = 1 << 30;
-/// One fifo entry.
-const ENTRY: usize = 32;
-/// One fifo slot: a group's entries.
-const SLOT: usize = ENTRY * MAX_RECVS;
-/// One sizes slot.
-const SIZES: usize = 4 * MAX_RECVS;
 /// Work request ids above the slots.
 const WR_FIFO: u64 = 1 << 32;
 const WR_PROBE: u64 = 2 << 32;
@@ -69,6 +82,26 @@ enum State {
     Free,
     Pending,
     Done,
+    /// The peer's claim about it was refused.
+    Refused(Claim),
+}
+
+/// A peer's claim that was not what was posted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Claim {
+    /// Receive `recv` of the group got `claimed` bytes, `posted` were posted.
+    Size { recv: usize, claimed: u32, posted: u32 },
+    /// A group's sizes were written into slot `claimed`, not `slot`.
+    Slot { claimed: u32, slot: usize },
+}
+
+impl std::fmt::Display for Claim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Claim::Size { recv, claimed, posted } => write!(f, "the peer claims {claimed} bytes arrived in receive {recv} of a request, which was posted for {posted}"),
+            Claim::Slot { claimed, slot } => write!(f, "the peer claims its sizes are in slot {claimed}, the request's slot is {slot}"),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -76,10 +109,12 @@ struct Req {
     state: State,
     n: usize,
     sizes: [i32; MAX_RECVS],
+    /// A receive's posted sizes: the most its sender may claim.
+    posted: [u32; MAX_RECVS],
     gpu: bool,
 }
 
-const FREE: Req = Req { state: State::Free, n: 0, sizes: [0; MAX_RECVS], gpu: false };
+const FREE: Req = Req { state: State::Free, n: 0, sizes: [0; MAX_RECVS], posted: [0; MAX_RECVS], gpu: false };
 
 /// One matched send of the group being assembled.
 #[derive(Clone, Copy, Debug)]
@@ -100,6 +135,8 @@ pub struct Parts {
     pub ctrl: MemoryRegion,
     /// Bytes staged for inline writes (the receiver's entries, the sender's sizes).
     scratch: MemoryRegion,
+    /// The comm's registrations, in its own protection domain.
+    cache: Arc<RegistrationCache>,
 }
 
 impl Parts {
@@ -127,18 +164,26 @@ impl Parts {
             ..defaults
         };
         let ctx = nic.pd.context();
+        // A protection domain per comm: a key one peer holds opens nothing
+        // of another comm.
+        let pd = ProtectionDomain::new(ctx)?;
         let cq = CompletionQueue::new(ctx, send_wr + recv_wr)?;
-        let qp = QueuePair::create(&nic.pd, &cq, &cq, &config)?;
-        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        // The protocol only writes: no remote read, no atomics.
+        let config = QpConfig { access: REMOTE_ACCESS, ..config };
+        let qp = QueuePair::create(&pd, &cq, &cq, &config)?;
         let ctrl_len = match side {
-            Side::Send => MAX_REQUESTS * SLOT,
-            Side::Recv => MAX_REQUESTS * SIZES,
+            Side::Send => crate::wire::fifo_len(),
+            Side::Recv => crate::wire::sizes_len(),
         };
-        let ctrl = MemoryRegion::alloc(&nic.pd, ctrl_len, access)?;
-        let scratch = MemoryRegion::alloc(&nic.pd, SLOT, AccessFlags::LOCAL_WRITE)?;
-        Ok(Parts { qp, cq, ctrl, scratch })
+        let ctrl = MemoryRegion::alloc(&pd, ctrl_len, REMOTE_ACCESS)?;
+        let scratch = MemoryRegion::alloc(&pd, SLOT, AccessFlags::LOCAL_WRITE)?;
+        let cache = Arc::new(RegistrationCache::new(&pd, CacheConfig::default()));
+        Ok(Parts { qp, cq, ctrl, scratch, cache })
     }
 }
+
+/// What the plugin's memory grants a peer: writes, nothing else.
+pub const REMOTE_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
 
 /// A send or receive comm.
 #[derive(Debug)]
@@ -146,6 +191,10 @@ pub struct Comm {
     side: Side,
     site: &'static Site,
     nic: usize,
+    /// The peer's address, as setup saw it (names the comm in errors).
+    peer: SocketAddr,
+    /// The comm's registrations, in its own protection domain.
+    cache: Arc<RegistrationCache>,
     /// The GPU current on the thread that set the comm up, if any.
     gpu: Option<usize>,
     handles: Box<[ReqHandle]>,
@@ -211,8 +260,9 @@ impl Comm {
     ///
     /// # Errors
     /// [`NetError::Library`] moving the queue pair to RTS.
-    pub fn new(site: &'static Site, nic: usize, side: Side, gpu: Option<usize>, parts: Parts, peer: &gpudirect::Endpoint, remote: RemoteBuffer) -> Result<Box<Comm>> {
-        let qp = parts.qp.connect(peer)?;
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(site: &'static Site, nic: usize, side: Side, gpu: Option<usize>, parts: Parts, peer_ep: &gpudirect::Endpoint, remote: RemoteBuffer, peer: SocketAddr) -> Result<Box<Comm>> {
+        let qp = parts.qp.connect(peer_ep)?;
         let inner = Inner {
             qp,
             cq: parts.cq,
@@ -234,7 +284,7 @@ impl Comm {
             probing: false,
             wcs: [WorkCompletion::default(); 16],
         };
-        let mut comm = Box::new(Comm { side, site, nic, gpu, handles: Box::new([]), inner: Mutex::new(inner) });
+        let mut comm = Box::new(Comm { side, site, nic, peer, cache: parts.cache, gpu, handles: Box::new([]), inner: Mutex::new(inner) });
         let me: *const Comm = &*comm;
         comm.handles = (0..MAX_REQUESTS).map(|slot| ReqHandle { comm: me, slot }).collect();
         site.nics[nic].open_comms.fetch_add(1, Ordering::Relaxed);
@@ -244,6 +294,16 @@ impl Comm {
     /// The comm's NIC.
     pub fn nic(&self) -> &'static Nic {
         &self.site.nics[self.nic]
+    }
+
+    /// Where NCCL's registrations through this comm go.
+    pub fn cache(&self) -> &Arc<RegistrationCache> {
+        &self.cache
+    }
+
+    /// `send comm on rxe0:1 with 192.0.2.2:41000`: the comm, as errors name it.
+    fn name(&self) -> String {
+        format!("{} comm on {} with {}", if self.side == Side::Send { "send" } else { "receive" }, self.nic().label(), self.peer)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -332,6 +392,9 @@ impl Comm {
                 if e.seq != want {
                     return self.not_now(g);
                 }
+                if e.nreqs as usize != n {
+                    return Err(self.fail(g, format!("the peer's receive slot {slot} names a group of {n} in its first entry and of {} in entry {r}", e.nreqs)));
+                }
                 if at.is_none() && g.matched[r].is_none() && e.tag == tag {
                     at = Some((r, e));
                 }
@@ -345,7 +408,7 @@ impl Comm {
         // SAFETY: NCCL passes a handle regMr returned and has not deregistered it.
         let gpu = if size > 0 { unsafe { &*reg }.check(data, size)?.gpu.is_some() } else { false };
         let Some(req) = g.free.pop() else { return Ok(std::ptr::null_mut()) };
-        g.reqs[req] = Req { state: State::Pending, n: 1, sizes: [size as i32, 0, 0, 0, 0, 0, 0, 0], gpu };
+        g.reqs[req] = Req { sizes: [size as i32, 0, 0, 0, 0, 0, 0, 0], state: State::Pending, n: 1, gpu, ..FREE };
         g.idle = 0;
         let m = Matched { req, addr: data, size, reg };
         if n == 1 {
@@ -423,6 +486,7 @@ impl Comm {
             return Err(NetError::Invalid(format!("irecv of {n} receives: the plugin groups 1 to {MAX_RECVS}")));
         }
         let mut entries = [0u8; SLOT];
+        let mut posted = [0u32; MAX_RECVS];
         let mut gpu = false;
         for (i, &(addr, size, tag, reg)) in bufs.iter().enumerate() {
             if size > MAX_BYTES {
@@ -433,9 +497,17 @@ impl Comm {
             } else {
                 // SAFETY: NCCL passes handles regMr returned, not yet deregistered.
                 let reg = unsafe { &*reg }.check(addr, size)?;
+                if !reg.mr().pd().same_as(self.cache.pd()) {
+                    return Err(NetError::Invalid(format!(
+                        "irecv on the {} with memory registered through another comm: this plugin's registrations are per comm \
+                         (regIsGlobal 0), so that a peer reaches no other comm's memory",
+                        self.name()
+                    )));
+                }
                 gpu |= reg.gpu.is_some();
                 reg.rkey()
             };
+            posted[i] = size as u32;
             let e = Entry { addr, rkey, size: size as u32, tag, nreqs: n as u32, seq: g.seq + 1 };
             entries[i * ENTRY..(i + 1) * ENTRY].copy_from_slice(&e.to_bytes());
         }
@@ -443,18 +515,18 @@ impl Comm {
         let slot = (g.seq % MAX_REQUESTS as u64) as usize;
         let signal = g.seq % 8 == 7;
         let Inner { qp, scratch, remote, .. } = g;
-        let posted = (|| -> gpudirect::Result<()> {
+        let sent = (|| -> gpudirect::Result<()> {
             qp.post_recv(&[RecvWr::empty().wr_id(slot as u64)])?;
             scratch.write_at(0, &entries[..n * ENTRY])?;
             let wr = SendWr::write(scratch.slice(0..n * ENTRY)?, remote, (slot * SLOT) as u64)?.inline().wr_id(WR_FIFO);
             qp.post_send(&[if signal { wr } else { wr.unsignaled() }])
         })();
-        if let Err(e) = posted {
+        if let Err(e) = sent {
             g.free.push(req);
             return Err(self.fail(g, format!("posting a receive: {e}")));
         }
         g.groups[slot][0] = req;
-        g.reqs[req] = Req { state: State::Pending, n, sizes: [0; MAX_RECVS], gpu };
+        g.reqs[req] = Req { state: State::Pending, n, posted, gpu, ..FREE };
         g.seq += 1;
         g.idle = 0;
         Ok(self.handle(req))
@@ -474,6 +546,11 @@ impl Comm {
         }
         if g.reqs[slot].state == State::Pending {
             self.progress(g)?;
+        }
+        if let State::Refused(claim) = g.reqs[slot].state {
+            g.reqs[slot] = FREE;
+            g.free.push(slot);
+            return Err(NetError::Remote(format!("{}: {claim}: this request fails, its bytes are not to be trusted", self.name())));
         }
         if g.reqs[slot].state != State::Done {
             if let Some(f) = &g.failed {
@@ -519,19 +596,33 @@ impl Comm {
         match (self.side, wc.opcode) {
             (Side::Recv, WcOpcode::RecvRdmaWithImm) => {
                 let req = g.groups[slot][0];
+                let ctrl = g.ctrl.addr() as usize;
                 let r = &mut g.reqs[req];
+                let imm = wc.imm.unwrap_or(0);
+                let mut claimed = [0u32; MAX_RECVS];
                 if r.n == 1 {
-                    r.sizes[0] = wc.imm.unwrap_or(0) as i32;
+                    claimed[0] = imm;
+                } else if imm as usize != slot {
+                    r.state = State::Refused(Claim::Slot { claimed: imm, slot });
+                    return Ok(());
                 } else {
-                    for i in 0..r.n {
+                    for (i, c) in claimed.iter_mut().enumerate().take(r.n) {
                         // SAFETY: the sizes slots are `ctrl`, host memory this
                         // comm owns; the peer's write of them completed before
                         // this receive completion (RC order). Read volatile: the
                         // NIC, not Rust, wrote them.
-                        r.sizes[i] = i32::from_le(unsafe { std::ptr::read_volatile((g.ctrl.addr() as usize + slot * SIZES + 4 * i) as *const i32) });
+                        *c = u32::from_le(unsafe { std::ptr::read_volatile((ctrl + slot * SIZES + 4 * i) as *const u32) });
                     }
                 }
-                let bytes: u64 = r.sizes[..r.n].iter().map(|&s| s.max(0) as u64).sum();
+                if let Some(recv) = (0..r.n).find(|&i| claimed[i] > r.posted[i]) {
+                    r.state = State::Refused(Claim::Size { recv, claimed: claimed[recv], posted: r.posted[recv] });
+                    return Ok(());
+                }
+                for (size, &c) in r.sizes.iter_mut().zip(&claimed).take(r.n) {
+                    // At most the posted size, itself at most MAX_BYTES: fits.
+                    *size = c as i32;
+                }
+                let bytes: u64 = r.sizes[..r.n].iter().map(|&s| s as u64).sum();
                 let stats = &self.nic().stats;
                 (if r.gpu { &stats.recv_gpu } else { &stats.recv_host }).fetch_add(bytes, Ordering::Relaxed);
                 r.state = State::Done;
@@ -579,8 +670,7 @@ impl Comm {
     }
 
     fn fail(&self, g: &mut Inner, why: String) -> NetError {
-        let nic = self.nic().label();
-        let text = format!("{} comm on {nic}: {why}", if self.side == Side::Send { "send" } else { "receive" });
+        let text = format!("{}: {why}", self.name());
         if g.failed.is_none() {
             g.failed = Some(Failed::Remote(text.clone()));
         }
@@ -629,50 +719,24 @@ pub unsafe fn request(req: *mut c_void) -> Result<(&'static Comm, usize)> {
     Ok((unsafe { &*h.comm }, h.slot))
 }
 
-/// One receive as the receiver writes it into the sender's fifo.
-#[derive(Clone, Copy, Debug)]
-struct Entry {
-    addr: u64,
-    rkey: u32,
-    size: u32,
-    tag: i32,
-    nreqs: u32,
-    seq: u64,
-}
-
-impl Entry {
-    fn to_bytes(self) -> [u8; ENTRY] {
-        let mut b = [0u8; ENTRY];
-        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
-        b[8..12].copy_from_slice(&self.rkey.to_le_bytes());
-        b[12..16].copy_from_slice(&self.size.to_le_bytes());
-        b[16..20].copy_from_slice(&self.tag.to_le_bytes());
-        b[20..24].copy_from_slice(&self.nreqs.to_le_bytes());
-        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
-        b
-    }
-}
-
 impl Inner {
     /// Entry `r` of fifo slot `slot`, read as the NIC left it.
     fn entry(&self, slot: usize, r: usize) -> Entry {
         let at = self.ctrl.addr() as usize + slot * SLOT + r * ENTRY;
+        let mut b = [0u8; ENTRY];
         // SAFETY: `ctrl` is this comm's fifo, host memory of MAX_REQUESTS
-        // slots that lives as long as the comm; the peer's NIC writes it, so
-        // it is read volatile, the sequence number first and the rest after
-        // an acquire fence (a torn entry reads a stale sequence number and
-        // is read again on the next call).
+        // slots that lives as long as the comm, its entries 8-byte aligned;
+        // the peer's NIC writes it, so it is read volatile, the sequence
+        // number first and the rest after an acquire fence (a torn entry
+        // reads a stale sequence number and is read again on the next call).
         unsafe {
             let seq = std::ptr::read_volatile((at + 24) as *const u64);
             std::sync::atomic::fence(Ordering::Acquire);
-            Entry {
-                addr: u64::from_le(std::ptr::read_volatile(at as *const u64)),
-                rkey: u32::from_le(std::ptr::read_volatile((at + 8) as *const u32)),
-                size: u32::from_le(std::ptr::read_volatile((at + 12) as *const u32)),
-                tag: i32::from_le(std::ptr::read_volatile((at + 16) as *const i32)),
-                nreqs: u32::from_le(std::ptr::read_volatile((at + 20) as *const u32)),
-                seq: u64::from_le(seq),
+            for w in 0..3 {
+                b[w * 8..w * 8 + 8].copy_from_slice(&std::ptr::read_volatile((at + w * 8) as *const u64).to_ne_bytes());
             }
+            b[24..].copy_from_slice(&seq.to_ne_bytes());
         }
+        Entry::from_bytes(&b)
     }
 }

@@ -1,6 +1,7 @@
 //! The plugin's one error type, and the NCCL code each kind maps to.
 
 use crate::abi::{self, NcclResult};
+use crate::wire;
 
 /// Why a call into the plugin failed. Its text goes to NCCL's log (WARN,
 /// subsystem NET) before the code is returned.
@@ -44,6 +45,18 @@ impl NetError {
 impl From<std::io::Error> for NetError {
     fn from(e: std::io::Error) -> Self {
         NetError::Io(e.to_string())
+    }
+}
+
+impl From<wire::NotAHandle> for NetError {
+    fn from(e: wire::NotAHandle) -> Self {
+        NetError::Invalid(e.to_string())
+    }
+}
+
+impl From<wire::Malformed> for NetError {
+    fn from(e: wire::Malformed) -> Self {
+        NetError::Remote(e.to_string())
     }
 }
 

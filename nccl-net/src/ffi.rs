@@ -138,7 +138,8 @@ fn props(dev: c_int) -> Result<PropertiesV11> {
         pci_path: nic.c_pci_path.as_ptr() as *mut c_char,
         guid: nic.guid,
         ptr_support: nic.ptr_support,
-        reg_is_global: 1,
+        // Registrations live in their comm's protection domain.
+        reg_is_global: 0,
         force_flush: 0,
         speed: nic.speed_mbps,
         port: c_int::from(nic.port),
@@ -301,7 +302,7 @@ fn comm<'a>(p: Ptr) -> Result<&'a Comm> {
 fn reg_mr(c: Ptr, data: Ptr, size: usize, ty: c_int, mhandle: *mut Ptr) -> Result<()> {
     let c = comm(c)?;
     // SAFETY: NCCL keeps the memory until deregMr.
-    let reg = unsafe { Reg::register(c.nic(), data as u64, size, ty)? };
+    let reg = unsafe { Reg::register(c.cache(), data as u64, size, ty)? };
     c.saw(&reg);
     // SAFETY: NCCL's out pointer.
     unsafe { out(mhandle, Box::into_raw(reg).cast()) }
@@ -319,12 +320,15 @@ unsafe extern "C" fn reg_mr_dma_buf(c: Ptr, data: Ptr, size: usize, ty: c_int, _
 
 unsafe extern "C" fn dereg_mr(c: Ptr, mhandle: Ptr) -> NcclResult {
     guard("deregMr", || {
-        let c = comm(c)?;
+        // The registration knows its comm's cache: the comm is not needed.
+        if c.is_null() {
+            return Err(NetError::Invalid("deregMr on a null comm".into()));
+        }
         if mhandle.is_null() {
             return Err(NetError::Invalid("deregMr of a null handle".into()));
         }
         // SAFETY: a handle regMr returned, deregistered once.
-        unsafe { Box::from_raw(mhandle.cast::<Reg>()) }.release(c.nic());
+        unsafe { Box::from_raw(mhandle.cast::<Reg>()) }.release();
         Ok(())
     })
 }

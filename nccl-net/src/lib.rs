@@ -72,6 +72,7 @@ mod reg;
 mod setup;
 mod site;
 mod verdict;
+pub mod wire;
 
 pub use config::{Config, GdrPolicy};
 pub use error::NetError;

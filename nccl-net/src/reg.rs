@@ -1,22 +1,25 @@
 //! Memory NCCL registers (`regMr`, `regMrDmaBuf`): through the library's
-//! registration and its cache on the NIC's protection domain. GPU memory
+//! registration and the registering comm's cache, in that comm's own
+//! protection domain, with remote write and no remote read. GPU memory
 //! takes the library's paths (dma-buf first, then peer memory) under
 //! `GpuPolicy::Require`: a GPU buffer is never quietly given a host mirror.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use gpudirect::rcache::CachedRegion;
-use gpudirect::{current_gpu, AccessFlags, Gpu, GpuPolicy, LocalSlice, Location, MemoryRegion, RegistrationPath};
+use gpudirect::rcache::{CachedRegion, RegistrationCache};
+use gpudirect::{current_gpu, Gpu, GpuPolicy, LocalSlice, Location, MemoryRegion, RegistrationPath};
 
 use crate::abi;
+use crate::comm::REMOTE_ACCESS;
 use crate::error::{NetError, Result};
-use crate::site::Nic;
 
 /// What NCCL holds as a memory handle.
 #[derive(Debug)]
 pub struct Reg {
     region: CachedRegion,
+    /// The cache of the comm it was registered through.
+    cache: Arc<RegistrationCache>,
     /// How GPU memory was registered; `None` for host memory.
     pub gpu: Option<RegistrationPath>,
 }
@@ -36,7 +39,7 @@ fn gpu(ordinal: usize) -> Result<Gpu> {
 }
 
 impl Reg {
-    /// Registers `size` bytes at `data` on `nic`; `ptr_type` is NCCL's
+    /// Registers `size` bytes at `data` through `cache` (a comm's); `ptr_type` is NCCL's
     /// `NCCL_PTR_HOST` or `NCCL_PTR_CUDA` (a dma-buf NCCL exported is
     /// registered as CUDA memory: the library exports its own).
     ///
@@ -48,21 +51,21 @@ impl Reg {
     /// [`NetError::Invalid`] for an unknown type or a null pointer;
     /// [`NetError::Library`] from the registration (for GPU memory, the
     /// library's `GdrError` naming each cause and fix).
-    pub unsafe fn register(nic: &Nic, data: u64, size: usize, ptr_type: i32) -> Result<Box<Reg>> {
+    pub unsafe fn register(cache: &Arc<RegistrationCache>, data: u64, size: usize, ptr_type: i32) -> Result<Box<Reg>> {
         if data == 0 || size == 0 {
             return Err(NetError::Invalid(format!("regMr of {size} bytes at {data:#x}: nothing to register")));
         }
-        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+        let access = REMOTE_ACCESS;
         let region = match ptr_type {
             abi::PTR_HOST => {
                 // SAFETY: the caller's promise.
-                unsafe { nic.cache.get(data as *mut u8, size, access)? }
+                unsafe { cache.get(data as *mut u8, size, access)? }
             }
             abi::PTR_CUDA => {
                 let ordinal = current_gpu()?.ok_or_else(|| NetError::Invalid("regMr of CUDA memory with no CUDA context current on the calling thread".into()))?;
                 let gpu = gpu(ordinal)?;
                 // SAFETY: the caller's promise.
-                unsafe { nic.cache.get_gpu(&gpu, data, size, access, GpuPolicy::Require)? }
+                unsafe { cache.get_gpu(&gpu, data, size, access, GpuPolicy::Require)? }
             }
             other => return Err(NetError::Invalid(format!("regMr of memory type {other}: the plugin knows NCCL_PTR_HOST (1) and NCCL_PTR_CUDA (2)"))),
         };
@@ -70,16 +73,17 @@ impl Reg {
             Location::Host => None,
             Location::Gpu { path, .. } => Some(path),
         };
-        Ok(Box::new(Reg { region, gpu }))
+        Ok(Box::new(Reg { region, cache: cache.clone(), gpu }))
     }
 
     /// Drops the registration and the cache's entry for its range (NCCL
     /// may free the memory next, and a later buffer at the same address
     /// must not find this one).
-    pub fn release(self: Box<Reg>, nic: &Nic) {
+    pub fn release(self: Box<Reg>) {
         let (addr, len) = (self.region.mr().addr() + self.region.offset() as u64, self.region.len());
+        let cache = self.cache.clone();
         drop(self);
-        nic.cache.invalidate(addr, len);
+        cache.invalidate(addr, len);
     }
 
     /// The region.

@@ -8,18 +8,34 @@
 //! own bootstrap, to the ranks of the communicator. A connection that does
 //! not present them first is closed before anything is created for it, so
 //! whoever else reaches the port learns nothing and gets no queue pair and
-//! no rkey. At most [`MAX_PENDING`] unproven connections are held, each for
-//! at most [`HELLO_WITHIN`]; a slow or silent one is dropped and does not
-//! hold up the others. Setup as a whole fails after [`SETUP_WITHIN`].
+//! no rkey.
+//!
+//! # Unproven connections cannot delay a rank
+//! Every `accept` call takes every connection the kernel has queued (up to
+//! [`ACCEPTS_PER_CALL`]) and reads what each has sent, so a rank's
+//! connection, which sends its token at once, is proven on the call that
+//! takes it. Connections that have not proven themselves get a budget of
+//! their own: [`UNPROVEN_PER_ADDRESS`] per source address and
+//! [`MAX_UNPROVEN`] in all, each for at most [`HELLO_WITHIN`]; past a
+//! budget the oldest unproven one is closed. Silent, trickling or
+//! reconnecting clients therefore hold nothing a rank's connection waits
+//! for. The closings are logged, the first few and then at powers of two.
+//! Setup as a whole fails after [`SETUP_WITHIN`].
+//!
+//! # Connection state in the handle
+//! `connect` keeps its state between NCCL's calls in NCCL's copy of the
+//! handle, named by an index into a table and a random 64-bit generation
+//! renewed at every call. A copy of a handle whose connect moved on,
+//! finished or failed, or any other bytes there, is refused: never a
+//! state found by its address.
 
-use std::collections::HashSet;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::FromRawFd;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use gpudirect::{current_gpu, Endpoint, Gid, Mtu, RemoteBuffer};
+use gpudirect::{current_gpu, Endpoint, RemoteBuffer};
 
 use crate::abi::HANDLE_MAXSIZE;
 use crate::comm::{Comm, Parts};
@@ -27,81 +43,30 @@ use crate::error::{NetError, Result};
 use crate::log;
 use crate::site::Site;
 use crate::verdict::Side;
+use crate::wire::{self, Handle, HELLO_LEN, READY, REPLY_LEN, STAGE_AT};
 
-/// Unproven connections a listener holds at once.
-pub const MAX_PENDING: usize = 16;
-/// How long a connection may take to prove itself.
-pub const HELLO_WITHIN: Duration = Duration::from_secs(10);
+/// Unproven connections one source address may hold at once.
+pub const UNPROVEN_PER_ADDRESS: usize = 4;
+/// Unproven connections a listener holds at once, from all addresses.
+pub const MAX_UNPROVEN: usize = 64;
+/// Connections taken from the kernel's queue per `accept` call.
+pub const ACCEPTS_PER_CALL: usize = 256;
+/// How long a connection may take to prove itself (a rank sends its token
+/// as soon as its connection is up).
+pub const HELLO_WITHIN: Duration = Duration::from_secs(2);
 /// How long `connect` or one `accept` may take in all.
 pub const SETUP_WITHIN: Duration = Duration::from_secs(120);
+/// Connections being set up at once by `connect`, in the whole process.
+pub const MAX_CONNECTING: usize = 1 << 16;
+/// Closed unproven connections logged one by one; later ones at powers of two.
+const LOGGED_CLOSINGS: u64 = 8;
 
-const MAGIC: [u8; 8] = *b"GDRNCCL\x01";
-const HELLO: [u8; 8] = *b"GDNCHELO";
-const REPLY: [u8; 8] = *b"GDNCRPLY";
-const READY: [u8; 8] = *b"GDNCRDY!";
-const HELLO_LEN: usize = 8 + 16 + ENDPOINT_LEN + 12;
-const REPLY_LEN: usize = 8 + ENDPOINT_LEN + 12;
-const ENDPOINT_LEN: usize = 4 + 4 + 2 + 1 + 16;
-/// Where `connect` keeps its state in NCCL's copy of the handle.
-const STAGE_AT: usize = 48;
-
-/// The handle's contents.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Handle {
-    /// Where the listener listens.
-    pub addr: SocketAddr,
-    /// What a connection must present.
-    pub token: [u8; 16],
-}
-
-impl Handle {
-    /// Writes the handle into NCCL's `NCCL_NET_HANDLE_MAXSIZE` bytes.
-    pub fn write(&self, out: &mut [u8; HANDLE_MAXSIZE]) {
-        *out = [0; HANDLE_MAXSIZE];
-        out[..8].copy_from_slice(&MAGIC);
-        let (family, ip): (u16, [u8; 16]) = match self.addr.ip() {
-            IpAddr::V4(v4) => (4, v4.to_ipv6_mapped().octets()),
-            IpAddr::V6(v6) => (6, v6.octets()),
-        };
-        out[8..10].copy_from_slice(&family.to_le_bytes());
-        out[10..12].copy_from_slice(&self.addr.port().to_be_bytes());
-        out[12..28].copy_from_slice(&ip);
-        out[28..44].copy_from_slice(&self.token);
-    }
-
-    /// Reads a handle.
-    ///
-    /// # Errors
-    /// [`NetError::Invalid`] for bytes that are not a handle `listen` made.
-    pub fn read(bytes: &[u8; HANDLE_MAXSIZE]) -> Result<Handle> {
-        let bad = |why: &str| NetError::Invalid(format!("not a GPUDirect handle ({why}): NCCL passed bytes another plugin or a corrupted exchange wrote"));
-        if bytes[..8] != MAGIC {
-            return Err(bad("wrong magic"));
-        }
-        let family = u16::from_le_bytes([bytes[8], bytes[9]]);
-        let port = u16::from_be_bytes([bytes[10], bytes[11]]);
-        let ip: [u8; 16] = bytes[12..28].try_into().expect("16 bytes");
-        let ip = match family {
-            4 => IpAddr::V4(Ipv6Addr::from(ip).to_ipv4_mapped().ok_or_else(|| bad("an IPv4 handle without an IPv4 address"))?),
-            6 => IpAddr::V6(Ipv6Addr::from(ip)),
-            _ => return Err(bad("unknown address family")),
-        };
-        if port == 0 || ip.is_unspecified() {
-            return Err(bad("no address"));
-        }
-        if bytes[STAGE_AT + 8..].iter().any(|&b| b != 0) || bytes[44..STAGE_AT].iter().any(|&b| b != 0) {
-            return Err(bad("bytes set where a handle has none"));
-        }
-        Ok(Handle { addr: SocketAddr::new(ip, port), token: bytes[28..44].try_into().expect("16 bytes") })
-    }
-}
-
-/// 16 bytes from the kernel's random source.
-fn random_token() -> Result<[u8; 16]> {
-    let mut t = [0u8; 16];
-    // SAFETY: writes at most 16 bytes into `t`.
-    let n = unsafe { libc::getrandom(t.as_mut_ptr().cast(), t.len(), 0) };
-    if n != 16 {
+/// `n` bytes from the kernel's random source.
+fn random<const N: usize>() -> Result<[u8; N]> {
+    let mut t = [0u8; N];
+    // SAFETY: writes at most N bytes into `t`.
+    let got = unsafe { libc::getrandom(t.as_mut_ptr().cast(), N, 0) };
+    if got != N as isize {
         return Err(NetError::Io(format!("getrandom: {}", std::io::Error::last_os_error())));
     }
     Ok(t)
@@ -116,6 +81,8 @@ pub struct Listen {
     token: [u8; 16],
     traffic_class: Option<u8>,
     pending: Vec<Pending>,
+    /// Unproven connections closed so far.
+    closed: u64,
 }
 
 #[derive(Debug)]
@@ -125,7 +92,16 @@ struct Pending {
     since: Instant,
     buf: Vec<u8>,
     /// Proven, with its comm's parts and the reply being written.
-    proven: Option<(Parts, Endpoint, RemoteBuffer, Option<usize>, usize)>,
+    proven: Option<Proven>,
+}
+
+#[derive(Debug)]
+struct Proven {
+    parts: Parts,
+    peer_ep: Endpoint,
+    fifo: RemoteBuffer,
+    gpu: Option<usize>,
+    written: usize,
 }
 
 impl Listen {
@@ -137,8 +113,8 @@ impl Listen {
         let n = &site.nics[nic];
         let listener = TcpListener::bind(SocketAddr::new(n.addr, 0)).map_err(|e| NetError::Io(format!("listening on {} for {}: {e}", n.addr, n.label())))?;
         listener.set_nonblocking(true)?;
-        let handle = Handle { addr: listener.local_addr()?, token: random_token()? };
-        Ok((Box::new(Listen { site, nic, listener, token: handle.token, traffic_class, pending: Vec::new() }), handle))
+        let handle = Handle { addr: listener.local_addr()?, token: random()? };
+        Ok((Box::new(Listen { site, nic, listener, token: handle.token, traffic_class, pending: Vec::new(), closed: 0 }), handle))
     }
 
     /// One step of `accept`: the comm once a member connected.
@@ -147,30 +123,45 @@ impl Listen {
     /// [`NetError::Library`] creating the queue pair; a connection that
     /// fails after proving itself fails the accept.
     pub fn accept(&mut self) -> Result<Option<Box<Comm>>> {
-        while self.pending.len() < MAX_PENDING {
+        for _ in 0..ACCEPTS_PER_CALL {
             match self.listener.accept() {
                 Ok((stream, peer)) => {
                     stream.set_nonblocking(true)?;
                     let _ = stream.set_nodelay(true);
-                    self.pending.push(Pending { stream, peer, since: Instant::now(), buf: Vec::new(), proven: None });
+                    self.admit(Pending { stream, peer, since: Instant::now(), buf: Vec::new(), proven: None })?;
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                // A connection reset before it was taken: nothing to do.
+                Err(e) if matches!(e.kind(), ErrorKind::ConnectionAborted | ErrorKind::Interrupted) => {}
                 Err(e) => return Err(NetError::Io(format!("accept: {e}"))),
             }
         }
         let mut i = 0;
         while i < self.pending.len() {
-            match self.step(i) {
+            if self.pending[i].proven.is_none() {
+                match self.prove(i) {
+                    Ok(_) => {}
+                    Err(Refusal::Quietly(why)) => {
+                        self.close(i, &why);
+                        continue;
+                    }
+                    Err(Refusal::Fail(e)) => {
+                        self.pending.swap_remove(i);
+                        return Err(e);
+                    }
+                }
+                if self.pending[i].proven.is_none() {
+                    i += 1;
+                    continue;
+                }
+            }
+            match self.finish(i) {
                 Ok(Some(comm)) => {
                     self.pending.swap_remove(i);
                     return Ok(Some(comm));
                 }
                 Ok(None) => i += 1,
-                Err(Refusal::Quietly(why)) => {
-                    let p = self.pending.swap_remove(i);
-                    log::warn(&format!("{}: closed a connection from {}: {why}", self.site.nics[self.nic].label(), p.peer));
-                }
-                Err(Refusal::Fail(e)) => {
+                Err(e) => {
                     self.pending.swap_remove(i);
                     return Err(e);
                 }
@@ -179,64 +170,114 @@ impl Listen {
         Ok(None)
     }
 
-    fn step(&mut self, i: usize) -> std::result::Result<Option<Box<Comm>>, Refusal> {
+    /// Takes a new connection in: reads what it sent, and keeps the
+    /// unproven within their budgets by closing the oldest past them.
+    fn admit(&mut self, p: Pending) -> Result<()> {
+        let ip = p.peer.ip();
+        self.pending.push(p);
+        let last = self.pending.len() - 1;
+        match self.prove(last) {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(Refusal::Quietly(why)) => {
+                self.close(last, &why);
+                return Ok(());
+            }
+            Err(Refusal::Fail(e)) => {
+                self.pending.swap_remove(last);
+                return Err(e);
+            }
+        }
+        self.trim(Some(ip), UNPROVEN_PER_ADDRESS, "its address holds too many unproven connections");
+        self.trim(None, MAX_UNPROVEN, "the listener holds too many unproven connections");
+        Ok(())
+    }
+
+    /// Closes the oldest unproven connections (of `ip`, or of any address)
+    /// until at most `most` are left.
+    fn trim(&mut self, ip: Option<IpAddr>, most: usize, why: &str) {
+        loop {
+            let unproven = |p: &Pending| p.proven.is_none() && ip.is_none_or(|ip| p.peer.ip() == ip);
+            if self.pending.iter().filter(|p| unproven(p)).count() <= most {
+                return;
+            }
+            let oldest = self.pending.iter().enumerate().filter(|(_, p)| unproven(p)).min_by_key(|(_, p)| p.since).map(|(i, _)| i);
+            match oldest {
+                Some(i) => self.close(i, why),
+                None => return,
+            }
+        }
+    }
+
+    fn close(&mut self, i: usize, why: &str) {
+        let p = self.pending.swap_remove(i);
+        self.closed += 1;
+        if self.closed <= LOGGED_CLOSINGS || self.closed.is_power_of_two() {
+            let label = self.site.nics[self.nic].label();
+            log::warn(&format!("{label}: closed a connection from {}: {why} ({} unproven connection(s) closed by this listener)", p.peer, self.closed));
+        }
+    }
+
+    /// Reads an unproven connection's setup message: true once it
+    /// presented this listener's token (its comm's parts are then made and
+    /// its reply is ready to write).
+    fn prove(&mut self, i: usize) -> std::result::Result<bool, Refusal> {
         let (site, nic, token, tc) = (self.site, self.nic, self.token, self.traffic_class);
         let p = &mut self.pending[i];
-        if p.proven.is_none() {
-            if p.since.elapsed() > HELLO_WITHIN {
-                return Err(Refusal::Quietly(format!("it did not identify itself within {HELLO_WITHIN:?}")));
-            }
-            if !fill(&mut p.stream, &mut p.buf, HELLO_LEN).map_err(|e| Refusal::Quietly(e.to_string()))? {
-                return Ok(None);
-            }
-            let b = &p.buf;
-            let presented: [u8; 16] = b[8..24].try_into().expect("16 bytes");
-            if b[..8] != HELLO || !same(&presented, &token) {
-                return Err(Refusal::Quietly("it did not present this listener's token: not a rank of this communicator".into()));
-            }
-            let peer_ep = decode_endpoint(&b[24..24 + ENDPOINT_LEN]).map_err(|e| Refusal::Quietly(e.to_string()))?;
-            let fifo = decode_remote(&b[24 + ENDPOINT_LEN..], (crate::comm::MAX_REQUESTS * 256) as u64);
-            let n = &site.nics[nic];
-            let parts = Parts::new(site, n, Side::Recv, tc).map_err(Refusal::Fail)?;
-            let mut reply = Vec::with_capacity(REPLY_LEN);
-            reply.extend_from_slice(&REPLY);
-            reply.extend_from_slice(&encode_endpoint(&parts.qp.endpoint()));
-            reply.extend_from_slice(&encode_remote(parts.ctrl.addr(), parts.ctrl.rkey()));
-            let gpu = current_gpu().ok().flatten();
-            p.proven = Some((parts, peer_ep, fifo, gpu, 0));
-            p.buf = reply;
+        if p.since.elapsed() > HELLO_WITHIN {
+            return Err(Refusal::Quietly(format!("it did not identify itself within {HELLO_WITHIN:?}")));
         }
-        let Some((_, _, _, _, written)) = p.proven.as_mut() else { unreachable!() };
+        if !fill(&mut p.stream, &mut p.buf, HELLO_LEN).map_err(|e| Refusal::Quietly(e.to_string()))? {
+            return Ok(false);
+        }
+        let hello: &[u8; HELLO_LEN] = p.buf[..].try_into().expect("HELLO_LEN bytes");
+        let (presented, peer_ep, fifo) = wire::read_hello(hello).map_err(|e| Refusal::Quietly(e.to_string()))?;
+        if !same(&presented, &token) {
+            return Err(Refusal::Quietly("it did not present this listener's token: not a rank of this communicator".into()));
+        }
+        let parts = Parts::new(site, &site.nics[nic], Side::Recv, tc).map_err(Refusal::Fail)?;
+        p.buf = wire::reply(&parts.qp.endpoint(), parts.ctrl.addr(), parts.ctrl.rkey()).to_vec();
+        let gpu = current_gpu().ok().flatten();
+        p.proven = Some(Proven { parts, peer_ep, fifo, gpu, written: 0 });
+        Ok(true)
+    }
+
+    /// Writes a proven connection's reply and reads its ready message.
+    fn finish(&mut self, i: usize) -> Result<Option<Box<Comm>>> {
+        let (site, nic) = (self.site, self.nic);
+        let p = &mut self.pending[i];
+        let peer = p.peer;
+        let Some(proven) = p.proven.as_mut() else { return Ok(None) };
         if p.since.elapsed() > SETUP_WITHIN {
-            return Err(Refusal::Fail(NetError::Remote(format!("connection from {} did not complete within {SETUP_WITHIN:?}", p.peer))));
+            return Err(NetError::Remote(format!("connection from {peer} did not complete within {SETUP_WITHIN:?}")));
         }
-        if *written < REPLY_LEN {
-            match p.stream.write(&p.buf[*written..]) {
-                Ok(k) => *written += k,
+        if proven.written < REPLY_LEN {
+            match p.stream.write(&p.buf[proven.written..]) {
+                Ok(k) => proven.written += k,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
-                Err(e) => return Err(Refusal::Fail(NetError::Remote(format!("{}: {e}", p.peer)))),
+                Err(e) => return Err(NetError::Remote(format!("{peer}: {e}"))),
             }
-            if *written < REPLY_LEN {
+            if proven.written < REPLY_LEN {
                 return Ok(None);
             }
             p.buf = Vec::new();
         }
-        if !fill(&mut p.stream, &mut p.buf, READY.len()).map_err(|e| Refusal::Fail(NetError::Remote(format!("{}: {e}", p.peer))))? {
+        if !fill(&mut p.stream, &mut p.buf, READY.len()).map_err(|e| NetError::Remote(format!("{peer}: {e}")))? {
             return Ok(None);
         }
         if p.buf[..] != READY {
-            return Err(Refusal::Fail(NetError::Remote(format!("{}: a malformed ready message", p.peer))));
+            return Err(NetError::Remote(format!("{peer}: a malformed ready message")));
         }
-        let (parts, peer_ep, fifo, gpu, _) = p.proven.take().expect("proven");
-        Comm::new(site, nic, Side::Recv, gpu, parts, &peer_ep, fifo).map(Some).map_err(Refusal::Fail)
+        let Proven { parts, peer_ep, fifo, gpu, .. } = p.proven.take().expect("proven");
+        Comm::new(site, nic, Side::Recv, gpu, parts, &peer_ep, fifo, peer).map(Some)
     }
 }
 
-/// What to do with a pending connection that cannot go on.
+/// What to do with an unproven connection that cannot go on.
 enum Refusal {
     /// It never proved itself: close it, keep listening.
     Quietly(String),
-    /// A member's connection failed: the accept fails.
+    /// Making a proven connection's comm failed: the accept fails.
     Fail(NetError),
 }
 
@@ -262,42 +303,11 @@ fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>, want: usize) -> std::io::Resu
     Ok(true)
 }
 
-fn encode_endpoint(e: &Endpoint) -> [u8; ENDPOINT_LEN] {
-    let mut b = [0u8; ENDPOINT_LEN];
-    b[0..4].copy_from_slice(&e.qp_num.to_le_bytes());
-    b[4..8].copy_from_slice(&e.psn.to_le_bytes());
-    b[8..10].copy_from_slice(&e.lid.to_le_bytes());
-    b[10] = e.mtu.to_raw() as u8;
-    b[11..27].copy_from_slice(&e.gid.0);
-    b
-}
-
-fn decode_endpoint(b: &[u8]) -> Result<Endpoint> {
-    let mtu = Mtu::from_raw(u32::from(b[10])).ok_or_else(|| NetError::Invalid(format!("the peer sent MTU code {}", b[10])))?;
-    Ok(Endpoint {
-        qp_num: u32::from_le_bytes(b[0..4].try_into().expect("4")),
-        psn: u32::from_le_bytes(b[4..8].try_into().expect("4")),
-        lid: u16::from_le_bytes([b[8], b[9]]),
-        mtu,
-        gid: Gid(b[11..27].try_into().expect("16")),
-    })
-}
-
-fn encode_remote(addr: u64, rkey: u32) -> [u8; 12] {
-    let mut b = [0u8; 12];
-    b[..8].copy_from_slice(&addr.to_le_bytes());
-    b[8..].copy_from_slice(&rkey.to_le_bytes());
-    b
-}
-
-fn decode_remote(b: &[u8], len: u64) -> RemoteBuffer {
-    RemoteBuffer { addr: u64::from_le_bytes(b[..8].try_into().expect("8")), len, rkey: u32::from_le_bytes(b[8..12].try_into().expect("4")) }
-}
-
 /// `connect`'s state between NCCL's calls.
 #[derive(Debug)]
 pub struct Connecting {
     stream: TcpStream,
+    peer: SocketAddr,
     since: Instant,
     parts: Option<Parts>,
     out: Vec<u8>,
@@ -307,55 +317,90 @@ pub struct Connecting {
     gpu: Option<usize>,
 }
 
-/// The live `Connecting` states, by address: a handle's stage pointer is
-/// followed only when it is one of these, so a corrupted handle is
-/// refused, never dereferenced.
-static CONNECTING: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+/// The connections `connect` is setting up, each with its generation.
+struct Staged {
+    slots: Vec<Option<(u64, Box<Connecting>)>>,
+    free: Vec<usize>,
+}
+
+static CONNECTING: Mutex<Staged> = Mutex::new(Staged { slots: Vec::new(), free: Vec::new() });
+
+impl Staged {
+    /// Takes the state the handle names, if its generation is current.
+    fn take(&mut self, index: u64, generation: u64) -> Option<Box<Connecting>> {
+        let i = usize::try_from(index.checked_sub(1)?).ok()?;
+        match self.slots.get_mut(i)? {
+            Some((g, _)) if *g == generation => {
+                let (_, state) = self.slots[i].take().expect("present");
+                self.free.push(i);
+                Some(state)
+            }
+            _ => None,
+        }
+    }
+
+    /// Keeps `state`; returns its index (from 1) and its new generation.
+    fn keep(&mut self, state: Box<Connecting>) -> Result<(u64, u64)> {
+        let generation = u64::from_le_bytes(random()?);
+        let i = match self.free.pop() {
+            Some(i) => i,
+            None if self.slots.len() < MAX_CONNECTING => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+            None => return Err(NetError::Invalid(format!("{MAX_CONNECTING} connections are being set up at once: NCCL abandoned connects without finishing them"))),
+        };
+        self.slots[i] = Some((generation, state));
+        Ok((i as u64 + 1, generation))
+    }
+}
+
+fn staged() -> std::sync::MutexGuard<'static, Staged> {
+    CONNECTING.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// One step of `connect` with NCCL's copy of the handle (where the state
-/// is kept between calls).
+/// is named between calls).
 ///
 /// # Errors
-/// [`NetError::Invalid`] for a malformed handle; [`NetError::Io`] or
-/// [`NetError::Remote`] when the listener cannot be reached, closes the
-/// connection (a wrong token) or does not answer within [`SETUP_WITHIN`].
+/// [`NetError::Invalid`] for a malformed handle, or one whose connection
+/// state is stale (a copy of a handle whose connect moved on, finished or
+/// failed); [`NetError::Io`] or [`NetError::Remote`] when the listener
+/// cannot be reached, closes the connection (a wrong token) or does not
+/// answer within [`SETUP_WITHIN`].
 pub fn connect(site: &'static Site, nic: usize, handle: &mut [u8; HANDLE_MAXSIZE], traffic_class: Option<u8>) -> Result<Option<Box<Comm>>> {
-    let stage = u64::from_le_bytes(handle[STAGE_AT..STAGE_AT + 8].try_into().expect("8")) as usize;
-    let mut live = CONNECTING.lock().unwrap_or_else(|e| e.into_inner());
-    let live = live.get_or_insert_with(HashSet::new);
-    let mut state = if stage == 0 {
+    let word = |at: usize| u64::from_le_bytes(handle[at..at + 8].try_into().expect("8"));
+    let (index, generation) = (word(STAGE_AT), word(STAGE_AT + 8));
+    let mut state = if index == 0 && generation == 0 {
         let h = Handle::read(handle)?;
         Box::new(start_connect(site, nic, &h, traffic_class)?)
-    } else if live.remove(&stage) {
-        // SAFETY: the address is one this function leaked below and has not
-        // taken back since (it was in the live set).
-        unsafe { Box::from_raw(stage as *mut Connecting) }
     } else {
-        return Err(NetError::Invalid("the handle's connection state is not one this plugin made: a corrupted handle".into()));
+        staged().take(index, generation).ok_or_else(|| {
+            NetError::Invalid(
+                "the handle's connection state is stale or not one this plugin made (a copy of a handle whose connect moved on, \
+                 finished or failed, or corrupted bytes): refused"
+                    .into(),
+            )
+        })?
     };
-    handle[STAGE_AT..STAGE_AT + 8].copy_from_slice(&[0; 8]);
-    match step_connect(site, nic, &mut state) {
-        Ok(Some(comm)) => Ok(Some(comm)),
-        Ok(None) => {
-            let at = Box::into_raw(state) as usize;
-            live.insert(at);
-            handle[STAGE_AT..STAGE_AT + 8].copy_from_slice(&(at as u64).to_le_bytes());
+    handle[STAGE_AT..STAGE_AT + 16].copy_from_slice(&[0; 16]);
+    match step_connect(site, nic, &mut state)? {
+        Some(comm) => Ok(Some(comm)),
+        None => {
+            let (index, generation) = staged().keep(state)?;
+            handle[STAGE_AT..STAGE_AT + 8].copy_from_slice(&index.to_le_bytes());
+            handle[STAGE_AT + 8..STAGE_AT + 16].copy_from_slice(&generation.to_le_bytes());
             Ok(None)
         }
-        Err(e) => Err(e),
     }
 }
 
 fn start_connect(site: &Site, nic: usize, h: &Handle, tc: Option<u8>) -> Result<Connecting> {
     let stream = nonblocking_connect(h.addr)?;
     let parts = Parts::new(site, &site.nics[nic], Side::Send, tc)?;
-    let mut out = Vec::with_capacity(HELLO_LEN);
-    out.extend_from_slice(&HELLO);
-    out.extend_from_slice(&h.token);
-    out.extend_from_slice(&encode_endpoint(&parts.qp.endpoint()));
-    out.extend_from_slice(&encode_remote(parts.ctrl.addr(), parts.ctrl.rkey()));
+    let out = wire::hello(&h.token, &parts.qp.endpoint(), parts.ctrl.addr(), parts.ctrl.rkey()).to_vec();
     let gpu = current_gpu().ok().flatten();
-    Ok(Connecting { stream, since: Instant::now(), parts: Some(parts), out, written: 0, buf: Vec::new(), replied: None, gpu })
+    Ok(Connecting { stream, peer: h.addr, since: Instant::now(), parts: Some(parts), out, written: 0, buf: Vec::new(), replied: None, gpu })
 }
 
 fn step_connect(site: &'static Site, nic: usize, s: &mut Connecting) -> Result<Option<Box<Comm>>> {
@@ -374,12 +419,8 @@ fn step_connect(site: &'static Site, nic: usize, s: &mut Connecting) -> Result<O
         if !fill(&mut s.stream, &mut s.buf, REPLY_LEN).map_err(to)? {
             return Ok(None);
         }
-        if s.buf[..8] != REPLY {
-            return Err(NetError::Remote("the listener answered with a malformed reply".into()));
-        }
-        let ep = decode_endpoint(&s.buf[8..8 + ENDPOINT_LEN])?;
-        let sizes = decode_remote(&s.buf[8 + ENDPOINT_LEN..], (crate::comm::MAX_REQUESTS * 32) as u64);
-        s.replied = Some((ep, sizes));
+        let reply: &[u8; REPLY_LEN] = s.buf[..].try_into().expect("REPLY_LEN bytes");
+        s.replied = Some(wire::read_reply(reply)?);
         s.out = READY.to_vec();
         s.written = 0;
         // The queue pair goes to RTS before READY is sent, so the
@@ -388,7 +429,7 @@ fn step_connect(site: &'static Site, nic: usize, s: &mut Connecting) -> Result<O
     }
     let (ep, sizes) = s.replied.expect("replied");
     let parts = s.parts.take().ok_or_else(|| NetError::Invalid("connect called again after it returned a comm".into()))?;
-    Comm::new(site, nic, Side::Send, s.gpu, parts, &ep, sizes).map(Some)
+    Comm::new(site, nic, Side::Send, s.gpu, parts, &ep, sizes, s.peer).map(Some)
 }
 
 /// A TCP connection started without waiting for it to complete.
@@ -442,36 +483,6 @@ fn sockaddr(addr: SocketAddr) -> (i32, Vec<u8>, libc::socklen_t) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn handles_round_trip_and_garbage_is_refused() {
-        let h = Handle { addr: "192.0.2.1:4791".parse().unwrap(), token: [7; 16] };
-        let mut b = [0u8; HANDLE_MAXSIZE];
-        h.write(&mut b);
-        assert_eq!(Handle::read(&b).unwrap(), h);
-        let h6 = Handle { addr: "[fd00::1]:9".parse().unwrap(), token: [1; 16] };
-        h6.write(&mut b);
-        assert_eq!(Handle::read(&b).unwrap(), h6);
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        for _ in 0..2000 {
-            let mut g = [0u8; HANDLE_MAXSIZE];
-            for x in g.iter_mut() {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                *x = rng as u8;
-            }
-            assert!(Handle::read(&g).is_err());
-            g[..8].copy_from_slice(&MAGIC);
-            let _ = Handle::read(&g); // never panics
-        }
-        h.write(&mut b);
-        b[100] = 1;
-        assert!(Handle::read(&b).unwrap_err().to_string().contains("bytes set where a handle has none"));
-        h.write(&mut b);
-        b[10..12].copy_from_slice(&[0, 0]);
-        assert!(Handle::read(&b).is_err(), "port 0");
-    }
 
     #[test]
     fn tokens_compare_in_full() {

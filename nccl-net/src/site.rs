@@ -1,7 +1,8 @@
 //! The devices the plugin offers NCCL: every active port of every RDMA
 //! device that `NCCL_IB_HCA` selects (NCCL's IB transport counts the same
-//! way), each with its protection domain, its registration cache, what the
-//! library's judge says about each GPU with it, and its byte counters.
+//! way), each with what the library's judge says about each GPU with it
+//! and its byte counters. Comms and their registrations each get a
+//! protection domain of their own (see `comm`).
 
 use std::ffi::{c_int, CString};
 use std::net::IpAddr;
@@ -9,7 +10,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use gpudirect::gdr::GdrFacts;
 use gpudirect::nccl::PluginLine;
-use gpudirect::rcache::{CacheConfig, RegistrationCache};
 use gpudirect::sysroot::SysRoot;
 use gpudirect::topology::discover;
 use gpudirect::{devices, gpu_count, Context, LinkLayer, PortState, ProtectionDomain};
@@ -40,11 +40,9 @@ pub struct Nic {
     pub port: u8,
     /// InfiniBand or Ethernet (RoCE).
     pub link_layer: LinkLayer,
-    /// The device's protection domain: every comm and registration of this
-    /// port lives in it, so a registration serves any comm (`regIsGlobal`).
+    /// The protection domain the judge's probes ran in (no comm's memory
+    /// lives in it).
     pub pd: ProtectionDomain,
-    /// Registrations, reused across NCCL's calls.
-    pub cache: RegistrationCache,
     /// Node GUID.
     pub guid: u64,
     /// `name` for NCCL.
@@ -198,7 +196,6 @@ impl Site {
             name,
             port,
             link_layer: attr.link_layer,
-            cache: RegistrationCache::new(&pd, CacheConfig::default()),
             guid: ctx.attr().node_guid.0,
             speed_mbps,
             ptr_support: ptr_support(&pairs),

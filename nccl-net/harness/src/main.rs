@@ -8,7 +8,13 @@
 //! nccl-net-harness drive --peer HOST:P [--plugin SO] [--die-after N] # the sending side
 //! nccl-net-harness drive --peer HOST:P --bench SIZE --iters N [--window W]  # bandwidth, MB/s
 //! nccl-net-harness raw [--device rxe0] --iters N                     # the raw verbs baseline
+//! nccl-net-harness hostile [--device rxe0]                            # the plugin against a hostile peer
 //! ```
+//!
+//! `hostile` runs in one process on one device (see `hostile.rs`): a
+//! member's raw-verbs queue pair reading and writing past what it was
+//! offered, keys of another comm, claimed sizes and slots, stale handles,
+//! and strangers' connections against a rank's setup time.
 //!
 //! `--window 1` keeps one message in flight (isend, then test until done):
 //! what `testbed/nccl-net-perf` counts instructions of, against `raw`
@@ -19,6 +25,7 @@
 //! checked. `--die-after N` makes that side exit abruptly after N messages
 //! of the death phase, and the other side must then see an error, not hang.
 
+mod hostile;
 mod phases;
 mod plugin;
 
@@ -93,7 +100,8 @@ fn main() {
         "serve" => serve(&a),
         "drive" => drive(&a),
         "raw" => phases::raw(&a.device, a.iters),
-        _ => Err("usage: nccl-net-harness symbols|serve|drive [options]".into()),
+        "hostile" => open(&a).and_then(|p| hostile::run(&p, &a.device)),
+        _ => Err("usage: nccl-net-harness symbols|serve|drive|raw|hostile [options]".into()),
     };
     if let Err(e) = result {
         eprintln!("[{}] FAILED: {e}", a.mode);

@@ -177,7 +177,7 @@ pub fn run_recv(p: &Plugin, ctl: &mut Ctl, _die: Option<usize>) -> Result<(), St
     p.dereg(c, big.mh)?;
     p.dereg(c, buf.mh)?;
     ctl.sync();
-    // 16 comms at once, one registration used on all of them (regIsGlobal).
+    // 16 comms at once.
     let mut listens = Vec::new();
     for _ in 0..COMMS {
         let (h, l) = p.listen(0)?;
@@ -196,20 +196,25 @@ pub fn run_recv(p: &Plugin, ctl: &mut Ctl, _die: Option<usize>) -> Result<(), St
             return Err("16 comms were not all accepted".into());
         }
     }
-    let mut shared = Buf::new(p, comms[0], COMMS * 16384)?;
+    // Registrations are per comm (regIsGlobal 0): the same memory, one
+    // registration on each comm.
+    let mut shared = vec![0u8; COMMS * 16384];
+    let mhs: Vec<Ptr> = comms.iter().map(|&c| p.reg(c, &mut shared)).collect::<Result<_, _>>()?;
     for round in 0..8u64 {
-        let reqs: Vec<Ptr> = (0..COMMS).map(|i| irecv(p, comms[i], &mut [(shared.at(i * 16384), 16384, round as c_int, shared.mh)])).collect::<Result<_, _>>()?;
+        let reqs: Vec<Ptr> = (0..COMMS).map(|i| irecv(p, comms[i], &mut [(shared[i * 16384..].as_mut_ptr(), 16384, round as c_int, mhs[i])])).collect::<Result<_, _>>()?;
         for (i, r) in reqs.into_iter().enumerate() {
             p.wait(r, W)?;
-            check(round * 1000 + i as u64, &shared.mem[i * 16384..(i + 1) * 16384])?;
+            check(round * 1000 + i as u64, &shared[i * 16384..(i + 1) * 16384])?;
         }
     }
-    p.dereg(comms[0], shared.mh)?;
+    for (&c, &m) in comms.iter().zip(&mhs) {
+        p.dereg(c, m)?;
+    }
     for (c, l) in comms.into_iter().zip(listens) {
         p.close_recv(c)?;
         p.close_listen(l)?;
     }
-    println!("serve: {COMMS} comms at once, 8 rounds each, one registration shared: every byte checked");
+    println!("serve: {COMMS} comms at once, 8 rounds each, the same memory registered on each: every byte checked");
     ctl.sync();
     // A connection without this listener's token is closed, unanswered.
     let (h, l) = p.listen(0)?;
@@ -321,17 +326,20 @@ pub fn run_send(p: &Plugin, ctl: &mut Ctl) -> Result<(), String> {
             return Err("16 comms were not all connected".into());
         }
     }
-    let mut shared = Buf::new(p, comms[0], COMMS * 16384)?;
+    let mut shared = vec![0u8; COMMS * 16384];
+    let mhs: Vec<Ptr> = comms.iter().map(|&c| p.reg(c, &mut shared)).collect::<Result<_, _>>()?;
     for round in 0..8u64 {
         for i in 0..COMMS {
-            fill(round * 1000 + i as u64, &mut shared.mem[i * 16384..(i + 1) * 16384]);
+            fill(round * 1000 + i as u64, &mut shared[i * 16384..(i + 1) * 16384]);
         }
-        let reqs: Vec<Ptr> = (0..COMMS).map(|i| isend(p, comms[i], shared.at(i * 16384), 16384, round as c_int, shared.mh)).collect::<Result<_, _>>()?;
+        let reqs: Vec<Ptr> = (0..COMMS).map(|i| isend(p, comms[i], shared[i * 16384..].as_mut_ptr(), 16384, round as c_int, mhs[i])).collect::<Result<_, _>>()?;
         for r in reqs {
             p.wait(r, W)?;
         }
     }
-    p.dereg(comms[0], shared.mh)?;
+    for (&c, &m) in comms.iter().zip(&mhs) {
+        p.dereg(c, m)?;
+    }
     for c in comms {
         p.close_send(c)?;
     }
@@ -343,12 +351,12 @@ pub fn run_send(p: &Plugin, ctl: &mut Ctl) -> Result<(), String> {
     for (i, b) in junk.iter_mut().enumerate() {
         *b = (i as u8).wrapping_mul(37) ^ 0xa5;
     }
-    // No state pointer: the bytes themselves are judged.
-    junk[48..56].copy_from_slice(&[0; 8]);
+    // No connection state named: the bytes themselves are judged.
+    junk[48..64].copy_from_slice(&[0; 16]);
     if p.connect(0, &mut junk, Duration::from_secs(1)).is_ok() || logged("not a GPUDirect handle (wrong magic)").is_empty() {
         return Err("connect accepted random bytes as a handle".into());
     }
-    // A handle whose connection state is not one the plugin made.
+    // A handle naming connection state the plugin never made.
     let mut staged = h;
     staged[48..56].copy_from_slice(&0xdead_beef_u64.to_le_bytes());
     if p.connect(0, &mut staged, Duration::from_secs(1)).is_ok() || logged("not one this plugin made").is_empty() {
