@@ -52,6 +52,9 @@ pub struct DeviceAttr {
     /// `IBV_ATOMIC_NONE` when its firmware is not set to host byte order,
     /// so where this is true the words are read and written in host order.
     pub atomics: bool,
+    /// Whether the device has type-2 memory windows
+    /// (`IBV_DEVICE_MEM_WINDOW_TYPE_2B`): see [`MemoryWindow`](crate::MemoryWindow).
+    pub mem_windows: bool,
 }
 
 pub(crate) struct ContextInner {
@@ -280,6 +283,7 @@ fn query_device(ctx: NonNull<sys::ibv_context>) -> Result<DeviceAttr> {
         max_qp_init_rd_atom: u(a.max_qp_init_rd_atom),
         max_qp_rd_atom: u(a.max_qp_rd_atom),
         atomics: a.atomic_cap != sys::IBV_ATOMIC_NONE,
+        mem_windows: a.device_cap_flags & sys::IBV_DEVICE_MEM_WINDOW_TYPE_2B != 0,
     })
 }
 

@@ -188,6 +188,10 @@ pub enum WcOpcode {
     Recv,
     /// A receive was consumed by an incoming RDMA write with immediate.
     RecvRdmaWithImm,
+    /// A memory window's bind finished.
+    BindWindow,
+    /// A local invalidation (of a memory window's key) finished.
+    LocalInvalidate,
     /// Another opcode.
     Other(u32),
 }
@@ -202,6 +206,8 @@ impl WcOpcode {
             sys::IBV_WC_FETCH_ADD => WcOpcode::FetchAdd,
             sys::IBV_WC_RECV => WcOpcode::Recv,
             sys::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
+            sys::IBV_WC_BIND_MW => WcOpcode::BindWindow,
+            sys::IBV_WC_LOCAL_INV => WcOpcode::LocalInvalidate,
             other => WcOpcode::Other(other),
         }
     }

@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 use crate::mr::{LocalSlice, SgList};
 use crate::wire::RemoteBuffer;
 use crate::pd::ProtectionDomain;
+use crate::mr::AccessFlags;
+use crate::mw::MemoryWindow;
 
 /// The operation of a send-queue work request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +23,11 @@ pub(crate) enum SendOp {
     Read,
     CompareSwap { compare: u64, swap: u64 },
     FetchAdd(u64),
+    /// A type-2 window's bind to the request's one local slice, giving
+    /// the window `rkey` with `access` (verbs' `mw_access_flags`).
+    BindWindow { rkey: u32, access: u32 },
+    /// A local invalidation of a window's key.
+    Invalidate(u32),
 }
 
 impl SendOp {
@@ -32,7 +39,15 @@ impl SendOp {
             SendOp::Read => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
             SendOp::FetchAdd(_) => WcOpcode::FetchAdd,
+            SendOp::BindWindow { .. } => WcOpcode::BindWindow,
+            SendOp::Invalidate(_) => WcOpcode::LocalInvalidate,
         }
+    }
+
+    /// Whether the request binds or invalidates a memory window.
+    #[inline]
+    pub(crate) fn is_window(self) -> bool {
+        matches!(self, SendOp::BindWindow { .. } | SendOp::Invalidate(_))
     }
 
     /// Whether the NIC writes the local buffer (so local reads must wait):
@@ -58,6 +73,8 @@ impl SendOp {
             SendOp::Read => (sys::IBV_WR_RDMA_READ, 0),
             SendOp::CompareSwap { .. } => (sys::IBV_WR_ATOMIC_CMP_AND_SWP, 0),
             SendOp::FetchAdd(_) => (sys::IBV_WR_ATOMIC_FETCH_AND_ADD, 0),
+            SendOp::BindWindow { .. } => (sys::IBV_WR_BIND_MW, 0),
+            SendOp::Invalidate(_) => (sys::IBV_WR_LOCAL_INV, 0),
         }
     }
 }
@@ -66,7 +83,8 @@ impl SendOp {
 pub const ATOMIC_WORD: usize = 8;
 
 /// A send-queue work request: send, RDMA write (with or without
-/// immediate data), RDMA read or atomic (fetch-and-add, compare-and-swap).
+/// immediate data), RDMA read, atomic (fetch-and-add, compare-and-swap),
+/// or a memory window's bind or invalidation.
 /// Sends, writes and reads take their local memory as anything that
 /// converts into an [`SgList`]: one [`LocalSlice`], or several (the NIC
 /// gathers or scatters them as one message).
@@ -84,11 +102,13 @@ pub struct SendWr<'a> {
     pub(crate) rkey: u32,
     pub(crate) signaled: bool,
     pub(crate) inline: bool,
+    /// The window a bind names.
+    pub(crate) window: Option<&'a MemoryWindow>,
 }
 
 impl<'a> SendWr<'a> {
     fn new(op: SendOp, local: SgList<'a>) -> Self {
-        SendWr { wr_id: 0, op, local, remote_addr: 0, rkey: 0, signaled: true, inline: false }
+        SendWr { wr_id: 0, op, local, remote_addr: 0, rkey: 0, signaled: true, inline: false, window: None }
     }
 
     fn rdma(op: SendOp, local: SgList<'a>, remote: &RemoteBuffer, offset: u64) -> Result<Self> {
@@ -195,6 +215,58 @@ impl<'a> SendWr<'a> {
         Ok(wr)
     }
 
+    /// A bind of type-2 `window` to `range` (a slice of a region
+    /// registered with [`AccessFlags::MW_BIND`]), granting `access`
+    /// (any of [`REMOTE_WRITE`](AccessFlags::REMOTE_WRITE),
+    /// [`REMOTE_READ`](AccessFlags::REMOTE_READ),
+    /// [`REMOTE_ATOMIC`](AccessFlags::REMOTE_ATOMIC)) under the key
+    /// `rkey`, which must be [`next_rkey`](crate::next_rkey) of the
+    /// window's last key. From when the bind executes, the peer of the
+    /// queue pair it is posted on (and no other) reaches exactly `range`
+    /// with that key, until an [`invalidate`](Self::invalidate) of it
+    /// posted on the same queue pair executes. Requests after the bind on
+    /// the same queue pair (the message that hands the key over) execute
+    /// after it. Posting it needs a device with type-2 windows
+    /// ([`DeviceAttr::mem_windows`](crate::DeviceAttr::mem_windows)).
+    ///
+    /// The range stays held until the bind's completion, as a send's
+    /// source does; the region must outlive the binding (a region with a
+    /// window bound to it cannot be deregistered on some providers:
+    /// invalidate first).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for access other than remote
+    /// write/read/atomic, a region without `MW_BIND`, an empty range, a
+    /// host-staged GPU region (no NIC-visible memory of its own), or a
+    /// window of another protection domain than the region's.
+    pub fn bind_window(window: &'a MemoryWindow, range: LocalSlice<'a>, access: AccessFlags, rkey: u32) -> Result<Self> {
+        let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+        let why = if !remote.contains(access) || access.is_empty() {
+            Some(format!("a window grants remote write, read or atomic access, not {access:?}"))
+        } else if !range.mr.access().contains(AccessFlags::MW_BIND) {
+            Some("a window binds only to a region registered with AccessFlags::MW_BIND".to_owned())
+        } else if range.is_empty() {
+            Some("a window bound to no bytes".to_owned())
+        } else if range.mr.is_host_staged() {
+            Some("a window cannot open a host-staged GPU region: the NIC reaches only its host mirror".to_owned())
+        } else if !window.pd().same_as(range.mr.pd()) {
+            Some("the window and the region are of different protection domains".to_owned())
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(Error::InvalidArgument(why));
+        }
+        Ok(SendWr { window: Some(window), ..Self::new(SendOp::BindWindow { rkey, access: access.bits() }, range.into()) })
+    }
+
+    /// A local invalidation of `rkey`, a key a window bound on this queue
+    /// pair gave: once it executes, the key opens nothing. Requests after
+    /// it on the same queue pair execute after it.
+    pub fn invalidate(rkey: u32) -> Self {
+        Self::new(SendOp::Invalidate(rkey), SgList::empty())
+    }
+
     /// Sets the id reported in this request's completion.
     pub fn wr_id(mut self, id: u64) -> Self {
         self.wr_id = id;
@@ -230,6 +302,9 @@ impl<'a> SendWr<'a> {
     #[inline]
     pub(crate) fn check(&self, pd: &ProtectionDomain) -> Result<()> {
         self.local.check(pd)?;
+        if self.window.is_some_and(|w| !w.pd().same_as(pd)) {
+            return Err(Error::ForeignMemoryRegion);
+        }
         if self.inline {
             self.check_inline()?;
         }
@@ -266,6 +341,16 @@ impl<'a> SendWr<'a> {
         let (opcode, imm) = self.op.raw();
         raw.opcode = opcode;
         raw.__bindgen_anon_1.imm_data = imm.to_be();
+        if let Some(window) = self.window {
+            self.write_raw_bind(raw, window);
+            return;
+        }
+        if let SendOp::Invalidate(rkey) = self.op {
+            raw.__bindgen_anon_1.invalidate_rkey = rkey;
+            raw.send_flags = self.send_flags();
+            (raw.sg_list, raw.num_sge) = (std::ptr::null_mut(), 0);
+            return;
+        }
         let atomic = match self.op {
             SendOp::CompareSwap { compare, swap } => Some((compare, swap)),
             SendOp::FetchAdd(add) => Some((add, 0)),
@@ -287,6 +372,22 @@ impl<'a> SendWr<'a> {
 }
 
 impl SendWr<'_> {
+    /// What a bind names: the window, its new key and the range.
+    fn bind_parts(&self, window: &MemoryWindow) -> (*mut sys::ibv_mw, u32, sys::ibv_mw_bind_info) {
+        let SendOp::BindWindow { rkey, access } = self.op else { unreachable!("only binds name a window") };
+        let s = self.local.one().expect("a bind names one slice (SendWr::bind_window)");
+        let e = s.sge();
+        (window.as_ptr(), rkey, sys::ibv_mw_bind_info { mr: s.mr.as_ptr(), addr: e.addr, length: s.len as u64, mw_access_flags: access })
+    }
+
+    #[cold]
+    fn write_raw_bind(&self, raw: &mut sys::ibv_send_wr, window: &MemoryWindow) {
+        let (mw, rkey, bind_info) = self.bind_parts(window);
+        raw.__bindgen_anon_2.bind_mw = sys::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 { mw, rkey, bind_info };
+        raw.send_flags = self.send_flags();
+        (raw.sg_list, raw.num_sge) = (std::ptr::null_mut(), 0);
+    }
+
     /// Builds the request on an extended queue pair with the `ibv_wr_*`
     /// builders: what [`write_raw`](Self::write_raw) writes into a chain
     /// slot, `wr_id` included.
@@ -309,6 +410,13 @@ impl SendWr<'_> {
             // inline write fails with a local QP operation error), others
             // ignore it.
             (*qpx).wr_flags = self.send_flags();
+            if let Some(window) = self.window {
+                let (mw, rkey, info) = self.bind_parts(window);
+                sys::ibv_wr_bind_mw(qpx, mw, rkey, &info);
+                // The provider has read the key the bind replaces.
+                window.posted_bind(rkey);
+                return;
+            }
             match self.op {
                 SendOp::Send => sys::ibv_wr_send(qpx),
                 SendOp::SendWithImm(imm) => sys::ibv_wr_send_imm(qpx, imm.to_be()),
@@ -317,6 +425,11 @@ impl SendWr<'_> {
                 SendOp::Read => sys::ibv_wr_rdma_read(qpx, rkey, addr),
                 SendOp::CompareSwap { compare, swap } => sys::ibv_wr_atomic_cmp_swp(qpx, rkey, addr, compare, swap),
                 SendOp::FetchAdd(add) => sys::ibv_wr_atomic_fetch_add(qpx, rkey, addr, add),
+                SendOp::Invalidate(key) => {
+                    sys::ibv_wr_local_inv(qpx, key);
+                    return;
+                }
+                SendOp::BindWindow { .. } => unreachable!("a bind names its window"),
             }
             match self.local.one() {
                 Some(s) if self.inline => {
@@ -443,6 +556,11 @@ impl<'a> SendList<'a> {
     /// request's length and a request's number of slices is checked when
     /// the list is posted.
     pub fn new(wrs: &[SendWr<'a>]) -> Result<Self> {
+        if wrs.iter().any(|w| w.op.is_window()) {
+            return Err(Error::InvalidArgument(
+                "a prepared list cannot hold a window's bind or invalidation: each bind gives a new key, so it is posted once (QueuePair::post_send)".into(),
+            ));
+        }
         let pd = wrs.iter().find_map(|w| w.local.first_region()).map(|mr| mr.pd().clone());
         for w in wrs {
             match &pd {

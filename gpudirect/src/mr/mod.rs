@@ -47,6 +47,11 @@ bitflags! {
         const REMOTE_READ = sys::IBV_ACCESS_REMOTE_READ;
         /// Peers may perform atomics on the region.
         const REMOTE_ATOMIC = sys::IBV_ACCESS_REMOTE_ATOMIC;
+        /// Memory windows may be bound to the region
+        /// ([`SendWr::bind_window`](crate::SendWr::bind_window)): with no
+        /// remote access of its own, the region is then reachable only
+        /// through the windows bound to it.
+        const MW_BIND = sys::IBV_ACCESS_MW_BIND;
         /// Allow the NIC to relax PCIe ordering (faster on some systems;
         /// ignored where unsupported).
         const RELAXED_ORDERING = sys::IBV_ACCESS_RELAXED_ORDERING;
@@ -461,6 +466,12 @@ impl MemoryRegion {
     /// Remote key: what a peer needs (with the address) to access the region.
     pub fn rkey(&self) -> u32 {
         self.inner.rkey
+    }
+
+    /// The verbs object, for work requests that name the region itself
+    /// (a window's bind).
+    pub(crate) fn as_ptr(&self) -> *mut sys::ibv_mr {
+        self.inner.mr.as_ptr()
     }
 
     /// The access flags the region was registered with.

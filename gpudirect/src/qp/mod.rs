@@ -36,6 +36,9 @@ struct QpInner {
     core: QpCore,
     /// The extended view, when sends are posted with `ibv_wr_*`.
     qpx: Option<NonNull<sys::ibv_qp_ex>>,
+    /// Whether the extended view was created with the window opcodes
+    /// (without them, batches with a window request go by `ibv_post_send`).
+    ex_windows: bool,
     psn: u32,
     config: QpConfig,
     /// Most SGEs per send and per receive request, as configured.
@@ -51,10 +54,13 @@ unsafe impl Send for QpInner {}
 unsafe impl Sync for QpInner {}
 
 /// Creates an RC queue pair: with `extended`, by `ibv_create_qp_ex` asking
-/// for every send opcode the library posts, so sends can go through
+/// for every send opcode the library posts (a window's bind and
+/// invalidation too where the device has type-2 windows, and, should the
+/// provider refuse those, without them), so sends can go through
 /// `ibv_wr_*`; where the provider refuses that (no extended API, or not
 /// these opcodes), or without `extended`, by `ibv_create_qp`. Returns the
-/// QP, its extended view when there is one, and the inline size granted.
+/// QP, its extended view when there is one, the inline size granted, and
+/// whether the extended view posts window requests.
 fn create_rc(
     pd: &ProtectionDomain,
     send_cq: &CompletionQueue,
@@ -62,43 +68,50 @@ fn create_rc(
     srq: *mut sys::ibv_srq,
     cap: sys::ibv_qp_cap,
     extended: bool,
-) -> Result<(NonNull<sys::ibv_qp>, Option<NonNull<sys::ibv_qp_ex>>, u32)> {
+) -> Result<Created> {
     if extended {
-        let atomics = if pd.context().attr().atomics { sys::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | sys::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD } else { 0 };
-        let mut init = sys::ibv_qp_init_attr_ex {
-            send_cq: send_cq.as_ptr(),
-            recv_cq: recv_cq.as_ptr(),
-            srq,
-            cap,
-            qp_type: sys::IBV_QPT_RC,
-            comp_mask: sys::IBV_QP_INIT_ATTR_PD | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-            pd: pd.as_ptr(),
-            send_ops_flags: u64::from(
-                sys::IBV_QP_EX_WITH_RDMA_WRITE
-                    | sys::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
-                    | sys::IBV_QP_EX_WITH_SEND
-                    | sys::IBV_QP_EX_WITH_SEND_WITH_IMM
-                    | sys::IBV_QP_EX_WITH_RDMA_READ
-                    | atomics,
-            ),
-            ..Default::default()
-        };
-        // SAFETY: a valid context, PD and CQs of one device; `init` is
-        // fully set for the fields comp_mask names.
-        let qp = unsafe { sys::ibv_create_qp_ex(pd.context().as_ptr(), &mut init) };
-        let why = match NonNull::new(qp) {
-            // Read before anything else can overwrite errno.
-            None => Error::last("ibv_create_qp_ex").to_string(),
-            Some(qp) => {
-                // SAFETY: a QP made by ibv_create_qp_ex with send_ops_flags.
-                if let Some(qpx) = NonNull::new(unsafe { sys::ibv_qp_to_qp_ex(qp.as_ptr()) }) {
-                    return Ok((qp, Some(qpx), init.cap.max_inline_data));
+        let attr = pd.context().attr();
+        let atomics = if attr.atomics { sys::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | sys::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD } else { 0 };
+        let windows = if attr.mem_windows { sys::IBV_QP_EX_WITH_BIND_MW | sys::IBV_QP_EX_WITH_LOCAL_INV } else { 0 };
+        let mut why = String::new();
+        let tries = [windows, 0];
+        for extra in &tries[usize::from(windows == 0)..] {
+            let mut init = sys::ibv_qp_init_attr_ex {
+                send_cq: send_cq.as_ptr(),
+                recv_cq: recv_cq.as_ptr(),
+                srq,
+                cap,
+                qp_type: sys::IBV_QPT_RC,
+                comp_mask: sys::IBV_QP_INIT_ATTR_PD | sys::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                pd: pd.as_ptr(),
+                send_ops_flags: u64::from(
+                    sys::IBV_QP_EX_WITH_RDMA_WRITE
+                        | sys::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+                        | sys::IBV_QP_EX_WITH_SEND
+                        | sys::IBV_QP_EX_WITH_SEND_WITH_IMM
+                        | sys::IBV_QP_EX_WITH_RDMA_READ
+                        | atomics
+                        | extra,
+                ),
+                ..Default::default()
+            };
+            // SAFETY: a valid context, PD and CQs of one device; `init` is
+            // fully set for the fields comp_mask names.
+            let qp = unsafe { sys::ibv_create_qp_ex(pd.context().as_ptr(), &mut init) };
+            why = match NonNull::new(qp) {
+                // Read before anything else can overwrite errno.
+                None => Error::last("ibv_create_qp_ex").to_string(),
+                Some(qp) => {
+                    // SAFETY: a QP made by ibv_create_qp_ex with send_ops_flags.
+                    if let Some(qpx) = NonNull::new(unsafe { sys::ibv_qp_to_qp_ex(qp.as_ptr()) }) {
+                        return Ok(Created { qp, qpx: Some(qpx), max_inline: init.cap.max_inline_data, ex_windows: *extra != 0 });
+                    }
+                    // SAFETY: just created, not shared.
+                    unsafe { sys::ibv_destroy_qp(qp.as_ptr()) };
+                    "the provider gives no ibv_qp_ex view".to_string()
                 }
-                // SAFETY: just created, not shared.
-                unsafe { sys::ibv_destroy_qp(qp.as_ptr()) };
-                "the provider gives no ibv_qp_ex view".to_string()
-            }
-        };
+            };
+        }
         tracing::debug!("{}: no extended posting ({why}); using ibv_post_send", pd.context().name());
     }
     let mut init = sys::ibv_qp_init_attr {
@@ -113,7 +126,15 @@ fn create_rc(
     // SAFETY: valid PD and CQs of the same device; `init` is fully set.
     let qp = unsafe { sys::ibv_create_qp(pd.as_ptr(), &mut init) };
     let qp = NonNull::new(qp).ok_or_else(|| Error::last("ibv_create_qp"))?;
-    Ok((qp, None, init.cap.max_inline_data))
+    Ok(Created { qp, qpx: None, max_inline: init.cap.max_inline_data, ex_windows: false })
+}
+
+/// What [`create_rc`] made.
+struct Created {
+    qp: NonNull<sys::ibv_qp>,
+    qpx: Option<NonNull<sys::ibv_qp_ex>>,
+    max_inline: u32,
+    ex_windows: bool,
 }
 
 impl fmt::Debug for QpInner {
@@ -295,13 +316,14 @@ impl QueuePair {
             max_inline_data: config.max_inline_data,
         };
         let srq_ptr = srq.map_or(std::ptr::null_mut(), SharedReceiveQueue::as_ptr);
-        let (qp, qpx, max_inline) = create_rc(pd, send_cq, recv_cq, srq_ptr, cap, config.extended_posting)?;
+        let Created { qp, qpx, max_inline, ex_windows } = create_rc(pd, send_cq, recv_cq, srq_ptr, cap, config.extended_posting)?;
         // The provider may round the depths up; ours stay as requested so
         // QueueFull fires before the provider's ENOMEM would.
         let tracker = Arc::new(Tracker::new(config.max_send_wr, recv_wr, pd.inner.stages_in.clone()));
         let inner = QpInner {
             core: QpCore::adopt(qp, pd, cqs, tracker, prepared, max_inline),
             qpx,
+            ex_windows,
             psn: random_psn(),
             config: config.clone(),
             max_sge: [config.max_send_sge, recv_sge],

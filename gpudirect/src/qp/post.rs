@@ -109,6 +109,13 @@ impl QpInner {
         self.core.tracker.post_recvs(wrs, gather, "ibv_post_recv", |chain, bad| unsafe { sys::ibv_post_recv(qp, chain, bad) })
     }
 
+    /// Whether the extended view may post `wrs`: it was created with the
+    /// window opcodes, or no request is a window's.
+    #[inline]
+    fn ex_windows_or_none(&self, wrs: &[SendWr<'_>]) -> bool {
+        self.ex_windows || !wrs.iter().any(|w| w.op.is_window())
+    }
+
     /// Checks what can be checked of a batch before the queue is locked.
     fn check_send(&self, wrs: &[SendWr<'_>]) -> Result<Checked> {
         let mut c = Checked { staged: false, gather: 0 };
@@ -193,7 +200,7 @@ impl QpInner {
         }
         q.room_for(n, "send")?;
         // `gather` is 0 when no request is a list of several slices.
-        if let Some(qpx) = self.qpx.filter(|_| gather == 0) {
+        if let Some(qpx) = self.qpx.filter(|_| gather == 0 && self.ex_windows_or_none(wrs)) {
             // SAFETY: the extended view of this queue pair, whose send
             // queue `q` is locked; no request is a list of several.
             return unsafe { self.post_ex(q, qpx.as_ptr(), wrs, claim) };
@@ -209,7 +216,7 @@ impl QpInner {
         // SAFETY: fit_send made the vector at least `gather` long, and
         // nothing else touches it until the post.
         let mut free = unsafe { std::slice::from_raw_parts_mut(s.gather.as_mut_ptr(), gather) };
-        let mut any_inline = false;
+        let (mut any_inline, mut any_window) = (false, false);
         for (i, wr) in wrs.iter().enumerate() {
             let seq = (first_seq + i as u64) & SEQ_MASK;
             // Inline payloads are copied during the post, by the CPU: that
@@ -224,6 +231,7 @@ impl QpInner {
             raw.wr_id = self.core.tracker.tag | seq;
             wr.write_raw(raw, sg, &mut free);
             any_inline |= wr.inline;
+            any_window |= wr.window.is_some();
         }
         let s = &mut q.scratch;
         s.send[n - 1].next = std::ptr::null_mut();
@@ -232,7 +240,11 @@ impl QpInner {
         // whose SGEs name registered memory held alive (and claimed) by the
         // pending entries; remote addresses were bounds-checked against the
         // peer's buffer.
-        unsafe { self.post_chain(q, chain, wrs, kept, any_inline) }
+        let posted = unsafe { self.post_chain(q, chain, wrs, kept, any_inline) };
+        if posted.is_ok() && any_window {
+            note_binds(wrs);
+        }
+        posted
     }
 
     /// Posts a prepared list with the send queue locked: as
@@ -400,6 +412,17 @@ impl QpInner {
         Ok(())
     }
 
+}
+
+/// Records the keys of the binds just posted with `ibv_post_send` (the
+/// provider read each window's key as the one its bind replaces).
+#[cold]
+fn note_binds(wrs: &[SendWr<'_>]) {
+    for w in wrs {
+        if let (Some(window), SendOp::BindWindow { rkey, .. }) = (w.window, w.op) {
+            window.posted_bind(rkey);
+        }
+    }
 }
 
 /// How a posting loop holds each request's local memory for the NIC.
