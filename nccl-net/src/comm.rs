@@ -22,10 +22,16 @@
 //! Each comm has its own protection domain: its queue pair, its control
 //! memory and every registration NCCL makes through it live there, so a
 //! key a peer of one comm holds opens nothing of another comm
-//! (`regIsGlobal` is 0: NCCL registers per comm). Registrations and the
-//! queue pair grant remote write only, never remote read (the protocol
-//! only writes; the flush is local). Within its comm, a receive's key
-//! opens the registration the receive lies in.
+//! (`regIsGlobal` is 0: NCCL registers per comm). The queue pair and the
+//! control memory grant remote write only, never remote read (the
+//! protocol only writes; the flush is local). What a receive's key opens
+//! is the device's [`Keys`]: where it has type-2 memory windows, NCCL's
+//! registrations grant no remote access at all, and each receive gets a
+//! window bound to its bytes when it is posted (before the fifo entry that
+//! hands the key over, on the same queue pair) and invalidated when it
+//! arrives, before `test` reports it done; the window's key works on this
+//! comm's queue pair only. Otherwise a receive's key opens the
+//! registration it lies in.
 //!
 //! # A peer's claims
 //! Every size, slot and count a peer writes is checked against what was
@@ -50,12 +56,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gpudirect::rcache::{CacheConfig, RegistrationCache};
-use gpudirect::{AccessFlags, CompletionQueue, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RecvWr, RemoteBuffer, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use gpudirect::{next_rkey, AccessFlags, CompletionQueue, MemoryRegion, MemoryWindow, ProtectionDomain, QpConfig, QueuePair, RecvWr, RemoteBuffer, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::error::{NetError, Result};
 use crate::log;
 use crate::reg::Reg;
-use crate::site::{Nic, Site};
+use crate::site::{Keys, Nic, Site};
 use crate::verdict::{decide, judge, Action, Seen, Side};
 use crate::wire::{Entry, ENTRY, SIZES, SLOT};
 
@@ -67,6 +73,10 @@ pub const MAX_BYTES: usize = 1 << 30;
 /// Work request ids above the slots.
 const WR_FIFO: u64 = 1 << 32;
 const WR_PROBE: u64 = 2 << 32;
+/// A receive's windows' binds (unsignaled: seen only when one fails).
+const WR_BIND: u64 = 3 << 32;
+/// The last invalidation of a group's windows, plus its slot.
+const WR_INV: u64 = 4 << 32;
 /// Nothing completed for this long with a request waiting: probe the peer.
 const PROBE_AFTER: Duration = Duration::from_secs(1);
 
@@ -81,6 +91,8 @@ pub struct ReqHandle {
 enum State {
     Free,
     Pending,
+    /// Arrived; its windows are being invalidated, then it is `after`.
+    Closing,
     Done,
     /// The peer's claim about it was refused.
     Refused(Claim),
@@ -111,10 +123,36 @@ struct Req {
     sizes: [i32; MAX_RECVS],
     /// A receive's posted sizes: the most its sender may claim.
     posted: [u32; MAX_RECVS],
+    /// What a `Closing` receive becomes once its windows are invalidated.
+    after: Outcome,
     gpu: bool,
 }
 
-const FREE: Req = Req { state: State::Free, n: 0, sizes: [0; MAX_RECVS], posted: [0; MAX_RECVS], gpu: false };
+/// How a receive ended, as `test` will report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Done,
+    Refused(Claim),
+}
+
+impl Outcome {
+    fn state(self) -> State {
+        match self {
+            Outcome::Done => State::Done,
+            Outcome::Refused(c) => State::Refused(c),
+        }
+    }
+}
+
+const FREE: Req = Req { state: State::Free, n: 0, sizes: [0; MAX_RECVS], posted: [0; MAX_RECVS], after: Outcome::Done, gpu: false };
+
+/// A receive's memory window, and the key its last bind gave.
+#[derive(Debug)]
+struct Window {
+    mw: MemoryWindow,
+    rkey: u32,
+    bound: bool,
+}
 
 /// One matched send of the group being assembled.
 #[derive(Clone, Copy, Debug)]
@@ -146,9 +184,11 @@ impl Parts {
     /// [`NetError::Library`] from the verbs.
     pub fn new(site: &Site, nic: &Nic, side: Side, traffic_class: Option<u8>) -> Result<Parts> {
         let c = &site.config;
+        // A receive's group posts its fifo write, and with windows a bind
+        // and an invalidation per receive.
         let (send_wr, recv_wr) = match side {
             Side::Send => ((MAX_REQUESTS * (MAX_RECVS + 1) + 8) as u32, 1),
-            Side::Recv => ((2 * MAX_REQUESTS + 8) as u32, MAX_REQUESTS as u32),
+            Side::Recv => ((MAX_REQUESTS * (2 * MAX_RECVS + 2) + 8) as u32, MAX_REQUESTS as u32),
         };
         let defaults = QpConfig::default();
         let config = QpConfig {
@@ -197,6 +237,8 @@ pub struct Comm {
     cache: Arc<RegistrationCache>,
     /// The GPU current on the thread that set the comm up, if any.
     gpu: Option<usize>,
+    /// A receive comm on a device with memory windows: one per receive.
+    windows: bool,
     handles: Box<[ReqHandle]>,
     inner: Mutex<Inner>,
 }
@@ -217,6 +259,8 @@ struct Inner {
     /// Per slot: how many of `groups[slot]` belong to the slot's group.
     group_n: [usize; MAX_REQUESTS],
     matched: [Option<Matched>; MAX_RECVS],
+    /// Receive side with windows: slot `s`'s receive `r` at `s * MAX_RECVS + r`, made on first use.
+    windows: Vec<Option<Window>>,
     seen: Seen,
     judged: bool,
     failed: Option<Failed>,
@@ -275,6 +319,7 @@ impl Comm {
             groups: [[0; MAX_RECVS]; MAX_REQUESTS],
             group_n: [0; MAX_REQUESTS],
             matched: [None; MAX_RECVS],
+            windows: Vec::new(),
             seen: Seen::default(),
             judged: false,
             failed: None,
@@ -284,7 +329,11 @@ impl Comm {
             probing: false,
             wcs: [WorkCompletion::default(); 16],
         };
-        let mut comm = Box::new(Comm { side, site, nic, peer, cache: parts.cache, gpu, handles: Box::new([]), inner: Mutex::new(inner) });
+        let windows = side == Side::Recv && matches!(site.nics[nic].keys, Keys::Windows { .. });
+        let mut comm = Box::new(Comm { side, site, nic, peer, cache: parts.cache, gpu, windows, handles: Box::new([]), inner: Mutex::new(inner) });
+        if windows {
+            comm.lock().windows = (0..MAX_REQUESTS * MAX_RECVS).map(|_| None).collect();
+        }
         let me: *const Comm = &*comm;
         comm.handles = (0..MAX_REQUESTS).map(|slot| ReqHandle { comm: me, slot }).collect();
         site.nics[nic].open_comms.fetch_add(1, Ordering::Relaxed);
@@ -487,7 +536,10 @@ impl Comm {
         }
         let mut entries = [0u8; SLOT];
         let mut posted = [0u32; MAX_RECVS];
+        // With windows: each receive's bound range and its window's new key.
+        let mut binds: [Option<(&Reg, u64, usize, u32)>; MAX_RECVS] = [None; MAX_RECVS];
         let mut gpu = false;
+        let slot = (g.seq % MAX_REQUESTS as u64) as usize;
         for (i, &(addr, size, tag, reg)) in bufs.iter().enumerate() {
             if size > MAX_BYTES {
                 return Err(NetError::Invalid(format!("irecv of {size} bytes: the plugin carries at most {MAX_BYTES} per message")));
@@ -505,25 +557,51 @@ impl Comm {
                     )));
                 }
                 gpu |= reg.gpu.is_some();
-                reg.rkey()
+                if self.windows {
+                    let w = g.window(slot * MAX_RECVS + i, self.cache.pd())?;
+                    let rkey = next_rkey(w.rkey);
+                    binds[i] = Some((reg, addr, size, rkey));
+                    rkey
+                } else {
+                    reg.rkey()
+                }
             };
             posted[i] = size as u32;
             let e = Entry { addr, rkey, size: size as u32, tag, nreqs: n as u32, seq: g.seq + 1 };
             entries[i * ENTRY..(i + 1) * ENTRY].copy_from_slice(&e.to_bytes());
         }
         let Some(req) = g.free.pop() else { return Ok(std::ptr::null_mut()) };
-        let slot = (g.seq % MAX_REQUESTS as u64) as usize;
         let signal = g.seq % 8 == 7;
-        let Inner { qp, scratch, remote, .. } = g;
-        let sent = (|| -> gpudirect::Result<()> {
+        let Inner { qp, scratch, remote, windows, .. } = g;
+        let sent = (|| -> Result<()> {
             qp.post_recv(&[RecvWr::empty().wr_id(slot as u64)])?;
             scratch.write_at(0, &entries[..n * ENTRY])?;
-            let wr = SendWr::write(scratch.slice(0..n * ENTRY)?, remote, (slot * SLOT) as u64)?.inline().wr_id(WR_FIFO);
-            qp.post_send(&[if signal { wr } else { wr.unsignaled() }])
+            let fifo = SendWr::write(scratch.slice(0..n * ENTRY)?, remote, (slot * SLOT) as u64)?.inline().wr_id(WR_FIFO);
+            let fifo = if signal { fifo } else { fifo.unsignaled() };
+            if !binds.iter().any(Option::is_some) {
+                return Ok(qp.post_send(&[fifo])?);
+            }
+            // The binds go first on the same queue pair: the key the fifo
+            // entry hands over opens its bytes by the time the peer has it.
+            let mut wrs = Vec::with_capacity(n + 1);
+            for (i, bind) in binds.iter().enumerate() {
+                if let Some((reg, addr, size, rkey)) = *bind {
+                    let w = windows[slot * MAX_RECVS + i].as_ref().expect("made above");
+                    wrs.push(SendWr::bind_window(&w.mw, reg.slice(addr, size)?, AccessFlags::REMOTE_WRITE, rkey)?.unsignaled().wr_id(WR_BIND));
+                }
+            }
+            wrs.push(fifo);
+            Ok(qp.post_send(&wrs)?)
         })();
         if let Err(e) = sent {
             g.free.push(req);
             return Err(self.fail(g, format!("posting a receive: {e}")));
+        }
+        for (i, bind) in binds.iter().enumerate() {
+            if let Some((_, _, _, rkey)) = *bind {
+                let w = g.windows[slot * MAX_RECVS + i].as_mut().expect("made above");
+                (w.rkey, w.bound) = (rkey, true);
+            }
         }
         g.groups[slot][0] = req;
         g.reqs[req] = Req { state: State::Pending, n, posted, gpu, ..FREE };
@@ -544,7 +622,7 @@ impl Comm {
         if slot >= MAX_REQUESTS || g.reqs[slot].state == State::Free {
             return Err(NetError::Invalid(format!("test of a request that is not in flight (slot {slot})")));
         }
-        if g.reqs[slot].state == State::Pending {
+        if matches!(g.reqs[slot].state, State::Pending | State::Closing) {
             self.progress(g)?;
         }
         if let State::Refused(claim) = g.reqs[slot].state {
@@ -581,12 +659,27 @@ impl Comm {
 
     fn complete(&self, g: &mut Inner, wc: &WorkCompletion) -> Result<()> {
         if wc.status != WcStatus::Success {
-            let what = if wc.wr_id == WR_PROBE { "a probe of the peer" } else { "a transfer" };
+            let what = match wc.wr_id >> 32 {
+                2 => "a probe of the peer",
+                3 => "binding a receive's memory window",
+                4 => "invalidating a receive's memory window",
+                _ => "a transfer",
+            };
             return Err(self.fail(g, format!("{what} failed: {} ({}): the peer died, closed the connection or is unreachable", wc.status.verbs_name(), wc.status.hint())));
         }
         g.progressed = true;
         if wc.wr_id == WR_PROBE {
             g.probing = false;
+            return Ok(());
+        }
+        if wc.wr_id & !0xffff == WR_INV {
+            let slot = wc.wr_id as usize & 0xffff;
+            let req = g.groups[slot % MAX_REQUESTS][0];
+            for w in g.windows[slot * MAX_RECVS..(slot + 1) * MAX_RECVS].iter_mut().flatten() {
+                w.bound = false;
+            }
+            let r = &mut g.reqs[req];
+            r.state = r.after.state();
             return Ok(());
         }
         if wc.wr_id >= WR_FIFO {
@@ -596,36 +689,8 @@ impl Comm {
         match (self.side, wc.opcode) {
             (Side::Recv, WcOpcode::RecvRdmaWithImm) => {
                 let req = g.groups[slot][0];
-                let ctrl = g.ctrl.addr() as usize;
-                let r = &mut g.reqs[req];
-                let imm = wc.imm.unwrap_or(0);
-                let mut claimed = [0u32; MAX_RECVS];
-                if r.n == 1 {
-                    claimed[0] = imm;
-                } else if imm as usize != slot {
-                    r.state = State::Refused(Claim::Slot { claimed: imm, slot });
-                    return Ok(());
-                } else {
-                    for (i, c) in claimed.iter_mut().enumerate().take(r.n) {
-                        // SAFETY: the sizes slots are `ctrl`, host memory this
-                        // comm owns; the peer's write of them completed before
-                        // this receive completion (RC order). Read volatile: the
-                        // NIC, not Rust, wrote them.
-                        *c = u32::from_le(unsafe { std::ptr::read_volatile((ctrl + slot * SIZES + 4 * i) as *const u32) });
-                    }
-                }
-                if let Some(recv) = (0..r.n).find(|&i| claimed[i] > r.posted[i]) {
-                    r.state = State::Refused(Claim::Size { recv, claimed: claimed[recv], posted: r.posted[recv] });
-                    return Ok(());
-                }
-                for (size, &c) in r.sizes.iter_mut().zip(&claimed).take(r.n) {
-                    // At most the posted size, itself at most MAX_BYTES: fits.
-                    *size = c as i32;
-                }
-                let bytes: u64 = r.sizes[..r.n].iter().map(|&s| s as u64).sum();
-                let stats = &self.nic().stats;
-                (if r.gpu { &stats.recv_gpu } else { &stats.recv_host }).fetch_add(bytes, Ordering::Relaxed);
-                r.state = State::Done;
+                let outcome = self.arrived(g, slot, req, wc.imm.unwrap_or(0));
+                self.close_windows(g, slot, req, outcome)?;
             }
             (Side::Send, _) => {
                 for i in 0..g.group_n[slot] {
@@ -635,6 +700,58 @@ impl Comm {
             }
             (Side::Recv, _) => {}
         }
+        Ok(())
+    }
+
+    /// A receive's group arrived with `imm`: its sizes, each checked
+    /// against what was posted (the peer's claim), and counted.
+    fn arrived(&self, g: &mut Inner, slot: usize, req: usize, imm: u32) -> Outcome {
+        let ctrl = g.ctrl.addr() as usize;
+        let r = &mut g.reqs[req];
+        let mut claimed = [0u32; MAX_RECVS];
+        if r.n == 1 {
+            claimed[0] = imm;
+        } else if imm as usize != slot {
+            return Outcome::Refused(Claim::Slot { claimed: imm, slot });
+        } else {
+            for (i, c) in claimed.iter_mut().enumerate().take(r.n) {
+                // SAFETY: the sizes slots are `ctrl`, host memory this
+                // comm owns; the peer's write of them completed before
+                // this receive completion (RC order). Read volatile: the
+                // NIC, not Rust, wrote them.
+                *c = u32::from_le(unsafe { std::ptr::read_volatile((ctrl + slot * SIZES + 4 * i) as *const u32) });
+            }
+        }
+        if let Some(recv) = (0..r.n).find(|&i| claimed[i] > r.posted[i]) {
+            return Outcome::Refused(Claim::Size { recv, claimed: claimed[recv], posted: r.posted[recv] });
+        }
+        for (size, &c) in r.sizes.iter_mut().zip(&claimed).take(r.n) {
+            // At most the posted size, itself at most MAX_BYTES: fits.
+            *size = c as i32;
+        }
+        let bytes: u64 = r.sizes[..r.n].iter().map(|&s| s as u64).sum();
+        let stats = &self.nic().stats;
+        (if r.gpu { &stats.recv_gpu } else { &stats.recv_host }).fetch_add(bytes, Ordering::Relaxed);
+        Outcome::Done
+    }
+
+    /// Ends an arrived receive: with windows bound for it, invalidates
+    /// them first (the receive is `Closing` until the last invalidation
+    /// completes, so no key of it opens anything once `test` says done).
+    fn close_windows(&self, g: &mut Inner, slot: usize, req: usize, outcome: Outcome) -> Result<()> {
+        let bound = |w: &Option<Window>| w.as_ref().filter(|w| w.bound).map(|w| w.rkey);
+        let keys: Vec<u32> = if self.windows { g.windows[slot * MAX_RECVS..(slot + 1) * MAX_RECVS].iter().filter_map(bound).collect() } else { Vec::new() };
+        let Some((&last, rest)) = keys.split_last() else {
+            g.reqs[req].state = outcome.state();
+            return Ok(());
+        };
+        let mut wrs: Vec<SendWr<'_>> = rest.iter().map(|&k| SendWr::invalidate(k).unsignaled()).collect();
+        wrs.push(SendWr::invalidate(last).wr_id(WR_INV | slot as u64));
+        if let Err(e) = g.qp.post_send(&wrs) {
+            return Err(self.fail(g, format!("invalidating a receive's memory windows: {e}")));
+        }
+        let r = &mut g.reqs[req];
+        (r.state, r.after) = (State::Closing, outcome);
         Ok(())
     }
 
@@ -720,6 +837,16 @@ pub unsafe fn request(req: *mut c_void) -> Result<(&'static Comm, usize)> {
 }
 
 impl Inner {
+    /// Window `at` (slot times MAX_RECVS plus receive), made on first use.
+    fn window(&mut self, at: usize, pd: &ProtectionDomain) -> Result<&Window> {
+        if self.windows[at].is_none() {
+            let mw = MemoryWindow::alloc(pd)?;
+            let rkey = mw.initial_rkey();
+            self.windows[at] = Some(Window { mw, rkey, bound: false });
+        }
+        Ok(self.windows[at].as_ref().expect("made"))
+    }
+
     /// Entry `r` of fifo slot `slot`, read as the NIC left it.
     fn entry(&self, slot: usize, r: usize) -> Entry {
         let at = self.ctrl.addr() as usize + slot * SLOT + r * ENTRY;

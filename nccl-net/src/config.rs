@@ -47,11 +47,41 @@ impl GdrPolicy {
     }
 }
 
+/// How the keys a peer gets are made: `GPUDIRECT_NCCL_KEYS`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeysChoice {
+    /// A type-2 memory window per receive where the device has them (the
+    /// default), otherwise the comm's registrations.
+    Windows,
+    /// The comm's registrations, even where the device has windows.
+    PerComm,
+}
+
+impl KeysChoice {
+    /// The variable that sets it.
+    pub const VAR: &'static str = "GPUDIRECT_NCCL_KEYS";
+
+    /// Reads the variable's value.
+    ///
+    /// # Errors
+    /// [`NetError::Config`] for anything but `windows` or `per-comm`.
+    pub fn parse(value: Option<&str>) -> Result<KeysChoice> {
+        match value.map(str::trim) {
+            None | Some("") => Ok(KeysChoice::Windows),
+            Some(v) if v.eq_ignore_ascii_case("windows") => Ok(KeysChoice::Windows),
+            Some(v) if v.eq_ignore_ascii_case("per-comm") => Ok(KeysChoice::PerComm),
+            Some(v) => Err(NetError::Config(format!("{}={v:?} is not a key mode: write windows (the default) or per-comm", Self::VAR))),
+        }
+    }
+}
+
 /// Everything the plugin reads from the environment.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// `GPUDIRECT_NCCL_GDR`.
     pub policy: GdrPolicy,
+    /// `GPUDIRECT_NCCL_KEYS`.
+    pub keys: KeysChoice,
     /// `NCCL_IB_HCA`, as written and as read.
     pub hca: Option<(String, NicList)>,
     /// `NCCL_IB_GID_INDEX` (unset or negative: chosen as the library chooses).
@@ -99,6 +129,7 @@ impl Config {
         };
         Ok(Config {
             policy: GdrPolicy::parse(get(GdrPolicy::VAR))?,
+            keys: KeysChoice::parse(get(KeysChoice::VAR))?,
             hca: get("NCCL_IB_HCA").filter(|v| !v.trim().is_empty()).map(|v| (v.to_owned(), NicList::parse(v))),
             gid_index: int("NCCL_IB_GID_INDEX", 255)?.map(|n| n as u32),
             traffic_class: int("NCCL_IB_TC", 255)?.map(|n| n as u8),
@@ -133,6 +164,9 @@ mod tests {
         assert_eq!(GdrPolicy::parse(None).unwrap(), GdrPolicy::Require);
         assert_eq!(GdrPolicy::parse(Some("Prefer")).unwrap(), GdrPolicy::Prefer);
         assert_eq!(GdrPolicy::parse(Some(" off ")).unwrap(), GdrPolicy::Off);
+        assert_eq!(KeysChoice::parse(Some(" Per-Comm")).unwrap(), KeysChoice::PerComm);
+        assert_eq!(KeysChoice::parse(None).unwrap(), KeysChoice::Windows);
+        assert!(KeysChoice::parse(Some("none")).unwrap_err().to_string().contains("windows (the default) or per-comm"));
         let e = GdrPolicy::parse(Some("preferred")).unwrap_err().to_string();
         assert!(e.contains("GPUDIRECT_NCCL_GDR=\"preferred\"") && e.contains("require (the default), prefer or off"), "{e}");
     }

@@ -302,7 +302,7 @@ fn comm<'a>(p: Ptr) -> Result<&'a Comm> {
 fn reg_mr(c: Ptr, data: Ptr, size: usize, ty: c_int, mhandle: *mut Ptr) -> Result<()> {
     let c = comm(c)?;
     // SAFETY: NCCL keeps the memory until deregMr.
-    let reg = unsafe { Reg::register(c.cache(), data as u64, size, ty)? };
+    let reg = unsafe { Reg::register(c.cache(), &c.nic().keys, data as u64, size, ty)? };
     c.saw(&reg);
     // SAFETY: NCCL's out pointer.
     unsafe { out(mhandle, Box::into_raw(reg).cast()) }

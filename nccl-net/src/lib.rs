@@ -74,7 +74,7 @@ mod site;
 mod verdict;
 pub mod wire;
 
-pub use config::{Config, GdrPolicy};
+pub use config::{Config, GdrPolicy, KeysChoice};
 pub use error::NetError;
 pub use ffi::{ncclNetPlugin_v10, ncclNetPlugin_v11, ncclNetPlugin_v8, ncclNetPlugin_v9};
 pub use log::PREFIX as LOG_PREFIX;

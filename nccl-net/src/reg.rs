@@ -1,6 +1,7 @@
 //! Memory NCCL registers (`regMr`, `regMrDmaBuf`): through the library's
 //! registration and the registering comm's cache, in that comm's own
-//! protection domain, with remote write and no remote read. GPU memory
+//! protection domain, never with remote read: with memory windows, with no
+//! remote access at all (`Keys::registration_access`). GPU memory
 //! takes the library's paths (dma-buf first, then peer memory) under
 //! `GpuPolicy::Require`: a GPU buffer is never quietly given a host mirror.
 
@@ -11,8 +12,8 @@ use gpudirect::rcache::{CachedRegion, RegistrationCache};
 use gpudirect::{current_gpu, Gpu, GpuPolicy, LocalSlice, Location, MemoryRegion, RegistrationPath};
 
 use crate::abi;
-use crate::comm::REMOTE_ACCESS;
 use crate::error::{NetError, Result};
+use crate::site::Keys;
 
 /// What NCCL holds as a memory handle.
 #[derive(Debug)]
@@ -51,11 +52,11 @@ impl Reg {
     /// [`NetError::Invalid`] for an unknown type or a null pointer;
     /// [`NetError::Library`] from the registration (for GPU memory, the
     /// library's `GdrError` naming each cause and fix).
-    pub unsafe fn register(cache: &Arc<RegistrationCache>, data: u64, size: usize, ptr_type: i32) -> Result<Box<Reg>> {
+    pub unsafe fn register(cache: &Arc<RegistrationCache>, keys: &Keys, data: u64, size: usize, ptr_type: i32) -> Result<Box<Reg>> {
         if data == 0 || size == 0 {
             return Err(NetError::Invalid(format!("regMr of {size} bytes at {data:#x}: nothing to register")));
         }
-        let access = REMOTE_ACCESS;
+        let access = keys.registration_access();
         let region = match ptr_type {
             abi::PTR_HOST => {
                 // SAFETY: the caller's promise.

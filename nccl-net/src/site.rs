@@ -12,9 +12,9 @@ use gpudirect::gdr::GdrFacts;
 use gpudirect::nccl::PluginLine;
 use gpudirect::sysroot::SysRoot;
 use gpudirect::topology::discover;
-use gpudirect::{devices, gpu_count, Context, LinkLayer, PortState, ProtectionDomain};
+use gpudirect::{devices, gpu_count, probe_window_range, AccessFlags, Context, LinkLayer, PortState, ProtectionDomain, QpConfig, WindowRange};
 
-use crate::config::Config;
+use crate::config::{Config, KeysChoice};
 use crate::error::{NetError, Result};
 use crate::verdict::{levels, ptr_support, PairJudgement};
 
@@ -29,6 +29,58 @@ pub struct Stats {
     pub recv_gpu: AtomicU64,
     /// Received into host memory.
     pub recv_host: AtomicU64,
+}
+
+/// What the key a receive hands its peer opens, on one device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Keys {
+    /// A type-2 memory window per receive, bound when the receive is
+    /// posted and invalidated before `test` reports it done; `range` is
+    /// what the device was seen to do with a write past a window's range.
+    Windows {
+        /// Whether the device bounds a window's range.
+        range: WindowRange,
+    },
+    /// The comm's registrations: a receive's key opens the registration
+    /// it lies in, while it is registered. Why windows are not used.
+    PerComm(String),
+}
+
+impl Keys {
+    /// The access of NCCL's registrations: with windows the region itself
+    /// grants no remote access at all.
+    pub fn registration_access(&self) -> AccessFlags {
+        match self {
+            Keys::Windows { .. } => AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND,
+            Keys::PerComm(_) => AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        }
+    }
+
+    /// As the init line says it.
+    pub fn describe(&self) -> String {
+        match self {
+            Keys::Windows { range: WindowRange::Enforced } => "keys per receive (type-2 memory windows: a receive's key opens its bytes until it completes)".into(),
+            Keys::Windows { range: WindowRange::NotEnforced } => "keys per receive lifetime (type-2 memory windows: a receive's key opens its registration until it completes; \
+                 this device let a write past a window's range land)"
+                .into(),
+            Keys::PerComm(why) => format!("keys per comm (a receive's key opens its registration while registered; {why})"),
+        }
+    }
+
+    /// Chooses for a device: windows where it has them and `choice` allows,
+    /// with what it does past a window's range seen by a probe on `pd`.
+    fn choose(choice: KeysChoice, pd: &ProtectionDomain, qp: &QpConfig) -> Keys {
+        if choice == KeysChoice::PerComm {
+            return Keys::PerComm(format!("{}=per-comm", KeysChoice::VAR));
+        }
+        if !pd.context().attr().mem_windows {
+            return Keys::PerComm("the device has no type-2 memory windows".into());
+        }
+        match probe_window_range(pd, qp, std::time::Duration::from_secs(2)) {
+            Ok(range) => Keys::Windows { range },
+            Err(e) => Keys::PerComm(format!("the memory-window probe failed: {e}")),
+        }
+    }
 }
 
 /// One port NCCL sees as a network device.
@@ -55,6 +107,8 @@ pub struct Nic {
     pub pairs: Vec<PairJudgement>,
     /// What `getProperties` advertises.
     pub ptr_support: c_int,
+    /// What a receive's key opens.
+    pub keys: Keys,
     /// The address connection setup listens on.
     pub addr: IpAddr,
     /// Bytes moved.
@@ -90,7 +144,7 @@ impl Nic {
             })
             .collect();
         let gpus = if gpus.is_empty() { "no GPU visible, host memory only".to_owned() } else { gpus.join(", ") };
-        format!("{}/{layer} speed {} Mb/s, GPUDirect RDMA: {gpus}", self.label(), self.speed_mbps)
+        format!("{}/{layer} speed {} Mb/s, GPUDirect RDMA: {gpus}; {}", self.label(), self.speed_mbps, self.keys.describe())
     }
 
     /// The counters as the finalize line shows them.
@@ -189,6 +243,8 @@ impl Site {
             .collect();
         let sysfs = format!("/sys/class/infiniband/{name}");
         let pci_path = std::fs::canonicalize(format!("{sysfs}/device")).or_else(|_| std::fs::canonicalize(&sysfs)).map_or(sysfs.clone(), |p| p.display().to_string());
+        let probe = QpConfig { port, gid_index: config.gid_index, ..QpConfig::default() };
+        let keys = Keys::choose(config.keys, &pd, &probe);
         let speed_mbps = std::fs::read_to_string(format!("{sysfs}/ports/{port}/rate")).ok().and_then(|r| rate_mbps(&r)).unwrap_or(10_000);
         Ok(Nic {
             c_name: CString::new(name.clone()).unwrap_or_default(),
@@ -199,6 +255,7 @@ impl Site {
             guid: ctx.attr().node_guid.0,
             speed_mbps,
             ptr_support: ptr_support(&pairs),
+            keys,
             pairs,
             addr,
             pd,

@@ -215,22 +215,42 @@ fn reads(p: &Plugin, v: &Verbs) -> Result<(), String> {
     p.close_recv(comm)
 }
 
+/// What the init line says a receive's key opens on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Keys {
+    /// Memory windows; `range`: the device bounds a window's range.
+    Windows { range: bool },
+    PerComm,
+}
+
+fn keys() -> Result<Keys, String> {
+    let said = |s: &str| !logged(s).is_empty();
+    match (said("keys per receive ("), said("keys per receive lifetime"), said("keys per comm")) {
+        (true, false, false) => Ok(Keys::Windows { range: true }),
+        (false, true, false) => Ok(Keys::Windows { range: false }),
+        (false, false, true) => Ok(Keys::PerComm),
+        other => Err(format!("the init lines say no one key mode for the device: {other:?}")),
+    }
+}
+
 /// Writes past the receive: within its registration (what the device's
-/// key mode allows is said at init), and past the registration.
+/// key mode allows is said at init), past the registration, and with the
+/// receive's key after it completed.
 fn writes_outside(p: &Plugin, v: &Verbs) -> Result<(), String> {
-    let windows = !logged("keys per receive").is_empty();
+    let keys = keys()?;
+    println!("hostile: the init line says {keys:?}");
     let (mut peer, comm) = Peer::connect(p, v)?;
     let mut victim = Victim::new(p, comm)?;
     let _r = victim.irecv(p, &[16])?;
     let entry = peer.entry(0)?;
     let inside = SendWr::write(peer.local.slice(0..16).map_err(e)?, &Peer::remote(&entry, 8192, 16), 0).map_err(e)?;
     let status = peer.run(inside)?;
-    if windows {
+    if keys == (Keys::Windows { range: true }) {
         must_fail("a write 8 KiB past the 16-byte receive", status)?;
     } else if status == WcStatus::Success {
-        println!("hostile: a write 8 KiB past the 16-byte receive, inside its registration: reached (keys per comm: the init line says so)");
+        println!("hostile: a write 8 KiB past the 16-byte receive, inside its registration: reached ({keys:?}: the init line says so)");
     } else {
-        return Err(format!("a write inside the comm's own registration failed ({}) where keys are per comm", status.verbs_name()));
+        return Err(format!("a write inside the receive's registration failed ({}) where the init line says {keys:?}", status.verbs_name()));
     }
     victim.close(p)?;
     let (mut peer, comm) = Peer::connect(p, v)?;
@@ -239,6 +259,31 @@ fn writes_outside(p: &Plugin, v: &Verbs) -> Result<(), String> {
     let entry = peer.entry(0)?;
     let past = SendWr::write(peer.local.slice(0..16).map_err(e)?, &Peer::remote(&entry, 1 << 20, 16), 0).map_err(e)?;
     must_fail("a write 1 MiB past the receive, outside its registration", peer.run(past)?)?;
+    victim.close(p)?;
+    // The receive's key once `test` said it completed.
+    let (mut peer, comm) = Peer::connect(p, v)?;
+    let mut victim = Victim::new(p, comm)?;
+    let r = victim.irecv(p, &[16])?;
+    let entry = peer.entry(0)?;
+    peer.consumed();
+    let honest = SendWr::write_with_imm(peer.local.slice(0..16).map_err(e)?, &Peer::remote(&entry, 0, 16), 0, 16).map_err(e)?;
+    if peer.run(honest)? != WcStatus::Success {
+        return Err("the receive's own write failed".into());
+    }
+    p.wait(r, W)?;
+    victim.mem[4096..4112].copy_from_slice(&[0x11; 16]);
+    let late = SendWr::write(peer.local.slice(0..16).map_err(e)?, &Peer::remote(&entry, 0, 16), 0).map_err(e)?;
+    let status = peer.run(late)?;
+    match keys {
+        Keys::Windows { .. } => {
+            must_fail("a write with a receive's key after test said it completed", status)?;
+            if victim.mem[4096..4112] != [0x11; 16] {
+                return Err("the late write's bytes landed".into());
+            }
+        }
+        Keys::PerComm if status == WcStatus::Success => println!("hostile: a write with a receive's key after it completed: reached (keys per comm: the init line says so)"),
+        Keys::PerComm => return Err(format!("a write with a completed receive's key failed ({}) where keys are per comm", status.verbs_name())),
+    }
     victim.close(p)
 }
 
