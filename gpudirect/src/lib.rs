@@ -248,7 +248,7 @@ pub use qp::{PartialPost, PreparedQueuePair, QpConfig, QpState, QueuePair};
 pub use srq::{SharedReceiveQueue, SrqConfig, SrqId};
 pub use ud::{AddressHandle, UdConfig, UdQueuePair, UdSendWr, GRH_LEN};
 pub use wire::{Endpoint, RemoteBuffer};
-pub use wr::{RecvWr, SendList, SendWr, ATOMIC_WORD};
+pub use wr::{RecvWr, SendList, SendTemplate, SendWr, ATOMIC_WORD};
 
 #[cfg(test)]
 mod tests {

@@ -447,6 +447,82 @@ impl SendWr<'_> {
     }
 }
 
+/// A one-request send list prepared once and aimed anew at each post
+/// ([`QueuePair::post_aimed`](crate::QueuePair::post_aimed)): the
+/// operation and its signaling are fixed when it is made; the local range,
+/// the remote address and key, the immediate data and the id are given per
+/// post. For a loop that sends one message at a time to addresses a peer
+/// hands out (a fifo of receives, a ring of slots), it skips what
+/// [`post_send`](crate::QueuePair::post_send) checks of a batch in general:
+/// what is left is the region's domain and length, and the memory is held
+/// until the completion exactly as `post_send` holds it.
+///
+/// ```
+/// # fn f(qp: &gpudirect::QueuePair, src: &gpudirect::MemoryRegion, addr: u64, rkey: u32) -> gpudirect::Result<()> {
+/// use gpudirect::SendTemplate;
+/// let write = SendTemplate::write_with_imm();
+/// for i in 0..4u32 {
+///     // 64 bytes to the peer's address `addr + 64 i`, the immediate saying which.
+///     qp.post_aimed(&write, src.slice(0..64)?, addr + 64 * u64::from(i), rkey, i, u64::from(i))?;
+///     // ... reap its completion
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendTemplate {
+    op: TemplateOp,
+    signaled: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TemplateOp {
+    Write,
+    WriteWithImm,
+    Send,
+    SendWithImm,
+}
+
+impl SendTemplate {
+    /// RDMA writes (the immediate given per post is ignored).
+    pub const fn write() -> Self {
+        SendTemplate { op: TemplateOp::Write, signaled: true }
+    }
+
+    /// RDMA writes with immediate data, each consuming one of the peer's
+    /// posted receives.
+    pub const fn write_with_imm() -> Self {
+        SendTemplate { op: TemplateOp::WriteWithImm, signaled: true }
+    }
+
+    /// Sends (the remote address and key given per post are ignored).
+    pub const fn send() -> Self {
+        SendTemplate { op: TemplateOp::Send, signaled: true }
+    }
+
+    /// Sends with immediate data.
+    pub const fn send_with_imm() -> Self {
+        SendTemplate { op: TemplateOp::SendWithImm, signaled: true }
+    }
+
+    /// Posts generate no completion (see [`SendWr::unsignaled`]).
+    pub const fn unsignaled(self) -> Self {
+        SendTemplate { signaled: false, ..self }
+    }
+
+    /// The request of one post.
+    #[inline]
+    pub(crate) fn aim<'a>(&self, local: LocalSlice<'a>, remote_addr: u64, rkey: u32, imm: u32, wr_id: u64) -> SendWr<'a> {
+        let op = match self.op {
+            TemplateOp::Write => SendOp::Write,
+            TemplateOp::WriteWithImm => SendOp::WriteWithImm(imm),
+            TemplateOp::Send => SendOp::Send,
+            TemplateOp::SendWithImm => SendOp::SendWithImm(imm),
+        };
+        let (remote_addr, rkey) = if matches!(self.op, TemplateOp::Write | TemplateOp::WriteWithImm) { (remote_addr, rkey) } else { (0, 0) };
+        SendWr { wr_id, op, local: local.into(), remote_addr, rkey, signaled: self.signaled, inline: false, window: None }
+    }
+}
+
 /// Reused between posts so posting allocates nothing.
 #[derive(Default)]
 pub(crate) struct Scratch {

@@ -56,7 +56,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gpudirect::rcache::{CacheConfig, RegistrationCache};
-use gpudirect::{next_rkey, AccessFlags, CompletionQueue, MemoryRegion, MemoryWindow, ProtectionDomain, QpConfig, QueuePair, RecvWr, RemoteBuffer, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use gpudirect::{
+    next_rkey, AccessFlags, CompletionQueue, MemoryRegion, MemoryWindow, ProtectionDomain, QpConfig, QueuePair, RecvWr, RemoteBuffer, SendTemplate, SendWr, WcOpcode, WcStatus,
+    WorkCompletion,
+};
 
 use crate::error::{NetError, Result};
 use crate::log;
@@ -221,6 +224,9 @@ impl Parts {
         Ok(Parts { qp, cq, ctrl, scratch, cache })
     }
 }
+
+/// The sender's request for a group of one: a write with immediate.
+const WRITE_WITH_IMM: SendTemplate = SendTemplate::write_with_imm();
 
 /// What the plugin's memory grants a peer: writes, nothing else.
 pub const REMOTE_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE);
@@ -415,7 +421,9 @@ impl Comm {
     pub fn isend(&self, data: u64, size: usize, tag: i32, reg: *const Reg) -> Result<*mut c_void> {
         let mut guard = self.lock();
         let g = &mut *guard;
-        self.start(g)?;
+        if g.failed.is_some() || !g.judged {
+            self.start(g)?;
+        }
         if size > MAX_BYTES {
             return Err(NetError::Invalid(format!("isend of {size} bytes: the plugin carries at most {MAX_BYTES} per message")));
         }
@@ -424,6 +432,9 @@ impl Comm {
         let first = g.entry(slot, 0);
         if first.seq != want {
             return self.not_now(g);
+        }
+        if first.nreqs == 1 && size > 0 {
+            return self.isend_one(g, slot, first, data, size, tag, reg);
         }
         let n = first.nreqs as usize;
         if n == 0 || n > MAX_RECVS {
@@ -477,8 +488,36 @@ impl Comm {
         Ok(self.handle(req))
     }
 
-    /// A group of one, the common case, without allocating: one write with
-    /// immediate (its immediate the size), or a bare immediate for 0 bytes.
+    /// A group of one with bytes, the common case: one write with immediate
+    /// (its immediate the size) through the comm's prepared request, aimed
+    /// at the receive the peer offered.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn isend_one(&self, g: &mut Inner, slot: usize, e: Entry, data: u64, size: usize, tag: i32, reg: *const Reg) -> Result<*mut c_void> {
+        if e.tag != tag {
+            return self.not_now(g);
+        }
+        let size = size.min(e.size as usize);
+        let Some(&req) = g.free.last() else { return Ok(std::ptr::null_mut()) };
+        // SAFETY: NCCL passes a handle regMr returned and has not deregistered it.
+        let reg = unsafe { &*reg };
+        g.qp.post_aimed(&WRITE_WITH_IMM, reg.slice(data, size)?, e.addr, e.rkey, size as u32, slot as u64)?;
+        g.free.pop();
+        let gpu = reg.gpu.is_some();
+        let r = &mut g.reqs[req];
+        (r.state, r.n, r.sizes[0], r.gpu) = (State::Pending, 1, size as i32, gpu);
+        g.groups[slot][0] = req;
+        g.group_n[slot] = 1;
+        let stats = &self.nic().stats;
+        (if gpu { &stats.sent_gpu } else { &stats.sent_host }).fetch_add(size as u64, Ordering::Relaxed);
+        g.seq += 1;
+        g.idle = 0;
+        Ok(self.handle(req))
+    }
+
+    /// A group of one, without bytes or after `isend_one` declined it: one
+    /// write with immediate (its immediate the size), or a bare immediate
+    /// for 0 bytes.
     fn post_one(&self, g: &mut Inner, slot: usize, m: Matched, e: Entry) -> Result<()> {
         let stats = &self.nic().stats;
         let wr = if m.size == 0 {
@@ -619,29 +658,37 @@ impl Comm {
     pub fn test(&self, slot: usize, sizes: &mut [i32; MAX_RECVS]) -> Result<Option<usize>> {
         let mut guard = self.lock();
         let g = &mut *guard;
-        if slot >= MAX_REQUESTS || g.reqs[slot].state == State::Free {
+        let Some(mut state) = g.reqs.get(slot).map(|r| r.state) else {
             return Err(NetError::Invalid(format!("test of a request that is not in flight (slot {slot})")));
-        }
-        if matches!(g.reqs[slot].state, State::Pending | State::Closing) {
+        };
+        if matches!(state, State::Pending | State::Closing) {
             self.progress(g)?;
+            state = g.reqs[slot].state;
         }
-        if let State::Refused(claim) = g.reqs[slot].state {
-            g.reqs[slot] = FREE;
-            g.free.push(slot);
-            return Err(NetError::Remote(format!("{}: {claim}: this request fails, its bytes are not to be trusted", self.name())));
-        }
-        if g.reqs[slot].state != State::Done {
-            if let Some(f) = &g.failed {
-                return Err(f.error());
+        match state {
+            State::Done => {
+                let r = &mut g.reqs[slot];
+                let n = r.n;
+                sizes[..n].copy_from_slice(&r.sizes[..n]);
+                // The fields a request reads are set when it is made again.
+                r.state = State::Free;
+                g.free.push(slot);
+                Ok(Some(n))
             }
-            self.idle(g)?;
-            return Ok(None);
+            State::Refused(claim) => {
+                g.reqs[slot].state = State::Free;
+                g.free.push(slot);
+                Err(NetError::Remote(format!("{}: {claim}: this request fails, its bytes are not to be trusted", self.name())))
+            }
+            State::Free => Err(NetError::Invalid(format!("test of a request that is not in flight (slot {slot})"))),
+            State::Pending | State::Closing => {
+                if let Some(f) = &g.failed {
+                    return Err(f.error());
+                }
+                self.idle(g)?;
+                Ok(None)
+            }
         }
-        let r = g.reqs[slot];
-        sizes[..r.n].copy_from_slice(&r.sizes[..r.n]);
-        g.reqs[slot] = FREE;
-        g.free.push(slot);
-        Ok(Some(r.n))
     }
 
     fn progress(&self, g: &mut Inner) -> Result<()> {
@@ -848,22 +895,21 @@ impl Inner {
     }
 
     /// Entry `r` of fifo slot `slot`, read as the NIC left it.
+    #[inline]
     fn entry(&self, slot: usize, r: usize) -> Entry {
         let at = self.ctrl.addr() as usize + slot * SLOT + r * ENTRY;
-        let mut b = [0u8; ENTRY];
         // SAFETY: `ctrl` is this comm's fifo, host memory of MAX_REQUESTS
-        // slots that lives as long as the comm, its entries 8-byte aligned;
-        // the peer's NIC writes it, so it is read volatile, the sequence
-        // number first and the rest after an acquire fence (a torn entry
-        // reads a stale sequence number and is read again on the next call).
+        // slots that lives as long as the comm, its entries 8-byte aligned
+        // (wire::Entry's layout); the peer's NIC writes it, so it is read
+        // volatile, the sequence number first and the rest after an
+        // acquire fence (a torn entry reads a stale sequence number and is
+        // read again on the next call).
         unsafe {
             let seq = std::ptr::read_volatile((at + 24) as *const u64);
             std::sync::atomic::fence(Ordering::Acquire);
-            for w in 0..3 {
-                b[w * 8..w * 8 + 8].copy_from_slice(&std::ptr::read_volatile((at + w * 8) as *const u64).to_ne_bytes());
-            }
-            b[24..].copy_from_slice(&seq.to_ne_bytes());
+            let word = |at: usize| u64::from_le(std::ptr::read_volatile(at as *const u64));
+            let (w1, w2) = (word(at + 8), word(at + 16));
+            Entry { addr: word(at), rkey: w1 as u32, size: (w1 >> 32) as u32, tag: w2 as u32 as i32, nreqs: (w2 >> 32) as u32, seq: u64::from_le(seq) }
         }
-        Entry::from_bytes(&b)
     }
 }

@@ -118,9 +118,14 @@ impl Reg {
     ///
     /// # Errors
     /// As [`check`](Self::check).
+    #[inline]
     pub fn slice(&self, addr: u64, size: usize) -> Result<LocalSlice<'_>> {
-        self.check(addr, size)?;
-        let off = (addr - self.mr().addr()) as usize;
-        Ok(self.mr().slice(off..off + size)?)
+        let mr = self.mr();
+        // The region's own bounds check is the one check (a range past it
+        // gets `check`'s error, which names both).
+        match addr.checked_sub(mr.addr()).and_then(|off| usize::try_from(off).ok()).and_then(|off| mr.slice(off..off.checked_add(size)?).ok()) {
+            Some(s) => Ok(s),
+            None => Err(self.check(addr, size).err().unwrap_or_else(|| NetError::Invalid(format!("{size} bytes at {addr:#x}: not a slice of the registration")))),
+        }
     }
 }

@@ -18,7 +18,8 @@ use crate::srq::SharedReceiveQueue;
 use crate::tracker::Tracker;
 use crate::wire::Endpoint;
 use crate::wc::WorkCompletion;
-use crate::wr::{RecvWr, SendList, SendWr};
+use crate::mr::LocalSlice;
+use crate::wr::{RecvWr, SendList, SendTemplate, SendWr};
 
 mod config;
 mod core;
@@ -462,6 +463,22 @@ impl QueuePair {
     /// pair's [`max_inline_data`](Self::max_inline_data)).
     pub fn post_list(&self, list: &mut SendList<'_>) -> Result<()> {
         self.inner.post_list(list)
+    }
+
+    /// Posts `template` aimed at `local` (one slice of a region of this
+    /// queue pair's domain), the peer's `remote_addr` with `rkey` (as the
+    /// peer handed them out: its NIC checks them against its keys), with
+    /// immediate data `imm` (for the templates that carry it) and id
+    /// `wr_id`. The memory is held as [`post_send`](Self::post_send) holds
+    /// it; a host-staged GPU source is staged as `post_send` stages it.
+    ///
+    /// # Errors
+    /// As [`post_send`](Self::post_send): [`Error::ForeignMemoryRegion`],
+    /// [`Error::TooLong`] past 4 GiB, [`Error::QueueFull`], [`Error::Busy`],
+    /// [`Error::Verb`].
+    #[inline]
+    pub fn post_aimed(&self, template: &SendTemplate, local: LocalSlice<'_>, remote_addr: u64, rkey: u32, imm: u32, wr_id: u64) -> Result<()> {
+        self.inner.post_aimed(template.aim(local, remote_addr, rkey, imm, wr_id))
     }
 
     /// Posts a batch of receives with one call. See

@@ -66,6 +66,19 @@ impl QpInner {
         inner.post_send_locked(&mut q, wrs, checked.gather, ClaimLocal)
     }
 
+    /// [`QueuePair::post_aimed`](super::QueuePair::post_aimed): one request
+    /// of one slice, not inline, not atomic, not a read, so what is left of
+    /// `check_send` is the slice's domain and length.
+    #[inline]
+    pub(super) fn post_aimed(&self, wr: SendWr<'_>) -> Result<()> {
+        wr.local.check(&self.core.pd)?;
+        if wr.stages_out() {
+            return self.post_send_staged(std::slice::from_ref(&wr));
+        }
+        let mut q = self.core.tracker.send.lock();
+        self.post_send_locked(&mut q, std::slice::from_ref(&wr), 0, ClaimLocal)
+    }
+
     /// [`QueuePair::post_list`](super::QueuePair::post_list).
     pub(super) fn post_list(&self, list: &mut SendList<'_>) -> Result<()> {
         let inner = self;
