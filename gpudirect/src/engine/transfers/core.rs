@@ -21,7 +21,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::cq::CompletionQueue;
-use crate::wr::SendWr;
+use crate::wr::SendTemplate;
 use crate::deadline::Deadline;
 use crate::error::Error;
 use crate::sync::Mutex;
@@ -35,6 +35,9 @@ use crate::engine::msgbuf::MsgBuf;
 use crate::engine::stats::{Counters, Refusal, RefusalCounters};
 use crate::engine::notify::{self, Notification, SLOT};
 use crate::engine::ready::Readiness;
+
+/// A transfer's notification: one send after its data.
+const NOTIFY: SendTemplate = SendTemplate::send();
 
 /// How long one wait on a completion channel sleeps before looking again
 /// (another thread may have reaped what this one waits for).
@@ -409,7 +412,8 @@ impl Core {
             std::mem::take(&mut *r)
         };
         for (id, d) in ready {
-            let posted = d.buf.slice().and_then(|s| d.conn.qp.post_send(&[SendWr::send(s).wr_id(id << 1 | 1)]));
+            // One send, its memory and id new each time: the prepared request, aimed.
+            let posted = d.buf.slice().and_then(|s| d.conn.qp.post_aimed(&NOTIFY, s, 0, 0, 0, id << 1 | 1));
             match posted {
                 Ok(()) => {}
                 Err(Error::QueueFull { .. }) => self.ready.lock().push((id, d)),
