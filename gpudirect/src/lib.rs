@@ -214,7 +214,7 @@ mod port;
 mod wc;
 mod wire;
 mod deadline;
-mod sync;
+pub mod sync;
 mod tracker;
 
 // Misuses the compiler refuses: compile_fail doctests only.

@@ -1,4 +1,6 @@
-//! The library's one mutex type (crate-private leaf module).
+//! The library's one mutex type, public so that crates built over the
+//! library (the NCCL plugin) lock the same way and run under the same
+//! tools. A leaf module.
 //!
 //! Two reasons it is not `std::sync::Mutex` used directly:
 //! - Poisoning carries no meaning here: every critical section leaves its
@@ -15,10 +17,10 @@
 
 use std::ops::{Deref, DerefMut};
 
-pub(crate) use imp::Mutex;
+pub use imp::Mutex;
 
-/// A locked [`Mutex`].
-pub(crate) struct Guard<'a, T> {
+/// A locked [`Mutex`]: unlocks when dropped.
+pub struct Guard<'a, T> {
     inner: imp::Guard<'a, T>,
 }
 
@@ -41,14 +43,23 @@ mod imp {
 
     /// A mutex that ignores poisoning.
     #[derive(Default)]
-    pub(crate) struct Mutex<T>(std::sync::Mutex<T>);
+    pub struct Mutex<T>(std::sync::Mutex<T>);
+
+    impl<T> std::fmt::Debug for Mutex<T> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Mutex { .. }")
+        }
+    }
 
     impl<T> Mutex<T> {
-        pub(crate) fn new(value: T) -> Self {
+        /// A mutex holding `value`.
+        pub fn new(value: T) -> Self {
             Mutex(std::sync::Mutex::new(value))
         }
 
-        pub(crate) fn lock(&self) -> super::Guard<'_, T> {
+        /// Locks it, waiting while another thread holds it; a panic of a
+        /// thread that held it does not poison it.
+        pub fn lock(&self) -> super::Guard<'_, T> {
             super::Guard { inner: self.0.lock().unwrap_or_else(|p| p.into_inner()) }
         }
     }
@@ -60,7 +71,7 @@ mod imp {
     use std::ops::{Deref, DerefMut};
 
     /// A `pthread_mutex_t` (boxed: a pthread mutex must not move once used).
-    pub(crate) struct Mutex<T> {
+    pub struct Mutex<T> {
         raw: Box<UnsafeCell<libc::pthread_mutex_t>>,
         value: UnsafeCell<T>,
     }
@@ -76,8 +87,15 @@ mod imp {
         }
     }
 
+    impl<T> std::fmt::Debug for Mutex<T> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Mutex { .. }")
+        }
+    }
+
     impl<T> Mutex<T> {
-        pub(crate) fn new(value: T) -> Self {
+        /// A mutex holding `value`.
+        pub fn new(value: T) -> Self {
             let raw = Box::new(UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER));
             // SAFETY: initialising a mutex nobody uses yet, at its final
             // address. Done explicitly, though the static initialiser would
@@ -86,7 +104,8 @@ mod imp {
             Mutex { raw, value: UnsafeCell::new(value) }
         }
 
-        pub(crate) fn lock(&self) -> super::Guard<'_, T> {
+        /// Locks it, waiting while another thread holds it.
+        pub fn lock(&self) -> super::Guard<'_, T> {
             // SAFETY: an initialised mutex that never moves (boxed).
             let r = unsafe { libc::pthread_mutex_lock(self.raw.get()) };
             debug_assert_eq!(r, 0, "pthread_mutex_lock");

@@ -52,10 +52,11 @@
 use std::ffi::c_void;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpudirect::rcache::{CacheConfig, RegistrationCache};
+use gpudirect::sync::{Guard, Mutex};
 use gpudirect::{
     next_rkey, AccessFlags, CompletionQueue, MemoryRegion, MemoryWindow, ProtectionDomain, QpConfig, QueuePair, RecvWr, RemoteBuffer, SendTemplate, SendWr, WcOpcode, WcStatus,
     WorkCompletion,
@@ -361,8 +362,8 @@ impl Comm {
         format!("{} comm on {} with {}", if self.side == Side::Send { "send" } else { "receive" }, self.nic().label(), self.peer)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> Guard<'_, Inner> {
+        self.inner.lock()
     }
 
     /// Notes a registration made through this comm (what the first

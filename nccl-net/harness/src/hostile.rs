@@ -377,7 +377,7 @@ fn connect_once(p: &Plugin, h: &mut [u8; HANDLE_MAXSIZE]) -> Result<Ptr, String>
 }
 
 /// Drives `connect` with `h` and `accept` on `l` until both give a comm.
-fn pair(p: &Plugin, h: &mut [u8; HANDLE_MAXSIZE], l: Ptr) -> Result<(Ptr, Ptr), String> {
+pub fn pair(p: &Plugin, h: &mut [u8; HANDLE_MAXSIZE], l: Ptr) -> Result<(Ptr, Ptr), String> {
     let (mut s, mut r): (Ptr, Ptr) = (std::ptr::null_mut(), std::ptr::null_mut());
     let t = Instant::now();
     while s.is_null() || r.is_null() {

@@ -9,6 +9,7 @@
 //! nccl-net-harness drive --peer HOST:P --bench SIZE --iters N [--window W]  # bandwidth, MB/s
 //! nccl-net-harness raw [--device rxe0] --iters N                     # the raw verbs baseline
 //! nccl-net-harness hostile [--device rxe0]                            # the plugin against a hostile peer
+//! nccl-net-harness threads [--iters N]                                # a proxy thread and a registering main thread
 //! ```
 //!
 //! `hostile` runs in one process on one device (see `hostile.rs`): a
@@ -28,6 +29,7 @@
 mod hostile;
 mod phases;
 mod plugin;
+mod threads;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -101,7 +103,8 @@ fn main() {
         "drive" => drive(&a),
         "raw" => phases::raw(&a.device, a.iters),
         "hostile" => open(&a).and_then(|p| hostile::run(&p, &a.device)),
-        _ => Err("usage: nccl-net-harness symbols|serve|drive|raw|hostile [options]".into()),
+        "threads" => open(&a).and_then(|p| threads::run(&p, a.iters)),
+        _ => Err("usage: nccl-net-harness symbols|serve|drive|raw|hostile|threads [options]".into()),
     };
     if let Err(e) = result {
         eprintln!("[{}] FAILED: {e}", a.mode);
