@@ -36,9 +36,20 @@
 //! memory is registered under the library's `GpuPolicy::Require`, so a
 //! registration that cannot be zero-copy fails with the judge's causes.
 //!
+//! # What a peer can reach: `GPUDIRECT_NCCL_KEYS`
+//! Only what it was offered, with write access only (see the `comm`
+//! module): a protection domain per comm (`regIsGlobal` 0), no remote
+//! read, and, where the device has type-2 memory windows (`windows`, the
+//! default), a window per receive, invalidated before `test` reports it
+//! done, with NCCL's registrations granting no remote access of their own.
+//! `per-comm` uses the comm's registrations as keys even there. Any other
+//! value stops init, naming it. Every size, slot and count a peer writes
+//! is checked against what was posted.
+//!
 //! # What the log says
 //! At init (INFO, `NCCL_DEBUG_SUBSYS` INIT or NET), one line per device:
-//! `NET/GPUDirect : Using mlx5_0:1/RoCE speed 400000 Mb/s, GPUDirect RDMA: GPU0 dma-buf (PIX), ...`.
+//! `NET/GPUDirect : Using mlx5_0:1/RoCE speed 400000 Mb/s, GPUDirect RDMA: GPU0 dma-buf (PIX), ...; keys per receive (...)`,
+//! the last part what a receive's key opens on that device.
 //! At each connection's first transfer (INFO, NET):
 //! `NET/GPUDirect : GPU2 -> mlx5_3:1: GPUDirect RDMA via dma-buf`, or
 //! `... staged through host memory: CAUSE`. When a device's last
@@ -55,9 +66,12 @@
 //!
 //! # Bounds
 //! See the `comm` and `setup` modules: 32 requests per comm (NCCL's
-//! limit), 8 receives per group, 1 GiB per message, setup deadlines, a
-//! dead peer found within the queue pair's retry bound, malformed handles
-//! refused, and no panic crosses into NCCL.
+//! limit), 8 receives per group, 1 GiB per message, setup deadlines,
+//! unproven connections on a budget of their own (per source address and
+//! in all) that a rank's connection never waits behind, a dead peer found
+//! within the queue pair's retry bound, malformed, stale and copied
+//! handles refused, and no panic crosses into NCCL. The byte layouts a
+//! peer sees are the `wire` module.
 
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
