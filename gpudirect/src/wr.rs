@@ -221,7 +221,7 @@ impl<'a> SendWr<'a> {
     /// [`REMOTE_READ`](AccessFlags::REMOTE_READ),
     /// [`REMOTE_ATOMIC`](AccessFlags::REMOTE_ATOMIC)) under the key
     /// `rkey`, which must be [`next_rkey`](crate::next_rkey) of the
-    /// window's last key. From when the bind executes, the peer of the
+    /// window's last key ([`MemoryWindow::last_rkey`]). From when the bind executes, the peer of the
     /// queue pair it is posted on (and no other) reaches exactly `range`
     /// with that key, until an [`invalidate`](Self::invalidate) of it
     /// posted on the same queue pair executes. Requests after the bind on
@@ -237,8 +237,9 @@ impl<'a> SendWr<'a> {
     /// # Errors
     /// [`Error::InvalidArgument`] for access other than remote
     /// write/read/atomic, a region without `MW_BIND`, an empty range, a
-    /// host-staged GPU region (no NIC-visible memory of its own), or a
-    /// window of another protection domain than the region's.
+    /// host-staged GPU region (no NIC-visible memory of its own), a
+    /// window of another protection domain than the region's, or a key
+    /// other than the window's next.
     pub fn bind_window(window: &'a MemoryWindow, range: LocalSlice<'a>, access: AccessFlags, rkey: u32) -> Result<Self> {
         let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
         let why = if !remote.contains(access) || access.is_empty() {
@@ -251,6 +252,9 @@ impl<'a> SendWr<'a> {
             Some("a window cannot open a host-staged GPU region: the NIC reaches only its host mirror".to_owned())
         } else if !window.pd().same_as(range.mr.pd()) {
             Some("the window and the region are of different protection domains".to_owned())
+        } else if rkey != crate::mw::next_rkey(window.last_rkey()) {
+            // An old key reused would open the new binding to whoever kept it.
+            Some(format!("a bind under key {rkey:#x}: the window's next key is {:#x} (next_rkey of its last, {:#x})", crate::mw::next_rkey(window.last_rkey()), window.last_rkey()))
         } else {
             None
         };
@@ -414,7 +418,7 @@ impl SendWr<'_> {
                 let (mw, rkey, info) = self.bind_parts(window);
                 sys::ibv_wr_bind_mw(qpx, mw, rkey, &info);
                 // The provider has read the key the bind replaces.
-                window.posted_bind(rkey);
+                window.posted_bind(rkey, self.local.one().expect("a bind names one slice").mr);
                 return;
             }
             match self.op {

@@ -109,6 +109,9 @@ enum Claim {
     Size { recv: usize, claimed: u32, posted: u32 },
     /// A group's sizes were written into slot `claimed`, not `slot`.
     Slot { claimed: u32, slot: usize },
+    /// The peer consumed the receive with a message, not a write with
+    /// immediate (the protocol's only receive traffic).
+    NotAWrite,
 }
 
 impl std::fmt::Display for Claim {
@@ -116,6 +119,7 @@ impl std::fmt::Display for Claim {
         match *self {
             Claim::Size { recv, claimed, posted } => write!(f, "the peer claims {claimed} bytes arrived in receive {recv} of a request, which was posted for {posted}"),
             Claim::Slot { claimed, slot } => write!(f, "the peer claims its sizes are in slot {claimed}, the request's slot is {slot}"),
+            Claim::NotAWrite => write!(f, "the peer consumed the receive with a message, not the write with immediate the protocol sends"),
         }
     }
 }
@@ -156,6 +160,8 @@ struct Window {
     mw: MemoryWindow,
     rkey: u32,
     bound: bool,
+    /// The registration of its last bind (NCCL's handle, by address).
+    region: Option<usize>,
 }
 
 /// One matched send of the group being assembled.
@@ -266,6 +272,8 @@ struct Inner {
     /// Per slot: how many of `groups[slot]` belong to the slot's group.
     group_n: [usize; MAX_REQUESTS],
     matched: [Option<Matched>; MAX_RECVS],
+    /// The size of the group being matched, while part of it is (0: none).
+    partial: usize,
     /// Receive side with windows: slot `s`'s receive `r` at `s * MAX_RECVS + r`, made on first use.
     windows: Vec<Option<Window>>,
     seen: Seen,
@@ -326,6 +334,7 @@ impl Comm {
             groups: [[0; MAX_RECVS]; MAX_REQUESTS],
             group_n: [0; MAX_REQUESTS],
             matched: [None; MAX_RECVS],
+            partial: 0,
             windows: Vec::new(),
             seen: Seen::default(),
             judged: false,
@@ -434,10 +443,15 @@ impl Comm {
         if first.seq != want {
             return self.not_now(g);
         }
-        if first.nreqs == 1 && size > 0 {
+        if first.nreqs == 1 && size > 0 && g.partial == 0 {
             return self.isend_one(g, slot, first, data, size, tag, reg);
         }
         let n = first.nreqs as usize;
+        if g.partial != 0 && n != g.partial {
+            // Sends are matched to this group's receives already: the peer
+            // rewrote a group it had posted.
+            return Err(self.fail(g, format!("the peer rewrote its receive slot {slot} from a group of {} to a group of {n} after sends were matched to it", g.partial)));
+        }
         if n == 0 || n > MAX_RECVS {
             return Err(self.fail(g, format!("the peer's receive slot {slot} names {n} receives (at most {MAX_RECVS})")));
         }
@@ -481,7 +495,9 @@ impl Comm {
             g.seq += 1;
         } else {
             g.matched[r] = Some(m);
+            g.partial = n;
             if g.matched[..n].iter().all(Option::is_some) {
+                g.partial = 0;
                 self.post_group(g, slot, n)?;
                 g.seq += 1;
             }
@@ -599,7 +615,12 @@ impl Comm {
                 gpu |= reg.gpu.is_some();
                 if self.windows {
                     let w = g.window(slot * MAX_RECVS + i, self.cache.pd())?;
-                    let rkey = next_rkey(w.rkey);
+                    if w.bound {
+                        // Its receive's request is still open (NCCL reposted
+                        // a slot before testing the request there).
+                        return Ok(std::ptr::null_mut());
+                    }
+                    let rkey = next_rkey(w.mw.last_rkey());
                     binds[i] = Some((reg, addr, size, rkey));
                     rkey
                 } else {
@@ -638,9 +659,9 @@ impl Comm {
             return Err(self.fail(g, format!("posting a receive: {e}")));
         }
         for (i, bind) in binds.iter().enumerate() {
-            if let Some((_, _, _, rkey)) = *bind {
+            if let Some((reg, _, _, rkey)) = *bind {
                 let w = g.windows[slot * MAX_RECVS + i].as_mut().expect("made above");
-                (w.rkey, w.bound) = (rkey, true);
+                (w.rkey, w.bound, w.region) = (rkey, true, Some(reg as *const Reg as usize));
             }
         }
         g.groups[slot][0] = req;
@@ -746,6 +767,10 @@ impl Comm {
                     g.reqs[req].state = State::Done;
                 }
             }
+            (Side::Recv, WcOpcode::Recv) => {
+                let req = g.groups[slot][0];
+                self.close_windows(g, slot, req, Outcome::Refused(Claim::NotAWrite))?;
+            }
             (Side::Recv, _) => {}
         }
         Ok(())
@@ -842,6 +867,23 @@ impl Comm {
         NetError::Remote(text)
     }
 
+    /// Before NCCL deregisters `reg`: the windows last bound to it (still
+    /// bound where NCCL gave up on a receive) are deallocated, which closes
+    /// their keys and lets go of the region (a window keeps its last
+    /// region registered), so its pinned memory goes with NCCL's handle.
+    pub fn forget_windows(&self, reg: &Reg) {
+        if !self.windows {
+            return;
+        }
+        let handle = reg as *const Reg as usize;
+        let mut g = self.lock();
+        for w in g.windows.iter_mut() {
+            if w.as_ref().is_some_and(|w| w.region == Some(handle)) {
+                *w = None;
+            }
+        }
+    }
+
     /// `iflush`: makes the NIC's writes of the last non-empty receive
     /// visible to the GPU before NCCL's kernel reads them (free on GPUs that
     /// order them; `cuFlushGPUDirectRDMAWrites` on others). Done before it
@@ -863,6 +905,10 @@ impl Comm {
 
 impl Drop for Comm {
     fn drop(&mut self) {
+        // Windows before the queue pair they were bound through: one still
+        // bound would hold the queue pair's destruction (gpudirect's
+        // MemoryWindow, "Lifetimes").
+        self.lock().windows.clear();
         let nic = self.nic();
         if nic.open_comms.fetch_sub(1, Ordering::Relaxed) == 1 {
             log::info(&nic.traffic_line());
@@ -889,8 +935,8 @@ impl Inner {
     fn window(&mut self, at: usize, pd: &ProtectionDomain) -> Result<&Window> {
         if self.windows[at].is_none() {
             let mw = MemoryWindow::alloc(pd)?;
-            let rkey = mw.initial_rkey();
-            self.windows[at] = Some(Window { mw, rkey, bound: false });
+            let rkey = mw.last_rkey();
+            self.windows[at] = Some(Window { mw, rkey, bound: false, region: None });
         }
         Ok(self.windows[at].as_ref().expect("made"))
     }

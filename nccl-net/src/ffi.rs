@@ -320,15 +320,14 @@ unsafe extern "C" fn reg_mr_dma_buf(c: Ptr, data: Ptr, size: usize, ty: c_int, _
 
 unsafe extern "C" fn dereg_mr(c: Ptr, mhandle: Ptr) -> NcclResult {
     guard("deregMr", || {
-        // The registration knows its comm's cache: the comm is not needed.
-        if c.is_null() {
-            return Err(NetError::Invalid("deregMr on a null comm".into()));
-        }
+        let c = comm(c)?;
         if mhandle.is_null() {
             return Err(NetError::Invalid("deregMr of a null handle".into()));
         }
         // SAFETY: a handle regMr returned, deregistered once.
-        unsafe { Box::from_raw(mhandle.cast::<Reg>()) }.release();
+        let reg = unsafe { Box::from_raw(mhandle.cast::<Reg>()) };
+        c.forget_windows(&reg);
+        reg.release();
         Ok(())
     })
 }

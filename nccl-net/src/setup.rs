@@ -188,23 +188,36 @@ impl Listen {
                 return Err(e);
             }
         }
-        self.trim(Some(ip), UNPROVEN_PER_ADDRESS, "its address holds too many unproven connections");
-        self.trim(None, MAX_UNPROVEN, "the listener holds too many unproven connections");
+        self.trim(ip, UNPROVEN_PER_ADDRESS, "its address holds too many unproven connections");
+        while self.pending.iter().filter(|p| p.proven.is_none()).count() > MAX_UNPROVEN {
+            // Past the listener's budget, the address holding the most pays:
+            // a rank's one slow connection is never the one closed while
+            // others hold more.
+            let busiest = self.pending.iter().filter(|p| p.proven.is_none()).map(|p| p.peer.ip()).max_by_key(|ip| self.unproven_of(*ip));
+            let Some(busiest) = busiest else { break };
+            let held = self.unproven_of(busiest);
+            self.trim(busiest, held - 1, "the listener holds too many unproven connections");
+        }
         Ok(())
     }
 
-    /// Closes the oldest unproven connections (of `ip`, or of any address)
-    /// until at most `most` are left.
-    fn trim(&mut self, ip: Option<IpAddr>, most: usize, why: &str) {
-        loop {
-            let unproven = |p: &Pending| p.proven.is_none() && ip.is_none_or(|ip| p.peer.ip() == ip);
-            if self.pending.iter().filter(|p| unproven(p)).count() <= most {
-                return;
-            }
-            let oldest = self.pending.iter().enumerate().filter(|(_, p)| unproven(p)).min_by_key(|(_, p)| p.since).map(|(i, _)| i);
-            match oldest {
-                Some(i) => self.close(i, why),
-                None => return,
+    fn unproven_of(&self, ip: IpAddr) -> usize {
+        self.pending.iter().filter(|p| p.proven.is_none() && p.peer.ip() == ip).count()
+    }
+
+    /// Closes the oldest unproven connections of `ip` until at most `most`
+    /// are left, reading each first (one that proves itself stays).
+    fn trim(&mut self, ip: IpAddr, most: usize, why: &str) {
+        while self.unproven_of(ip) > most {
+            let oldest = self.pending.iter().enumerate().filter(|(_, p)| p.proven.is_none() && p.peer.ip() == ip).min_by_key(|(_, p)| p.since).map(|(i, _)| i);
+            let Some(i) = oldest else { return };
+            match self.prove(i) {
+                Ok(true) => {}
+                Ok(false) => self.close(i, why),
+                Err(Refusal::Quietly(why)) => self.close(i, &why),
+                // Making a proven connection's comm failed: it goes; the
+                // accept's caller learns of it from the next proven one.
+                Err(Refusal::Fail(e)) => self.close(i, &e.to_string()),
             }
         }
     }
@@ -224,10 +237,12 @@ impl Listen {
     fn prove(&mut self, i: usize) -> std::result::Result<bool, Refusal> {
         let (site, nic, token, tc) = (self.site, self.nic, self.token, self.traffic_class);
         let p = &mut self.pending[i];
-        if p.since.elapsed() > HELLO_WITHIN {
-            return Err(Refusal::Quietly(format!("it did not identify itself within {HELLO_WITHIN:?}")));
-        }
+        // What arrived is read first: a hello sent in time counts even when
+        // NCCL calls accept late.
         if !fill(&mut p.stream, &mut p.buf, HELLO_LEN).map_err(|e| Refusal::Quietly(e.to_string()))? {
+            if p.since.elapsed() > HELLO_WITHIN {
+                return Err(Refusal::Quietly(format!("it did not identify itself within {HELLO_WITHIN:?}")));
+            }
             return Ok(false);
         }
         let hello: &[u8; HELLO_LEN] = p.buf[..].try_into().expect("HELLO_LEN bytes");

@@ -432,8 +432,8 @@ impl QpInner {
 #[cold]
 fn note_binds(wrs: &[SendWr<'_>]) {
     for w in wrs {
-        if let (Some(window), SendOp::BindWindow { rkey, .. }) = (w.window, w.op) {
-            window.posted_bind(rkey);
+        if let (Some(window), SendOp::BindWindow { rkey, .. }, Some(s)) = (w.window, w.op, w.local.one()) {
+            window.posted_bind(rkey, s.mr);
         }
     }
 }

@@ -20,34 +20,34 @@ use crate::plugin::{logged, Plugin};
 
 const W: Duration = Duration::from_secs(30);
 /// What the claimed-size attack says arrived in a 16-byte receive.
-const HUGE: u32 = 2_147_418_112;
+pub const HUGE: u32 = 2_147_418_112;
 
-fn e(e: impl std::fmt::Display) -> String {
+pub fn e(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
 /// The attacker's verbs objects: its own protection domain, every access.
-struct Verbs {
-    ctx: Context,
-    pd: ProtectionDomain,
+pub struct Verbs {
+    pub ctx: Context,
+    pub pd: ProtectionDomain,
 }
 
 /// One connection of the attacker to a victim's listener.
-struct Peer {
-    cq: CompletionQueue,
-    qp: QueuePair,
-    fifo: MemoryRegion,
-    local: MemoryRegion,
+pub struct Peer {
+    pub cq: CompletionQueue,
+    pub qp: QueuePair,
+    pub fifo: MemoryRegion,
+    pub local: MemoryRegion,
     /// The victim's sizes slots.
-    sizes: RemoteBuffer,
+    pub sizes: RemoteBuffer,
     _stream: TcpStream,
-    entries: u64,
+    pub entries: u64,
 }
 
 impl Peer {
     /// Connects to a new listener of the plugin as a member would; returns
     /// the peer and the victim's receive comm.
-    fn connect(p: &Plugin, v: &Verbs) -> Result<(Peer, Ptr), String> {
+    pub fn connect(p: &Plugin, v: &Verbs) -> Result<(Peer, Ptr), String> {
         let (h, l) = p.listen(0)?;
         let handle = Handle::read(&h).map_err(e)?;
         let cq = CompletionQueue::new(&v.ctx, 256).map_err(e)?;
@@ -90,7 +90,7 @@ impl Peer {
     }
 
     /// Entry `r` of the next group the victim posted, once it is there.
-    fn entry(&mut self, r: usize) -> Result<Entry, String> {
+    pub fn entry(&mut self, r: usize) -> Result<Entry, String> {
         let slot = (self.entries % 32) as usize;
         let t = Instant::now();
         loop {
@@ -112,7 +112,7 @@ impl Peer {
     }
 
     /// Posts `wr` and returns the status of its completion.
-    fn run(&self, wr: SendWr<'_>) -> Result<WcStatus, String> {
+    pub fn run(&self, wr: SendWr<'_>) -> Result<WcStatus, String> {
         self.qp.post_send(&[wr]).map_err(e)?;
         let mut wc = [WorkCompletion::default(); 1];
         let t = Instant::now();
@@ -126,26 +126,30 @@ impl Peer {
         }
     }
 
-    fn remote(entry: &Entry, offset: i64, len: u64) -> RemoteBuffer {
+    pub fn remote(entry: &Entry, offset: i64, len: u64) -> RemoteBuffer {
         RemoteBuffer { addr: entry.addr.wrapping_add_signed(offset), len, rkey: entry.rkey }
     }
 }
 
 /// Victim memory: 64 KiB registered on one comm, receives at 4 KiB.
-struct Victim {
-    mem: Vec<u8>,
-    mh: Ptr,
-    comm: Ptr,
+pub struct Victim {
+    pub mem: Vec<u8>,
+    pub mh: Ptr,
+    pub comm: Ptr,
 }
 
 impl Victim {
-    fn new(p: &Plugin, comm: Ptr) -> Result<Victim, String> {
-        let mut mem = vec![0u8; 1 << 16];
+    pub fn new(p: &Plugin, comm: Ptr) -> Result<Victim, String> {
+        Self::with_len(p, comm, 1 << 16)
+    }
+
+    pub fn with_len(p: &Plugin, comm: Ptr, len: usize) -> Result<Victim, String> {
+        let mut mem = vec![0u8; len];
         let mh = p.reg(comm, &mut mem)?;
         Ok(Victim { mem, mh, comm })
     }
 
-    fn irecv(&mut self, p: &Plugin, sizes: &[usize]) -> Result<Ptr, String> {
+    pub fn irecv(&mut self, p: &Plugin, sizes: &[usize]) -> Result<Ptr, String> {
         let mut bufs: Vec<_> = sizes.iter().enumerate().map(|(i, &s)| (self.mem[4096 + i * 256..].as_mut_ptr(), s, 5 as c_int, self.mh)).collect();
         let t = Instant::now();
         loop {
@@ -159,7 +163,7 @@ impl Victim {
         }
     }
 
-    fn close(self, p: &Plugin) -> Result<(), String> {
+    pub fn close(self, p: &Plugin) -> Result<(), String> {
         p.dereg(self.comm, self.mh)?;
         p.close_recv(self.comm)
     }
@@ -195,7 +199,7 @@ pub fn run(p: &Plugin, device: &str) -> Result<(), String> {
         return Err(format!("{} of {} attacks got through:\n  {}", failed.len(), attacks.len(), failed.join("\n  ")));
     }
     println!("hostile: every attack refused");
-    Ok(())
+    crate::review::run(p, &v)
 }
 
 /// A read of a receive, and of the victim's control memory: the
@@ -444,7 +448,7 @@ fn stale_handles(p: &Plugin) -> Result<(), String> {
 
 /// A TCP connection to `to` from `from` (another loopback address: a
 /// stranger, not the rank's own address).
-fn connect_from(from: std::net::Ipv4Addr, to: SocketAddr) -> Result<TcpStream, String> {
+pub fn connect_from(from: std::net::Ipv4Addr, to: SocketAddr) -> Result<TcpStream, String> {
     let SocketAddr::V4(to) = to else { return Err("the listener is not IPv4".into()) };
     let sin = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in { sin_family: libc::AF_INET as libc::sa_family_t, sin_port: port.to_be(), sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() }, sin_zero: [0; 8] };
     let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;

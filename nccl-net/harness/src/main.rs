@@ -29,6 +29,7 @@
 mod hostile;
 mod phases;
 mod plugin;
+mod review;
 mod threads;
 
 use std::io::{Read, Write};
