@@ -103,7 +103,12 @@ fn main() {
         "serve" => serve(&a),
         "drive" => drive(&a),
         "raw" => phases::raw(&a.device, a.iters),
-        "hostile" => open(&a).and_then(|p| hostile::run(&p, &a.device)),
+        // The project's own attacks, then an outside review's.
+        "hostile" => open(&a).and_then(|p| {
+            let own = hostile::run(&p, &a.device);
+            let review = review::run(&p, &a.device);
+            own.and(review)
+        }),
         "threads" => open(&a).and_then(|p| threads::run(&p, a.iters)),
         _ => Err("usage: nccl-net-harness symbols|serve|drive|raw|hostile|threads [options]".into()),
     };

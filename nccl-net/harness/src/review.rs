@@ -159,7 +159,8 @@ fn isend(p: &Plugin, comm: Ptr, data: *mut u8, size: usize, tag: c_int, mh: Ptr)
 type Attack<'a> = dyn Fn() -> Result<(), String> + 'a;
 
 /// Every attack, in order.
-pub fn run(p: &Plugin, v: &Verbs) -> Result<(), String> {
+pub fn run(p: &Plugin, device: &str) -> Result<(), String> {
+    let v = &Verbs::open(device)?;
     let attacks: [(&str, &Attack<'_>); 6] = [
         ("a SEND where the protocol writes", &|| send_not_write(p, v)),
         ("a group that shrinks under a matched send", &|| group_shrinks(p, v)),
