@@ -326,31 +326,37 @@ fn rank_with_late_hello(p: &Plugin, v: &Verbs, delay: Duration, between: &dyn Fn
     }
     rank.write_all(&wire::hello(&handle.token, &prepared.endpoint(), fifo.addr(), fifo.rkey())).map_err(e)?;
     println!("review: the rank's hello went out {:.0} ms after its connection", t0.elapsed().as_secs_f64() * 1e3);
-    rank.set_nonblocking(true).map_err(e)?;
-    let mut buf = Vec::new();
-    let t = Instant::now();
-    let verdict = loop {
-        let _ = p.accept_once(l)?;
-        let mut chunk = [0u8; REPLY_LEN];
-        match rank.read(&mut chunk[..REPLY_LEN - buf.len()]) {
-            Ok(0) => break Err("the listener closed the rank's connection".to_string()),
-            Ok(k) => buf.extend_from_slice(&chunk[..k]),
-            Err(x) if x.kind() == ErrorKind::WouldBlock => {}
-            Err(x) => break Err(format!("the rank's connection: {x}")),
-        }
-        if buf.len() == REPLY_LEN {
-            break Ok(());
-        }
-        if t.elapsed() > Duration::from_secs(5) {
-            break Err("the rank got no reply within 5 s".to_string());
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
+    let verdict = await_reply(p, l, &mut rank, Duration::from_secs(5))?;
     drop(held);
     let closings = logged("closed a connection from");
     let last = closings.last().cloned().unwrap_or_default();
     let _ = p.close_listen(l);
     verdict.map_err(|x| format!("{x}, {:.0} ms after it connected (the plugin's last closing line: {last:?})", t0.elapsed().as_secs_f64() * 1e3))
+}
+
+/// Calls accept until the rank's connection gets the listener's reply
+/// (`Ok(Ok)`), is closed, or `within` passes (`Ok(Err)`, saying which).
+fn await_reply(p: &Plugin, l: Ptr, rank: &mut TcpStream, within: Duration) -> Result<Result<(), String>, String> {
+    rank.set_nonblocking(true).map_err(e)?;
+    let mut buf = Vec::new();
+    let t = Instant::now();
+    loop {
+        let _ = p.accept_once(l)?;
+        let mut chunk = [0u8; REPLY_LEN];
+        match rank.read(&mut chunk[..REPLY_LEN - buf.len()]) {
+            Ok(0) => return Ok(Err("the listener closed the rank's connection".to_string())),
+            Ok(k) => buf.extend_from_slice(&chunk[..k]),
+            Err(x) if x.kind() == ErrorKind::WouldBlock => {}
+            Err(x) => return Ok(Err(format!("the rank's connection: {x}"))),
+        }
+        if buf.len() == REPLY_LEN {
+            return Ok(Ok(()));
+        }
+        if t.elapsed() > within {
+            return Ok(Err(format!("the rank got no reply within {within:?}")));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// 17 stranger addresses (127.0.0.2 to 127.0.0.18), 4 silent connections
@@ -381,30 +387,11 @@ fn late_look(p: &Plugin, v: &Verbs) -> Result<(), String> {
     let (_cq, prepared) = member_qp(v)?;
     let fifo = MemoryRegion::alloc(&v.pd, wire::fifo_len(), AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).map_err(e)?;
     let mut rank = TcpStream::connect(handle.addr).map_err(e)?;
-    let t0 = Instant::now();
     let _ = p.accept_once(l)?;
     std::thread::sleep(Duration::from_millis(50));
     rank.write_all(&wire::hello(&handle.token, &prepared.endpoint(), fifo.addr(), fifo.rkey())).map_err(e)?;
     std::thread::sleep(Duration::from_millis(2500));
-    rank.set_nonblocking(true).map_err(e)?;
-    let mut buf = Vec::new();
-    let verdict = loop {
-        let _ = p.accept_once(l)?;
-        let mut chunk = [0u8; REPLY_LEN];
-        match rank.read(&mut chunk[..REPLY_LEN - buf.len()]) {
-            Ok(0) => break Err("the listener closed the rank's connection".to_string()),
-            Ok(k) => buf.extend_from_slice(&chunk[..k]),
-            Err(x) if x.kind() == ErrorKind::WouldBlock => {}
-            Err(x) => break Err(format!("the rank's connection: {x}")),
-        }
-        if buf.len() == REPLY_LEN {
-            break Ok(());
-        }
-        if t0.elapsed() > Duration::from_secs(8) {
-            break Err("the rank got no reply".to_string());
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
+    let verdict = await_reply(p, l, &mut rank, Duration::from_secs(5))?;
     let last = logged("closed a connection from").last().cloned().unwrap_or_default();
     let _ = p.close_listen(l);
     verdict.map_err(|x| format!("{x} though its hello was in the socket 50 ms after it connected (the plugin's line: {last:?})"))
