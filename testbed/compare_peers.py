@@ -280,10 +280,13 @@ def _cell(st):
 
 
 def ratios(summary, ours, peer, wl):
+    """MB/s, CPU and user CPU per request, ours over the peer's; a ratio
+    whose peer figure is zero (a short run's CPU time below the clock's
+    grain) is None: not measured, never a division by zero."""
     a, b = summary.get((ours, wl)), summary.get((peer, wl))
     if not a or not b:
         return None
-    return a["mbps"][0] / b["mbps"][0], a["cpu_us"][0] / b["cpu_us"][0], a["user_us"][0] / b["user_us"][0]
+    return tuple(a[k][0] / b[k][0] if b[k][0] else None for k in ("mbps", "cpu_us", "user_us"))
 
 
 def render_markdown(parsed, versions):
@@ -340,7 +343,7 @@ def render_markdown(parsed, versions):
         for o in ("gpudirect-py", "gpudirect-rust"):
             for p in ("mooncake", "nixl"):
                 r = ratios(summary, o, p, wl)
-                row.append("—" if r is None else ", ".join(f"{v:.2f}x" if v >= 0.005 else "<0.01x" for v in r))
+                row.append("—" if r is None else ", ".join("not measured" if v is None else f"{v:.2f}x" if v >= 0.005 else "<0.01x" for v in r))
         lines.append(f"| {wl} | " + " | ".join(row) + " |")
     lines += ["", "## What each engine needed to start", ""]
     for e in engines:

@@ -63,6 +63,16 @@ class Report(unittest.TestCase):
         self.assertAlmostEqual(s[("mooncake", "write-1m")]["user_us"][0], 50)
         self.assertIsNone(cp.ratios(s, "gpudirect-py", "nixl", "write-1m"))
 
+    def test_a_peer_without_measured_cpu_gives_no_cpu_ratio(self):
+        # A smoke run short enough that the peer's CPU time read as zero.
+        parsed = cp.parse_log("\n".join([result("gpudirect-py", "write-1m", 1, 300, 50), result("mooncake", "write-1m", 1, 100, 0), line("DONE")]))
+        s = cp.summarize(parsed["RESULT"])
+        mb, cpu, user = cp.ratios(s, "gpudirect-py", "mooncake", "write-1m")
+        self.assertAlmostEqual(mb, 3.0)
+        self.assertIsNone(cpu)
+        self.assertIsNone(user)
+        self.assertIn("3.00x, not measured, not measured", cp.render_markdown(parsed, {}))
+
     def test_markdown_names_failures_and_needs(self):
         md = cp.render_markdown(self.parsed, "mooncake==x nixl==y")
         self.assertIn("| gpudirect (Python) | 250 (200-300) |", md)
