@@ -92,4 +92,5 @@ pub use config::{Config, GdrPolicy, KeysChoice};
 pub use error::NetError;
 pub use ffi::{ncclNetPlugin_v10, ncclNetPlugin_v11, ncclNetPlugin_v8, ncclNetPlugin_v9};
 pub use log::PREFIX as LOG_PREFIX;
+pub use setup::MAX_PROVEN;
 pub use verdict::{decide, judge, ptr_support, Action, ConnPath, PairJudgement, Seen, Side};

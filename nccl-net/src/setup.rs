@@ -20,6 +20,8 @@
 //! budget the oldest unproven one is closed. Silent, trickling or
 //! reconnecting clients therefore hold nothing a rank's connection waits
 //! for. The closings are logged, the first few and then at powers of two.
+//! A member (it holds the token) gets at most [`MAX_PROVEN`] connections
+//! that proved themselves and did not finish setup, queue pairs and all.
 //! Setup as a whole fails after [`SETUP_WITHIN`].
 //!
 //! # Connection state in the handle
@@ -49,6 +51,10 @@ use crate::wire::{self, Handle, HELLO_LEN, READY, REPLY_LEN, STAGE_AT};
 pub const UNPROVEN_PER_ADDRESS: usize = 4;
 /// Unproven connections a listener holds at once, from all addresses.
 pub const MAX_UNPROVEN: usize = 64;
+/// Connections a listener holds that proved themselves but have not
+/// finished setup: each has a queue pair and memory. NCCL connects once
+/// per listen comm, so more is a member misbehaving.
+pub const MAX_PROVEN: usize = 8;
 /// Connections taken from the kernel's queue per `accept` call.
 pub const ACCEPTS_PER_CALL: usize = 256;
 /// How long a connection may take to prove itself (a rank sends its token
@@ -250,6 +256,12 @@ impl Listen {
         if !same(&presented, &token) {
             return Err(Refusal::Quietly("it did not present this listener's token: not a rank of this communicator".into()));
         }
+        if self.pending.iter().filter(|p| p.proven.is_some()).count() >= MAX_PROVEN {
+            // A member holding connections open after proving itself gets
+            // no more queue pairs; the rank it stalls is its own.
+            return Err(Refusal::Quietly(format!("the listener holds {MAX_PROVEN} connections that proved themselves and have not finished setup")));
+        }
+        let p = &mut self.pending[i];
         let parts = Parts::new(site, &site.nics[nic], Side::Recv, tc).map_err(Refusal::Fail)?;
         p.buf = wire::reply(&parts.qp.endpoint(), parts.ctrl.addr(), parts.ctrl.rkey()).to_vec();
         let gpu = current_gpu().ok().flatten();

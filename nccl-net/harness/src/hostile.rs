@@ -192,13 +192,14 @@ type Attack<'a> = dyn Fn() -> Result<(), String> + 'a;
 /// Every attack, in order.
 pub fn run(p: &Plugin, device: &str) -> Result<(), String> {
     let v = Verbs::open(device)?;
-    let attacks: [(&str, &Attack<'_>); 6] = [
+    let attacks: [(&str, &Attack<'_>); 7] = [
         ("reads", &|| reads(p, &v)),
         ("writes outside the receive", &|| writes_outside(p, &v)),
         ("another comm's key", &|| other_comm(p, &v)),
         ("claimed sizes and slots", &|| claims(p, &v)),
         ("stale handles", &|| stale_handles(p)),
         ("strangers against setup", &|| strangers(p)),
+        ("a member's setups left unfinished", &|| unfinished(p)),
     ];
     // Every attack runs, so that one report shows each that got through.
     let failed: Vec<String> = attacks.iter().filter_map(|(name, attack)| attack().err().map(|why| format!("{name}: {why}"))).collect();
@@ -554,4 +555,36 @@ fn strangers(p: &Plugin) -> Result<(), String> {
     }
     println!("hostile: with a client reconnecting: {:.0} ms at worst of 3", worst.as_secs_f64() * 1e3);
     Ok(())
+}
+
+/// The token's holder opens 12 connections that prove themselves and never
+/// finish setup: the listener makes queue pairs for at most
+/// `MAX_PROVEN` of them and closes the rest, saying why.
+fn unfinished(p: &Plugin) -> Result<(), String> {
+    let (h, l) = p.listen(0)?;
+    let handle = Handle::read(&h).map_err(e)?;
+    let ep = gpudirect::Endpoint { qp_num: 1, psn: 0, lid: 0, mtu: gpudirect::Mtu::from_raw(3).ok_or("MTU code 3")?, gid: gpudirect::Gid([0; 16]) };
+    let before = logged("have not finished setup").len();
+    let mut held = Vec::new();
+    for _ in 0..12 {
+        let mut s = TcpStream::connect(handle.addr).map_err(e)?;
+        s.write_all(&wire::hello(&handle.token, &ep, 0, 0)).map_err(e)?;
+        held.push(s);
+    }
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(2) {
+        if !p.accept_once(l)?.is_null() {
+            return Err("a connection that never sent READY became a comm".into());
+        }
+    }
+    let closed = logged("have not finished setup").len() - before;
+    let cap = nccl_net_gpudirect::MAX_PROVEN;
+    if closed != 12 - cap {
+        return Err(format!("12 connections proved themselves and stalled: {closed} closed, {} expected (the listener keeps {cap})", 12 - cap));
+    }
+    println!("hostile: 12 proven connections left unfinished: {cap} kept, {closed} closed, saying why");
+    // The held ones failing now fails this listener's accept (a member's
+    // connection that proved itself): close it without another call.
+    drop(held);
+    p.close_listen(l)
 }
