@@ -154,11 +154,10 @@ impl Outcome {
 
 const FREE: Req = Req { state: State::Free, n: 0, sizes: [0; MAX_RECVS], posted: [0; MAX_RECVS], after: Outcome::Done, gpu: false };
 
-/// A receive's memory window, and the key its last bind gave.
+/// A receive's memory window (its key: the last bind's, `last_rkey`).
 #[derive(Debug)]
 struct Window {
     mw: MemoryWindow,
-    rkey: u32,
     bound: bool,
     /// The registration of its last bind (NCCL's handle, by address).
     region: Option<usize>,
@@ -487,7 +486,7 @@ impl Comm {
         g.idle = 0;
         let m = Matched { req, addr: data, size, reg };
         if n == 1 {
-            if let Err(err) = self.post_one(g, slot, m, e) {
+            if let Err(err) = self.post_empty(g, slot, req) {
                 g.reqs[req] = FREE;
                 g.free.push(req);
                 return Err(err);
@@ -532,22 +531,12 @@ impl Comm {
         Ok(self.handle(req))
     }
 
-    /// A group of one, without bytes or after `isend_one` declined it: one
-    /// write with immediate (its immediate the size), or a bare immediate
-    /// for 0 bytes.
-    fn post_one(&self, g: &mut Inner, slot: usize, m: Matched, e: Entry) -> Result<()> {
-        let stats = &self.nic().stats;
-        let wr = if m.size == 0 {
-            SendWr::immediate(0)
-        } else {
-            let dst = RemoteBuffer { addr: e.addr, len: m.size as u64, rkey: e.rkey };
-            // SAFETY: as in isend.
-            SendWr::write_with_imm(unsafe { &*m.reg }.slice(m.addr, m.size)?, &dst, 0, m.size as u32)?
-        };
-        g.qp.post_send(&[wr.wr_id(slot as u64)])?;
-        g.groups[slot][0] = m.req;
+    /// A group of one without bytes (`isend_one` takes those with bytes):
+    /// a bare immediate, 0 the size.
+    fn post_empty(&self, g: &mut Inner, slot: usize, req: usize) -> Result<()> {
+        g.qp.post_send(&[SendWr::immediate(0).wr_id(slot as u64)])?;
+        g.groups[slot][0] = req;
         g.group_n[slot] = 1;
-        (if g.reqs[m.req].gpu { &stats.sent_gpu } else { &stats.sent_host }).fetch_add(m.size as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -659,9 +648,9 @@ impl Comm {
             return Err(self.fail(g, format!("posting a receive: {e}")));
         }
         for (i, bind) in binds.iter().enumerate() {
-            if let Some((reg, _, _, rkey)) = *bind {
+            if let Some((reg, ..)) = *bind {
                 let w = g.windows[slot * MAX_RECVS + i].as_mut().expect("made above");
-                (w.rkey, w.bound, w.region) = (rkey, true, Some(reg as *const Reg as usize));
+                (w.bound, w.region) = (true, Some(reg as *const Reg as usize));
             }
         }
         g.groups[slot][0] = req;
@@ -812,7 +801,7 @@ impl Comm {
     /// them first (the receive is `Closing` until the last invalidation
     /// completes, so no key of it opens anything once `test` says done).
     fn close_windows(&self, g: &mut Inner, slot: usize, req: usize, outcome: Outcome) -> Result<()> {
-        let bound = |w: &Option<Window>| w.as_ref().filter(|w| w.bound).map(|w| w.rkey);
+        let bound = |w: &Option<Window>| w.as_ref().filter(|w| w.bound).map(|w| w.mw.last_rkey());
         let keys: Vec<u32> = if self.windows { g.windows[slot * MAX_RECVS..(slot + 1) * MAX_RECVS].iter().filter_map(bound).collect() } else { Vec::new() };
         let Some((&last, rest)) = keys.split_last() else {
             g.reqs[req].state = outcome.state();
@@ -934,9 +923,7 @@ impl Inner {
     /// Window `at` (slot times MAX_RECVS plus receive), made on first use.
     fn window(&mut self, at: usize, pd: &ProtectionDomain) -> Result<&Window> {
         if self.windows[at].is_none() {
-            let mw = MemoryWindow::alloc(pd)?;
-            let rkey = mw.last_rkey();
-            self.windows[at] = Some(Window { mw, rkey, bound: false, region: None });
+            self.windows[at] = Some(Window { mw: MemoryWindow::alloc(pd)?, bound: false, region: None });
         }
         Ok(self.windows[at].as_ref().expect("made"))
     }

@@ -16,6 +16,7 @@ use gpudirect::{AccessFlags, CompletionQueue, Context, MemoryRegion, ProtectionD
 use nccl_net_gpudirect::abi::{Ptr, HANDLE_MAXSIZE};
 use nccl_net_gpudirect::wire::{self, Entry, Handle, REPLY_LEN, SIZES, SLOT, STAGE_AT};
 
+use crate::phases::within;
 use crate::plugin::{logged, Plugin};
 
 const W: Duration = Duration::from_secs(30);
@@ -116,7 +117,7 @@ impl Peer {
     }
 
     /// Moves on to the victim's next group.
-    fn consumed(&mut self) {
+    pub fn consumed(&mut self) {
         self.entries += 1;
     }
 
@@ -160,16 +161,7 @@ impl Victim {
 
     pub fn irecv(&mut self, p: &Plugin, sizes: &[usize]) -> Result<Ptr, String> {
         let mut bufs: Vec<_> = sizes.iter().enumerate().map(|(i, &s)| (self.mem[4096 + i * 256..].as_mut_ptr(), s, 5 as c_int, self.mh)).collect();
-        let t = Instant::now();
-        loop {
-            let r = p.irecv(self.comm, &mut bufs)?;
-            if !r.is_null() {
-                return Ok(r);
-            }
-            if t.elapsed() > W {
-                return Err("irecv got no request".into());
-            }
-        }
+        within(W, "irecv got no request", || p.irecv(self.comm, &mut bufs))
     }
 
     pub fn close(self, p: &Plugin) -> Result<(), String> {
@@ -187,7 +179,7 @@ fn must_fail(what: &str, status: WcStatus) -> Result<(), String> {
 }
 
 /// One attack: `Err` says what got through.
-type Attack<'a> = dyn Fn() -> Result<(), String> + 'a;
+pub type Attack<'a> = dyn Fn() -> Result<(), String> + 'a;
 
 /// Every attack, in order.
 pub fn run(p: &Plugin, device: &str) -> Result<(), String> {
@@ -201,12 +193,29 @@ pub fn run(p: &Plugin, device: &str) -> Result<(), String> {
         ("strangers against setup", &|| strangers(p)),
         ("a member's setups left unfinished", &|| unfinished(p)),
     ];
-    // Every attack runs, so that one report shows each that got through.
-    let failed: Vec<String> = attacks.iter().filter_map(|(name, attack)| attack().err().map(|why| format!("{name}: {why}"))).collect();
+    run_all("hostile", &attacks)
+}
+
+/// Runs every attack, so that one report shows each that got through;
+/// `<WHO>_ONLY=word` (`HOSTILE_ONLY`, `REVIEW_ONLY`) runs only those whose
+/// name contains it.
+pub fn run_all(who: &str, attacks: &[(&str, &Attack<'_>)]) -> Result<(), String> {
+    let only = std::env::var(format!("{}_ONLY", who.to_uppercase())).unwrap_or_default();
+    let mut failed = Vec::new();
+    for (name, attack) in attacks.iter().filter(|(name, _)| name.contains(only.as_str())) {
+        println!("{who}: -- {name}");
+        match attack() {
+            Ok(()) => println!("{who}: HELD: {name}"),
+            Err(why) => {
+                println!("{who}: GOT THROUGH: {name}: {why}");
+                failed.push(format!("{name}: {why}"));
+            }
+        }
+    }
     if !failed.is_empty() {
         return Err(format!("{} of {} attacks got through:\n  {}", failed.len(), attacks.len(), failed.join("\n  ")));
     }
-    println!("hostile: every attack refused");
+    println!("{who}: every attack refused");
     Ok(())
 }
 

@@ -35,41 +35,29 @@ fn check(msg: u64, buf: &[u8]) -> Result<(), String> {
 }
 
 fn isend(p: &Plugin, c: Ptr, data: *mut u8, size: usize, tag: c_int, m: Ptr) -> Result<Ptr, String> {
-    let t = Instant::now();
-    loop {
-        let r = p.isend(c, data, size, tag, m)?;
-        if !r.is_null() {
-            return Ok(r);
-        }
-        if t.elapsed() > W {
-            return Err(format!("isend of tag {tag} found no receive within {W:?}"));
-        }
-    }
+    within(W, &format!("isend of tag {tag} found no receive"), || p.isend(c, data, size, tag, m))
 }
 
 fn irecv(p: &Plugin, c: Ptr, bufs: &mut [(*mut u8, usize, c_int, Ptr)]) -> Result<Ptr, String> {
-    let t = Instant::now();
-    loop {
-        let r = p.irecv(c, bufs)?;
-        if !r.is_null() {
-            return Ok(r);
-        }
-        if t.elapsed() > W {
-            return Err(format!("irecv got no request within {W:?}"));
-        }
-    }
+    within(W, "irecv got no request", || p.irecv(c, bufs))
 }
 
 /// Calls `f` until it returns a non-null pointer.
-fn wait_for(mut f: impl FnMut() -> Result<Ptr, String>) -> Result<Ptr, String> {
+fn wait_for(f: impl FnMut() -> Result<Ptr, String>) -> Result<Ptr, String> {
+    within(W, "nothing", f)
+}
+
+/// Calls `f` (NCCL's way: a null pointer means "not now") until it returns
+/// a request or comm, or fails saying `what` once `bound` passed.
+pub fn within(bound: Duration, what: &str, mut f: impl FnMut() -> Result<Ptr, String>) -> Result<Ptr, String> {
     let t = Instant::now();
     loop {
         let r = f()?;
         if !r.is_null() {
             return Ok(r);
         }
-        if t.elapsed() > W {
-            return Err(format!("nothing within {W:?}"));
+        if t.elapsed() > bound {
+            return Err(format!("{what} within {bound:?}"));
         }
     }
 }

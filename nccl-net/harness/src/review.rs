@@ -14,7 +14,8 @@ use gpudirect::{AccessFlags, CompletionQueue, MemoryRegion, QpConfig, QueuePair,
 use nccl_net_gpudirect::abi::{Ptr, HANDLE_MAXSIZE};
 use nccl_net_gpudirect::wire::{self, Entry, Handle, HELLO_LEN, REPLY_LEN, SLOT};
 
-use crate::hostile::{connect_from, e, Peer, Verbs, Victim, HUGE};
+use crate::hostile::{connect_from, e, run_all, Attack, Peer, Verbs, Victim, HUGE};
+use crate::phases::within;
 use crate::plugin::{logged, Plugin};
 
 const W: Duration = Duration::from_secs(20);
@@ -144,19 +145,8 @@ impl Receiver {
 
 /// One isend until it gives a request (the entry is there), or fails.
 fn isend(p: &Plugin, comm: Ptr, data: *mut u8, size: usize, tag: c_int, mh: Ptr) -> Result<Ptr, String> {
-    let t = Instant::now();
-    loop {
-        let r = p.isend(comm, data, size, tag, mh)?;
-        if !r.is_null() {
-            return Ok(r);
-        }
-        if t.elapsed() > W {
-            return Err("isend got no request".into());
-        }
-    }
+    within(W, "isend got no request", || p.isend(comm, data, size, tag, mh))
 }
-
-type Attack<'a> = dyn Fn() -> Result<(), String> + 'a;
 
 /// Every attack, in order.
 pub fn run(p: &Plugin, device: &str) -> Result<(), String> {
@@ -169,27 +159,7 @@ pub fn run(p: &Plugin, device: &str) -> Result<(), String> {
         ("a refused receive's key", &|| refused_key(p, v)),
         ("a pending receive at teardown", &|| teardown_pins(p, v)),
     ];
-    let mut failed = Vec::new();
-    // REVIEW_ONLY=word runs only the attacks whose name contains it.
-    let only = std::env::var("REVIEW_ONLY").unwrap_or_default();
-    for (name, attack) in attacks {
-        if !name.contains(only.as_str()) {
-            continue;
-        }
-        println!("review: -- {name}");
-        match attack() {
-            Ok(()) => println!("review: HELD: {name}"),
-            Err(why) => {
-                println!("review: GOT THROUGH: {name}: {why}");
-                failed.push(format!("{name}: {why}"));
-            }
-        }
-    }
-    if !failed.is_empty() {
-        return Err(format!("{} of {} attacks got through:\n  {}", failed.len(), attacks.len(), failed.join("\n  ")));
-    }
-    println!("review: every attack refused");
-    Ok(())
+    run_all("review", &attacks)
 }
 
 /// The protocol's only receive-queue traffic is an RDMA write with
@@ -202,10 +172,10 @@ fn send_not_write(p: &Plugin, v: &Verbs) -> Result<(), String> {
     let mut victim = Victim::new(p, comm)?;
     let r0 = victim.irecv(p, &[16])?;
     peer.entry(0)?;
-    peer.entries += 1;
+    peer.consumed();
     let r1 = victim.irecv(p, &[16])?;
     let e1 = peer.entry(0)?;
-    peer.entries += 1;
+    peer.consumed();
     let status = peer.run(SendWr::send(peer.local.slice(0..0).map_err(e)?))?;
     println!("review: the member's zero-byte SEND: {}", status.verbs_name());
     peer.local.write_at(0, &[0x77; 16]).map_err(e)?;
@@ -408,7 +378,7 @@ fn refused_key(p: &Plugin, v: &Verbs) -> Result<(), String> {
     let mut victim = Victim::new(p, comm)?;
     let r = victim.irecv(p, &[16])?;
     let entry = peer.entry(0)?;
-    peer.entries += 1;
+    peer.consumed();
     let lie = SendWr::write_with_imm(peer.local.slice(0..16).map_err(e)?, &Peer::remote(&entry, 0, 16), 0, HUGE).map_err(e)?;
     peer.run(lie)?;
     match p.wait(r, W) {
@@ -449,7 +419,7 @@ fn teardown_pins(p: &Plugin, v: &Verbs) -> Result<(), String> {
         let mut victim = Victim::with_len(p, comm, LEN)?;
         let _r = victim.irecv(p, &[16])?;
         peer.entry(0)?;
-        peer.entries += 1;
+        peer.consumed();
         let Victim { mem, mh, comm } = victim;
         p.dereg(comm, mh)?;
         let t = Instant::now();

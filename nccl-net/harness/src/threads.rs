@@ -8,9 +8,9 @@
 use std::ffi::c_int;
 use std::time::Duration;
 
-use nccl_net_gpudirect::abi::Ptr;
 
 use crate::hostile::pair;
+use crate::phases::within;
 use crate::plugin::Plugin;
 
 const W: Duration = Duration::from_secs(300);
@@ -100,8 +100,8 @@ pub fn run(p: &Plugin, iters: usize) -> Result<(), String> {
                     for (i, b) in src.iter_mut().enumerate() {
                         *b = byte(k, i);
                     }
-                    let rr = wait_ptr(|| p.irecv(r, &mut [(dst.as_mut_ptr(), SIZE, k as c_int, mr)]))?;
-                    let sr = wait_ptr(|| p.isend(s, src.as_mut_ptr(), SIZE, k as c_int, ms))?;
+                    let rr = within(W, "irecv got no request", || p.irecv(r, &mut [(dst.as_mut_ptr(), SIZE, k as c_int, mr)]))?;
+                    let sr = within(W, "isend found no receive", || p.isend(s, src.as_mut_ptr(), SIZE, k as c_int, ms))?;
                     p.wait(sr, W)?;
                     let got = p.wait(rr, W)?;
                     if got[0] as usize != SIZE || dst.iter().enumerate().any(|(i, b)| *b != byte(k, i)) {
@@ -130,17 +130,4 @@ pub fn run(p: &Plugin, iters: usize) -> Result<(), String> {
     p.close_recv(r)?;
     println!("threads: {iters} messages of {SIZE} bytes on the proxy thread, every byte checked; {regs} registrations made and dropped on the main thread meanwhile");
     Ok(())
-}
-
-fn wait_ptr(mut f: impl FnMut() -> Result<Ptr, String>) -> Result<Ptr, String> {
-    let t = std::time::Instant::now();
-    loop {
-        let r = f()?;
-        if !r.is_null() {
-            return Ok(r);
-        }
-        if t.elapsed() > W {
-            return Err("no request within the bound".into());
-        }
-    }
 }
