@@ -11,8 +11,10 @@
 //!   that agent's own connection, and only if the receiver's part of it
 //!   names memory this agent published (listed in metadata it made, so
 //!   never host-staged GPU memory nor memory registered since) and lies
-//!   inside it; every later message of the broadcast is read
-//!   against that plan;
+//!   inside it, and every other receiver's range lies inside the memory
+//!   that receiver published, as loaded here (sums checked, so an offset
+//!   near the integer limit is refused, never wrapped); every later
+//!   message of the broadcast is read against that plan;
 //! - a chunk counts only from the source or from the receiver that owns
 //!   it in the plan, and only the source asks for forwards; a forward
 //!   reads the chunk's bytes from the broadcast's own range here and
@@ -265,6 +267,26 @@ impl Relaying {
                 ),
             );
         }
+        // A forward writes chunk bytes at each receiver's offset: every
+        // receiver's range must lie inside what it published, as loaded
+        // here (its end computed checked: a member's offset near the
+        // integer limit must not wrap to another place in that memory).
+        for (t, target) in plan.targets.iter().enumerate().filter(|&(t, _)| t != me) {
+            let published = if target.agent == *core.pool.name {
+                core.registry.published(&target.memory).map(|reg| reg.len() as u64)
+            } else {
+                core.peer(&target.agent).ok().and_then(|p| p.memory(&target.memory).ok()).map(|m| m.len())
+            };
+            let end = target.offset.checked_add(plan.len);
+            if !matches!((published, end), (Some(len), Some(end)) if end <= len) {
+                let held = published.map_or_else(|| "memory it did not publish".to_owned(), |len| format!("a {len}-byte memory"));
+                return refuse(
+                    st,
+                    Refusal::Unpublished,
+                    format!("receiver {t} of the plan, {:?}, is given {} bytes at offset {} of {:?}, {held}", target.agent, plan.len, target.offset, target.memory),
+                );
+            }
+        }
         let chunks = plan.chunks();
         let full = |st: &State| {
             let theirs = st.copies.iter().filter(|c| c.plan.source == from).count();
@@ -447,9 +469,12 @@ fn answer(core: &Arc<Core>, to: &str, msg: &Msg, dial: bool) -> Result<Option<Tr
 fn forward(core: &Arc<Core>, plan: &Plan, range: &LocalRange, id: u64, index: u32, to: usize, dial: bool) -> Result<Option<TransferRequest>, EngineError> {
     let (at, len) = plan.span(u64::from(index));
     let (at, len) = (at as usize, len as usize);
+    // The start checked this copy's range (offset plus the plan's length
+    // inside the registration) and every receiver's, so neither sum wraps;
+    // the remote one is still computed checked, as a peer's numbers are.
     let local = range.reg.range(range.offset + at..range.offset + at + len)?;
     let theirs = &plan.targets[to];
-    let remote = core.peer(&theirs.agent)?.memory(&theirs.memory)?.range(theirs.offset + at as u64..theirs.offset + (at + len) as u64)?;
+    let remote = core.peer(&theirs.agent)?.memory(&theirs.memory)?.span(theirs.offset, at as u64, len as u64)?;
     let wire = Msg::Chunk { id, index, forward: false, skip: 0 }.encode();
     let req = transfer::prepare(core, Op::Write, &[(local, remote)], Some(wire))?;
     posted(req, dial)

@@ -82,6 +82,16 @@ impl RemoteMemory {
         let (offset, n) = cut("remote memory", start, end, len)?;
         Ok(RemoteRange { mem: self.clone(), offset, len: n })
     }
+
+    /// `len` bytes at `offset + at` of it, each sum checked: numbers a
+    /// peer sent (a broadcast plan's offsets) never wrap to another place.
+    pub(crate) fn span(&self, offset: u64, at: u64, len: u64) -> Result<RemoteRange> {
+        let start = offset.checked_add(at);
+        match start.and_then(|s| Some((s, s.checked_add(len)?))) {
+            Some((s, e)) => self.range(s..e),
+            None => Err(crate::Error::OutOfBounds { what: "remote memory", offset: start.unwrap_or(u64::MAX), requested: len, len: self.len() }),
+        }
+    }
 }
 
 /// A range of a peer's [`RemoteMemory`]: the remote side of a transfer

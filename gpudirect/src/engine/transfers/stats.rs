@@ -90,7 +90,10 @@ pub struct BroadcastRefusals {
     /// or a chunk past the plan's end.
     pub not_owner: u64,
     /// A start naming memory this agent did not publish (not registered
-    /// under that name, or host-staged GPU memory), or a range past its end.
+    /// under that name, or host-staged GPU memory), or a range past its
+    /// end; or naming, for another receiver, a range that is not inside
+    /// the memory that receiver published (in the metadata loaded here),
+    /// its end past the integer limit included.
     pub unpublished: u64,
     /// A start naming a receiver (or a source) whose metadata this agent
     /// has not loaded, so it could not forward to it.
