@@ -74,6 +74,72 @@ fn peers_that_do_not_answer_the_goodbye_are_evicted_within_one_timeout() {
     drop(holes);
 }
 
+/// The same ghosts, both ways: with both of a hub's slots held by peers
+/// that stopped answering, an outgoing post evicts one, and then an
+/// incoming connection from a healthy peer (whose timeout is the hub's)
+/// evicts the other, each done within two timeouts. (The incoming one
+/// was once refused: the hub spent its whole bound on the goodbye and
+/// reset the healthy peer's connection.)
+#[test]
+#[ignore = "needs an RDMA device"]
+fn an_incoming_connection_evicts_a_ghost_as_an_outgoing_post_does() {
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    let timed = |name: &str| {
+        let mut c = config(name);
+        c.timeout = TIMEOUT;
+        c
+    };
+    let mut c = timed("hub");
+    c.max_connections = 2;
+    let hub = Agent::new(c).unwrap();
+    let src = hub.alloc("src", 4096).unwrap();
+    let hub_t = hub.alloc("t", 4096).unwrap();
+    let (ghosts, holes): (Vec<Agent>, Vec<TcpListener>) = (0..2u8).map(|i| silent_agent(&format!("ghost-{i}"), 8 + i)).unzip();
+    for g in &ghosts {
+        let mine = g.alloc("m", 4096).unwrap();
+        let t = g.load_remote(&md(&hub)).unwrap().memory("t").unwrap();
+        let r = g.prepare(Op::Write, &[(mine.range(..).unwrap(), t.range(..).unwrap())], Some(b"hello")).unwrap();
+        r.post().unwrap();
+        r.wait(T).unwrap();
+        assert_eq!(hub.wait_notification(T).unwrap().msg, b"hello");
+    }
+    assert_eq!(hub.connections(), 2, "the ghosts hold both slots");
+    let slack = if std::env::var_os("GPUDIRECT_SOUNDNESS_QUICK").is_some() { Duration::from_secs(6) } else { Duration::ZERO };
+    let within = 2 * TIMEOUT + slack;
+
+    // Outgoing: the hub posts to a healthy peer.
+    let out = Agent::new(timed("healthy-out")).unwrap();
+    out.alloc("t", 4096).unwrap();
+    let t = hub.load_remote(&md(&out)).unwrap().memory("t").unwrap();
+    let req = hub.prepare(Op::Write, &[(src.range(..).unwrap(), t.range(..).unwrap())], Some(b"out")).unwrap();
+    let started = Instant::now();
+    req.post().unwrap();
+    req.wait(T).unwrap();
+    let took_out = started.elapsed();
+    assert_eq!(out.wait_notification(T).unwrap().msg, b"out");
+
+    // Incoming: a healthy peer posts to the hub, whose slots are held by
+    // the other ghost and the outgoing connection (busier since).
+    let inc = Agent::new(timed("healthy-in")).unwrap();
+    let mine = inc.alloc("m", 4096).unwrap();
+    mine.fill(.., 0x3c).unwrap();
+    let t = inc.load_remote(&md(&hub)).unwrap().memory("t").unwrap();
+    let req = inc.prepare(Op::Write, &[(mine.range(..).unwrap(), t.range(..).unwrap())], Some(b"in")).unwrap();
+    let started = Instant::now();
+    let posted = req.post().and_then(|()| req.wait(T));
+    let took_in = started.elapsed();
+    println!("both slots held by ghosts ({TIMEOUT:?} timeout): an outgoing post took {took_out:?}, an incoming connection {took_in:?} ({posted:?})");
+    posted.unwrap();
+    assert_eq!(hub.wait_notification(T).unwrap().msg, b"in");
+    let mut got = vec![0; 4096];
+    hub_t.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0x3c), "the incoming write landed");
+    assert!(took_out < within, "the outgoing post took {took_out:?}, more than {within:?}");
+    assert!(took_in < within, "the incoming connection took {took_in:?}, more than {within:?}");
+    assert_eq!(hub.connections(), 2);
+    drop(holes);
+}
+
 /// The decode side restarts (same name, new process: a new instance in
 /// its metadata). Loading its new metadata retires the connection to the
 /// old one, so the very next transfer goes to the new process: no

@@ -17,10 +17,15 @@
 //! their connections until their completions are reaped), with its idle
 //! siblings on the same rail to the same peer (the rail's queue pairs are
 //! one connection), after a goodbye over the peer's control listener,
-//! which closes its end only if idle on its side too. A peer that does not answer the goodbye within the agent's
-//! timeout (crashed, partitioned) has its connection closed here anyway:
-//! eviction takes one timeout at most in all. Notifications already
-//! received on a closed connection still name their peer (`gone`).
+//! which closes its end only if idle on its side too. A peer that does
+//! not answer the goodbye in time (crashed, partitioned) has its
+//! connection closed here anyway. In time: within the agent's timeout
+//! for a connection this agent sets up (eviction takes one timeout at
+//! most in all); within half of what is left of the exchange's bound
+//! for one a peer asks for, so that the answer still reaches the peer
+//! before its own timeout. Both ways a dead peer's slot goes to a live
+//! one. Notifications already received on a closed connection still
+//! name their peer (`gone`).
 
 use std::collections::HashMap;
 use std::io;
@@ -335,12 +340,12 @@ impl ConnPool {
     }
 
     /// A queue pair on NIC `nic`, evicting an idle connection first when
-    /// the NIC has its maximum.
-    fn create_qp(&self, nic: usize) -> Result<crate::qp::PreparedQueuePair, EngineError> {
+    /// the NIC has its maximum, its goodbye bounded by `evict_within`.
+    fn create_qp(&self, nic: usize, evict_within: Duration) -> Result<crate::qp::PreparedQueuePair, EngineError> {
         let n = &self.nics[nic];
         let live = self.live.lock().keys().filter(|(i, _)| *i == nic).count();
         if live >= n.max_connections {
-            self.evict_one(nic)?;
+            self.evict_one(nic, evict_within)?;
         }
         self.created.fetch_add(1, Ordering::Relaxed);
         Ok(QueuePair::create_with_srq(&n.pd, &n.send_cq, &n.recv_cq, &n.srq, &self.qp)?)
@@ -367,10 +372,10 @@ impl ConnPool {
     /// Closes the least recently used idle connection of NIC `nic`, and
     /// its idle siblings (the other queue pairs of its rail to that
     /// peer), after its peer agreed, or did not answer within what is
-    /// left of one timeout (then it is closed here alone). Only a peer
-    /// that answers that the connection is busy on its side keeps it.
-    fn evict_one(&self, nic: usize) -> Result<(), EngineError> {
-        let deadline = Deadline::after(self.timeout);
+    /// left of `within` (then it is closed here alone). Only a peer that
+    /// answers that the connection is busy on its side keeps it.
+    fn evict_one(&self, nic: usize, within: Duration) -> Result<(), EngineError> {
+        let deadline = Deadline::after(within);
         let mut candidates: Vec<Arc<Conn>> = self.live.lock().iter().filter(|((i, _), _)| *i == nic).map(|(_, c)| c.clone()).collect();
         candidates.sort_by_key(|c| c.used.fetch_add(0, Ordering::Relaxed));
         for (at, c) in candidates.iter().enumerate() {
@@ -441,7 +446,8 @@ impl ConnPool {
     fn connect(&self, peer: &AgentMetadata, path: Path) -> Result<Conn, EngineError> {
         let started = std::time::Instant::now();
         let (nic, remote_nic, index) = path;
-        let prepared = self.create_qp(nic)?;
+        // Nobody waits on our answer yet: the eviction may take a timeout.
+        let prepared = self.create_qp(nic, self.timeout)?;
         let mut oob = dial(peer.control, self.timeout).map_err(control_err(&peer.name))?;
         let them = Identity { name: peer.name.clone(), instance: peer.instance };
         let req = self.request(path, Ask::Connect);
@@ -485,6 +491,7 @@ impl ConnPool {
     /// Serves one control request on an accepted control stream.
     fn accept(&self, stream: TcpStream, slot: &Slot<'_>) -> Result<(), EngineError> {
         let from = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        let bound = Deadline::after(self.timeout.min(ACCEPT_TIMEOUT));
         let mut oob = OobChannel::from_stream(stream, self.timeout.min(ACCEPT_TIMEOUT)).map_err(control_err(&from))?;
         oob.within(self.timeout.min(ACCEPT_TIMEOUT));
         let me = Identity { name: self.name.to_string(), instance: self.instance };
@@ -532,7 +539,14 @@ impl ConnPool {
         if let Some(old) = self.retire_other_runs(&req.from) {
             self.replaced(&req.from.name, old, req.from.instance);
         }
-        let qp = match self.create_qp(req.ours).and_then(|p| Ok(p.connect(&ep)?)) {
+        // The initiator waits for our answer within its timeout (as a rule
+        // the cluster's, ours) and this exchange is bounded by ours: an
+        // eviction gets half of what is left of it, so a goodbye to a peer
+        // that stopped answering (its host gone) cannot use up the time
+        // the answer needs, and the incoming connection takes the slot as
+        // an outgoing post would.
+        let evict_within = bound.left().unwrap_or(Duration::ZERO) / 2;
+        let qp = match self.create_qp(req.ours, evict_within).and_then(|p| Ok(p.connect(&ep)?)) {
             Ok(qp) => qp,
             Err(e) => return refuse(&mut oob, e),
         };
