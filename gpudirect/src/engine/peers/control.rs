@@ -336,6 +336,34 @@ mod tests {
         assert!(Request::parse(&v).unwrap_err().contains("kind 7"));
     }
 
+    /// The initiator's control address is untrusted text: a name instead
+    /// of IP:port, bytes that are not UTF-8 and a length past MAX_ADDR are
+    /// refused with the reason (the length before anything is read). Written
+    /// back: these cases were checked before the control protocol moved
+    /// out of conn.rs (ce44377) and not since.
+    #[test]
+    fn a_control_address_must_be_ip_port_of_at_most_64_bytes() {
+        let with_address = |text: &[u8]| {
+            let mut v = vec![VERSION];
+            v.extend_from_slice(&Identity { name: "p".into(), instance: 7 }.bytes());
+            v.push(text.len() as u8);
+            v.extend_from_slice(text);
+            v.extend_from_slice(&[0, 0, 0, 0]);
+            Request::parse(&v)
+        };
+        assert_eq!(with_address(b"192.0.2.7:4791").unwrap().control, "192.0.2.7:4791".parse::<SocketAddr>().unwrap());
+        assert!(with_address(b"localhost:4791").unwrap_err().contains("not IP:port"));
+        assert!(with_address(b"192.0.2.7").unwrap_err().contains("not IP:port"));
+        assert!(with_address(b"\xff\xfe:1").unwrap_err().contains("not UTF-8"));
+        assert!(with_address(&[b'1'; MAX_ADDR]).unwrap_err().contains("not IP:port"), "64 bytes are read");
+        assert!(with_address(&[b'1'; MAX_ADDR + 1]).unwrap_err().contains("at most 64"));
+        // The length is refused before the bytes it names are looked for.
+        let mut v = vec![VERSION];
+        v.extend_from_slice(&Identity { name: "p".into(), instance: 7 }.bytes());
+        v.push(200);
+        assert!(Request::parse(&v).unwrap_err().contains("at most 64"));
+    }
+
     /// What the target saw, and what the initiator got.
     type Outcome = (Result<Request, String>, Result<String, String>);
 
