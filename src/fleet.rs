@@ -43,6 +43,7 @@ use crate::doctor::sources::{judge_capture, judge_this_machine_recording};
 use crate::doctor::Status;
 
 mod collect;
+mod folder;
 mod names;
 
 pub use collect::{Collection, Posted};
@@ -331,6 +332,18 @@ pub struct Attendance {
 /// # Errors
 /// When the job cannot be listed.
 pub fn check(from: &Collection, job: Option<&str>, expect: Option<&Expect>) -> Result<FleetReport, String> {
+    check_since(from, job, expect, None)
+}
+
+/// [`check`], where a capture posted before `since` (the job's start, by
+/// the time the place vouches for: the rendezvous server's clock, the
+/// time sealed with it in etcd, a file's modification time) is reported
+/// unreadable, not judged: a capture of an earlier run of the same job
+/// id cannot stand in for this run's.
+///
+/// # Errors
+/// When the job cannot be listed.
+pub fn check_since(from: &Collection, job: Option<&str>, expect: Option<&Expect>, since: Option<std::time::SystemTime>) -> Result<FleetReport, String> {
     let named: Option<HashSet<&str>> = match expect {
         Some(Expect::Names(v)) => Some(v.iter().map(String::as_str).collect()),
         _ => None,
@@ -345,7 +358,7 @@ pub fn check(from: &Collection, job: Option<&str>, expect: Option<&Expect>) -> R
     // nodes found it, so memory follows the distinct facts, not nodes x facts.
     let mut judged: HashMap<[u8; 32], Result<Arc<Node>, String>> = HashMap::new();
     let mut facts = Interner::default();
-    let refused = from.for_each(job, |p| {
+    let refused = from.for_each(job, since, |p| {
         if named.as_ref().is_some_and(|n| !n.contains(p.node.as_str())) {
             return unexpected.push(p.node);
         }

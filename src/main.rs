@@ -220,6 +220,12 @@ enum FleetAction {
         /// Also draw nodes x checks into this SVG file.
         #[arg(long, value_name = "FILE")]
         svg: Option<PathBuf>,
+        /// The job's start, in seconds since the epoch
+        /// (`$SLURM_JOB_START_TIME`, `$(date +%s)` before the nodes
+        /// post): a capture posted before it (an earlier run's, under the
+        /// same job id) fails the check instead of being judged.
+        #[arg(long, value_name = "UNIX_SECS")]
+        since: Option<u64>,
         /// Bound on each request to the rendezvous or etcd, in seconds (a
         /// post also waits this long for a rendezvous server not up yet).
         #[arg(long, value_name = "SECS", default_value_t = 30)]
@@ -299,7 +305,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Fleet { action: FleetAction::Check { place, job, json, expect, nodes, wait, svg, timeout } } => {
+        Command::Fleet { action: FleetAction::Check { place, job, json, expect, nodes, wait, svg, since, timeout } } => {
             let failed = |e: String| {
                 eprintln!("gpudirect fleet check: {e}");
                 ExitCode::from(2)
@@ -320,7 +326,8 @@ fn main() -> ExitCode {
             if let (Some(e), Some(secs)) = (&expect, wait) {
                 from.wait_for(job.as_deref(), e, std::time::Duration::from_secs(secs));
             }
-            let report = match fleet::check(&from, job.as_deref(), expect.as_ref()) {
+            let since = since.map(|s| std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(s));
+            let report = match fleet::check_since(&from, job.as_deref(), expect.as_ref(), since) {
                 Ok(r) => r,
                 Err(e) => return failed(e),
             };

@@ -1,17 +1,25 @@
 //! Where the nodes' captures meet: a folder every node shares
-//! (`DIR/JOB/NODE.json`), or a board in the project's rendezvous server or
-//! in etcd ([`gpudirect::engine::Board`]), where a posting is proven with
-//! the cluster's secret (`GPUDIRECT_SECRET_FILE`): the server serves only
+//! (`DIR/JOB/NODE.json`, written and read without following a link:
+//! `folder`), or a board in the project's rendezvous server or in etcd
+//! ([`gpudirect::engine::Board`]), where a posting is proven with the
+//! cluster's secret (`GPUDIRECT_SECRET_FILE`): the server serves only
 //! requests that prove it and keeps each node's posting for the address
 //! that made it; in etcd each capture is sealed with it, and one that
-//! does not verify is reported unreadable, never judged.
+//! does not verify, or was put back, is reported unreadable, never judged.
+//!
+//! A node's name is its first poster's: a second poster of it (another
+//! address, host or user, as far as each place tells them apart) leaves a
+//! conflict, which is reported as that node's, naming both, and never
+//! judged. With a job's start given (`since`), a capture posted before it
+//! (by the time each place vouches for) is refused too.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use gpudirect::engine::{Board, TcpRendezvous};
+use gpudirect::engine::{Board, EngineError, TcpRendezvous};
 
+use super::folder::{this_poster, JobDir};
 use super::{natural, valid_name, Unreadable, MAX_NODES};
 
 /// A job's captures as (node, where) and the names refused.
@@ -110,20 +118,31 @@ impl Collection {
     }
 
     /// Posts `node`'s capture `text` under `job`; returns where it went.
+    /// In a folder, the job's folder and everything in it are reached
+    /// without following a link, and a node another poster (host and
+    /// user) posted is not replaced.
     ///
     /// # Errors
-    /// A folder that cannot be written, or the store's refusal.
+    /// A folder that cannot be written, a link where the job's folder,
+    /// the capture or its temporary file would be (named), another
+    /// poster's node (a conflict naming both), or the store's refusal.
     pub fn post(&self, job: &str, node: &str, text: &str) -> Result<String, String> {
+        self.post_as(job, node, text, &this_poster())
+    }
+
+    /// [`post`](Self::post), claiming a folder's node for `poster` (a
+    /// board tells its posters apart itself).
+    pub(super) fn post_as(&self, job: &str, node: &str, text: &str, poster: &str) -> Result<String, String> {
+        if !valid_name(node) {
+            return Err(format!("node name {node:?}: use letters, digits, '-', '_' and '.' only"));
+        }
         match self {
             Collection::Dir(dir) => {
-                let folder = super::job_dir(dir, Some(job))?;
-                std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
-                // Written beside, then renamed: a reader never sees half.
-                let tmp = folder.join(format!(".{node}.{}.tmp", std::process::id()));
-                let path = folder.join(format!("{node}.json"));
-                std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
-                std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-                Ok(path.display().to_string())
+                let folder = JobDir::open(dir, Some(job), true)?;
+                folder.claim(node, poster)?;
+                let file = format!("{node}.json");
+                folder.replace(&file, text.as_bytes())?;
+                Ok(folder.shown(&file))
             }
             Collection::Board { board, shown } => {
                 board.post(self.topic(Some(job))?, node, text.as_bytes()).map_err(|e| format!("{shown}: {e}"))?;
@@ -136,7 +155,7 @@ impl Collection {
     /// refused.
     fn names(&self, job: Option<&str>) -> Result<Found, String> {
         let (mut found, bad) = match self {
-            Collection::Dir(dir) => dir_captures(&super::job_dir(dir, job)?)?,
+            Collection::Dir(dir) => dir_captures(&JobDir::open(dir, job, false)?)?,
             Collection::Board { board, shown } => {
                 let topic = self.topic(job)?;
                 let names = board.names(topic).map_err(|e| format!("{shown}: {e}"))?;
@@ -183,35 +202,42 @@ impl Collection {
     /// Hands every capture under `job` to `each`, one at a time and in
     /// natural order (so memory holds a few captures, not the fleet's),
     /// and returns the names refused. A board's captures are fetched a
-    /// few at a time ahead of `each`.
+    /// few at a time ahead of `each`. A node whose name two posters
+    /// posted is handed over as unreadable (a conflict naming both), as
+    /// is, with `since`, one posted before it (by the server's clock, the
+    /// time sealed in etcd, a file's modification time).
     ///
     /// # Errors
     /// When the job cannot be listed.
-    pub fn for_each(&self, job: Option<&str>, mut each: impl FnMut(Posted)) -> Result<Vec<Unreadable>, String> {
-        let (found, bad) = self.names(job)?;
+    pub fn for_each(&self, job: Option<&str>, since: Option<SystemTime>, mut each: impl FnMut(Posted)) -> Result<Vec<Unreadable>, String> {
         match self {
-            Collection::Dir(_) => {
+            Collection::Dir(dir) => {
+                let folder = JobDir::open(dir, job, false)?;
+                let (mut found, bad) = dir_captures(&folder)?;
+                found.sort_by_key(|a| natural(&a.0));
                 for (node, path) in found {
-                    let text = crate::doctor::input::read_text(Path::new(&path), "capture", crate::doctor::input::CAPTURE_LIMIT).map_err(|e| e.to_string());
+                    let text = dir_capture(&folder, &node, since);
                     each(Posted { node, place: path, text });
                 }
+                Ok(bad)
             }
             Collection::Board { board, shown } => {
+                let (found, bad) = self.names(job)?;
                 let topic = self.topic(job)?;
                 // A node's own posting that cannot be believed is that
                 // node's problem (unreadable); a store that stopped
                 // answering is the check's (it could not run), and ends
                 // the fetching rather than waiting it out node by node.
                 let fetch = |node: &str| match board.fetch(topic, node) {
-                    Ok(Some(b)) => Ok(String::from_utf8(b).map_err(|_| "the posting is not UTF-8 text".to_owned())),
+                    Ok(Some(p)) => Ok(not_before(p.posted_at, since).and_then(|()| String::from_utf8(p.blob).map_err(|_| "the posting is not UTF-8 text".to_owned()))),
                     Ok(None) => Ok(Err("listed, then gone before it was read (removed or expired)".to_owned())),
-                    Err(e @ gpudirect::engine::EngineError::Rendezvous { .. }) => Err(format!("{shown}: {e}")),
+                    Err(e @ EngineError::Rendezvous { .. }) => Err(format!("{shown}: {e}")),
                     Err(e) => Ok(Err(format!("{shown}: {e}"))),
                 };
                 fetch_ahead(&found, &fetch, &mut each)?;
+                Ok(bad)
             }
         }
-        Ok(bad)
     }
 }
 
@@ -261,23 +287,53 @@ fn fetch_ahead(found: &[(String, String)], fetch: &(dyn Fn(&str) -> Fetched + Sy
     })
 }
 
+/// Refuses what was posted at `at` when that is before `since`, the
+/// job's start; a time the place cannot tell is refused too (never
+/// judged as recent).
+fn not_before(at: Option<SystemTime>, since: Option<SystemTime>) -> Result<(), String> {
+    let Some(since) = since else { return Ok(()) };
+    let secs = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    match at {
+        Some(at) if at >= since => Ok(()),
+        Some(at) => Err(format!("posted at {} (unix seconds), before the job's start at {} (--since): a capture of an earlier run, not judged", secs(at), secs(since))),
+        None => Err("the place cannot tell when it was posted, so it cannot be shown to be of this job (--since)".into()),
+    }
+}
+
+/// A node's capture in a job's folder, or why it is not judged: a link,
+/// not a regular file, posted by more than one poster, or before `since`.
+fn dir_capture(folder: &JobDir, node: &str, since: Option<SystemTime>) -> Result<String, String> {
+    let posters = folder.posters(node)?;
+    if posters.len() > 1 {
+        return Err(format!(
+            "claimed by more than one poster: {} (its .{node}.poster says); neither is believed (remove {node}.json and .{node}.poster, then post again from its own node)",
+            posters.join(" and ")
+        ));
+    }
+    match folder.read(&format!("{node}.json"), "capture", crate::doctor::input::CAPTURE_LIMIT)? {
+        Some((bytes, meta)) => {
+            not_before(meta.modified().ok(), since)?;
+            Ok(String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+        }
+        None => Err("listed, then gone before it was read (removed)".into()),
+    }
+}
+
 /// A job folder's captures (node name, path) and the files refused for
 /// their names.
-fn dir_captures(dir: &Path) -> Result<Found, String> {
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+fn dir_captures(folder: &JobDir) -> Result<Found, String> {
     let mut found = Vec::new();
     let mut bad = Vec::new();
-    for e in entries.flatten() {
-        let path = e.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".json")).map(str::to_owned) else { continue };
+    for file in folder.names()? {
+        let Some(name) = file.strip_suffix(".json").map(str::to_owned) else { continue };
         if !valid_name(&name) {
-            bad.push(Unreadable { file: path.display().to_string(), error: "not a node name (letters, digits, '-', '_', '.')".into() });
+            bad.push(Unreadable { file: folder.shown(&file), error: "not a node name (letters, digits, '-', '_', '.')".into() });
             continue;
         }
         if found.len() >= MAX_NODES {
-            return Err(format!("{}: more than {MAX_NODES} captures", dir.display()));
+            return Err(format!("{}: more than {MAX_NODES} captures", folder.shown("")));
         }
-        found.push((name, path.display().to_string()));
+        found.push((name, folder.shown(&file)));
     }
     Ok((found, bad))
 }

@@ -189,6 +189,27 @@ pub enum EngineError {
         /// How long the lookup waited.
         waited: Duration,
     },
+    /// A posting more than one poster claims (the rendezvous server saw
+    /// its name posted from two addresses; etcd or a folder, from two
+    /// hosts): neither is believed as the name's, and both are named.
+    #[error("the posting {posting} is claimed by more than one poster: {}; neither is believed (remove it where it was first posted, or let it expire, then post it again from its own node)", posters.join(" and "))]
+    PostingConflict {
+        /// The posting (`topic/name`).
+        posting: String,
+        /// Who posted it, as the store tells them apart.
+        posters: Vec<String>,
+    },
+    /// A posting whose seal verifies but which cannot stand: an older one
+    /// put back (after a remove, after its lease expired, or over a newer
+    /// one), one posted before the job started, or one whose post never
+    /// completed.
+    #[error("the posting {posting} is refused: {reason}")]
+    StalePosting {
+        /// The posting (`topic/name`).
+        posting: String,
+        /// Why, with the facts compared.
+        reason: String,
+    },
     /// A broadcast ended without every receiver's copy whole: the
     /// receivers named died (their queue pair failed or stopped
     /// answering), or could not be written; every other receiver has its

@@ -62,7 +62,7 @@ pub use memory::{LocalRange, Registration};
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use meta::{EtcdRendezvous, DEFAULT_BOARD_PREFIX, DEFAULT_PREFIX};
-pub use meta::{posting_name_ok, Board, MAX_POSTING, MAX_POSTING_NAME, MAX_TOPIC};
+pub use meta::{posting_name_ok, Board, Posting, MAX_POSTING, MAX_POSTING_NAME, MAX_TOPIC};
 pub use meta::{Rendezvous, RendezvousConfig, RendezvousServer, TcpRendezvous, MAX_ENTRIES};
 pub use nic::NicStats;
 pub use notify::{Notification, MAX_NOTIFICATION};

@@ -21,26 +21,34 @@
 //! and the wait is not a polling loop. Values are decoded as hostile
 //! input (anyone with access to the cluster can write them).
 //!
-//! Postings ([`Board`]) are keys `<board prefix><topic>/<name>`, each
-//! value the blob and its seal: the cluster's secret over the topic, the
-//! name and the bytes. A fetch believes only a value whose seal verifies,
-//! so a writer without the secret cannot make one, nor move a sealed
-//! value under another name; without a secret at hand postings are
+//! Postings ([`Board`](super::Board), in `postings`) are keys
+//! `<board prefix><topic>/<name>`, each value the blob and its seal
+//! (`sealed`): the cluster's secret over the topic, the name, the bytes,
+//! the poster's name for itself, the time, and the key's creation
+//! revision, version and lease, so a value stands only where and when it
+//! was put. A post is a transaction on the key's last revision: it
+//! replaces only its own poster's value, and over another poster's leaves
+//! a conflict naming both. A fetch believes only a value whose seal
+//! verifies and that stands where it was sealed, so a writer without the
+//! secret can neither make one, nor move a sealed value under another
+//! name, nor put an old one back; without a secret at hand postings are
 //! refused, not left unsealed.
 
 use std::future::Future;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{Client, ConnectOptions, EventType, PutOptions, WatchOptions};
 
 use crate::sync::Mutex;
 
-use super::super::auth::{AuthError, ClusterSecret, Key, Label, SECRET_FILE_ENV, TAG};
+use super::super::auth::{AuthError, ClusterSecret, Key, SECRET_FILE_ENV};
 use super::super::desc::AgentMetadata;
 use super::super::error::EngineError;
-use super::board::{check_blob, check_posting, Board, MAX_ENTRIES, MAX_POSTING};
+use super::sealed::poster_name;
 use super::{check_name, decode_for, rdv_err, Rendezvous};
+
+mod postings;
 
 /// The key prefix agents publish under unless told otherwise
 /// ([`EtcdRendezvous::with_prefix`]).
@@ -72,6 +80,8 @@ pub struct EtcdRendezvous {
     board_prefix: String,
     /// What postings are sealed with; none: postings are refused.
     secret: Option<Key>,
+    /// Who this handle says posts, in what it seals (its host's name).
+    poster: String,
     timeout: Duration,
     /// The lease's TTL, when publishing under one.
     lease_ttl: Option<Duration>,
@@ -130,6 +140,7 @@ impl EtcdRendezvous {
             prefix: DEFAULT_PREFIX.to_owned(),
             board_prefix: DEFAULT_BOARD_PREFIX.to_owned(),
             secret,
+            poster: postings::this_host(),
             timeout,
             lease_ttl: None,
             lease: Arc::default(),
@@ -182,6 +193,16 @@ impl EtcdRendezvous {
     /// environment's.
     pub fn with_secret(mut self, secret: ClusterSecret) -> EtcdRendezvous {
         self.secret = Some(Key::of(Some(secret)));
+        self
+    }
+
+    /// Names this poster `name` in what it seals (at most 255 bytes)
+    /// instead of this host's name: a poster of a name another holds
+    /// leaves a conflict naming both, so two processes of one host that
+    /// post as one node each name themselves. A name, not a proof: any
+    /// holder of the secret could take another's.
+    pub fn with_poster(mut self, name: &str) -> EtcdRendezvous {
+        self.poster = poster_name(name);
         self
     }
 
@@ -294,75 +315,6 @@ impl Rendezvous for EtcdRendezvous {
     }
 }
 
-/// Postings as sealed keys; see the module's documentation.
-impl Board for EtcdRendezvous {
-    fn post(&self, topic: &str, name: &str, blob: &[u8]) -> Result<(), EngineError> {
-        check_posting(topic, Some(name))?;
-        check_blob(topic, name, blob)?;
-        let mut value = blob.to_vec();
-        value.extend_from_slice(&self.sealer()?.tag(Label::Posting, &[topic.as_bytes(), name.as_bytes(), blob]));
-        let opts = match self.lease_ttl {
-            Some(ttl) => Some(PutOptions::new().with_lease(self.lease_id(ttl)?)),
-            None => None,
-        };
-        let (mut c, key) = (self.client.clone(), self.posting_key(topic, name));
-        self.run(self.timeout, async move { c.put(key, value, opts).await.map(drop) })
-    }
-
-    fn names(&self, topic: &str) -> Result<Vec<String>, EngineError> {
-        check_posting(topic, None)?;
-        self.sealer()?;
-        let (mut c, under) = (self.client.clone(), self.posting_key(topic, ""));
-        let opts = GetOptions::new().with_prefix().with_keys_only().with_limit(MAX_ENTRIES as i64 + 1);
-        let keys: Vec<Vec<u8>> = self.run(self.timeout, async move { c.get(under, Some(opts)).await.map(|r| r.kvs().iter().map(|kv| kv.key().to_vec()).collect()) })?;
-        if keys.len() > MAX_ENTRIES {
-            return Err(rdv_err(&self.server, format!("topic {topic:?} holds more than {MAX_ENTRIES} postings")));
-        }
-        let under = self.posting_key(topic, "");
-        let mut names = Vec::with_capacity(keys.len());
-        for k in keys {
-            // Keys no post makes (written by hand, or by a hostile
-            // writer) are no posting: fetching them could only fail.
-            match std::str::from_utf8(&k).ok().and_then(|k| k.strip_prefix(under.as_str())) {
-                Some(n) if super::board::posting_name_ok(n) => names.push(n.to_owned()),
-                _ => tracing::warn!(key = %String::from_utf8_lossy(&k), "etcd: a key under the board's topic that no post makes, left out"),
-            }
-        }
-        names.sort_unstable();
-        Ok(names)
-    }
-
-    fn fetch(&self, topic: &str, name: &str) -> Result<Option<Vec<u8>>, EngineError> {
-        check_posting(topic, Some(name))?;
-        let sealer = self.sealer()?;
-        let (mut c, key) = (self.client.clone(), self.posting_key(topic, name));
-        let got = self.run(self.timeout, async move { c.get(key, None).await.map(|r| r.kvs().first().map(|kv| kv.value().to_vec())) })?;
-        let Some(mut value) = got else { return Ok(None) };
-        let unproven = |why: &str| EngineError::Auth {
-            peer: format!("etcd {}", self.server),
-            source: AuthError::BadProof { what: format!("the posting {topic}/{name} ({why})") },
-        };
-        if value.len() < TAG {
-            return Err(unproven("shorter than a seal"));
-        }
-        if value.len() > MAX_POSTING + TAG {
-            return Err(unproven("longer than a posting"));
-        }
-        let tag = value.split_off(value.len() - TAG);
-        if !sealer.verify(Label::Posting, &[topic.as_bytes(), name.as_bytes(), &value], &tag) {
-            return Err(unproven("its seal"));
-        }
-        Ok(Some(value))
-    }
-
-    fn remove(&self, topic: &str, name: &str) -> Result<(), EngineError> {
-        check_posting(topic, Some(name))?;
-        self.sealer()?;
-        let (mut c, key) = (self.client.clone(), self.posting_key(topic, name));
-        self.run(self.timeout, async move { c.delete(key, None).await.map(drop) })
-    }
-}
-
 /// Renews lease `id` every `every` until etcd says it is gone (then
 /// clears `held`, so the next publish takes a new one) or the runtime
 /// stops with the handle. An outage is waited out: renewals resume when
@@ -463,43 +415,6 @@ mod tests {
         let published = late.join().unwrap();
         assert_eq!(got.unwrap(), md);
         assert!(seen.duration_since(published) < Duration::from_secs(1), "seen {:?} after the publish", seen.duration_since(published));
-    }
-
-    /// Postings: the board's contract; a value not sealed with this
-    /// secret (forged, or sealed with another, or moved under another
-    /// name) is an error when fetched; no secret, no postings.
-    #[test]
-    #[ignore = "needs etcd (Debian: etcd-server)"]
-    fn postings_are_sealed_with_the_secret() {
-        let etcd = Etcd::local();
-        let secret = |b: u8| ClusterSecret::new(vec![b; 32]).unwrap();
-        let rdv = EtcdRendezvous::connect(&[etcd.url()], T).unwrap().with_secret(secret(1));
-        super::super::board::tests::post_list_fetch_remove(&rdv);
-        rdv.post("job-1", "node001", b"healthy").unwrap();
-        // A writer with another secret, and one with none but etcd access.
-        let other = EtcdRendezvous::connect(&[etcd.url()], T).unwrap().with_secret(secret(2));
-        other.post("job-1", "node002", b"forged").unwrap();
-        put_raw(&rdv, rdv.posting_key("job-1", "node003"), b"no seal at all, long enough to hold one".to_vec());
-        // A sealed value copied under another name.
-        let mut c = rdv.client.clone();
-        let sealed = rdv
-            .run(T, async move { c.get("/gpudirect/board/job-1/node001", None).await.map(|r| r.kvs()[0].value().to_vec()) })
-            .unwrap();
-        put_raw(&rdv, rdv.posting_key("job-1", "node004"), sealed);
-        put_raw(&rdv, format!("{}job-1/not/plain", DEFAULT_BOARD_PREFIX), b"x".to_vec());
-        assert_eq!(rdv.names("job-1").unwrap(), ["node001", "node002", "node003", "node004"], "keys no post makes are left out");
-        assert_eq!(rdv.fetch("job-1", "node001").unwrap().as_deref(), Some(&b"healthy"[..]));
-        for n in ["node002", "node003", "node004"] {
-            match rdv.fetch("job-1", n) {
-                Err(EngineError::Auth { source: AuthError::BadProof { what }, .. }) => assert!(what.contains(n), "{what}"),
-                r => panic!("{n}: {r:?}"),
-            }
-        }
-        let mut none = EtcdRendezvous::connect(&[etcd.url()], T).unwrap();
-        none.secret = None;
-        for e in [none.post("job-1", "x", b"x").unwrap_err(), none.fetch("job-1", "node001").unwrap_err()] {
-            assert!(matches!(e, EngineError::Auth { source: AuthError::Secret(_), .. }), "{e}");
-        }
     }
 
     #[test]

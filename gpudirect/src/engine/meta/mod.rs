@@ -15,6 +15,8 @@
 mod board;
 #[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(feature = "etcd")]
+mod sealed;
 mod server;
 mod tcp;
 
@@ -25,7 +27,7 @@ use super::error::EngineError;
 
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdRendezvous, DEFAULT_BOARD_PREFIX, DEFAULT_PREFIX};
-pub use board::{posting_name_ok, Board, MAX_ENTRIES, MAX_POSTING, MAX_POSTING_NAME, MAX_TOPIC};
+pub use board::{posting_name_ok, Board, Posting, MAX_ENTRIES, MAX_POSTING, MAX_POSTING_NAME, MAX_TOPIC};
 pub use server::{RendezvousConfig, RendezvousServer};
 pub use tcp::TcpRendezvous;
 

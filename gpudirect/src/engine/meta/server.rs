@@ -9,8 +9,13 @@
 //! stalls delays nobody else.
 //!
 //! Beside agents' metadata it holds postings (`board`): named blobs under
-//! a topic, each bound to the address that posted it (another address may
-//! not replace or remove it), counted in the same budgets and leases.
+//! a topic, each bound to the address that posted it, counted in the same
+//! budgets and leases. Another address posting the same name replaces
+//! nothing: it is refused, and the server keeps the clash (the rivals'
+//! addresses) with the posting, so every fetch after answers "conflict"
+//! naming both, until the first poster removes it or its lease ends. A
+//! member holding the secret who takes a node's name first thus shuts the
+//! gate rather than standing in for the node once the node posts too.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -28,12 +33,15 @@ use super::super::desc::AgentMetadata;
 use super::super::error::EngineError;
 use super::board::{posting_name_ok, MAX_ENTRIES, MAX_TOPIC};
 use super::rdv_err;
-use super::tcp::{read_request, Op, MAGIC, NOT_FOUND, OK, REFUSED, VERSION};
+use super::tcp::{read_request, Op, CONFLICT, MAGIC, NOT_FOUND, OK, REFUSED, VERSION};
 
 /// Bound on serving one request.
 const SERVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections served at once.
 const MAX_CLIENTS: usize = 32;
+/// Rival addresses kept for one posting: two are enough to name a
+/// conflict, a few more show who else tried.
+const MAX_RIVALS: usize = 8;
 
 /// A rendezvous server's settings; [`Default`] gives the defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,6 +165,23 @@ struct Entry {
     blob: Vec<u8>,
     from: IpAddr,
     at: Instant,
+    /// Other addresses that posted this name while `from` held it.
+    rivals: Vec<IpAddr>,
+}
+
+/// Why a post was not stored.
+#[derive(Debug, PartialEq, Eq)]
+enum Refusal {
+    /// Another address holds the name: every poster, the holder first.
+    Conflict(Vec<IpAddr>),
+    /// Any other reason, said.
+    Other(String),
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Refusal {
+        Refusal::Other(why)
+    }
 }
 
 /// What one client address holds.
@@ -173,6 +198,13 @@ struct Store {
     bytes: usize,
     clients: HashMap<IpAddr, Held>,
     swept: Instant,
+}
+
+impl Entry {
+    /// The holder, then its rivals.
+    fn posters(&self) -> Vec<IpAddr> {
+        std::iter::once(self.from).chain(self.rivals.iter().copied()).collect()
+    }
 }
 
 impl Store {
@@ -221,17 +253,26 @@ impl Store {
     }
 
     /// A posting, bound to the address that first made it: a member
-    /// holding the secret may not replace another node's.
-    fn post(&mut self, name: Name, blob: Vec<u8>, from: IpAddr, now: Instant) -> Result<(), String> {
-        self.owned(&name, from, now)?;
-        self.hold(name, blob, from, now)
+    /// holding the secret may not replace another node's, and its try is
+    /// kept as a rival, which turns every fetch into a conflict.
+    fn post(&mut self, name: Name, blob: Vec<u8>, from: IpAddr, now: Instant) -> Result<(), Refusal> {
+        let lease = self.config.lease;
+        let held = self.entries.get_mut(&name).filter(|e| e.from != from && lease.is_none_or(|l| now.duration_since(e.at) <= l));
+        if let Some(e) = held {
+            if !e.rivals.contains(&from) && e.rivals.len() < MAX_RIVALS {
+                e.rivals.push(from);
+            }
+            tracing::warn!(posting = %name, holder = %e.from, rival = %from, "a posting's name posted from a second address: a conflict");
+            return Err(Refusal::Conflict(e.posters()));
+        }
+        Ok(self.hold(name, blob, from, now)?)
     }
 
-    /// Refuses `from` acting on a live posting another address made.
+    /// Refuses `from` removing a live posting another address made.
     fn owned(&self, name: &Name, from: IpAddr, now: Instant) -> Result<(), String> {
         match self.live(name, now) {
             Some(e) if e.from != from => Err(format!(
-                "{name} was posted from {}; {from} may not replace or remove it (remove it from there, or wait for the server's lease to expire it)",
+                "{name} was posted from {}; {from} may not remove it (remove it from there, or wait for the server's lease to expire it)",
                 e.from
             )),
             _ => Ok(()),
@@ -252,10 +293,16 @@ impl Store {
         names.join("\n").into_bytes()
     }
 
-    /// Holds `blob` as `name` within the budgets, replacing what was there.
+    /// Holds `blob` as `name` within the budgets, replacing what was there
+    /// (and keeping the rivals of a name its holder posts again: a
+    /// conflict ends only with the posting).
     fn hold(&mut self, name: Name, blob: Vec<u8>, from: IpAddr, now: Instant) -> Result<(), String> {
         // Limits as if the old entry of that name were gone already.
         let old = self.entries.get(&name).map(|e| (e.from, e.blob.len()));
+        let rivals = match self.live(&name, now) {
+            Some(e) if e.from == from => e.rivals.clone(),
+            _ => Vec::new(),
+        };
         let (mut names, mut bytes) = self.clients.get(&from).map_or((0, 0), |h| (h.names, h.bytes));
         let mut total = self.bytes;
         if let Some((f, len)) = old {
@@ -283,7 +330,7 @@ impl Store {
         let h = self.clients.entry(from).or_default();
         h.names += 1;
         h.bytes += blob.len();
-        self.entries.insert(name, Entry { blob, from, at: now });
+        self.entries.insert(name, Entry { blob, from, at: now, rivals });
         Ok(())
     }
 }
@@ -292,10 +339,17 @@ fn serve(listener: TcpListener, stop: Arc<Mutex<bool>>, store: Store) {
     let store = Mutex::new(store);
     let server = Server { name: "gpudirect-rendezvous", max: MAX_CLIENTS, when_full: WhenFull::Close };
     serve_each(&listener, &stop, &server, hello, |s, from, nonce, slot| {
-        if let Err(e) = answer(s, from.ip(), nonce, &store, slot) {
+        // One address, one poster: an IPv4 client of a dual-stack
+        // listener is named as IPv4.
+        if let Err(e) = answer(s, from.ip().to_canonical(), nonce, &store, slot) {
             tracing::warn!(%from, "rendezvous request not served: {e}");
         }
     });
+}
+
+/// Posters as a conflict answer names them: one address a line.
+fn shown(posters: &[IpAddr]) -> Vec<u8> {
+    posters.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n").into_bytes()
 }
 
 /// The server's opening, sent on accepting (a fresh socket's buffer
@@ -339,13 +393,22 @@ fn answer(s: TcpStream, from: IpAddr, nonce: [u8; TAG], store: &Mutex<Store>, sl
                     store.remove(&Name::Agent(r.name));
                     (OK, Vec::new())
                 }
-                Op::Post => match posting(&r.name).and_then(|n| store.post(n, r.blob, from, now)) {
+                Op::Post => match posting(&r.name).map_err(Refusal::Other).and_then(|n| store.post(n, r.blob, from, now)) {
                     Ok(()) => (OK, Vec::new()),
-                    Err(why) => (REFUSED, why.into_bytes()),
+                    Err(Refusal::Conflict(posters)) => (CONFLICT, shown(&posters)),
+                    Err(Refusal::Other(why)) => (REFUSED, why.into_bytes()),
                 },
                 Op::Fetch => match posting(&r.name) {
                     Ok(n) => match store.live(&n, now) {
-                        Some(e) => (OK, e.blob.clone()),
+                        Some(e) if !e.rivals.is_empty() => (CONFLICT, shown(&e.posters())),
+                        // How long it has been held, then the bytes: the
+                        // reader's "posted at" by this server's clock.
+                        Some(e) => {
+                            let age = u64::try_from(now.duration_since(e.at).as_millis()).unwrap_or(u64::MAX);
+                            let mut body = age.to_be_bytes().to_vec();
+                            body.extend_from_slice(&e.blob);
+                            (OK, body)
+                        }
                         None => (NOT_FOUND, Vec::new()),
                     },
                     Err(why) => (REFUSED, why.into_bytes()),
@@ -379,23 +442,29 @@ mod tests {
     }
 
     /// A posting is its poster's: another address (a member holding the
-    /// secret) may neither replace nor remove it; the poster may.
+    /// secret) neither replaces nor removes it; its try is kept, and the
+    /// name answers "conflict" naming both from then on, even after the
+    /// holder posts again, until the holder removes it.
     #[test]
-    fn a_posting_is_bound_to_the_address_that_made_it() {
+    fn a_second_address_posting_a_name_is_a_conflict_naming_both() {
         let mut s = store();
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let now = Instant::now();
         let n = posting("job-1/node001").unwrap();
         s.post(n.clone(), b"mine".to_vec(), a, now).unwrap();
-        let e = s.post(n.clone(), b"forged".to_vec(), b, now).unwrap_err();
-        assert!(e.contains("posted from 10.0.0.1") && e.contains("10.0.0.2 may not"), "{e}");
-        assert!(s.owned(&n, b, now).is_err(), "nor remove it");
-        assert_eq!(s.live(&n, now).unwrap().blob, b"mine");
+        assert_eq!(s.post(n.clone(), b"forged".to_vec(), b, now), Err(Refusal::Conflict(vec![a, b])));
+        assert_eq!(s.post(n.clone(), b"forged".to_vec(), b, now), Err(Refusal::Conflict(vec![a, b])), "a rival is kept once");
+        assert!(s.owned(&n, b, now).is_err(), "nor may it remove it");
+        let e = s.live(&n, now).unwrap();
+        assert_eq!((e.blob.as_slice(), e.posters()), (&b"mine"[..], vec![a, b]));
         s.post(n.clone(), b"again".to_vec(), a, now).unwrap();
+        assert_eq!(s.live(&n, now).unwrap().posters(), vec![a, b], "the holder posting again keeps the conflict");
         assert_eq!((s.bytes, s.clients[&a].names), (5, 1), "a replacement is counted once");
+        assert!(!s.clients.contains_key(&b), "a rival holds nothing");
         assert_eq!(s.list("job-1", now), b"node001");
         s.remove(&n);
-        s.post(n, b"now b's".to_vec(), b, now).unwrap();
+        s.post(n.clone(), b"now b's".to_vec(), b, now).unwrap();
+        assert!(s.live(&n, now).unwrap().rivals.is_empty(), "a remove ends the conflict");
         for bad in ["job-1", "job-1/", "/node", "job/a/b", "job-1/.x"] {
             assert!(posting(bad).is_err(), "{bad}");
         }

@@ -5,24 +5,28 @@
 //! remove for postings, whose name is `topic/name`), the name, the blob
 //! and its proof (the cluster's secret over the nonce and all of that);
 //! the answer is a status, bytes, and the server's proof over the nonce
-//! and them. Every length is checked before anything is allocated for it;
+//! and them. A fetched posting's answer starts with how long the server
+//! has held it (8 bytes, milliseconds); a post or fetch of a name two
+//! addresses posted answers "conflict" with their addresses, one a line.
+//! Every length is checked before anything is allocated for it;
 //! blobs are decoded as [`AgentMetadata`] before they are stored, and
 //! again (as hostile input) by the client that looks them up.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::deadline::{Bounded, Deadline};
 
 use super::super::auth::{ClusterSecret, Key, Label, TAG};
 use super::super::desc::{AgentMetadata, MAX_METADATA};
 use super::super::error::EngineError;
-use super::board::{check_blob, check_posting, Board, MAX_ENTRIES, MAX_POSTING, MAX_POSTING_NAME};
+use super::board::{check_blob, check_posting, Board, Posting, MAX_ENTRIES, MAX_POSTING, MAX_POSTING_NAME};
 use super::{check_name, decode_for, rdv_err, Rendezvous};
 
 pub(super) const MAGIC: [u8; 4] = *b"GDRV";
-pub(super) const VERSION: u8 = 2;
+/// 3: a fetch's answer carries the posting's age; "conflict" answers.
+pub(super) const VERSION: u8 = 3;
 /// How often a lookup asks again while the name is not there, or the
 /// server is not up yet.
 const LOOKUP_EVERY: Duration = Duration::from_millis(50);
@@ -49,10 +53,11 @@ impl Op {
     }
 }
 
-/// The most bytes an answer carries: a posting, or a topic's names.
+/// The most bytes an answer carries: a posting and its age, or a topic's
+/// names.
 const MAX_ANSWER: usize = {
     let list = MAX_ENTRIES * (MAX_POSTING_NAME + 1);
-    let most = if MAX_POSTING > MAX_METADATA { MAX_POSTING } else { MAX_METADATA };
+    let most = 8 + if MAX_POSTING > MAX_METADATA { MAX_POSTING } else { MAX_METADATA };
     if list > most {
         list
     } else {
@@ -63,6 +68,7 @@ const MAX_ANSWER: usize = {
 pub(super) const OK: u8 = 0;
 pub(super) const NOT_FOUND: u8 = 1;
 pub(super) const REFUSED: u8 = 2;
+pub(super) const CONFLICT: u8 = 3;
 
 /// Reads exactly `n` bytes.
 fn take(s: &mut impl Read, n: usize) -> io::Result<Vec<u8>> {
@@ -242,6 +248,17 @@ impl TcpRendezvous {
             _ => Err(rdv_err(&self.server.to_string(), String::from_utf8_lossy(&body).into_owned())),
         }
     }
+
+    /// [`check`](Self::check) for a posting's answer, where "conflict"
+    /// names the addresses that posted it.
+    fn check_posting(&self, topic: &str, name: &str, (status, body): (u8, Vec<u8>)) -> Result<Vec<u8>, EngineError> {
+        if status != CONFLICT {
+            return self.check((status, body));
+        }
+        // Addresses, as the server says them; the report escapes them.
+        let posters = String::from_utf8_lossy(&body).split('\n').filter(|p| !p.is_empty()).map(str::to_owned).collect();
+        Err(EngineError::PostingConflict { posting: format!("{topic}/{name}"), posters })
+    }
 }
 
 /// Why a request failed: nothing listens at the server (yet), it closed
@@ -296,7 +313,7 @@ impl Board for TcpRendezvous {
     fn post(&self, topic: &str, name: &str, blob: &[u8]) -> Result<(), EngineError> {
         check_posting(topic, Some(name))?;
         check_blob(topic, name, blob)?;
-        self.call_within(Op::Post, &format!("{topic}/{name}"), blob, true).and_then(|a| self.check(a)).map(drop)
+        self.call_within(Op::Post, &format!("{topic}/{name}"), blob, true).and_then(|a| self.check_posting(topic, name, a)).map(drop)
     }
 
     fn names(&self, topic: &str) -> Result<Vec<String>, EngineError> {
@@ -306,12 +323,20 @@ impl Board for TcpRendezvous {
         Ok(text.split('\n').filter(|n| !n.is_empty()).map(str::to_owned).collect())
     }
 
-    fn fetch(&self, topic: &str, name: &str) -> Result<Option<Vec<u8>>, EngineError> {
+    fn fetch(&self, topic: &str, name: &str) -> Result<Option<Posting>, EngineError> {
         check_posting(topic, Some(name))?;
-        match self.call_within(Op::Fetch, &format!("{topic}/{name}"), &[], true)? {
-            (NOT_FOUND, _) => Ok(None),
-            a => self.check(a).map(Some),
+        let mut body = match self.call_within(Op::Fetch, &format!("{topic}/{name}"), &[], true)? {
+            (NOT_FOUND, _) => return Ok(None),
+            a => self.check_posting(topic, name, a)?,
+        };
+        if body.len() < 8 {
+            return Err(rdv_err(&self.server.to_string(), format!("a posting's answer of {} bytes, shorter than its age", body.len())));
         }
+        let blob = body.split_off(8);
+        let age = Duration::from_millis(u64::from_be_bytes(body[..].try_into().expect("8 bytes")));
+        // Never before the epoch, whatever age a server says.
+        let posted_at = SystemTime::now().checked_sub(age).unwrap_or(SystemTime::UNIX_EPOCH);
+        Ok(Some(Posting { blob, posted_at: Some(posted_at) }))
     }
 
     fn remove(&self, topic: &str, name: &str) -> Result<(), EngineError> {
@@ -393,7 +418,7 @@ mod tests {
                 assert!(e.to_string().contains("did not verify"), "{e}");
             }
         }
-        assert_eq!(good.fetch("decode-0", "decode-0").unwrap().as_deref(), Some(&b"a posting"[..]));
+        assert_eq!(good.fetch("decode-0", "decode-0").unwrap().map(|p| p.blob).as_deref(), Some(&b"a posting"[..]));
         // Postings count in the client's budget (the agent and one posting
         // held: 6 more fit).
         for n in 0..6 {
@@ -409,9 +434,35 @@ mod tests {
             std::thread::sleep(Duration::from_millis(300));
             let again = RendezvousServer::bind_with(addr, RendezvousConfig { secret: Some(secret(1)), ..Default::default() }).unwrap();
             poster.join().unwrap().unwrap();
-            assert_eq!(good.fetch("job-1", "late").unwrap().as_deref(), Some(&b"waited"[..]));
+            assert_eq!(good.fetch("job-1", "late").unwrap().map(|p| p.blob).as_deref(), Some(&b"waited"[..]));
             drop(again);
         });
+    }
+
+    /// A member holding the secret posts a node's name first, from its
+    /// own address: the node's post (from another) is refused naming
+    /// both, and every fetch after is a conflict naming both, never the
+    /// squatter's bytes as the node's; the other order too. Two addresses
+    /// of this host: IPv4 and IPv6 loopback to a dual-stack listener.
+    #[test]
+    fn a_squatted_posting_is_a_conflict_naming_both_addresses() {
+        let config = RendezvousConfig { secret: Some(secret(1)), ..Default::default() };
+        let server = RendezvousServer::bind_with("[::]:0", config).unwrap();
+        let port = server.addr().port();
+        let at = |host: &str| TcpRendezvous::new(format!("{host}:{port}"), Duration::from_secs(5)).unwrap().with_secret(secret(1));
+        let (squatter, node) = (at("127.0.0.1"), at("[::1]"));
+        super::super::board::tests::a_second_poster_is_a_conflict(&squatter, &node, ("127.0.0.1", "::1"));
+        // The holder may post again (the conflict stays) and remove it
+        // (the conflict goes); the rival may not remove it.
+        squatter.post("job-s", "node2", b"again").unwrap();
+        assert!(matches!(squatter.fetch("job-s", "node2"), Err(EngineError::PostingConflict { .. })));
+        assert!(node.remove("job-s", "node2").unwrap_err().to_string().contains("may not remove"));
+        squatter.remove("job-s", "node2").unwrap();
+        node.post("job-s", "node2", b"node2's").unwrap();
+        let got = node.fetch("job-s", "node2").unwrap().unwrap();
+        assert_eq!(got.blob, b"node2's");
+        let age = SystemTime::now().duration_since(got.posted_at.unwrap()).unwrap();
+        assert!(age < Duration::from_secs(5), "posted {age:?} ago by the server's clock");
     }
 
     /// Hostile requests get a refusal with the reason; the server goes on.
