@@ -12,7 +12,9 @@
 //! not match it (another run, control address or GID). The target is
 //! ready to receive before the initiator can send.
 //!
-//! A NIC holds at most `max_connections` queue pairs; making one more
+//! A NIC holds at most `max_connections` queue pairs (counted from
+//! before one is created until it is destroyed: being set up, live,
+//! being evicted, or retired and still held by a post); making one more
 //! evicts the least recently used idle one (no post holds it: posts keep
 //! their connections until their completions are reaped), with its idle
 //! siblings on the same rail to the same peer (the rail's queue pairs are
@@ -30,7 +32,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -71,6 +73,23 @@ pub(crate) struct Conn {
     recv_cq: crate::cq::CompletionQueue,
     /// Held by a post that goes out in pieces as room frees.
     pub(crate) posting: Mutex<()>,
+    /// Its NIC's slot; last, so it is given back once the queue pair
+    /// (the first field) is destroyed.
+    _slot: QpSlot,
+}
+
+/// One of a NIC's `max_connections` queue pairs, taken before the queue
+/// pair is created and given back when it is destroyed (the connection
+/// holding it dropped) or never made. So queue pairs being set up, being
+/// evicted, or retired but still held by a post count against the bound,
+/// as they do against the NIC's completion queues; the live connections
+/// alone do not tell.
+struct QpSlot(Arc<AtomicUsize>);
+
+impl Drop for QpSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Drop for Conn {
@@ -89,7 +108,7 @@ impl Drop for Conn {
 }
 
 impl Conn {
-    fn new(qp: QueuePair, peer: &Identity, control: SocketAddr, nic: (usize, &Nic), path: Path) -> Conn {
+    fn new(qp: QueuePair, slot: QpSlot, peer: &Identity, control: SocketAddr, nic: (usize, &Nic), path: Path) -> Conn {
         let recv_cq = nic.1.recv_cq.clone();
         let (_, remote_nic, index) = path;
         Conn {
@@ -103,6 +122,7 @@ impl Conn {
             used: AtomicU64::new(0),
             recv_cq,
             posting: Mutex::new(()),
+            _slot: slot,
         }
     }
 
@@ -192,6 +212,10 @@ pub(crate) struct ConnPool {
     gone: Mutex<Gone>,
     /// Counts uses, for [`Conn::used`].
     uses: AtomicU64,
+    /// Per NIC, the queue pairs that exist or are being made ([`QpSlot`]).
+    slots: Vec<Arc<AtomicUsize>>,
+    /// Held by an evicting thread while it picks its connection.
+    picking: Mutex<()>,
 }
 
 /// Most closed connections whose peer [`Gone`] remembers. A closed
@@ -265,6 +289,7 @@ fn control_err(peer: &str) -> impl FnOnce(BootstrapError) -> EngineError + '_ {
 
 impl ConnPool {
     pub(crate) fn new(me: Identity, key: Key, control: SocketAddr, nics: Vec<Nic>, qp: QpConfig, timeout: Duration) -> ConnPool {
+        let nics_len = nics.len();
         ConnPool {
             name: me.name.as_str().into(),
             instance: me.instance,
@@ -282,6 +307,8 @@ impl ConnPool {
             connecting: Mutex::default(),
             gone: Mutex::default(),
             uses: AtomicU64::new(0),
+            slots: (0..nics_len).map(|_| Arc::default()).collect(),
+            picking: Mutex::default(),
         }
     }
 
@@ -339,16 +366,31 @@ impl ConnPool {
         self.live.lock().insert((nic, qpn), conn);
     }
 
-    /// A queue pair on NIC `nic`, evicting an idle connection first when
-    /// the NIC has its maximum, its goodbye bounded by `evict_within`.
-    fn create_qp(&self, nic: usize, evict_within: Duration) -> Result<crate::qp::PreparedQueuePair, EngineError> {
+    /// A queue pair on NIC `nic` and its slot: while every slot is held,
+    /// the least recently used idle connection is evicted first (its
+    /// queue pair destroyed, its slot free), the evictions bounded by
+    /// `evict_within` in all. Threads evicting at once each take another
+    /// connection; one that finds its freed slot taken by another thread
+    /// evicts again, while idle connections and time are left.
+    fn create_qp(&self, nic: usize, evict_within: Duration) -> Result<(crate::qp::PreparedQueuePair, QpSlot), EngineError> {
         let n = &self.nics[nic];
-        let live = self.live.lock().keys().filter(|(i, _)| *i == nic).count();
-        if live >= n.max_connections {
-            self.evict_one(nic, evict_within)?;
-        }
+        let held = &self.slots[nic];
+        let deadline = Deadline::after(evict_within);
+        let slot = loop {
+            let now = held.load(Ordering::Acquire);
+            if now < n.max_connections {
+                if held.compare_exchange(now, now + 1, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    break QpSlot(held.clone());
+                }
+                continue;
+            }
+            if deadline.passed() {
+                return Err(EngineError::TooManyConnections { max: n.max_connections });
+            }
+            self.evict_one(nic, &deadline)?;
+        };
         self.created.fetch_add(1, Ordering::Relaxed);
-        Ok(QueuePair::create_with_srq(&n.pd, &n.send_cq, &n.recv_cq, &n.srq, &self.qp)?)
+        Ok((QueuePair::create_with_srq(&n.pd, &n.send_cq, &n.recv_cq, &n.srq, &self.qp)?, slot))
     }
 
     /// Takes `conn` out of the pool if nothing but the pool holds it (no
@@ -372,27 +414,53 @@ impl ConnPool {
     /// Closes the least recently used idle connection of NIC `nic`, and
     /// its idle siblings (the other queue pairs of its rail to that
     /// peer), after its peer agreed, or did not answer within what is
-    /// left of `within` (then it is closed here alone). Only a peer that
-    /// answers that the connection is busy on its side keeps it.
-    fn evict_one(&self, nic: usize, within: Duration) -> Result<(), EngineError> {
-        let deadline = Deadline::after(within);
-        let mut candidates: Vec<Arc<Conn>> = self.live.lock().iter().filter(|((i, _), _)| *i == nic).map(|(_, c)| c.clone()).collect();
-        candidates.sort_by_key(|c| c.used.fetch_add(0, Ordering::Relaxed));
-        for (at, c) in candidates.iter().enumerate() {
-            if self.evict(c, &deadline) {
-                for s in candidates[at + 1..].iter().filter(|s| s.sibling(c)) {
-                    self.evict(s, &deadline);
-                }
-                return Ok(());
+    /// left of `deadline` (then it is closed here alone). Only a peer that
+    /// answers that the connection is busy on its side keeps it. Returns
+    /// once the evicted queue pairs are destroyed.
+    fn evict_one(&self, nic: usize, deadline: &Deadline) -> Result<(), EngineError> {
+        let mut kept = Vec::new();
+        while let Some((c, listed)) = self.pick(nic, &kept, |_| true) {
+            if !self.evict(&c, listed, deadline) {
+                kept.push(c.qp.endpoint().qp_num);
+                continue;
             }
+            while let Some((s, listed)) = self.pick(nic, &kept, |s| s.sibling(&c)) {
+                if !self.evict(&s, listed, deadline) {
+                    kept.push(s.qp.endpoint().qp_num);
+                }
+            }
+            return Ok(());
         }
         Err(EngineError::TooManyConnections { max: self.nics[nic].max_connections })
     }
 
-    /// Closes `c` if it is idle and its peer does not keep it; whether it
-    /// did.
-    fn evict(&self, c: &Arc<Conn>, deadline: &Deadline) -> bool {
-        let Some(listed) = self.take_if_idle(c) else { return false };
+    /// Takes out of the pool the least recently used idle connection of
+    /// NIC `nic` for which `which` holds, but none of `kept` (queue pair
+    /// numbers whose peers kept them): it and whether it was in `sending`.
+    /// Evicting threads pick one at a time: idle is read from the
+    /// connection's reference count, and another evictor's copy of a
+    /// candidate would make it look busy.
+    fn pick(&self, nic: usize, kept: &[u32], which: impl Fn(&Conn) -> bool) -> Option<(Arc<Conn>, bool)> {
+        let _one = self.picking.lock();
+        let mut order: Vec<((usize, u32), u64)> = self
+            .live
+            .lock()
+            .iter()
+            .filter(|((i, qpn), c)| *i == nic && !kept.contains(qpn) && which(c))
+            .map(|(k, c)| (*k, c.used.fetch_add(0, Ordering::Relaxed)))
+            .collect();
+        order.sort_by_key(|&(_, used)| used);
+        order.into_iter().find_map(|(key, _)| {
+            let c = self.live.lock().get(&key).cloned()?;
+            let listed = self.take_if_idle(&c)?;
+            Some((c, listed))
+        })
+    }
+
+    /// Closes `c`, taken out of the pool idle (`listed`: it was in
+    /// `sending`), unless its peer keeps it (then it goes back); whether
+    /// it closed.
+    fn evict(&self, c: &Arc<Conn>, listed: bool, deadline: &Deadline) -> bool {
         let left = deadline.left().unwrap_or(Duration::ZERO);
         let (nic, qp) = (c.nic, c.qp.endpoint().qp_num);
         match self.goodbye(c, left) {
@@ -447,7 +515,7 @@ impl ConnPool {
         let started = std::time::Instant::now();
         let (nic, remote_nic, index) = path;
         // Nobody waits on our answer yet: the eviction may take a timeout.
-        let prepared = self.create_qp(nic, self.timeout)?;
+        let (prepared, slot) = self.create_qp(nic, self.timeout)?;
         let mut oob = dial(peer.control, self.timeout).map_err(control_err(&peer.name))?;
         let them = Identity { name: peer.name.clone(), instance: peer.instance };
         let req = self.request(path, Ask::Connect);
@@ -458,7 +526,7 @@ impl ConnPool {
         };
         let qp = prepared.connect(&remote)?;
         tracing::info!(peer = %peer.name, nic, remote_nic, index, qp = qp.endpoint().qp_num, setup_us = started.elapsed().as_micros() as u64, "engine connected");
-        Ok(Conn::new(qp, &them, peer.control, (nic, &self.nics[nic]), path))
+        Ok(Conn::new(qp, slot, &them, peer.control, (nic, &self.nics[nic]), path))
     }
 
     /// Whether `req` (with `endpoint`) is the agent loaded here under its
@@ -546,13 +614,13 @@ impl ConnPool {
         // the answer needs, and the incoming connection takes the slot as
         // an outgoing post would.
         let evict_within = bound.left().unwrap_or(Duration::ZERO) / 2;
-        let qp = match self.create_qp(req.ours, evict_within).and_then(|p| Ok(p.connect(&ep)?)) {
-            Ok(qp) => qp,
+        let (qp, slot) = match self.create_qp(req.ours, evict_within).and_then(|(p, slot)| Ok((p.connect(&ep)?, slot))) {
+            Ok(made) => made,
             Err(e) => return refuse(&mut oob, e),
         };
         let endpoint = qp.endpoint();
         let path = (req.ours, req.theirs, req.qp);
-        let conn = Arc::new(Conn::new(qp, &req.from, req.control, (req.ours, &self.nics[req.ours]), path));
+        let conn = Arc::new(Conn::new(qp, slot, &req.from, req.control, (req.ours, &self.nics[req.ours]), path));
         self.add_live(req.ours, conn.clone());
         // Sends to that peer use it unless we set one up ourselves.
         self.send_on(req.from.name.as_str().into(), path, conn, false);
