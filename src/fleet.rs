@@ -358,7 +358,7 @@ pub fn check_since(from: &Collection, job: Option<&str>, expect: Option<&Expect>
     // nodes found it, so memory follows the distinct facts, not nodes x facts.
     let mut judged: HashMap<[u8; 32], Result<Arc<Node>, String>> = HashMap::new();
     let mut facts = Interner::default();
-    let refused = from.for_each(job, since, |p| {
+    let refused = from.for_each(job, since, named.as_ref(), |p| {
         if named.as_ref().is_some_and(|n| !n.contains(p.node.as_str())) {
             return unexpected.push(p.node);
         }

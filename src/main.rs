@@ -326,7 +326,11 @@ fn main() -> ExitCode {
             if let (Some(e), Some(secs)) = (&expect, wait) {
                 from.wait_for(job.as_deref(), e, std::time::Duration::from_secs(secs));
             }
-            let since = since.map(|s| std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(s));
+            let since = match since.map(|s| (s, std::time::SystemTime::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(s)))) {
+                None => None,
+                Some((_, Some(t))) => Some(t),
+                Some((s, None)) => return failed(format!("--since {s}: past what this system's clock can hold (seconds since 1970)")),
+            };
             let report = match fleet::check_since(&from, job.as_deref(), expect.as_ref(), since) {
                 Ok(r) => r,
                 Err(e) => return failed(e),

@@ -110,6 +110,17 @@ fn nodes_post_to_the_rendezvous_and_the_gate_reads_it() {
     assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"), "{}", String::from_utf8_lossy(&both.stderr));
 }
 
+/// A child process killed when dropped: a failed assertion leaves no
+/// server running.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn capture() -> &'static str {
     concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/captures/dgx-pix.json")
 }
@@ -165,7 +176,7 @@ fn a_squatter_at_the_rendezvous_shuts_the_gate_naming_both() {
     let secret = tree.path().join("secret");
     std::fs::write(&secret, [7u8; 32]).unwrap();
     let port = std::net::TcpListener::bind("[::]:0").unwrap().local_addr().unwrap().port();
-    let mut server = gpudirect().args(["rendezvous", "--listen", &format!("[::]:{port}")]).arg("--secret-file").arg(&secret).spawn().unwrap();
+    let _server = Killed(gpudirect().args(["rendezvous", "--listen", &format!("[::]:{port}")]).arg("--secret-file").arg(&secret).spawn().unwrap());
     let post = |at: &str, node: &str| {
         gpudirect()
             .args(["fleet", "post", "--rendezvous", &format!("{at}:{port}"), "--job", "job-9", "--node", node, "--from", capture(), "--timeout", "20"])
@@ -185,8 +196,6 @@ fn a_squatter_at_the_rendezvous_shuts_the_gate_naming_both() {
         .env("GPUDIRECT_SECRET_FILE", &secret)
         .output()
         .unwrap();
-    let _ = server.kill();
-    let _ = server.wait();
     assert_eq!(gate.status.code(), Some(1), "{}", String::from_utf8_lossy(&gate.stdout));
     let r: serde_json::Value = serde_json::from_slice(&gate.stdout).unwrap();
     assert_eq!((r["nodes"].as_u64(), r["missing"].as_u64()), (Some(1), Some(0)), "{r}");
@@ -205,8 +214,31 @@ fn a_capture_from_before_the_job_s_start_fails_the_check() {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let check = |since: u64| gpudirect().args(["fleet", "check"]).arg(tree.path()).args(["--job", "job-1", "--since", &since.to_string()]).output().unwrap();
     assert_eq!(check(now - 60).status.code(), Some(0));
+    for past_the_clock in [u64::MAX, 1 << 63] {
+        let out = check(past_the_clock);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("past what this system's clock can hold") && !err.contains("panicked"), "{err}");
+    }
     let late = check(now + 60);
     assert_eq!(late.status.code(), Some(1));
     let text = String::from_utf8_lossy(&late.stdout);
     assert!(text.contains("UNREADABLE") && text.contains("before the job's start"), "{text}");
+}
+
+/// Poster names come from the folder (anyone who may write it wrote
+/// them): `fleet post`'s conflict error, which a prolog's log keeps,
+/// shows them escaped, never raw terminal escapes or a carriage return.
+#[test]
+fn a_conflict_names_its_posters_escaped() {
+    let tree = testkit::Tree::new("fleet-cli-escaped");
+    let job = tree.path().join("job-1");
+    std::fs::create_dir_all(&job).unwrap();
+    std::fs::write(job.join(".node2.poster"), "squatter\x1b[2K\rgpudirect fleet post: all is well (uid 0)\n").unwrap();
+    let out = gpudirect().args(["fleet", "post"]).arg(tree.path()).args(["--job", "job-1", "--node", "node2", "--from", capture()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(r"squatter\u{1b}[2K\rgpudirect fleet post: all is well (uid 0) and "), "{err}");
+    assert!(!err.contains('\x1b') && !err.contains('\r'), "{err:?}");
+    assert!(!job.join("node2.json").exists(), "the conflict wrote no capture");
 }

@@ -13,6 +13,7 @@
 //! judged. With a job's start given (`since`), a capture posted before it
 //! (by the time each place vouches for) is refused too.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
@@ -205,18 +206,23 @@ impl Collection {
     /// few at a time ahead of `each`. A node whose name two posters
     /// posted is handed over as unreadable (a conflict naming both), as
     /// is, with `since`, one posted before it (by the server's clock, the
-    /// time sealed in etcd, a file's modification time).
+    /// time sealed in etcd, a file's modification time). Names outside
+    /// `wanted` are handed over unread.
     ///
     /// # Errors
     /// When the job cannot be listed.
-    pub fn for_each(&self, job: Option<&str>, since: Option<SystemTime>, mut each: impl FnMut(Posted)) -> Result<Vec<Unreadable>, String> {
+    pub fn for_each(&self, job: Option<&str>, since: Option<SystemTime>, wanted: Option<&HashSet<&str>>, mut each: impl FnMut(Posted)) -> Result<Vec<Unreadable>, String> {
+        // A name outside those wanted is handed over unread: what it
+        // holds cannot matter, nor cost the reader anything.
+        let unwanted = |node: &str| wanted.is_some_and(|w| !w.contains(node));
+        let unread = || Err("not among the nodes expected: not read".to_owned());
         match self {
             Collection::Dir(dir) => {
                 let folder = JobDir::open(dir, job, false)?;
                 let (mut found, bad) = dir_captures(&folder)?;
                 found.sort_by_key(|a| natural(&a.0));
                 for (node, path) in found {
-                    let text = dir_capture(&folder, &node, since);
+                    let text = if unwanted(&node) { unread() } else { dir_capture(&folder, &node, since) };
                     each(Posted { node, place: path, text });
                 }
                 Ok(bad)
@@ -228,11 +234,16 @@ impl Collection {
                 // node's problem (unreadable); a store that stopped
                 // answering is the check's (it could not run), and ends
                 // the fetching rather than waiting it out node by node.
-                let fetch = |node: &str| match board.fetch(topic, node) {
-                    Ok(Some(p)) => Ok(not_before(p.posted_at, since).and_then(|()| String::from_utf8(p.blob).map_err(|_| "the posting is not UTF-8 text".to_owned()))),
-                    Ok(None) => Ok(Err("listed, then gone before it was read (removed or expired)".to_owned())),
-                    Err(e @ EngineError::Rendezvous { .. }) => Err(format!("{shown}: {e}")),
-                    Err(e) => Ok(Err(format!("{shown}: {e}"))),
+                let fetch = |node: &str| {
+                    if unwanted(node) {
+                        return Ok(unread());
+                    }
+                    match board.fetch(topic, node) {
+                        Ok(Some(p)) => Ok(not_before(p.posted_at, since).and_then(|()| String::from_utf8(p.blob).map_err(|_| "the posting is not UTF-8 text".to_owned()))),
+                        Ok(None) => Ok(Err("listed, then gone before it was read (removed or expired)".to_owned())),
+                        Err(e @ EngineError::Rendezvous { .. }) => Err(format!("{shown}: {e}")),
+                        Err(e) => Ok(Err(format!("{shown}: {e}"))),
+                    }
                 };
                 fetch_ahead(&found, &fetch, &mut each)?;
                 Ok(bad)

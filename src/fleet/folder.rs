@@ -244,7 +244,8 @@ impl JobDir {
     /// A claim file that is a link, not a regular file, or too large.
     pub(super) fn posters(&self, node: &str) -> Result<Vec<String>, String> {
         Ok(match self.read(&claim_name(node), "poster file", CLAIM_LIMIT)? {
-            Some((b, _)) => String::from_utf8_lossy(&b).lines().filter(|l| !l.is_empty()).map(str::to_owned).collect(),
+            // Whoever may write the folder wrote these: shown escaped.
+            Some((b, _)) => String::from_utf8_lossy(&b).lines().filter(|l| !l.is_empty()).map(crate::doctor::shown).collect(),
             None => Vec::new(),
         })
     }

@@ -223,6 +223,11 @@ fn an_unproven_posting_is_unreadable_and_a_store_gone_fails_the_check() {
     let gone = Collection::Board { board: Box::new(Flaky(nodes)), shown: "test".into() };
     let e = check(&gone, Some("j"), None).unwrap_err();
     assert!(e.contains("unreachable"), "{e}");
+    // A name outside --nodes is listed as unexpected and never fetched:
+    // what it holds (here, a store that stops answering) costs nothing.
+    let want = Expect::Names(expand_hostlist("node[001-005,007-010]").unwrap());
+    let r = check(&gone, Some("j"), Some(&want)).unwrap();
+    assert_eq!((r.nodes, r.unexpected.as_slice(), r.exit_status()), (8, &["node006".to_owned()][..], 1), "{:?}", r.unreadable);
 }
 
 /// With the allocation's host list, each missing node is named, and a

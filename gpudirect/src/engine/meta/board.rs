@@ -112,6 +112,13 @@ pub fn posting_name_ok(s: &str) -> bool {
     !s.is_empty() && s.len() <= MAX_POSTING_NAME && !s.starts_with('.') && s.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
+/// A poster's name, as read from a store, fit to print: control
+/// characters escaped, so a name a member chose cannot forge a line of
+/// the log or report it is printed in.
+pub(super) fn plain_poster(s: &str) -> String {
+    s.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
+}
+
 /// Checks a topic and a name before anything is sent.
 pub(super) fn check_posting(topic: &str, name: Option<&str>) -> Result<(), EngineError> {
     if !posting_name_ok(topic) || topic.len() > MAX_TOPIC {

@@ -82,6 +82,10 @@ pub struct EtcdRendezvous {
     secret: Option<Key>,
     /// Who this handle says posts, in what it seals (its host's name).
     poster: String,
+    /// Until when fetches wait for reserved postings to be written: one
+    /// window for the handle, from the first reservation it met, so
+    /// reservations left behind cost a reader that long in all.
+    reserved_until: Mutex<Option<Instant>>,
     timeout: Duration,
     /// The lease's TTL, when publishing under one.
     lease_ttl: Option<Duration>,
@@ -141,6 +145,7 @@ impl EtcdRendezvous {
             board_prefix: DEFAULT_BOARD_PREFIX.to_owned(),
             secret,
             poster: postings::this_host(),
+            reserved_until: Mutex::new(None),
             timeout,
             lease_ttl: None,
             lease: Arc::default(),

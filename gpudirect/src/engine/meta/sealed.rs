@@ -31,7 +31,7 @@
 use std::time::{Duration, SystemTime};
 
 use super::super::auth::{Key, Label, TAG};
-use super::board::MAX_POSTING;
+use super::board::{plain_poster, MAX_POSTING};
 
 const MAGIC: &[u8; 4] = b"GDP2";
 /// Under the seal first, so a seal of another layout never verifies as
@@ -158,6 +158,12 @@ impl Sealed {
             return Err("its seal");
         }
         Ok(Sealed { kind, created, version, lease, at_ms, posters, blob: blob.to_vec() })
+    }
+
+    /// Who posted it, fit to print (whoever holds the secret names
+    /// itself as it likes).
+    pub(super) fn shown_posters(&self) -> Vec<String> {
+        self.posters.iter().map(|p| plain_poster(p)).collect()
     }
 
     /// When it was posted, by the poster's clock.

@@ -13,9 +13,12 @@
 //! budgets and leases. Another address posting the same name replaces
 //! nothing: it is refused, and the server keeps the clash (the rivals'
 //! addresses) with the posting, so every fetch after answers "conflict"
-//! naming both, until the first poster removes it or its lease ends. A
+//! naming both. The clash outlives the remove of one of its posters (the
+//! others' claims stay, and only a name's last claimant may post it
+//! again), and ends when all but one withdraw or the lease expires it. A
 //! member holding the secret who takes a node's name first thus shuts the
-//! gate rather than standing in for the node once the node posts too.
+//! gate rather than standing in for the node once the node posts too, and
+//! cannot reopen it by removing its posting and posting again.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -110,7 +113,7 @@ impl RendezvousServer {
         let stop = Arc::new(Mutex::new(false));
         let thread = {
             let stop = stop.clone();
-            let store = Store { config, key, entries: HashMap::new(), bytes: 0, clients: HashMap::new(), swept: Instant::now() };
+            let store = Store { config, key, entries: HashMap::new(), claims: HashMap::new(), bytes: 0, clients: HashMap::new(), swept: Instant::now() };
             std::thread::Builder::new()
                 .name("gpudirect-rendezvous".into())
                 .spawn(move || serve(listener, stop, store))
@@ -169,6 +172,13 @@ struct Entry {
     rivals: Vec<IpAddr>,
 }
 
+/// The addresses still claiming a posting's name after its holder
+/// removed it while others had posted it too.
+struct Claim {
+    posters: Vec<IpAddr>,
+    at: Instant,
+}
+
 /// Why a post was not stored.
 #[derive(Debug, PartialEq, Eq)]
 enum Refusal {
@@ -195,6 +205,8 @@ struct Store {
     config: RendezvousConfig,
     key: Key,
     entries: HashMap<Name, Entry>,
+    /// Names in conflict whose holder removed its posting.
+    claims: HashMap<Name, Claim>,
     bytes: usize,
     clients: HashMap<IpAddr, Held>,
     swept: Instant,
@@ -234,14 +246,21 @@ impl Store {
             tracing::info!(name = %n, "rendezvous entry expired (not published again within its lease)");
             self.remove(&n);
         }
+        self.claims.retain(|_, c| now.duration_since(c.at) <= lease);
+    }
+
+    /// Whether something stamped `at` is still within the lease.
+    fn fresh(&self, at: Instant, now: Instant) -> bool {
+        self.config.lease.is_none_or(|l| now.duration_since(at) <= l)
     }
 
     fn live(&self, name: &Name, now: Instant) -> Option<&Entry> {
-        let e = self.entries.get(name)?;
-        match self.config.lease {
-            Some(l) if now.duration_since(e.at) > l => None,
-            _ => Some(e),
-        }
+        self.entries.get(name).filter(|e| self.fresh(e.at, now))
+    }
+
+    /// Who still claims `name` after its holder removed it.
+    fn claimed(&self, name: &Name, now: Instant) -> Option<&[IpAddr]> {
+        self.claims.get(name).filter(|c| self.fresh(c.at, now)).map(|c| c.posters.as_slice())
     }
 
     fn publish(&mut self, name: String, blob: Vec<u8>, from: IpAddr, now: Instant) -> Result<(), String> {
@@ -256,41 +275,82 @@ impl Store {
     /// holding the secret may not replace another node's, and its try is
     /// kept as a rival, which turns every fetch into a conflict.
     fn post(&mut self, name: Name, blob: Vec<u8>, from: IpAddr, now: Instant) -> Result<(), Refusal> {
-        let lease = self.config.lease;
-        let held = self.entries.get_mut(&name).filter(|e| e.from != from && lease.is_none_or(|l| now.duration_since(e.at) <= l));
-        if let Some(e) = held {
+        let held = self.live(&name, now).is_some_and(|e| e.from != from);
+        if let Some(e) = self.entries.get_mut(&name).filter(|_| held) {
             if !e.rivals.contains(&from) && e.rivals.len() < MAX_RIVALS {
                 e.rivals.push(from);
             }
             tracing::warn!(posting = %name, holder = %e.from, rival = %from, "a posting's name posted from a second address: a conflict");
             return Err(Refusal::Conflict(e.posters()));
         }
-        Ok(self.hold(name, blob, from, now)?)
-    }
-
-    /// Refuses `from` removing a live posting another address made.
-    fn owned(&self, name: &Name, from: IpAddr, now: Instant) -> Result<(), String> {
-        match self.live(name, now) {
-            Some(e) if e.from != from => Err(format!(
-                "{name} was posted from {}; {from} may not remove it (remove it from there, or wait for the server's lease to expire it)",
-                e.from
-            )),
-            _ => Ok(()),
+        // Its holder removed it while others claimed it: only the one
+        // claimant left may post it again.
+        let claimed = self.claimed(&name, now).is_some_and(|c| c != [from]);
+        if let Some(c) = self.claims.get_mut(&name).filter(|_| claimed) {
+            if !c.posters.contains(&from) && c.posters.len() < MAX_RIVALS {
+                c.posters.push(from);
+            }
+            c.at = now;
+            tracing::warn!(posting = %name, claimants = ?c.posters, rival = %from, "a posting's name in conflict posted again: still a conflict");
+            return Err(Refusal::Conflict(c.posters.clone()));
         }
+        self.hold(name.clone(), blob, from, now)?;
+        self.claims.remove(&name);
+        Ok(())
     }
 
-    /// The names posted under `topic`, sorted, one a line.
+    /// `from` removes its posting of `name`, or withdraws its claim to
+    /// it. A holder's remove leaves its rivals' claims (a conflict is not
+    /// ended by one of its posters); an address that neither holds nor
+    /// claims the name may not remove it.
+    fn withdraw_posting(&mut self, name: &Name, from: IpAddr, now: Instant) -> Result<(), String> {
+        let (holder, rival) = match self.live(name, now) {
+            Some(e) => (Some(e.from), e.rivals.contains(&from)),
+            None => (None, false),
+        };
+        match holder {
+            Some(h) if h == from => {
+                let rivals = self.entries.get_mut(name).map(|e| std::mem::take(&mut e.rivals)).unwrap_or_default();
+                self.remove(name);
+                if !rivals.is_empty() {
+                    self.claims.insert(name.clone(), Claim { posters: rivals, at: now });
+                }
+            }
+            Some(_) if rival => {
+                if let Some(e) = self.entries.get_mut(name) {
+                    e.rivals.retain(|r| *r != from);
+                }
+            }
+            Some(h) => {
+                return Err(format!("{name} was posted from {h}; {from} may not remove it (remove it from there, or wait for the server's lease to expire it)"));
+            }
+            None => {
+                // What outlived its lease goes; a claim loses this claimant.
+                self.remove(name);
+                if let Some(c) = self.claims.get_mut(name) {
+                    c.posters.retain(|p| *p != from);
+                    if c.posters.is_empty() {
+                        self.claims.remove(name);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The names posted under `topic`, and those in conflict after a
+    /// holder's remove, sorted, one a line.
     fn list(&self, topic: &str, now: Instant) -> Vec<u8> {
-        let mut names: Vec<&str> = self
-            .entries
-            .keys()
+        let posted = self.entries.keys().filter(|k| self.live(k, now).is_some());
+        let contested = self.claims.keys().filter(|k| self.claimed(k, now).is_some_and(|c| c.len() > 1));
+        let names: std::collections::BTreeSet<&str> = posted
+            .chain(contested)
             .filter_map(|k| match k {
-                Name::Posting { topic: t, name } if t == topic && self.live(k, now).is_some() => Some(name.as_str()),
+                Name::Posting { topic: t, name } if t == topic => Some(name.as_str()),
                 _ => None,
             })
             .collect();
-        names.sort_unstable();
-        names.join("\n").into_bytes()
+        names.into_iter().collect::<Vec<_>>().join("\n").into_bytes()
     }
 
     /// Holds `blob` as `name` within the budgets, replacing what was there
@@ -313,7 +373,7 @@ impl Store {
             }
         }
         let c = &self.config;
-        if old.is_none() && self.entries.len() >= MAX_ENTRIES {
+        if old.is_none() && self.entries.len() + self.claims.len() >= MAX_ENTRIES {
             return Err(format!("the server holds its maximum of {MAX_ENTRIES} names"));
         }
         if total + blob.len() > c.max_bytes {
@@ -400,6 +460,10 @@ fn answer(s: TcpStream, from: IpAddr, nonce: [u8; TAG], store: &Mutex<Store>, sl
                 },
                 Op::Fetch => match posting(&r.name) {
                     Ok(n) => match store.live(&n, now) {
+                        None => match store.claimed(&n, now) {
+                            Some(c) if c.len() > 1 => (CONFLICT, shown(c)),
+                            _ => (NOT_FOUND, Vec::new()),
+                        },
                         Some(e) if !e.rivals.is_empty() => (CONFLICT, shown(&e.posters())),
                         // How long it has been held, then the bytes: the
                         // reader's "posted at" by this server's clock.
@@ -409,17 +473,13 @@ fn answer(s: TcpStream, from: IpAddr, nonce: [u8; TAG], store: &Mutex<Store>, sl
                             body.extend_from_slice(&e.blob);
                             (OK, body)
                         }
-                        None => (NOT_FOUND, Vec::new()),
                     },
                     Err(why) => (REFUSED, why.into_bytes()),
                 },
                 Op::List if posting_name_ok(&r.name) && r.name.len() <= MAX_TOPIC => (OK, store.list(&r.name, now)),
                 Op::List => (REFUSED, format!("topic {:?}: letters, digits, '-', '_', '.'", r.name).into_bytes()),
-                Op::Remove => match posting(&r.name).and_then(|n| store.owned(&n, from, now).map(|()| n)) {
-                    Ok(n) => {
-                        store.remove(&n);
-                        (OK, Vec::new())
-                    }
+                Op::Remove => match posting(&r.name).and_then(|n| store.withdraw_posting(&n, from, now)) {
+                    Ok(()) => (OK, Vec::new()),
                     Err(why) => (REFUSED, why.into_bytes()),
                 },
             }
@@ -438,23 +498,24 @@ mod tests {
     use super::*;
 
     fn store() -> Store {
-        Store { config: RendezvousConfig::default(), key: Key::of(None), entries: HashMap::new(), bytes: 0, clients: HashMap::new(), swept: Instant::now() }
+        Store { config: RendezvousConfig::default(), key: Key::of(None), entries: HashMap::new(), claims: HashMap::new(), bytes: 0, clients: HashMap::new(), swept: Instant::now() }
     }
 
     /// A posting is its poster's: another address (a member holding the
     /// secret) neither replaces nor removes it; its try is kept, and the
     /// name answers "conflict" naming both from then on, even after the
-    /// holder posts again, until the holder removes it.
+    /// holder posts again, and after the holder removes it and posts
+    /// again; it ends when all but one poster withdraw.
     #[test]
     fn a_second_address_posting_a_name_is_a_conflict_naming_both() {
         let mut s = store();
-        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let [a, b, c]: [IpAddr; 3] = ["10.0.0.1", "10.0.0.2", "10.0.0.3"].map(|ip| ip.parse().unwrap());
         let now = Instant::now();
         let n = posting("job-1/node001").unwrap();
         s.post(n.clone(), b"mine".to_vec(), a, now).unwrap();
         assert_eq!(s.post(n.clone(), b"forged".to_vec(), b, now), Err(Refusal::Conflict(vec![a, b])));
         assert_eq!(s.post(n.clone(), b"forged".to_vec(), b, now), Err(Refusal::Conflict(vec![a, b])), "a rival is kept once");
-        assert!(s.owned(&n, b, now).is_err(), "nor may it remove it");
+        assert!(s.withdraw_posting(&n, c, now).unwrap_err().contains("10.0.0.3 may not remove it"));
         let e = s.live(&n, now).unwrap();
         assert_eq!((e.blob.as_slice(), e.posters()), (&b"mine"[..], vec![a, b]));
         s.post(n.clone(), b"again".to_vec(), a, now).unwrap();
@@ -462,9 +523,21 @@ mod tests {
         assert_eq!((s.bytes, s.clients[&a].names), (5, 1), "a replacement is counted once");
         assert!(!s.clients.contains_key(&b), "a rival holds nothing");
         assert_eq!(s.list("job-1", now), b"node001");
-        s.remove(&n);
-        s.post(n.clone(), b"now b's".to_vec(), b, now).unwrap();
-        assert!(s.live(&n, now).unwrap().rivals.is_empty(), "a remove ends the conflict");
+        // The holder removes and posts again: still a conflict, listed.
+        s.withdraw_posting(&n, a, now).unwrap();
+        assert_eq!((s.live(&n, now).is_none(), s.claimed(&n, now)), (true, Some(&[b][..])));
+        assert_eq!(s.list("job-1", now), b"", "one claimant and no posting: nothing to judge");
+        assert_eq!(s.post(n.clone(), b"squat again".to_vec(), a, now), Err(Refusal::Conflict(vec![b, a])));
+        assert_eq!(s.list("job-1", now), b"node001");
+        assert_eq!(s.post(n.clone(), b"b's".to_vec(), b, now), Err(Refusal::Conflict(vec![b, a])));
+        // All but one withdraw: the one left posts, alone.
+        s.withdraw_posting(&n, a, now).unwrap();
+        s.post(n.clone(), b"b's".to_vec(), b, now).unwrap();
+        assert!(s.live(&n, now).unwrap().rivals.is_empty() && s.claimed(&n, now).is_none());
+        // A rival withdrawing leaves the holder's posting alone.
+        s.post(n.clone(), b"again".to_vec(), c, now).unwrap_err();
+        s.withdraw_posting(&n, c, now).unwrap();
+        assert_eq!(s.live(&n, now).unwrap().posters(), vec![b]);
         for bad in ["job-1", "job-1/", "/node", "job/a/b", "job-1/.x"] {
             assert!(posting(bad).is_err(), "{bad}");
         }

@@ -21,7 +21,7 @@ use crate::deadline::{Bounded, Deadline};
 use super::super::auth::{ClusterSecret, Key, Label, TAG};
 use super::super::desc::{AgentMetadata, MAX_METADATA};
 use super::super::error::EngineError;
-use super::board::{check_blob, check_posting, Board, Posting, MAX_ENTRIES, MAX_POSTING, MAX_POSTING_NAME};
+use super::board::{check_blob, check_posting, plain_poster, Board, Posting, MAX_ENTRIES, MAX_POSTING, MAX_POSTING_NAME};
 use super::{check_name, decode_for, rdv_err, Rendezvous};
 
 pub(super) const MAGIC: [u8; 4] = *b"GDRV";
@@ -255,8 +255,7 @@ impl TcpRendezvous {
         if status != CONFLICT {
             return self.check((status, body));
         }
-        // Addresses, as the server says them; the report escapes them.
-        let posters = String::from_utf8_lossy(&body).split('\n').filter(|p| !p.is_empty()).map(str::to_owned).collect();
+        let posters = String::from_utf8_lossy(&body).split('\n').filter(|p| !p.is_empty()).map(plain_poster).collect();
         Err(EngineError::PostingConflict { posting: format!("{topic}/{name}"), posters })
     }
 }
@@ -452,11 +451,18 @@ mod tests {
         let at = |host: &str| TcpRendezvous::new(format!("{host}:{port}"), Duration::from_secs(5)).unwrap().with_secret(secret(1));
         let (squatter, node) = (at("127.0.0.1"), at("[::1]"));
         super::super::board::tests::a_second_poster_is_a_conflict(&squatter, &node, ("127.0.0.1", "::1"));
-        // The holder may post again (the conflict stays) and remove it
-        // (the conflict goes); the rival may not remove it.
+        // The holder may post again (the conflict stays); removing it and
+        // posting again does not end it either: the node's claim stays.
         squatter.post("job-s", "node2", b"again").unwrap();
         assert!(matches!(squatter.fetch("job-s", "node2"), Err(EngineError::PostingConflict { .. })));
-        assert!(node.remove("job-s", "node2").unwrap_err().to_string().contains("may not remove"));
+        squatter.remove("job-s", "node2").unwrap();
+        assert_eq!(node.fetch("job-s", "node2").unwrap(), None, "one claim, no posting");
+        match squatter.post("job-s", "node2", b"squat again") {
+            Err(EngineError::PostingConflict { posters, .. }) => assert_eq!(posters, ["::1", "127.0.0.1"]),
+            r => panic!("{r:?}"),
+        }
+        assert!(matches!(node.fetch("job-s", "node2"), Err(EngineError::PostingConflict { .. })));
+        // It ends when all but one withdraw.
         squatter.remove("job-s", "node2").unwrap();
         node.post("job-s", "node2", b"node2's").unwrap();
         let got = node.fetch("job-s", "node2").unwrap().unwrap();

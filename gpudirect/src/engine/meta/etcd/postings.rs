@@ -13,7 +13,7 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp
 
 use super::super::super::auth::{AuthError, Key};
 use super::super::super::error::EngineError;
-use super::super::board::{check_blob, check_posting, posting_name_ok, Board, Posting, MAX_ENTRIES};
+use super::super::board::{check_blob, check_posting, plain_poster, posting_name_ok, Board, Posting, MAX_ENTRIES};
 use super::super::rdv_err;
 use super::super::sealed::{now_ms, poster_name, Kind, Sealed};
 use super::EtcdRendezvous;
@@ -21,7 +21,8 @@ use super::EtcdRendezvous;
 /// Tries a post makes while other writes to the key come between its
 /// read and its write.
 const RACES: usize = 8;
-/// How long a fetch waits for a reserved key's posting to be written.
+/// How long a handle's fetches wait, in all, for reserved keys' postings
+/// to be written (a post writes its posting right after reserving).
 const RESERVED_WAIT: Duration = Duration::from_secs(2);
 
 /// Postings as sealed keys; see the module's documentation.
@@ -46,7 +47,7 @@ impl Board for EtcdRendezvous {
         })?;
         match tried {
             Tried::Posted => Ok(()),
-            Tried::Conflict(posters) => Err(EngineError::PostingConflict { posting: format!("{topic}/{name}"), posters }),
+            Tried::Conflict(posters) => Err(EngineError::PostingConflict { posting: format!("{topic}/{name}"), posters: posters.iter().map(|p| plain_poster(p)).collect() }),
             Tried::Raced => Err(rdv_err(&self.server, format!("{topic}/{name} was written {RACES} times between this post's read and its write: another poster of that name?"))),
         }
     }
@@ -78,7 +79,6 @@ impl Board for EtcdRendezvous {
         check_posting(topic, Some(name))?;
         let sealer = self.sealer()?;
         let posting = format!("{topic}/{name}");
-        let started = Instant::now();
         loop {
             let (mut c, key) = (self.client.clone(), self.posting_key(topic, name));
             let got = self.run(self.timeout, async move {
@@ -94,11 +94,10 @@ impl Board for EtcdRendezvous {
             }
             match s.kind {
                 Kind::Posting => return Ok(Some(Posting { posted_at: Some(s.posted_at()), blob: s.blob })),
-                Kind::Conflict => return Err(EngineError::PostingConflict { posting, posters: s.posters }),
-                // A post writes its posting right after reserving the key.
-                Kind::Reserved if started.elapsed() < RESERVED_WAIT.min(self.timeout) => std::thread::sleep(Duration::from_millis(50)),
+                Kind::Conflict => return Err(EngineError::PostingConflict { posting, posters: s.shown_posters() }),
+                Kind::Reserved if Instant::now() < self.reserved_until() => std::thread::sleep(Duration::from_millis(50)),
                 Kind::Reserved => {
-                    let reason = format!("reserved by {} {} ms after the epoch and never written: a post that stopped half-way (post it again)", s.posters.join(", "), s.at_ms);
+                    let reason = format!("reserved by {} {} ms after the epoch and never written: a post that stopped half-way (post it again)", s.shown_posters().join(", "), s.at_ms);
                     return Err(EngineError::StalePosting { posting, reason });
                 }
             }
@@ -110,6 +109,14 @@ impl Board for EtcdRendezvous {
         self.sealer()?;
         let (mut c, key) = (self.client.clone(), self.posting_key(topic, name));
         self.run(self.timeout, async move { c.delete(key, None).await.map(drop) })
+    }
+}
+
+impl EtcdRendezvous {
+    /// The end of the handle's one window of waiting for reservations,
+    /// opened by the first reservation met.
+    fn reserved_until(&self) -> Instant {
+        *self.reserved_until.lock().get_or_insert_with(|| Instant::now() + RESERVED_WAIT.min(self.timeout))
     }
 }
 
@@ -305,13 +312,20 @@ mod tests {
         }
         put_raw(&rdv, rdv.posting_key("job-r", "node9"), was);
         stale(rdv.fetch("job-r", "node9"), "node9", "after it was removed or its lease expired");
-        // A reservation whose posting never came: refused within the wait.
+        // Reservations whose postings never came: refused, after one
+        // wait for them all, not one each.
         let k = rdv.secret.clone().unwrap();
         let reserved = Sealed { kind: Kind::Reserved, created: 0, version: 1, lease: 0, at_ms: now_ms(), posters: vec!["died".into()], blob: vec![] };
-        put_raw(&rdv, rdv.posting_key("job-r", "node7"), reserved.seal(&k, "job-r", "node7"));
+        for i in 0..20 {
+            let n = format!("gone{i}");
+            put_raw(&rdv, rdv.posting_key("job-r", &n), reserved.seal(&k, "job-r", &n));
+        }
         let t = Instant::now();
-        stale(rdv.fetch("job-r", "node7"), "node7", "never written");
-        assert!(t.elapsed() < RESERVED_WAIT + T, "waited {:?}", t.elapsed());
+        for i in 0..20 {
+            let n = format!("gone{i}");
+            stale(rdv.fetch("job-r", &n), &n, "never written");
+        }
+        assert!(t.elapsed() < RESERVED_WAIT + T, "20 reservations left behind held the reader {:?}", t.elapsed());
     }
 
 }
