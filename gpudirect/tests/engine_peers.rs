@@ -23,6 +23,17 @@ fn config(name: &str) -> AgentConfig {
     c
 }
 
+/// The timeout of the ghost tests' agents: a silent peer's goodbye
+/// waits this long at most.
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// [`config`] with [`TIMEOUT`].
+fn timed(name: &str) -> AgentConfig {
+    let mut c = config(name);
+    c.timeout = TIMEOUT;
+    c
+}
+
 fn agent(name: &str) -> Agent {
     Agent::new(config(name)).unwrap()
 }
@@ -48,15 +59,7 @@ fn peers_that_do_not_answer_the_goodbye_are_evicted_within_one_timeout() {
     hub.alloc("t", 4096).unwrap();
     // Reached at 127.0.0.5 and .6, where nobody serves: connections
     // complete, nothing answers.
-    let (ghosts, holes): (Vec<Agent>, Vec<TcpListener>) = (0..2u8).map(|i| silent_agent(&format!("ghost-{i}"), 5 + i)).unzip();
-    for g in &ghosts {
-        let mine = g.alloc("m", 4096).unwrap();
-        let t = g.load_remote(&md(&hub)).unwrap().memory("t").unwrap();
-        let r = g.prepare(Op::Write, &[(mine.range(..).unwrap(), t.range(..).unwrap())], Some(b"hello")).unwrap();
-        r.post().unwrap();
-        r.wait(T).unwrap();
-    }
-    assert_eq!(hub.connections(), 2, "the ghosts hold both slots");
+    let (_ghosts, holes) = ghosts_holding(&hub, 2, 5);
     let healthy = agent("healthy");
     healthy.alloc("t", 4096).unwrap();
     let t = hub.load_remote(&md(&healthy)).unwrap().memory("t").unwrap();
@@ -83,27 +86,12 @@ fn peers_that_do_not_answer_the_goodbye_are_evicted_within_one_timeout() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn an_incoming_connection_evicts_a_ghost_as_an_outgoing_post_does() {
-    const TIMEOUT: Duration = Duration::from_secs(3);
-    let timed = |name: &str| {
-        let mut c = config(name);
-        c.timeout = TIMEOUT;
-        c
-    };
     let mut c = timed("hub");
     c.max_connections = 2;
     let hub = Agent::new(c).unwrap();
     let src = hub.alloc("src", 4096).unwrap();
     let hub_t = hub.alloc("t", 4096).unwrap();
-    let (ghosts, holes): (Vec<Agent>, Vec<TcpListener>) = (0..2u8).map(|i| silent_agent(&format!("ghost-{i}"), 8 + i)).unzip();
-    for g in &ghosts {
-        let mine = g.alloc("m", 4096).unwrap();
-        let t = g.load_remote(&md(&hub)).unwrap().memory("t").unwrap();
-        let r = g.prepare(Op::Write, &[(mine.range(..).unwrap(), t.range(..).unwrap())], Some(b"hello")).unwrap();
-        r.post().unwrap();
-        r.wait(T).unwrap();
-        assert_eq!(hub.wait_notification(T).unwrap().msg, b"hello");
-    }
-    assert_eq!(hub.connections(), 2, "the ghosts hold both slots");
+    let (_ghosts, holes) = ghosts_holding(&hub, 2, 8);
     let slack = if std::env::var_os("GPUDIRECT_SOUNDNESS_QUICK").is_some() { Duration::from_secs(6) } else { Duration::ZERO };
     let within = 2 * TIMEOUT + slack;
 
@@ -152,26 +140,11 @@ fn an_incoming_connection_evicts_a_ghost_as_an_outgoing_post_does() {
 #[ignore = "needs an RDMA device"]
 fn concurrent_incoming_connections_each_evict_a_ghost() {
     const N: usize = 2;
-    const TIMEOUT: Duration = Duration::from_secs(3);
-    let timed = |name: &str| {
-        let mut c = config(name);
-        c.timeout = TIMEOUT;
-        c
-    };
     let mut c = timed("hub");
     c.max_connections = N;
     let hub = Agent::new(c).unwrap();
     let hub_t = hub.alloc("t", 4096 * N).unwrap();
-    let (ghosts, holes): (Vec<Agent>, Vec<TcpListener>) = (0..N as u8).map(|i| silent_agent(&format!("ghost-{i}"), 20 + i)).unzip();
-    for g in &ghosts {
-        let mine = g.alloc("m", 4096).unwrap();
-        let t = g.load_remote(&md(&hub)).unwrap().memory("t").unwrap();
-        let r = g.prepare(Op::Write, &[(mine.range(..).unwrap(), t.range(..4096).unwrap())], Some(b"hello")).unwrap();
-        r.post().unwrap();
-        r.wait(T).unwrap();
-        assert_eq!(hub.wait_notification(T).unwrap().msg, b"hello");
-    }
-    assert_eq!(hub.connections(), N, "the ghosts hold every slot");
+    let (_ghosts, holes) = ghosts_holding(&hub, N, 20);
     let peers: Vec<Agent> = (0..N).map(|i| Agent::new(timed(&format!("healthy-{i}"))).unwrap()).collect();
     let hub_md = md(&hub);
     let barrier = std::sync::Barrier::new(N);
@@ -477,6 +450,23 @@ fn long_lists_from_many_threads_never_wedge_a_connection() {
     });
     println!("{} long posts from {THREADS} threads on one 6-deep queue in {:?}", THREADS * rounds, started.elapsed());
     assert_eq!(a.connections(), 1);
+}
+
+/// `n` agents reached at 127.0.0.`first` on (see [`silent_agent`]), each
+/// connected to `hub` by a write into the start of its memory `t`, whose
+/// notification the hub took: they hold `n` of its connection slots.
+fn ghosts_holding(hub: &Agent, n: usize, first: u8) -> (Vec<Agent>, Vec<TcpListener>) {
+    let (ghosts, holes): (Vec<Agent>, Vec<TcpListener>) = (0..n as u8).map(|i| silent_agent(&format!("ghost-{i}"), first + i)).unzip();
+    for g in &ghosts {
+        let mine = g.alloc("m", 4096).unwrap();
+        let t = g.load_remote(&md(hub)).unwrap().memory("t").unwrap();
+        let r = g.prepare(Op::Write, &[(mine.range(..).unwrap(), t.range(..4096).unwrap())], Some(b"hello")).unwrap();
+        r.post().unwrap();
+        r.wait(T).unwrap();
+        assert_eq!(hub.wait_notification(T).unwrap().msg, b"hello");
+    }
+    assert_eq!(hub.connections(), n, "the ghosts hold {n} slots");
+    (ghosts, holes)
 }
 
 /// Black-hole control address for an agent: reached at 127.0.0.`last`,
