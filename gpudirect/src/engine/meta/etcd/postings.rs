@@ -156,7 +156,17 @@ async fn post_once(c: &mut Client, k: &str, p: &Poster, blob: &[u8]) -> Result<T
             return Ok(Tried::Raced);
         }
         let created = made.header().map(|h| h.revision()).ok_or_else(|| etcd_client::Error::InvalidArgs("etcd answered a transaction without its revision".into()))?;
-        let put = c.txn(write_over(created, seal(Kind::Posting, created, 2, vec![p.me.clone()], blob.to_vec()))).await?;
+        let put = match c.txn(write_over(created, seal(Kind::Posting, created, 2, vec![p.me.clone()], blob.to_vec()))).await {
+            Ok(put) => put,
+            Err(e) => {
+                // A post that failed (etcd refused a value that large, or
+                // went away) takes its reservation back, if it still can:
+                // readers would otherwise wait for a posting never coming.
+                let undo = Txn::new().when([Compare::mod_revision(k, CompareOp::Equal, created)]).and_then([TxnOp::delete(k, None)]);
+                let _ = c.txn(undo).await;
+                return Err(e);
+            }
+        };
         return Ok(if put.succeeded() { Tried::Posted } else { Tried::Raced });
     };
     let (created, version, rev) = (kv.create_revision(), kv.version(), kv.mod_revision());
@@ -326,6 +336,10 @@ mod tests {
             stale(rdv.fetch("job-r", &n), &n, "never written");
         }
         assert!(t.elapsed() < RESERVED_WAIT + T, "20 reservations left behind held the reader {:?}", t.elapsed());
+        // A post etcd refuses (over its 1.5 MiB request limit) takes its
+        // reservation back: nothing is left for a reader to wait on.
+        assert!(matches!(rdv.post("job-r", "big", &vec![b' '; 3 << 20]), Err(EngineError::Rendezvous { .. })));
+        assert_eq!(rdv.fetch("job-r", "big").unwrap(), None);
     }
 
 }
