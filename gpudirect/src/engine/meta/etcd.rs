@@ -391,7 +391,8 @@ mod tests {
 
     const T: Duration = Duration::from_secs(2);
 
-    fn put_raw(r: &EtcdRendezvous, key: String, value: Vec<u8>) {
+    /// Writes `value` at `key` as whoever can write etcd does: no seal.
+    pub(super) fn put_raw(r: &EtcdRendezvous, key: String, value: Vec<u8>) {
         let mut c = r.client.clone();
         r.run(T, async move { c.put(key, value, None).await.map(drop) }).unwrap();
     }

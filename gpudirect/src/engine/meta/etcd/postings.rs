@@ -195,7 +195,6 @@ pub(super) fn this_host() -> String {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,12 +202,9 @@ mod tests {
     use crate::engine::DEFAULT_BOARD_PREFIX;
     use testkit::Etcd;
 
-    const T: Duration = Duration::from_secs(2);
+    use super::super::tests::put_raw;
 
-    fn put_raw(r: &EtcdRendezvous, key: String, value: Vec<u8>) {
-        let mut c = r.client.clone();
-        r.run(T, async move { c.put(key, value, None).await.map(drop) }).unwrap();
-    }
+    const T: Duration = Duration::from_secs(2);
 
     /// Postings: the board's contract; a value not sealed with this
     /// secret (forged, or sealed with another, or moved under another
