@@ -147,19 +147,20 @@ fn concurrent_incoming_connections_each_evict_a_ghost() {
     let (_ghosts, holes) = ghosts_holding(&hub, N, 20);
     let peers: Vec<Agent> = (0..N).map(|i| Agent::new(timed(&format!("healthy-{i}"))).unwrap()).collect();
     let hub_md = md(&hub);
-    let barrier = std::sync::Barrier::new(N);
     let results: Vec<(Result<(), String>, Duration)> = std::thread::scope(|s| {
         let hs: Vec<_> = peers
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                let (hub_md, barrier) = (&hub_md, &barrier);
+                let hub_md = &hub_md;
                 s.spawn(move || {
                     let mine = p.alloc("m", 4096).unwrap();
                     mine.fill(.., 0x40 + i as u8).unwrap();
                     let t = p.load_remote(hub_md).unwrap().memory("t").unwrap();
                     let req = p.prepare(Op::Write, &[(mine.range(..).unwrap(), t.range(4096 * i as u64..4096 * (i as u64 + 1)).unwrap())], Some(format!("in-{i}").as_bytes())).unwrap();
-                    barrier.wait();
+                    // No barrier (std's is invisible to helgrind and drd):
+                    // the hub's goodbyes to the ghosts take half a timeout,
+                    // so the two setups overlap anyway.
                     let started = Instant::now();
                     let r = req.post().and_then(|()| req.wait(T)).map_err(|e| e.to_string());
                     (r, started.elapsed())
