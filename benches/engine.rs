@@ -13,7 +13,7 @@
 //! - `engine_write_bw`: one iteration posts one prepared request of as
 //!   many blocks as `write_bw` puts in a window (up to 64, at most 16 MiB),
 //!   all from and to the same ranges, and waits for it by spinning on
-//!   [`TransferRequest::status`](gpudirect::engine::TransferRequest::status)
+//!   [`TransferRequest::status`](gpudirect_engine::TransferRequest::status)
 //!   (busy polling, as `write_bw` does by default).
 //! - `engine_write_notify_bw`: the same with a notification after the
 //!   blocks, and the target's wait for it timed too.
@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use common::OrDie;
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
-use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, Op, TransferRequest, TransferStatus};
+use gpudirect_engine::{Agent, AgentConfig, AgentMetadata, Op, TransferRequest, TransferStatus};
 
 /// Most blocks in one request, as `write_bw`'s window.
 const TX_DEPTH: usize = 64;

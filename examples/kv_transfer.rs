@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use gpudirect::bootstrap::{with_port, Handshake, OobChannel};
-use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, ClusterSecret, Op, Registration};
+use gpudirect_engine::{Agent, AgentConfig, AgentMetadata, ClusterSecret, Op, Registration};
 use gpudirect::topology::PathLevel;
 use gpudirect::{Gpu, GpuBuffer, GpuPolicy};
 

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use gpudirect::engine::{Agent, AgentConfig, AgentMetadata, EngineError, Op, Peer, Registration, TransferRequest};
+use gpudirect_engine::{Agent, AgentConfig, AgentMetadata, EngineError, Op, Peer, Registration, TransferRequest};
 
 const BUF: usize = 16 << 20;
 const POISON: u8 = 0xEE;

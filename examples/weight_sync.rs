@@ -23,7 +23,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use gpudirect::engine::{Agent, AgentConfig, Op, Rendezvous, RendezvousServer, TcpRendezvous};
+use gpudirect_engine::{Agent, AgentConfig, Op, Rendezvous, RendezvousServer, TcpRendezvous};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "A trainer broadcasting its parameters to inference agents every step, verified")]

@@ -292,7 +292,7 @@ pub fn job_dir(dir: &Path, job: Option<&str>) -> Result<PathBuf, String> {
 /// Whether a node or job name is one this tool writes and reads (the
 /// engine's rule for postings, so a name that fits a folder fits a board).
 pub fn valid_name(s: &str) -> bool {
-    gpudirect::engine::posting_name_ok(s)
+    gpudirect_engine::posting_name_ok(s)
 }
 
 /// Which nodes the check expects to have posted.

@@ -395,7 +395,7 @@ fn main() -> ExitCode {
 /// Serves the rendezvous until the process is stopped; 2 when it cannot start.
 /// Serves the rendezvous; `mib` bounds what it holds in all and per client address.
 fn rendezvous(listen: &str, secret_file: Option<PathBuf>, insecure: bool, lease: Option<u64>, mib: (usize, usize)) -> ExitCode {
-    use gpudirect::engine::{ClusterSecret, RendezvousConfig, RendezvousServer};
+    use gpudirect_engine::{ClusterSecret, RendezvousConfig, RendezvousServer};
     let secret = match secret_file.map(ClusterSecret::from_file).transpose() {
         Ok(s) => s,
         Err(e) => {

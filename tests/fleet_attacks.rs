@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gpudirect::engine::{Board, ClusterSecret, EtcdRendezvous, TcpRendezvous};
+use gpudirect_engine::{Board, ClusterSecret, EtcdRendezvous, TcpRendezvous};
 use gpudirect_tools::fleet::{check, expand_hostlist, Collection, Expect};
 
 fn gpudirect() -> Command {
@@ -153,7 +153,7 @@ fn in_etcd_two_posters_racing_for_a_name_both_learn_of_the_conflict() {
         });
         assert!(ra.is_err() || rb.is_err(), "{name}: both posts succeeded");
         match a.fetch("job-r", &name) {
-            Err(gpudirect::engine::EngineError::PostingConflict { mut posters, .. }) => {
+            Err(gpudirect_engine::EngineError::PostingConflict { mut posters, .. }) => {
                 posters.sort();
                 assert_eq!(posters, ["host-a", "host-b"], "{name}");
             }

@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use gpudirect::engine::{AgentMetadata, ClusterSecret, EngineError, Rendezvous, TcpRendezvous, SEAL_LEN};
+use gpudirect_engine::{AgentMetadata, ClusterSecret, EngineError, Rendezvous, TcpRendezvous, SEAL_LEN};
 
 /// Kills the server when the test ends, passed or not.
 struct Server(Child);

@@ -24,39 +24,44 @@ use crate::event::AsyncEvent;
 use crate::sync::Mutex;
 use crate::wc::WorkCompletion;
 
-/// What tokio watches: a duplicate of a channel's descriptor, its own.
+/// What tokio watches: a duplicate of a channel's descriptor, its own
+/// ([`watch_fd`]).
 /// Dropping the `AsyncFd` deregisters it and only then closes it, whatever
 /// its owner struct's field order, so the owner's descriptor being closed
 /// first (and its number reused by another thread's file) can never make
 /// the deregistration remove someone else's registration.
-pub(crate) struct Watched(OwnedFd);
+pub struct WatchedFd(OwnedFd);
 
-impl AsRawFd for Watched {
+impl AsRawFd for WatchedFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
 }
 
-/// Registers a duplicate of `fd` with the current runtime's reactor
-/// (readiness is the open file's, so the duplicate is readable exactly
-/// when `fd` is). The caller keeps the descriptor's owner (the CQ or
-/// context) alive for as long as the returned `AsyncFd`.
-pub(crate) fn watch(fd: RawFd) -> Result<AsyncFd<Watched>> {
+/// Registers a duplicate of `fd` with the current runtime's reactor for
+/// readability (readiness is the open file's, so the duplicate is
+/// readable exactly when `fd` is): how a service over this crate sleeps on
+/// a [`CompletionQueue`]'s channel (`cq.as_fd()`) beside other futures.
+/// The duplicate keeps the file open; keep the channel's owner alive for
+/// as long as the returned `AsyncFd` to get its events.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] outside a tokio runtime with I/O enabled, or
+/// when the descriptor cannot be duplicated or registered.
+pub fn watch_fd(fd: BorrowedFd<'_>) -> Result<AsyncFd<WatchedFd>> {
     let refused = |why: String| {
         Error::InvalidArgument(format!("watching a completion or event channel with tokio failed ({why}): it needs a tokio runtime with I/O enabled"))
     };
     // Registering outside a runtime would panic: refuse instead.
     tokio::runtime::Handle::try_current().map_err(|e| refused(e.to_string()))?;
-    // SAFETY: `fd` is open for the duration of this call: the caller
-    // holds the handle that owns it (a CQ's channel, a context).
-    let own = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned().map_err(|e| refused(format!("dup: {e}")))?;
+    let own = fd.try_clone_to_owned().map_err(|e| refused(format!("dup: {e}")))?;
     // SAFETY: `Watched` owns the duplicate; it stays open, the same file,
     // until the `AsyncFd` drops it, which deregisters it first.
-    unsafe { AsyncFd::register_with_interest(Watched(own), Interest::READABLE) }.map_err(|e| refused(e.to_string()))
+    unsafe { AsyncFd::register_with_interest(WatchedFd(own), Interest::READABLE) }.map_err(|e| refused(e.to_string()))
 }
 
 /// Waits until `fd` is readable, or `notified` fires first.
-async fn readable_or(fd: &AsyncFd<Watched>, notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>, take: impl FnOnce() -> Result<()>) -> Result<()> {
+async fn readable_or(fd: &AsyncFd<WatchedFd>, notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>, take: impl FnOnce() -> Result<()>) -> Result<()> {
     tokio::select! {
         guard = fd.readable() => {
             let mut guard = guard.map_err(|e| Error::Verb { verb: "epoll", errno: Errno(e.raw_os_error().unwrap_or(libc::EIO)) })?;
@@ -94,7 +99,7 @@ async fn readable_or(fd: &AsyncFd<Watched>, notified: std::pin::Pin<&mut tokio::
 /// ```
 pub struct AsyncCompletionQueue {
     cq: CompletionQueue,
-    fd: AsyncFd<Watched>,
+    fd: AsyncFd<WatchedFd>,
     reaped: Mutex<VecDeque<WorkCompletion>>,
     /// Told whenever completions are reaped into `reaped`.
     reaped_more: Notify,
@@ -114,7 +119,7 @@ impl AsyncCompletionQueue {
     pub fn new(cq: &CompletionQueue) -> Result<AsyncCompletionQueue> {
         Ok(AsyncCompletionQueue {
             cq: cq.clone(),
-            fd: watch(cq.as_fd().as_raw_fd())?,
+            fd: watch_fd(cq.as_fd())?,
             reaped: Mutex::new(VecDeque::new()),
             reaped_more: Notify::new(),
         })
@@ -213,7 +218,7 @@ impl AsyncCompletionQueue {
 /// blocking a thread. Each event goes to one receiver.
 pub struct AsyncEvents {
     ctx: Context,
-    fd: AsyncFd<Watched>,
+    fd: AsyncFd<WatchedFd>,
 }
 
 impl std::fmt::Debug for AsyncEvents {
@@ -230,7 +235,10 @@ impl AsyncEvents {
     pub fn new(ctx: &Context) -> Result<AsyncEvents> {
         // SAFETY: the context is open while `ctx` lives.
         let fd = unsafe { (*ctx.as_ptr()).async_fd };
-        Ok(AsyncEvents { ctx: ctx.clone(), fd: watch(fd)? })
+        // SAFETY: the descriptor is the context's and open while `ctx`
+        // lives, which outlasts this call.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        Ok(AsyncEvents { ctx: ctx.clone(), fd: watch_fd(fd)? })
     }
 
     /// Waits for the next event, acknowledges it and returns it.
@@ -277,7 +285,7 @@ mod tests {
         rt.block_on(async {
             let (r1, _w1) = pipe();
             let number = r1.as_raw_fd();
-            let first = watch(number).unwrap();
+            let first = watch_fd(r1.as_fd()).unwrap();
             // dup3 closes the first pipe's file and puts the second's on the
             // same number in one step: waiting for the lowest free number to
             // be reused races with other tests' threads opening files.
@@ -287,7 +295,7 @@ mod tests {
             assert_eq!(unsafe { libc::dup3(tmp.as_raw_fd(), number, libc::O_CLOEXEC) }, number);
             drop(tmp);
             let r2 = r1;
-            let second = watch(r2.as_raw_fd()).unwrap();
+            let second = watch_fd(r2.as_fd()).unwrap();
             drop(first);
             // SAFETY: writing one byte from a valid buffer to an open pipe.
             assert_eq!(unsafe { libc::write(w2.as_raw_fd(), b"x".as_ptr().cast(), 1) }, 1);

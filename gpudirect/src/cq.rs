@@ -364,7 +364,7 @@ impl CompletionQueue {
     /// backlog, where the next polls find them in order: what a queue pair
     /// about to be destroyed completed survives a provider that purges a
     /// destroyed queue pair's completions.
-    pub(crate) fn stash_all(&self) {
+    pub fn stash_all(&self) {
         let mut st = self.inner.state.lock();
         let mut wcs = [WorkCompletion::default(); 64];
         while let Ok(n) = self.reap(&mut st, &mut wcs) {

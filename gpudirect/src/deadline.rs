@@ -1,4 +1,6 @@
-//! Deadlines that accept any timeout (crate-private leaf module).
+//! Deadlines that accept any timeout (a leaf module: it imports only the
+//! errno type). Public for the services built over this crate (the
+//! transfer engine's control plane and rendezvous).
 //!
 //! `Instant::now() + timeout` panics when the sum overflows, which
 //! `Duration::MAX` ("wait forever") always does. A deadline past what an
@@ -30,26 +32,26 @@ pub(crate) fn set_nonblocking(fd: RawFd) -> Result<(), Errno> {
 
 /// When a timeout runs out, or never.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Deadline(Option<Instant>);
+pub struct Deadline(Option<Instant>);
 
 impl Deadline {
     /// `timeout` from now; never, when that is past the representable end of time.
-    pub(crate) fn after(timeout: Duration) -> Deadline {
+    pub fn after(timeout: Duration) -> Deadline {
         Deadline(Instant::now().checked_add(timeout))
     }
 
     /// No deadline.
-    pub(crate) fn never() -> Deadline {
+    pub fn never() -> Deadline {
         Deadline(None)
     }
 
     /// Time left (zero once passed); `None` without a deadline.
-    pub(crate) fn left(&self) -> Option<Duration> {
+    pub fn left(&self) -> Option<Duration> {
         self.0.map(|d| d.saturating_duration_since(Instant::now()))
     }
 
     /// The sooner of the two.
-    pub(crate) fn earlier(self, other: Deadline) -> Deadline {
+    pub fn earlier(self, other: Deadline) -> Deadline {
         match (self.0, other.0) {
             (Some(a), Some(b)) => Deadline(Some(a.min(b))),
             (a, b) => Deadline(a.or(b)),
@@ -57,7 +59,7 @@ impl Deadline {
     }
 
     /// Whether the deadline has passed.
-    pub(crate) fn passed(&self) -> bool {
+    pub fn passed(&self) -> bool {
         self.left().is_some_and(|l| l.is_zero())
     }
 
@@ -88,13 +90,14 @@ impl Deadline {
 /// A TCP stream whose reads and writes all end by one [`Deadline`]: a
 /// peer that trickles its bytes cannot stretch an exchange past it (a
 /// per-read timeout resets with every byte).
-pub(crate) struct Bounded<'a> {
+pub struct Bounded<'a> {
     stream: &'a std::net::TcpStream,
     deadline: Deadline,
 }
 
 impl<'a> Bounded<'a> {
-    pub(crate) fn new(stream: &'a std::net::TcpStream, deadline: Deadline) -> Bounded<'a> {
+    /// Reads and writes on `stream` that all end by `deadline`.
+    pub fn new(stream: &'a std::net::TcpStream, deadline: Deadline) -> Bounded<'a> {
         Bounded { stream, deadline }
     }
 

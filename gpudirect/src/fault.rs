@@ -54,7 +54,8 @@ pub fn delay_send_reaps(d: std::time::Duration) {
     SEND_REAP_DELAY_US.store(d.as_micros().min(u32::MAX as u128) as u32, Ordering::SeqCst);
 }
 
-pub(crate) fn send_reap_delay() {
+/// The sleep [`delay_send_reaps`] set, where a reaper calls it.
+pub fn send_reap_delay() {
     let us = SEND_REAP_DELAY_US.load(Ordering::SeqCst);
     if us > 0 {
         std::thread::sleep(std::time::Duration::from_micros(us.into()));
@@ -72,7 +73,9 @@ pub fn delay_lane_posts(qp: u8, delay: std::time::Duration) {
     LANE_DELAY.store(ms << 8 | u32::from(qp), Ordering::SeqCst);
 }
 
-pub(crate) fn lane_post_delay(qp: usize) {
+/// The sleep [`delay_lane_posts`] set for queue pair `qp`, where a post
+/// calls it.
+pub fn lane_post_delay(qp: usize) {
     let v = LANE_DELAY.load(Ordering::SeqCst);
     if v >> 8 > 0 && (v & 0xff) as usize == qp {
         std::thread::sleep(std::time::Duration::from_millis((v >> 8).into()));

@@ -45,11 +45,15 @@
 //!   GPUDirect variables), [`rcache`] (a registration cache for memory the
 //!   program does not own), [`bootstrap`] (the out-of-band TCP exchange),
 //!   `cm` (connection setup by rdma_cm, feature `rdmacm`),
-//!   [`engine`] (a transfer engine over all of the above: agents that
-//!   find each other by metadata, memory registered under names,
-//!   connections on first use, lists of ranges moved with a notification
-//!   that arrives after its data),
-//!   [`sysroot`] (the machine's files, read through one root).
+//!   [`sysroot`] (the machine's files, read through one root); for
+//!   services built over this crate, [`deadline`] (timeouts that accept
+//!   any duration, exchanges bounded as a whole) and [`decode`] (the
+//!   bounds-checked reader of a peer's bytes).
+//!
+//! The transfer engine (agents that find each other by metadata, memory
+//! registered under names, connections on first use, lists of ranges
+//! moved with a notification that arrives after its data) is the crate
+//! `gpudirect-engine`, over this one's public API.
 //!
 //! # Thread safety
 //! Every handle is `Send + Sync` and cheap to clone; share them freely.
@@ -182,7 +186,6 @@ pub mod cm;
 mod context;
 mod cq;
 mod device;
-pub mod engine;
 mod error;
 mod event;
 pub mod gdr;
@@ -213,7 +216,8 @@ mod errno;
 mod port;
 mod wc;
 mod wire;
-mod deadline;
+pub mod deadline;
+pub mod decode;
 pub mod sync;
 mod tracker;
 
@@ -228,7 +232,7 @@ struct ReadmeDoctests;
 
 #[cfg(feature = "tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
-pub use asynch::{AsyncCompletionQueue, AsyncEvents};
+pub use asynch::{watch_fd, AsyncCompletionQueue, AsyncEvents, WatchedFd};
 pub use context::{Context, DeviceAttr};
 pub use event::AsyncEvent;
 pub use port::{LinkLayer, Mtu, PortAttr, PortState};
@@ -268,10 +272,6 @@ mod tests {
         check::<rcache::RegistrationCache>();
         check::<rcache::CachedRegion>();
         check::<Error>();
-        check::<engine::Agent>();
-        check::<engine::TransferRequest>();
-        check::<engine::Registration>();
-        check::<engine::EngineError>();
     }
 
     /// Endpoints and buffer descriptors can travel over the user's own

@@ -1,10 +1,8 @@
 //! What peers exchange to reach each other: a queue pair's [`Endpoint`]
 //! and the [`RemoteBuffer`]s it may access. Plain, `serde` serialisable
-//! data, shared by queue pairs, memory regions and the bootstrap exchange;
-//! and the bounds-checked [`Reader`] every decoder of peer bytes uses.
+//! data, shared by queue pairs, memory regions and the bootstrap exchange.
 
 use std::fmt;
-
 
 use crate::error::{Error, Result};
 use crate::gid::Gid;
@@ -105,54 +103,5 @@ impl RemoteBuffer {
 impl fmt::Display for RemoteBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} bytes at {:#x} rkey {:#x}", self.len, self.addr, self.rkey)
-    }
-}
-
-/// A field ran past the end of the bytes a peer sent: what each decoder's
-/// own error type (bootstrap, engine metadata) reports as truncation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Truncated {
-    pub(crate) field: &'static str,
-    pub(crate) need: usize,
-    pub(crate) have: usize,
-}
-
-/// Reads big-endian fields off untrusted bytes, every length checked
-/// before anything is taken or allocated.
-pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
-
-impl<'a> Reader<'a> {
-    pub(crate) fn need(&self, field: &'static str, n: usize) -> Result<(), Truncated> {
-        if self.0.len() < n {
-            return Err(Truncated { field, need: n, have: self.0.len() });
-        }
-        Ok(())
-    }
-    pub(crate) fn take(&mut self, field: &'static str, n: usize) -> Result<&'a [u8], Truncated> {
-        self.need(field, n)?;
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Ok(a)
-    }
-    pub(crate) fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], Truncated> {
-        let mut a = [0; N];
-        a.copy_from_slice(self.take(field, N)?);
-        Ok(a)
-    }
-    pub(crate) fn u8(&mut self, f: &'static str) -> Result<u8, Truncated> {
-        Ok(self.array::<1>(f)?[0])
-    }
-    pub(crate) fn u16(&mut self, f: &'static str) -> Result<u16, Truncated> {
-        Ok(u16::from_be_bytes(self.array(f)?))
-    }
-    pub(crate) fn u32(&mut self, f: &'static str) -> Result<u32, Truncated> {
-        Ok(u32::from_be_bytes(self.array(f)?))
-    }
-    pub(crate) fn u64(&mut self, f: &'static str) -> Result<u64, Truncated> {
-        Ok(u64::from_be_bytes(self.array(f)?))
-    }
-    /// Bytes after the last field read.
-    pub(crate) fn rest(&self) -> usize {
-        self.0.len()
     }
 }

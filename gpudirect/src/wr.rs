@@ -283,6 +283,13 @@ impl<'a> SendWr<'a> {
         self
     }
 
+    /// Requests a completion for this work request (the default; undoes
+    /// [`unsignaled`](Self::unsignaled)).
+    pub fn signaled(mut self) -> Self {
+        self.signaled = true;
+        self
+    }
+
     /// Copies the payload into the work request at post time
     /// (`IBV_SEND_INLINE`): lower latency for small messages, and the
     /// buffer is free again as soon as `post_send` returns. The length
@@ -710,7 +717,7 @@ impl<'a> SendList<'a> {
 
     /// Sets every request's id to `each`, the last one's to `last` (the
     /// engine numbers a prepared list this way at each post).
-    pub(crate) fn set_wr_ids(&mut self, each: u64, last: u64) {
+    pub fn set_wr_ids(&mut self, each: u64, last: u64) {
         if let Some((end, rest)) = self.wrs.split_last_mut() {
             for w in rest {
                 w.wr_id = each;

@@ -4,7 +4,7 @@ whether GPUDirect RDMA works here for this job, and what an NCCL log says
 about it.
 
 Everything is the Rust library's (the same code as the ``gpudirect``
-command and the Rust ``gpudirect::engine``); this package is a thin layer
+command and the Rust crate ``gpudirect_engine``); this package is a thin layer
 that releases the GIL around every post and wait.
 
 >>> import gpudirect

@@ -15,8 +15,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use gpudirect::engine::{
-    self, AgentConfig, AgentMetadata, Broadcast as RustBroadcast, ClusterSecret, EngineError as Rust, Op, ReceiverStatus, Registration,
+use gpudirect_engine::{
+    AgentConfig, AgentMetadata, Broadcast as RustBroadcast, ClusterSecret, EngineError as Rust, Op, ReceiverStatus, Registration,
     RendezvousConfig, RendezvousServer as RustServer, TcpRendezvous, TransferRequest, TransferStats, TransferStatus,
 };
 use gpudirect::{Gpu, GpuBuffer, GpuPolicy, Registerable};
@@ -43,7 +43,7 @@ fn secret_from(path: Option<String>) -> PyResult<Option<ClusterSecret>> {
 
 /// `Ok` unless `status` says it was never posted: waiting for that would
 /// return at once and hide the missing `post()`.
-fn posted(what: &str, status: Result<TransferStatus, gpudirect::engine::EngineError>) -> PyResult<()> {
+fn posted(what: &str, status: Result<TransferStatus, gpudirect_engine::EngineError>) -> PyResult<()> {
     match status {
         Ok(TransferStatus::Idle) => Err(crate::errors::EngineError::new_err(format!("this {what} was never posted (or its post was refused): call post() first, then wait or await"))),
         _ => Ok(()),
@@ -99,14 +99,14 @@ fn stats_dict<'py>(py: Python<'py>, s: TransferStats) -> PyResult<Bound<'py, PyD
 #[pyclass(module = "gpudirect._native", subclass)]
 pub struct Agent {
     /// `None` once closed.
-    inner: RwLock<Option<Arc<engine::Agent>>>,
+    inner: RwLock<Option<Arc<gpudirect_engine::Agent>>>,
     name: String,
     regions: Mutex<HashMap<String, Registration>>,
 }
 
 impl Agent {
     /// The agent, unless it was closed.
-    fn agent(&self) -> PyResult<Arc<engine::Agent>> {
+    fn agent(&self) -> PyResult<Arc<gpudirect_engine::Agent>> {
         let inner = self.inner.read().map_err(|_| poisoned())?;
         inner.clone().ok_or_else(|| {
             crate::errors::EngineError::new_err(format!(
@@ -147,7 +147,7 @@ impl Agent {
         config.secret = secret_from(secret_file)?;
         config.insecure = insecure;
         config.timeout = seconds("timeout", timeout)?;
-        let inner = py.detach(|| engine::Agent::new(config)).map_err(to_py)?;
+        let inner = py.detach(|| gpudirect_engine::Agent::new(config)).map_err(to_py)?;
         let name = inner.name().to_owned();
         Ok(Agent { inner: RwLock::new(Some(Arc::new(inner))), name, regions: Mutex::new(HashMap::new()) })
     }
@@ -401,18 +401,18 @@ impl Agent {
             .map(|e| {
                 let d = PyDict::new(py);
                 match e {
-                    engine::PeerEvent::Lost { peer, completion } => {
+                    gpudirect_engine::PeerEvent::Lost { peer, completion } => {
                         d.set_item("kind", "lost")?;
                         d.set_item("peer", peer)?;
                         d.set_item("completion", completion.to_string())?;
                     }
-                    engine::PeerEvent::Replaced { peer, old, new } => {
+                    gpudirect_engine::PeerEvent::Replaced { peer, old, new } => {
                         d.set_item("kind", "replaced")?;
                         d.set_item("peer", peer)?;
                         d.set_item("old", old)?;
                         d.set_item("new", new)?;
                     }
-                    engine::PeerEvent::Impostor { peer, control, gid } => {
+                    gpudirect_engine::PeerEvent::Impostor { peer, control, gid } => {
                         d.set_item("kind", "impostor")?;
                         d.set_item("peer", peer)?;
                         d.set_item("control", control.to_string())?;

@@ -6,7 +6,7 @@
 use pyo3::create_exception;
 use pyo3::prelude::*;
 
-use gpudirect::engine::EngineError as Rust;
+use gpudirect_engine::EngineError as Rust;
 
 use crate::GpudirectError;
 
@@ -159,7 +159,7 @@ pub fn _error_kinds() -> Vec<(String, PyErr)> {
         Rust::Verbs(gpudirect::GpuMemoryError::StreamOrderedPool { at: 0x1000 }.into()),
         Rust::Verbs(gpudirect::Error::CudaUnavailable("no driver".into())),
         Rust::Control { peer: "p".into(), source: gpudirect::bootstrap::BootstrapError::Timeout(Duration::from_secs(1)) },
-        gpudirect::engine::AgentMetadata::decode(b"junk").expect_err("junk is no metadata").into(),
+        gpudirect_engine::AgentMetadata::decode(b"junk").expect_err("junk is no metadata").into(),
         Rust::GpuPlacement { gpu: "GPU0".into(), why: "w".into() },
         Rust::UnknownPeer("p".into()),
         Rust::UnknownMemory { peer: "p".into(), name: "m".into() },
@@ -176,7 +176,7 @@ pub fn _error_kinds() -> Vec<(String, PyErr)> {
         },
         Rust::Aborted { peer: "p".into() },
         Rust::PartlyPosted { peer: "p".into(), posted: 1, total: 2, reason: "r".into() },
-        Rust::Auth { peer: "p".into(), source: gpudirect::engine::AuthError::Secret("s".into()) },
+        Rust::Auth { peer: "p".into(), source: gpudirect_engine::AuthError::Secret("s".into()) },
         Rust::Refused { peer: "p".into(), reason: "r".into() },
         Rust::WrongPeer { expected: "a".into(), got: "b".into() },
         Rust::LengthMismatch { index: 0, local: 1, remote: 2 },

@@ -1,5 +1,5 @@
 //! `gpudirect._native`: the Python package's native module. A thin layer:
-//! the engine is `gpudirect::engine` (`engine.rs`, its errors mapped to one
+//! the engine is `gpudirect_engine` (`engine.rs`, its errors mapped to one
 //! exception class per kind in `errors.rs`); the judging is
 //! `gpudirect_tools`' (the same code as the `gpudirect` command), whose
 //! reports cross as JSON that `gpudirect/__init__.py` turns into dicts. The

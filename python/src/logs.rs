@@ -1,5 +1,5 @@
 //! The library's log records in Python's `logging`, under the logger
-//! `gpudirect` (a record of `gpudirect::engine::conn` goes to
+//! `gpudirect` (a record of `gpudirect_engine::conn` goes to
 //! `gpudirect.engine.conn`). The library logs through `tracing`, whose
 //! `log` feature turns each event into a `log` record; pyo3-log turns those
 //! into Python log calls.

@@ -1,7 +1,7 @@
 //! Where the nodes' captures meet: a folder every node shares
 //! (`DIR/JOB/NODE.json`, written and read without following a link:
 //! `folder`), or a board in the project's rendezvous server or in etcd
-//! ([`gpudirect::engine::Board`]), where a posting is proven with the
+//! ([`gpudirect_engine::Board`]), where a posting is proven with the
 //! cluster's secret (`GPUDIRECT_SECRET_FILE`): the server serves only
 //! requests that prove it and keeps each node's posting for the address
 //! that made it; in etcd each capture is sealed with it, and one that
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
-use gpudirect::engine::{Board, EngineError, TcpRendezvous};
+use gpudirect_engine::{Board, EngineError, TcpRendezvous};
 
 use super::folder::{this_poster, JobDir};
 use super::{natural, valid_name, Unreadable, MAX_NODES};
@@ -103,7 +103,7 @@ impl Collection {
     /// # Errors
     /// As [`etcd`](Self::etcd).
     pub fn etcd_leased(endpoints: &[String], timeout: Duration, ttl: Option<Duration>) -> Result<Collection, String> {
-        let mut board = gpudirect::engine::EtcdRendezvous::connect(endpoints, timeout).map_err(|e| e.to_string())?;
+        let mut board = gpudirect_engine::EtcdRendezvous::connect(endpoints, timeout).map_err(|e| e.to_string())?;
         if let Some(ttl) = ttl {
             board = board.with_lease(ttl);
         }

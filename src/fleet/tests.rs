@@ -126,7 +126,7 @@ fn a_healthy_fleet_passes_and_a_missing_node_fails_the_gate() {
 /// the secret, or with another, are refused and leave nothing behind.
 #[test]
 fn a_fleet_posted_to_the_rendezvous_is_judged_as_the_folder_is() {
-    use gpudirect::engine::{ClusterSecret, RendezvousConfig, RendezvousServer, TcpRendezvous};
+    use gpudirect_engine::{ClusterSecret, RendezvousConfig, RendezvousServer, TcpRendezvous};
     let secret = |b: u8| ClusterSecret::new(vec![b; 32]).unwrap();
     let server = RendezvousServer::bind_with("127.0.0.1:0", RendezvousConfig { secret: Some(secret(7)), ..Default::default() }).unwrap();
     let board = |s: Option<ClusterSecret>| {
@@ -189,22 +189,22 @@ fn names_fold_as_slurm_writes_them() {
 /// answering at `node006`.
 struct Flaky(Vec<(String, String)>);
 
-impl gpudirect::engine::Board for Flaky {
-    fn post(&self, _: &str, _: &str, _: &[u8]) -> Result<(), gpudirect::engine::EngineError> {
+impl gpudirect_engine::Board for Flaky {
+    fn post(&self, _: &str, _: &str, _: &[u8]) -> Result<(), gpudirect_engine::EngineError> {
         unreachable!("only read")
     }
-    fn names(&self, _: &str) -> Result<Vec<String>, gpudirect::engine::EngineError> {
+    fn names(&self, _: &str) -> Result<Vec<String>, gpudirect_engine::EngineError> {
         Ok(self.0.iter().map(|(n, _)| n.clone()).collect())
     }
-    fn fetch(&self, _: &str, name: &str) -> Result<Option<gpudirect::engine::Posting>, gpudirect::engine::EngineError> {
-        use gpudirect::engine::{AuthError, EngineError};
+    fn fetch(&self, _: &str, name: &str) -> Result<Option<gpudirect_engine::Posting>, gpudirect_engine::EngineError> {
+        use gpudirect_engine::{AuthError, EngineError};
         match name {
             "node003" => Err(EngineError::Auth { peer: "etcd test".into(), source: AuthError::BadProof { what: "the posting j/node003 (its seal)".into() } }),
             "node006" => Err(EngineError::Rendezvous { server: "test".into(), reason: "unreachable".into() }),
-            _ => Ok(self.0.iter().find(|(n, _)| n == name).map(|(_, t)| gpudirect::engine::Posting { blob: t.clone().into_bytes(), posted_at: None })),
+            _ => Ok(self.0.iter().find(|(n, _)| n == name).map(|(_, t)| gpudirect_engine::Posting { blob: t.clone().into_bytes(), posted_at: None })),
         }
     }
-    fn remove(&self, _: &str, _: &str) -> Result<(), gpudirect::engine::EngineError> {
+    fn remove(&self, _: &str, _: &str) -> Result<(), gpudirect_engine::EngineError> {
         unreachable!("only read")
     }
 }
@@ -261,7 +261,7 @@ fn named_nodes_name_the_missing_and_refuse_the_unexpected() {
 #[test]
 #[ignore = "needs etcd (Debian: etcd-server)"]
 fn a_fleet_in_etcd_is_sealed_and_a_leased_posting_expires() {
-    use gpudirect::engine::{Board, ClusterSecret, EtcdRendezvous};
+    use gpudirect_engine::{Board, ClusterSecret, EtcdRendezvous};
     let etcd = testkit::Etcd::local();
     let t = std::time::Duration::from_secs(5);
     let secret = |b: u8| ClusterSecret::new(vec![b; 32]).unwrap();
@@ -424,7 +424,7 @@ fn a_capture_older_than_the_job_s_start_is_refused() {
 #[test]
 #[ignore = "needs etcd (Debian: etcd-server)"]
 fn in_etcd_a_squatter_is_a_conflict_and_an_earlier_run_is_refused() {
-    use gpudirect::engine::{ClusterSecret, EtcdRendezvous};
+    use gpudirect_engine::{ClusterSecret, EtcdRendezvous};
     let etcd = testkit::Etcd::local();
     let t = std::time::Duration::from_secs(5);
     let at = |host: &str| Collection::Board {

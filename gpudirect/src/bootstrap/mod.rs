@@ -12,14 +12,15 @@
 //! [`BootstrapError`], and nothing larger than `MAX_PAYLOAD` is allocated.
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use crate::deadline::Deadline;
 
 use crate::gid::Gid;
 use crate::port::Mtu;
-use crate::wire::{Endpoint, Reader, RemoteBuffer, Truncated};
+use crate::decode::{Reader, Truncated};
+use crate::wire::{Endpoint, RemoteBuffer};
 
 /// Magic bytes opening every message.
 pub const MAGIC: [u8; 4] = *b"GDRX";
@@ -32,9 +33,7 @@ pub const MAX_BUFFERS: usize = 1024;
 
 
 pub(crate) mod error;
-mod serve;
 pub use error::BootstrapError;
-pub(crate) use serve::{serve_each, Server, Slot, WhenFull};
 
 impl From<Truncated> for BootstrapError {
     fn from(t: Truncated) -> Self {
@@ -305,7 +304,7 @@ impl OobChannel {
     /// Bounds the rest of the exchange as a whole to `whole` from now, on
     /// top of each message's own bound: a peer that answers each message
     /// just in time cannot stretch a handshake of several.
-    pub(crate) fn within(&mut self, whole: Duration) {
+    pub fn within(&mut self, whole: Duration) {
         self.whole = Deadline::after(whole);
     }
 
@@ -381,18 +380,6 @@ impl OobChannel {
         }
         Ok(())
     }
-}
-
-/// Wakes a thread sleeping in poll(2) on a listener bound at `bound`
-/// (unspecified: through loopback) by connecting to it; a thread that
-/// stops must not wait out its next look. Best effort, bounded to 100 ms.
-pub(crate) fn wake_listener(bound: SocketAddr) {
-    let to = match bound.ip() {
-        IpAddr::V4(a) if a.is_unspecified() => SocketAddr::from(([127, 0, 0, 1], bound.port())),
-        IpAddr::V6(a) if a.is_unspecified() => SocketAddr::from((Ipv6Addr::LOCALHOST, bound.port())),
-        _ => bound,
-    };
-    let _ = TcpStream::connect_timeout(&to, Duration::from_millis(100));
 }
 
 #[cfg(test)]

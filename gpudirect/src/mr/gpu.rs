@@ -95,6 +95,24 @@ impl MemoryRegion {
         MemoryRegion::register_gpu_zero_copy(pd, alias, access, root, Some(self)).map_err(|(_, e)| Error::Gdr(e))
     }
 
+    /// Registers `buf` zero-copy (dma-buf or peer memory, the paths
+    /// [`plan`] allows for `pd`'s NIC, tried in order), or gives it back
+    /// with every cause when none works, so the caller can try another NIC
+    /// or stage it: what [`register_gpu_at`](Self::register_gpu_at) under
+    /// [`GpuPolicy::Require`] does, without losing the buffer.
+    ///
+    /// # Errors
+    /// The buffer and the judged causes ([`GdrError`]) when no zero-copy
+    /// path registers it.
+    pub fn register_gpu_direct(
+        pd: &ProtectionDomain,
+        buf: GpuBuffer,
+        access: AccessFlags,
+        root: &SysRoot,
+    ) -> std::result::Result<MemoryRegion, (GpuBuffer, Box<GdrError>)> {
+        MemoryRegion::register_gpu_zero_copy(pd, buf, access, root, None)
+    }
+
     /// The zero-copy paths [`plan`] allows for `pd`'s NIC, tried in order;
     /// the buffer back with every cause when none works. With `share`, the
     /// region shares `share`'s record of users and keeps it as backing.

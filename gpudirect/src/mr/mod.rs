@@ -402,7 +402,7 @@ impl MemoryRegion {
 
     /// Whether this is a GPU region registered by host staging.
     #[inline]
-    pub(crate) fn is_host_staged(&self) -> bool {
+    pub fn is_host_staged(&self) -> bool {
         self.staged().is_some()
     }
 
@@ -570,7 +570,7 @@ impl MemoryRegion {
     ///
     /// # Errors
     /// [`Error::OutOfBounds`]; [`Error::InvalidArgument`] for GPU memory.
-    pub(crate) unsafe fn read_owned_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+    pub unsafe fn read_owned_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check(offset, dst.len())?;
         if self.inner.gpu.is_some() {
             return Err(Error::InvalidArgument("read_owned_at reads host memory only".into()));
@@ -593,7 +593,7 @@ impl MemoryRegion {
     ///
     /// # Errors
     /// [`Error::OutOfBounds`]; [`Error::InvalidArgument`] for GPU memory.
-    pub(crate) unsafe fn write_owned_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+    pub unsafe fn write_owned_at(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.check(offset, src.len())?;
         if self.inner.gpu.is_some() {
             return Err(Error::InvalidArgument("write_owned_at writes host memory only".into()));
