@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use gpudirect::topology::PathLevel;
 
-use crate::peers::auth::ClusterSecret;
+use crate::wire::auth::ClusterSecret;
 
 /// Most queue pairs one rail may carry to one peer
 /// ([`AgentConfig::qps_per_rail`]).

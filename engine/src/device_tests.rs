@@ -12,7 +12,7 @@ use std::time::Duration;
 use gpudirect::bootstrap::{Handshake, OobChannel};
 use gpudirect::Endpoint;
 
-use crate::peers::auth::{AuthError, ClusterSecret, Key, Label, TAG};
+use crate::wire::auth::{AuthError, ClusterSecret, Key, Label, TAG};
 use crate::peers::control::{self, Answer, Ask, Identity, Request};
 use super::{Agent, AgentConfig, EngineError, Op};
 
@@ -169,7 +169,7 @@ fn a_posts_fallback_reaping_tells_the_sleeping_tasks() {
     let progress = &prefill.core.progress;
     for round in 0..5 {
         // A task between its look and its sleep, as `completed` has it.
-        let _waiting = crate::waiting::wake::Waiting::new(progress);
+        let _waiting = crate::nics::wake::Waiting::new(progress);
         let notified = progress.notify.notified();
         let mut notified = std::pin::pin!(notified);
         notified.as_mut().enable();
@@ -265,7 +265,7 @@ fn silent_and_trickling_clients_keep_no_peer_off_the_control_port() {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn without_a_secret_the_default_listener_is_loopback_and_a_network_address_is_refused() {
-    for var in [crate::peers::auth::SECRET_FILE_ENV, "GPUDIRECT_SECRET"] {
+    for var in [crate::wire::auth::SECRET_FILE_ENV, "GPUDIRECT_SECRET"] {
         assert!(std::env::var_os(var).is_none(), "{var} is set: this test checks an agent without a secret");
     }
     let config = |name: &str| {

@@ -8,8 +8,8 @@ use gpudirect::bootstrap::BootstrapError;
 use gpudirect::Error;
 use gpudirect::WcError;
 
-use crate::peers::auth::AuthError;
-use crate::peers::desc::MetadataError;
+use crate::wire::auth::AuthError;
+use crate::wire::desc::MetadataError;
 
 /// Why an engine call failed.
 #[derive(Debug, thiserror::Error)]

@@ -43,11 +43,11 @@ use std::time::{Duration, Instant};
 use gpudirect::deadline::Deadline;
 use gpudirect::sync::Mutex;
 
-use crate::cast::castmsg::{Msg, Plan, Target, MAX_BROADCAST_TARGETS, MAX_CHUNKS};
+use crate::wire::castmsg::{Msg, Plan, Target, MAX_BROADCAST_TARGETS, MAX_CHUNKS};
 use crate::transfers::core::{Core, Inbox, Look, Posted};
 use crate::error::EngineError;
 use crate::transfers::memory::LocalRange;
-use crate::transfers::notify::SLOT;
+use crate::wire::notify::SLOT;
 use crate::peers::peer::RemoteRange;
 use crate::transfers::transfer::{self, Op, TransferRequest, TransferStatus};
 
@@ -269,7 +269,7 @@ impl Broadcast {
                 }
                 core.sources.lock().remove(&run.id);
             }
-            let id = u64::from_be_bytes(crate::peers::auth::random());
+            let id = u64::from_be_bytes(crate::wire::auth::random());
             let inbox = Arc::new(Inbox::default());
             core.sources.lock().insert(id, Arc::downgrade(&inbox));
             let n = self.cast.plan.targets.len();

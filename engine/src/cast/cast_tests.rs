@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::cast::castmsg::{Msg, Plan, Target};
-use crate::transfers::notify::Notification;
+use crate::wire::castmsg::{Msg, Plan, Target};
+use crate::wire::notify::Notification;
 use crate::transfers::transfer;
-use crate::peers::auth::Label;
+use crate::wire::auth::Label;
 use crate::{Agent, AgentConfig, BroadcastRefusals, EngineError};
 
 const T: Option<Duration> = Some(Duration::from_secs(60));
@@ -447,7 +447,7 @@ impl Rng {
 #[test]
 #[ignore = "needs an RDMA device"]
 fn random_starts_and_forwards_near_the_integer_limits_never_panic_a_receiver_nor_write_outside_a_plan() {
-    use crate::cast::castmsg::MAX_CHUNKS;
+    use crate::wire::castmsg::MAX_CHUNKS;
     const LEN: usize = 64 << 10;
     const CHUNK: u64 = 4 << 10;
     let cases: u64 = std::env::var("GPUDIRECT_PROPERTY_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(300);

@@ -1,8 +1,7 @@
-//! One range to many peers: the broadcast's source side (`broadcast`), its
-//! bounded messages (`castmsg`) and the receivers' relay (`relay`).
+//! One range to many peers: the broadcast's source side (`broadcast`) and
+//! the receivers' relay (`relay`); their messages are `wire::castmsg`.
 
-pub(in crate) mod broadcast;
-pub(in crate) mod castmsg;
-pub(in crate) mod relay;
+pub(crate) mod broadcast;
+pub(crate) mod relay;
 #[cfg(test)]
-pub(in crate) mod cast_tests;
+pub(crate) mod cast_tests;

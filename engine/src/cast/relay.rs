@@ -46,11 +46,11 @@ use std::time::{Duration, Instant};
 
 use gpudirect::sync::Mutex;
 
-use crate::cast::castmsg::{Msg, Plan};
+use crate::wire::castmsg::{Msg, Plan};
 use crate::transfers::core::{Core, Relay};
 use crate::error::EngineError;
 use crate::transfers::memory::LocalRange;
-use crate::transfers::notify::Notification;
+use crate::wire::notify::Notification;
 use crate::transfers::stats::Refusal;
 use crate::transfers::transfer::{self, Op, TransferRequest, TransferStatus};
 

@@ -42,8 +42,8 @@ use etcd_client::{Client, ConnectOptions, EventType, PutOptions, WatchOptions};
 
 use gpudirect::sync::Mutex;
 
-use crate::peers::auth::{AuthError, ClusterSecret, Key, SECRET_FILE_ENV};
-use crate::peers::desc::AgentMetadata;
+use crate::wire::auth::{AuthError, ClusterSecret, Key, SECRET_FILE_ENV};
+use crate::wire::desc::AgentMetadata;
 use crate::error::EngineError;
 use super::sealed::poster_name;
 use super::{check_name, decode_for, rdv_err, Rendezvous};
@@ -385,8 +385,8 @@ async fn get_or_watch(mut c: Client, key: String, deadline: Instant) -> Result<O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peers::desc::tests::sample;
-    use crate::peers::desc::MAX_METADATA;
+    use crate::wire::desc::tests::sample;
+    use crate::wire::desc::MAX_METADATA;
     use testkit::Etcd;
 
     const T: Duration = Duration::from_secs(2);

@@ -22,7 +22,7 @@ mod tcp;
 
 use std::time::Duration;
 
-use crate::peers::desc::{AgentMetadata, MAX_NAME};
+use crate::wire::desc::{AgentMetadata, MAX_NAME};
 use crate::error::EngineError;
 
 #[cfg(feature = "etcd")]
@@ -83,7 +83,7 @@ fn decode_for(name: &str, blob: &[u8], server: &str) -> Result<AgentMetadata, En
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peers::desc::tests::sample;
+    use crate::wire::desc::tests::sample;
 
     /// What every rendezvous does: a publish is found, a second replaces
     /// it, a withdraw (twice is fine) leaves a lookup to wait and report

@@ -30,7 +30,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::peers::auth::{Key, Label, TAG};
+use crate::wire::auth::{Key, Label, TAG};
 use super::board::{plain_poster, MAX_POSTING};
 
 const MAGIC: &[u8; 4] = b"GDP2";
@@ -221,7 +221,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peers::auth::ClusterSecret;
+    use crate::wire::auth::ClusterSecret;
 
     fn key(b: u8) -> Key {
         Key::of(Some(ClusterSecret::new(vec![b; 32]).unwrap()))

@@ -31,8 +31,8 @@ use crate::serve::{serve_each, Server, Slot, WhenFull};
 use gpudirect::deadline::{Bounded, Deadline};
 use gpudirect::sync::Mutex;
 
-use crate::peers::auth::{random, ClusterSecret, Key, Label, TAG};
-use crate::peers::desc::AgentMetadata;
+use crate::wire::auth::{random, ClusterSecret, Key, Label, TAG};
+use crate::wire::desc::AgentMetadata;
 use crate::error::EngineError;
 use super::board::{posting_name_ok, MAX_ENTRIES, MAX_TOPIC};
 use super::rdv_err;

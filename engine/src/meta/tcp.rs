@@ -18,8 +18,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use gpudirect::deadline::{Bounded, Deadline};
 
-use crate::peers::auth::{ClusterSecret, Key, Label, TAG};
-use crate::peers::desc::{AgentMetadata, MAX_METADATA};
+use crate::wire::auth::{ClusterSecret, Key, Label, TAG};
+use crate::wire::desc::{AgentMetadata, MAX_METADATA};
 use crate::error::EngineError;
 use super::board::{check_blob, check_posting, plain_poster, Board, Posting, MAX_ENTRIES, MAX_POSTING, MAX_POSTING_NAME};
 use super::{check_name, decode_for, rdv_err, Rendezvous};
@@ -348,7 +348,7 @@ impl Board for TcpRendezvous {
 mod tests {
     use super::super::server::{RendezvousConfig, RendezvousServer};
     use super::*;
-    use crate::peers::desc::tests::sample;
+    use crate::wire::desc::tests::sample;
 
     fn client(s: &RendezvousServer) -> TcpRendezvous {
         TcpRendezvous::new(s.addr(), Duration::from_secs(5)).unwrap()
@@ -537,7 +537,7 @@ mod tests {
         assert_eq!(good.lookup("decode-0", Duration::ZERO).unwrap(), sample());
         // A network address needs a secret (or `insecure`).
         match RendezvousServer::bind("0.0.0.0:0") {
-            Err(EngineError::Auth { source: crate::peers::auth::AuthError::Unprotected { .. }, .. }) => {}
+            Err(EngineError::Auth { source: crate::wire::auth::AuthError::Unprotected { .. }, .. }) => {}
             Ok(_) if ClusterSecret::from_env().unwrap().is_some() => {}
             r => panic!("{r:?}"),
         }

@@ -43,13 +43,13 @@ use gpudirect::{QpConfig, QueuePair};
 use gpudirect::sync::Mutex;
 use gpudirect::Endpoint;
 
-use crate::peers::auth::{AuthError, Key};
+use crate::wire::auth::{AuthError, Key};
 use crate::config::MAX_QPS_PER_RAIL;
 use crate::peers::control::{self, Answer, Ask, Identity, NotProven, Request};
-use crate::peers::desc::AgentMetadata;
+use crate::wire::desc::AgentMetadata;
 use crate::error::EngineError;
 use crate::peers::events::{Events, PeerEvent};
-use crate::transfers::nic::Nic;
+use crate::nics::nic::Nic;
 /// Bound on serving one connection request: a peer that connects and
 /// stalls holds one of the listener's [`MAX_SERVING`] slots this long at
 /// most.

@@ -23,8 +23,8 @@ use gpudirect::bootstrap::{BootstrapError, Handshake, OobChannel};
 use gpudirect::decode::Reader;
 use gpudirect::Endpoint;
 
-use crate::peers::auth::{random, AuthError, Key, Label, TAG};
-use crate::peers::desc::MAX_NAME;
+use crate::wire::auth::{random, AuthError, Key, Label, TAG};
+use crate::wire::desc::MAX_NAME;
 use crate::error::EngineError;
 
 /// The control protocol's version (1 and 2 had no proofs, 3 no queue
@@ -292,7 +292,7 @@ impl Proven {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peers::auth::ClusterSecret;
+    use crate::wire::auth::ClusterSecret;
     use std::net::TcpListener;
     use std::time::Duration;
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use gpudirect::Result;
 
-use crate::peers::desc::{cut, AgentMetadata, MemoryDesc};
+use crate::wire::desc::{cut, AgentMetadata, MemoryDesc};
 use crate::error::EngineError;
 
 /// A peer agent, as of the metadata loaded for it. Cheap to clone.

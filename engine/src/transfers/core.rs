@@ -27,14 +27,14 @@ use gpudirect::Error;
 use gpudirect::sync::Mutex;
 use gpudirect::{WcError, WcStatus, WorkCompletion};
 
-use crate::cast::castmsg::{self, Msg};
+use crate::wire::castmsg::{self, Msg};
 use crate::peers::conn::{Conn, ConnPool};
 use crate::error::EngineError;
 use crate::transfers::memory::Registry;
-use crate::transfers::msgbuf::MsgBuf;
+use crate::nics::msgbuf::MsgBuf;
 use crate::transfers::stats::{Counters, Refusal, RefusalCounters};
-use crate::transfers::notify::{self, Notification, SLOT};
-use crate::waiting::ready::Readiness;
+use crate::wire::notify::{self, Notification, SLOT};
+use crate::nics::ready::Readiness;
 
 /// A transfer's notification: one send after its data.
 const NOTIFY: SendTemplate = SendTemplate::send();
@@ -227,9 +227,9 @@ pub(crate) struct Core {
     pub(crate) event_loop: OnceLock<Readiness>,
     /// First: dropped while `pool`'s CQs are open (their descriptors).
     #[cfg(feature = "tokio")]
-    pub(crate) channels: crate::waiting::wake::Channels,
+    pub(crate) channels: crate::nics::wake::Channels,
     #[cfg(feature = "tokio")]
-    pub(crate) progress: crate::waiting::wake::Progress,
+    pub(crate) progress: crate::nics::wake::Progress,
     pub(crate) pool: Arc<ConnPool>,
     pub(crate) registry: Registry,
     outstanding: Mutex<HashMap<u64, Outstanding, BuildHasherDefault<IdHasher>>>,

@@ -10,13 +10,15 @@ use std::ops::RangeBounds;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use gpudirect::Result;
-use gpudirect::{Location, MemoryRegion};
 use gpudirect::sync::Mutex;
-use gpudirect::RemoteBuffer;
+use gpudirect::sysroot::SysRoot;
+use gpudirect::topology::PathLevel;
+use gpudirect::{AccessFlags, GpuBuffer, GpuPolicy, Location, MemoryRegion, Registerable, RemoteBuffer, Result};
 
-use crate::peers::desc::{cut, MemoryDesc};
 use crate::error::EngineError;
+use crate::nics::nic::Nic;
+use crate::transfers::placement::{self, Place};
+use crate::wire::desc::{cut, MemoryDesc};
 
 pub(crate) struct RegInner {
     pub(crate) name: String,
@@ -291,4 +293,106 @@ impl Registry {
         }
         Ok(())
     }
+}
+
+/// What engine memory grants peers: writes and reads.
+fn access() -> AccessFlags {
+    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ
+}
+
+/// Host memory registers on every NIC of the agent: once, then shared
+/// with each other NIC's protection domain.
+pub(crate) fn register_host<B: Registerable>(nics: &[Nic], buf: B) -> Result<Vec<Option<MemoryRegion>>, EngineError> {
+    let first = MemoryRegion::register(&nics[0].pd, buf, access())?;
+    let mut regions = Vec::with_capacity(nics.len());
+    for n in &nics[1..] {
+        regions.push(Some(first.register_in(&n.pd, access())?));
+    }
+    regions.insert(0, Some(first));
+    Ok(regions)
+}
+
+/// The engine's GPU registration policy: GPU memory registers zero-copy
+/// on the NICs [`placement`] chooses (the nearest to its GPU within
+/// `gpu_path_limit`), each path judged on its own; under
+/// [`GpuPolicy::Prefer`] what cannot go zero-copy is host-staged through
+/// one NIC, under [`GpuPolicy::Require`] it is an error naming why, and
+/// under [`GpuPolicy::HostStaged`] it is staged by choice. Returns each
+/// NIC's region (or none) and, for each NIC without one, why.
+#[allow(clippy::type_complexity)]
+pub(crate) fn register_gpu(
+    nics: &[Nic],
+    agent: &str,
+    name: &str,
+    buf: GpuBuffer,
+    policy: GpuPolicy,
+    root: &SysRoot,
+    gpu_path_limit: PathLevel,
+) -> Result<(Vec<Option<MemoryRegion>>, Vec<(String, String)>), EngineError> {
+    let devices: Vec<&str> = nics.iter().map(|n| n.desc.device.as_str()).collect();
+    let gpu = format!("GPU{} ({})", buf.gpu().ordinal(), buf.gpu().pci_bus_id().unwrap_or("no PCI address"));
+    let placement = placement::place(root, buf.gpu().pci_bus_id(), &devices, gpu_path_limit);
+    for note in &placement.notes {
+        tracing::warn!(agent = agent, memory = name, "{note}");
+    }
+    // Per NIC: its region, or why it has none.
+    let mut regions: Vec<Option<MemoryRegion>> = vec![None; nics.len()];
+    let mut why_not: Vec<Option<String>> = placement.places.iter().map(|p| if let Place::Skip(w) = p { Some(w.clone()) } else { None }).collect();
+    let stage = |buf: GpuBuffer, why: String, regions: &mut Vec<Option<MemoryRegion>>| -> Result<(), EngineError> {
+        let on = placement.stage_on;
+        let line = format!("{gpu}: host-staged through {} (local side of transfers only, not in the metadata peers target): {why}", devices[on]);
+        if policy == GpuPolicy::HostStaged {
+            tracing::info!(agent = agent, memory = name, device = devices[on], "{line}");
+        } else {
+            tracing::warn!(agent = agent, memory = name, device = devices[on], "{line}");
+        }
+        regions[on] = Some(MemoryRegion::register_gpu(&nics[on].pd, buf, access(), GpuPolicy::HostStaged)?);
+        Ok(())
+    };
+    let chosen = placement.chosen();
+    if policy == GpuPolicy::HostStaged {
+        stage(buf, "GpuPolicy::HostStaged".into(), &mut regions)?;
+    } else if chosen.is_empty() {
+        let why = placement.why_none();
+        if policy == GpuPolicy::Require {
+            return Err(EngineError::GpuPlacement { gpu, why });
+        }
+        stage(buf, format!("no NIC near enough for zero-copy: {why}"), &mut regions)?;
+    } else {
+        let mut buf = Some(buf);
+        let mut first: Option<MemoryRegion> = None;
+        for &i in &chosen {
+            let got = match &first {
+                None => MemoryRegion::register_gpu_direct(&nics[i].pd, buf.take().expect("back after each failed try"), access(), root)
+                    .map_err(|(b, e)| {
+                        buf = Some(b);
+                        gpudirect::Error::Gdr(e)
+                    }),
+                Some(f) => f.register_gpu_in_at(&nics[i].pd, access(), root),
+            };
+            match got {
+                Ok(r) => {
+                    first.get_or_insert_with(|| r.clone());
+                    regions[i] = Some(r);
+                }
+                Err(e) if policy == GpuPolicy::Require => return Err(e.into()),
+                Err(e) => {
+                    tracing::warn!(agent = agent, memory = name, device = devices[i], "{gpu} not registered on {}: {e}", devices[i]);
+                    why_not[i] = Some(format!("zero-copy registration failed (GpuPolicy::Prefer skips it): {e}"));
+                }
+            }
+        }
+        if let Some(b) = buf.take() {
+            stage(b, "no NIC could register it zero-copy".into(), &mut regions)?;
+        }
+    }
+    let staged_on = devices[placement.stage_on];
+    let skipped = regions
+        .iter()
+        .zip(why_not)
+        .zip(&devices)
+        .filter(|((r, _), _)| r.is_none())
+        .map(|((_, why), d)| (d.to_string(), why.unwrap_or_else(|| format!("the memory is host-staged through {staged_on} (one host mirror)"))))
+        .collect();
+    Ok((regions, skipped))
 }

@@ -14,10 +14,10 @@ use gpudirect::Result;
 use gpudirect::{SendList, SendWr};
 
 use crate::transfers::core::{Conns, Core, Deferred, Failure, Phase, ReqState, MAX_LANES};
-use crate::peers::desc::AgentMetadata;
+use crate::wire::desc::AgentMetadata;
 use crate::error::EngineError;
 use crate::transfers::memory::LocalRange;
-use crate::transfers::msgbuf::MsgBuf;
+use crate::nics::msgbuf::MsgBuf;
 use crate::peers::peer::RemoteRange;
 use crate::transfers::stats::{Counters, TransferStats};
 

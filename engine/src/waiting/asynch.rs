@@ -25,7 +25,7 @@ use gpudirect::Error;
 
 use crate::transfers::core::{Core, Phase};
 use crate::error::EngineError;
-use crate::waiting::wake::{NicFds, Waiting};
+use crate::nics::wake::{NicFds, Waiting};
 
 /// Which of a NIC's two CQs a wait sleeps on.
 #[derive(Clone, Copy)]
@@ -89,7 +89,7 @@ impl Core {
     }
 
     /// The next notification.
-    pub(crate) async fn notification(&self) -> Result<crate::transfers::notify::Notification, EngineError> {
+    pub(crate) async fn notification(&self) -> Result<crate::wire::notify::Notification, EngineError> {
         let fds = self.channels.get(&self.pool.nics)?;
         let all: Vec<usize> = (0..self.pool.nics.len()).collect();
         let _w = Waiting::new(&self.progress);

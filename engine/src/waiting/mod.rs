@@ -1,8 +1,5 @@
-//! Waiting without a thread per wait: tokio futures (`asynch`, `wake`)
-//! and one descriptor for any other event loop (`ready`).
+//! Waiting from async code: tokio futures over the progress core
+//! (`asynch`), sleeping on what `nics::wake` registers.
 
 #[cfg(feature = "tokio")]
-pub(in crate) mod asynch;
-pub(in crate) mod ready;
-#[cfg(feature = "tokio")]
-pub(in crate) mod wake;
+pub(crate) mod asynch;

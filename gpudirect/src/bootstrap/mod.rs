@@ -31,9 +31,7 @@ pub const MAX_PAYLOAD: u32 = 64 * 1024;
 /// Most remote buffers in one handshake.
 pub const MAX_BUFFERS: usize = 1024;
 
-
-pub(crate) mod error;
-pub use error::BootstrapError;
+pub use crate::error::bootstrap::BootstrapError;
 
 impl From<Truncated> for BootstrapError {
     fn from(t: Truncated) -> Self {

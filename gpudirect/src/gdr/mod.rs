@@ -34,10 +34,12 @@
 //! [`MemoryRegion::stage_in`](crate::MemoryRegion::stage_in) is called for a peer's write), so the data is
 //! complete when that returns.
 
-mod facts;
+pub(crate) mod facts;
 mod gather;
+mod register;
 pub(crate) mod judge;
 
 pub use facts::{DmaBufProbe, GdrFacts, GpuFacts, HostFacts, ModuleFlavour, NicFacts, PEER_MEMORY_FILES};
-pub use judge::{plan, Cause, Fact, GdrError, Judgement, Plan};
+pub use crate::error::gdr::{Cause, GdrError};
+pub use judge::{plan, Fact, Judgement, Plan};
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
-use crate::peers::auth::{AuthError, Key};
+use crate::wire::auth::{AuthError, Key};
 use crate::error::EngineError;
 use super::super::board::{check_blob, check_posting, plain_poster, posting_name_ok, Board, Posting, MAX_ENTRIES};
 use super::super::rdv_err;
@@ -198,7 +198,7 @@ pub(super) fn this_host() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::peers::auth::ClusterSecret;
+    use crate::wire::auth::ClusterSecret;
     use crate::DEFAULT_BOARD_PREFIX;
     use testkit::Etcd;
 

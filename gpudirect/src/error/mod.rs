@@ -1,6 +1,10 @@
 //! Errors: which verb failed and why, in the words of the verbs man pages.
 
-use crate::bootstrap::error::BootstrapError;
+pub(crate) mod bootstrap;
+pub(crate) mod gdr;
+pub(crate) mod gpu_memory;
+
+use bootstrap::BootstrapError;
 use crate::wc::WcError;
 pub use crate::errno::Errno;
 
@@ -206,7 +210,7 @@ pub enum Error {
     /// ([`GpuMemoryError`](crate::GpuMemoryError)), found before anything
     /// was registered.
     #[error(transparent)]
-    GpuMemory(#[from] crate::gpu_range::GpuMemoryError),
+    GpuMemory(#[from] gpu_memory::GpuMemoryError),
 
     /// No GPU with that ordinal.
     #[error("GPU{ordinal} does not exist: CUDA sees {count} GPU(s) (check CUDA_VISIBLE_DEVICES)")]
@@ -219,7 +223,7 @@ pub enum Error {
 
     /// GPUDirect RDMA is unavailable and the policy did not allow a fallback.
     #[error(transparent)]
-    Gdr(#[from] Box<crate::gdr::judge::GdrError>),
+    Gdr(#[from] Box<gdr::GdrError>),
 
     /// The out-of-band exchange with the peer failed.
     #[error(transparent)]

@@ -29,7 +29,7 @@
 
 use gpudirect::decode::Reader;
 
-use crate::peers::desc::MAX_NAME;
+use crate::wire::desc::MAX_NAME;
 
 const MAGIC: [u8; 2] = *b"GB";
 const VERSION: u8 = 2;

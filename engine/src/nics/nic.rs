@@ -17,9 +17,9 @@ use gpudirect::{SharedReceiveQueue, SrqConfig};
 use gpudirect::RecvWr;
 use gpudirect::sync::Mutex;
 
-use crate::peers::desc::NicDesc;
-use crate::transfers::msgbuf::MsgPool;
-use crate::transfers::notify::SLOT;
+use crate::wire::desc::NicDesc;
+use crate::nics::msgbuf::MsgPool;
+use crate::wire::notify::SLOT;
 
 /// What [`Nic::open`] needs from the agent's configuration.
 pub(crate) struct NicSetup {

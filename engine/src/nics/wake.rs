@@ -16,7 +16,7 @@ use gpudirect::Error;
 use gpudirect::sync::Mutex;
 
 use crate::error::EngineError;
-use crate::transfers::nic::Nic;
+use crate::nics::nic::Nic;
 
 /// Told when a reap found completions, for the tasks that sleep.
 #[derive(Default)]
