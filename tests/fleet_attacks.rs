@@ -32,8 +32,10 @@ fn a_squatter_who_removes_after_the_conflict_and_posts_again_does_not_open_the_g
     let tree = testkit::Tree::new("fleet-review-squat-remove");
     let secret = tree.path().join("secret");
     std::fs::write(&secret, [7u8; 32]).unwrap();
-    let port = std::net::TcpListener::bind("[::]:0").unwrap().local_addr().unwrap().port();
-    let mut server = gpudirect().args(["rendezvous", "--listen", &format!("[::]:{port}")]).arg("--secret-file").arg(&secret).spawn().unwrap();
+    let mut cmd = gpudirect();
+    cmd.args(["rendezvous", "--listen", "[::]:0"]).arg("--secret-file").arg(&secret);
+    let server = testkit::Listening::start(cmd, "gpudirect rendezvous listening on ");
+    let port = server.port();
     let post = |at: &str, node: &str| {
         gpudirect()
             .args(["fleet", "post", "--rendezvous", &format!("{at}:{port}"), "--job", "job-9", "--node", node, "--from", capture(), "--timeout", "20"])
@@ -55,8 +57,7 @@ fn a_squatter_who_removes_after_the_conflict_and_posts_again_does_not_open_the_g
         .env("GPUDIRECT_SECRET_FILE", &secret)
         .output()
         .unwrap();
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     assert_ne!(
         gate.status.code(),
         Some(0),

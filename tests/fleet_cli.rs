@@ -77,8 +77,7 @@ fn nodes_post_to_the_rendezvous_and_the_gate_reads_it() {
     let (secret, other) = (tree.path().join("secret"), tree.path().join("other"));
     std::fs::write(&secret, [7u8; 32]).unwrap();
     std::fs::write(&other, [8u8; 32]).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = format!("127.0.0.1:{}", testkit::port_below_ephemeral());
     // The gate starts first and waits; the server comes up after it.
     let gate = gpudirect()
         .args(["fleet", "check", "--rendezvous", &addr, "--job", "job-7", "--expect", "3", "--wait", "60", "--json"])
@@ -86,7 +85,7 @@ fn nodes_post_to_the_rendezvous_and_the_gate_reads_it() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut server = gpudirect().args(["rendezvous", "--listen", &addr]).arg("--secret-file").arg(&secret).spawn().unwrap();
+    let mut server = gpudirect().args(["rendezvous", "--listen", &addr]).arg("--secret-file").arg(&secret).stdout(std::process::Stdio::null()).spawn().unwrap();
     let capture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/captures/dgx-pix.json");
     let post = |node: &str, key: &std::path::Path| {
         gpudirect().args(["fleet", "post", "--rendezvous", &addr, "--job", "job-7", "--node", node, "--from", capture, "--timeout", "20"]).env("GPUDIRECT_SECRET_FILE", key).output().unwrap()
@@ -110,15 +109,12 @@ fn nodes_post_to_the_rendezvous_and_the_gate_reads_it() {
     assert!(String::from_utf8_lossy(&both.stderr).contains("cannot be used with"), "{}", String::from_utf8_lossy(&both.stderr));
 }
 
-/// A child process killed when dropped: a failed assertion leaves no
-/// server running.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// `gpudirect rendezvous` on `listen` (port 0: its own pick), once it
+/// listens; killed when dropped.
+fn rendezvous(listen: &str, secret: &std::path::Path) -> testkit::Listening {
+    let mut cmd = gpudirect();
+    cmd.args(["rendezvous", "--listen", listen]).arg("--secret-file").arg(secret);
+    testkit::Listening::start(cmd, "gpudirect rendezvous listening on ")
 }
 
 fn capture() -> &'static str {
@@ -175,8 +171,8 @@ fn a_squatter_at_the_rendezvous_shuts_the_gate_naming_both() {
     let tree = testkit::Tree::new("fleet-cli-squat");
     let secret = tree.path().join("secret");
     std::fs::write(&secret, [7u8; 32]).unwrap();
-    let port = std::net::TcpListener::bind("[::]:0").unwrap().local_addr().unwrap().port();
-    let _server = Killed(gpudirect().args(["rendezvous", "--listen", &format!("[::]:{port}")]).arg("--secret-file").arg(&secret).spawn().unwrap());
+    let server = rendezvous("[::]:0", &secret);
+    let port = server.port();
     let post = |at: &str, node: &str| {
         gpudirect()
             .args(["fleet", "post", "--rendezvous", &format!("{at}:{port}"), "--job", "job-9", "--node", node, "--from", capture(), "--timeout", "20"])

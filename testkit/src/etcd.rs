@@ -3,7 +3,7 @@
 //! outlives a stop, so a restart comes back with what was stored.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -30,8 +30,9 @@ impl Etcd {
     /// When `etcd` cannot be started or is not ready within a minute: a
     /// test that needs etcd cannot run without it.
     pub fn local() -> Etcd {
-        let free = || TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
-        Etcd::start("127.0.0.1", "127.0.0.1", free(), free())
+        let client = crate::port_below_ephemeral();
+        let peer = (1..).map(|_| crate::port_below_ephemeral()).find(|&p| p != client).expect("two ports");
+        Etcd::start("127.0.0.1", "127.0.0.1", client, peer)
     }
 
     /// A member listening on `listen` (an address of this host, or

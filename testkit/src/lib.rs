@@ -259,3 +259,74 @@ pub fn run_two_host(
         ExitCode::FAILURE
     }
 }
+
+/// A port for a server that must be named before it starts (etcd, a
+/// gate waiting for a server not up yet): below Linux's ephemeral range
+/// (32768 and up), where no connection's own port can take it before the
+/// server binds it, picked at random and free when looked at.
+///
+/// # Panics
+/// When none of a thousand tries is free.
+pub fn port_below_ephemeral() -> u16 {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let mut rng = Rng(u64::from(nanos) ^ u64::from(std::process::id()) << 32 ^ N.fetch_add(1, Ordering::Relaxed) as u64);
+    (0..1000)
+        .map(|_| 20000 + rng.below(12000) as u16)
+        .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+        .expect("a free port below the ephemeral range")
+}
+
+/// A server started as a child process that says where it listens: its
+/// first line of standard output starting with a prefix names the
+/// address it bound (`gpudirect rendezvous listening on [::]:40123`).
+/// Letting the server pick its port (`:0`) and reading it back is the one
+/// race-free way: a port picked by binding and closing a socket first can
+/// be taken by any connection's ephemeral port before the server binds it.
+/// Killed when dropped, so a failed assertion leaves nothing running.
+#[derive(Debug)]
+pub struct Listening {
+    child: std::process::Child,
+    /// The address the server printed.
+    pub addr: String,
+}
+
+impl Listening {
+    /// Starts `cmd` with its standard output piped and waits for the line
+    /// starting with `prefix`.
+    ///
+    /// # Panics
+    /// When the child cannot start or ends its output without that line.
+    pub fn start(mut cmd: std::process::Command, prefix: &str) -> Listening {
+        use std::io::BufRead;
+        // Owned by the guard at once: whatever panics below, it is killed.
+        let mut server = Listening { child: cmd.stdout(std::process::Stdio::piped()).spawn().expect("start the server"), addr: String::new() };
+        let mut out = std::io::BufReader::new(server.child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if out.read_line(&mut line).expect("read the server's output") == 0 {
+                panic!("the server ended its output without a line starting {prefix:?}: {:?}", server.child.try_wait());
+            }
+            if let Some(addr) = line.trim_end().strip_prefix(prefix) {
+                server.addr = addr.trim().to_owned();
+                // The rest of its output is read and dropped, so the server
+                // never blocks on (or dies of) a full or closed pipe.
+                std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+                return server;
+            }
+        }
+    }
+
+    /// The port of [`addr`](Self::addr).
+    pub fn port(&self) -> u16 {
+        self.addr.rsplit(':').next().and_then(|p| p.parse().ok()).expect("the address ends in its port")
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
