@@ -45,9 +45,11 @@ use crate::doctor::Status;
 mod collect;
 mod folder;
 mod names;
+mod request;
 
 pub use collect::{Collection, Posted};
 pub use names::{expand_hostlist, fold_names, MAX_NODES};
+pub use request::{CheckArgs, CheckRequest, Place, PostArgs, PostRequest};
 use names::natural;
 
 /// The JSON layout's version (`schema`), raised only when a field changes meaning.

@@ -7,7 +7,10 @@
 //!   or a capture, in the job's environment ([`doctor::sources::judge`]).
 //! - [`nccl_log`]: what an `NCCL_DEBUG=INFO` log says about GPUDirect RDMA.
 //! - [`perf`]: `bw` and `lat`, perftest's method and columns.
+//! - [`fleet`]: every node's capture of a job judged together.
+//! - [`cli`]: the command's flags, decided once into typed requests.
 
+pub mod cli;
 pub mod doctor;
 pub mod fleet;
 pub mod nccl_log;

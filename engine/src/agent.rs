@@ -265,6 +265,16 @@ impl Agent {
         self.add(name, regions, skipped, started)
     }
 
+    /// The registration named `name`, as the call that registered it
+    /// returned it: the one registry of this agent's memory, so a program
+    /// (or a binding) need not keep its own.
+    ///
+    /// # Errors
+    /// [`EngineError::UnknownMemory`] when nothing is registered under it.
+    pub fn registration(&self, name: &str) -> Result<Registration, EngineError> {
+        self.core.registry.get(name).ok_or_else(|| EngineError::UnknownMemory { peer: self.name().to_owned(), name: name.to_owned() })
+    }
+
     /// Takes the registration named `name` out of this agent's metadata.
     /// Its memory is deregistered once nothing names it any more (its
     /// [`Registration`] handles, ranges and transfer requests); peers that

@@ -218,6 +218,7 @@ mod wc;
 mod wire;
 pub mod deadline;
 pub mod decode;
+pub mod sockaddr;
 pub mod sync;
 mod tracker;
 

@@ -174,23 +174,7 @@ impl<'a> UdSendWr<'a> {
         UdSendWr { imm: Some(imm), ..Self::send(to, local) }
     }
 
-    /// Sets the id reported in this request's completion.
-    pub fn wr_id(mut self, id: u64) -> Self {
-        self.wr_id = id;
-        self
-    }
-
-    /// Requests no completion (as [`SendWr::unsignaled`](crate::SendWr::unsignaled)).
-    pub fn unsignaled(mut self) -> Self {
-        self.signaled = false;
-        self
-    }
-
-    /// Copies the payload at post time (as [`SendWr::inline`](crate::SendWr::inline)).
-    pub fn inline(mut self) -> Self {
-        self.inline = true;
-        self
-    }
+    crate::wr::send_options!();
 }
 
 struct UdInner {

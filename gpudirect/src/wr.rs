@@ -13,6 +13,44 @@ use crate::pd::ProtectionDomain;
 use crate::mr::AccessFlags;
 use crate::mw::MemoryWindow;
 
+
+/// The builder methods every send request has, connected ([`SendWr`])
+/// or datagram ([`UdSendWr`](crate::UdSendWr)), written once: each type
+/// has the fields `wr_id`, `signaled` and `inline`.
+macro_rules! send_options {
+    () => {
+        /// Sets the id reported in this request's completion.
+        pub fn wr_id(mut self, id: u64) -> Self {
+            self.wr_id = id;
+            self
+        }
+
+        /// Requests no completion for this work request.
+        pub fn unsignaled(mut self) -> Self {
+            self.signaled = false;
+            self
+        }
+
+        /// Requests a completion for this work request (the default;
+        /// undoes [`unsignaled`](Self::unsignaled)).
+        pub fn signaled(mut self) -> Self {
+            self.signaled = true;
+            self
+        }
+
+        /// Copies the payload into the work request at post time
+        /// (`IBV_SEND_INLINE`): lower latency for small messages, and the
+        /// buffer is free again as soon as the post returns. The length
+        /// must not exceed the queue pair's `max_inline_data`. Not for
+        /// RDMA reads.
+        pub fn inline(mut self) -> Self {
+            self.inline = true;
+            self
+        }
+    };
+}
+pub(crate) use send_options;
+
 /// The operation of a send-queue work request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SendOp {
@@ -271,33 +309,7 @@ impl<'a> SendWr<'a> {
         Self::new(SendOp::Invalidate(rkey), SgList::empty())
     }
 
-    /// Sets the id reported in this request's completion.
-    pub fn wr_id(mut self, id: u64) -> Self {
-        self.wr_id = id;
-        self
-    }
-
-    /// Requests no completion for this work request.
-    pub fn unsignaled(mut self) -> Self {
-        self.signaled = false;
-        self
-    }
-
-    /// Requests a completion for this work request (the default; undoes
-    /// [`unsignaled`](Self::unsignaled)).
-    pub fn signaled(mut self) -> Self {
-        self.signaled = true;
-        self
-    }
-
-    /// Copies the payload into the work request at post time
-    /// (`IBV_SEND_INLINE`): lower latency for small messages, and the
-    /// buffer is free again as soon as `post_send` returns. The length
-    /// must not exceed the queue pair's `max_inline_data`. Not for RDMA reads.
-    pub fn inline(mut self) -> Self {
-        self.inline = true;
-        self
-    }
+    send_options!();
 
     /// Whether the NIC reads the request's source from a host-staged GPU
     /// region's mirror, which must be staged first.

@@ -461,50 +461,22 @@ fn step_connect(site: &'static Site, nic: usize, s: &mut Connecting) -> Result<O
 
 /// A TCP connection started without waiting for it to complete.
 fn nonblocking_connect(addr: SocketAddr) -> Result<TcpStream> {
-    let (family, sa, len) = sockaddr(addr);
+    let (sa, len) = gpudirect::sockaddr::to_storage(addr);
     // SAFETY: plain socket(2); the descriptor is owned by the TcpStream below.
-    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
+    let fd = unsafe { libc::socket(i32::from(sa.ss_family), libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         return Err(NetError::Io(format!("socket: {}", std::io::Error::last_os_error())));
     }
     // SAFETY: `fd` is a fresh socket this function owns.
     let stream = unsafe { TcpStream::from_raw_fd(fd) };
-    // SAFETY: `sa` holds a sockaddr of `len` bytes for `family`.
-    let rc = unsafe { libc::connect(fd, sa.as_ptr().cast(), len) };
+    // SAFETY: `sa` holds a sockaddr of `len` bytes of its family.
+    let rc = unsafe { libc::connect(fd, (&sa as *const libc::sockaddr_storage).cast(), len) };
     let err = std::io::Error::last_os_error();
     if rc != 0 && err.raw_os_error() != Some(libc::EINPROGRESS) {
         return Err(NetError::Remote(format!("connecting to {addr}: {err}")));
     }
     let _ = stream.set_nodelay(true);
     Ok(stream)
-}
-
-fn sockaddr(addr: SocketAddr) -> (i32, Vec<u8>, libc::socklen_t) {
-    match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: reading a plain-data struct's bytes.
-            let bytes = unsafe { std::slice::from_raw_parts((&sin as *const libc::sockaddr_in).cast::<u8>(), std::mem::size_of_val(&sin)) }.to_vec();
-            (libc::AF_INET, bytes, std::mem::size_of_val(&sin) as libc::socklen_t)
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: 0,
-                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: reading a plain-data struct's bytes.
-            let bytes = unsafe { std::slice::from_raw_parts((&sin6 as *const libc::sockaddr_in6).cast::<u8>(), std::mem::size_of_val(&sin6)) }.to_vec();
-            (libc::AF_INET6, bytes, std::mem::size_of_val(&sin6) as libc::socklen_t)
-        }
-    }
 }
 
 #[cfg(test)]

@@ -317,6 +317,7 @@ def fleet_check(
     expect: Optional[int] = None,
     nodes: Optional[str] = None,
     wait: Optional[float] = None,
+    since: Optional[int] = None,
     timeout: float = 30.0,
 ) -> Dict[str, Any]:
     """The job's GPUDirect RDMA verdict across its nodes, before launch.
@@ -332,6 +333,11 @@ def fleet_check(
     (a Slurm host list, ``"node[001-064]"``) they are also named in
     ``report["missing_nodes"]``, and captures from nodes not in it are
     listed in ``report["unexpected"]``, not judged, and fail the check.
+    ``wait`` needs ``expect`` or ``nodes`` (what to wait for). With
+    ``since`` (the job's start, seconds since the epoch:
+    ``$SLURM_JOB_START_TIME``), a capture posted before it (an earlier
+    run's, under the same job id) fails the check instead of being judged.
+    The same checks as ``gpudirect fleet check``, made by the same code.
 
     The captures are read from exactly one place: ``dir`` (``dir/job/``,
     a folder every node shares), ``rendezvous`` (``"host:port"`` of
@@ -340,11 +346,13 @@ def fleet_check(
     each request within ``timeout`` seconds.
 
     Raises DoctorError when the captures cannot be listed, none or more
-    than one place is given, or the job id is not a plain name. The GIL is
+    than one place is given, the job id is not a plain name, ``wait`` has
+    nothing to wait for, or ``expect`` and ``nodes`` are both given;
+    ValueError for a negative or infinite ``wait`` or ``timeout``. The GIL is
     released while it waits and judges.
     """
     where = None if dir is None else os.fspath(dir)
-    out, _, _ = _native.fleet_check(where, job=job, rendezvous=rendezvous, etcd=etcd, expect=expect, nodes=nodes, wait=wait, timeout=timeout)
+    out, _, _ = _native.fleet_check(where, job=job, rendezvous=rendezvous, etcd=etcd, expect=expect, nodes=nodes, wait=wait, since=since, timeout=timeout)
     return json.loads(out)
 
 

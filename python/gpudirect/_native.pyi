@@ -37,6 +37,7 @@ def fleet_check(
     expect: Optional[int] = None,
     nodes: Optional[str] = None,
     wait: Optional[float] = None,
+    since: Optional[int] = None,
     timeout: float = 30.0,
 ) -> Tuple[str, str, int]:
     """Judge every node's capture of a job together, from a shared folder,

@@ -6,9 +6,8 @@
 //! asyncio loop; statistics as dicts; publish and lookup through a
 //! rendezvous server.
 
-use std::collections::HashMap;
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
@@ -16,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use gpudirect_engine::{
-    AgentConfig, AgentMetadata, Broadcast as RustBroadcast, ClusterSecret, EngineError as Rust, Op, ReceiverStatus, Registration,
+    AgentConfig, AgentMetadata, Broadcast as RustBroadcast, ClusterSecret, EngineError as Rust, Op, ReceiverStatus,
     RendezvousConfig, RendezvousServer as RustServer, TcpRendezvous, TransferRequest, TransferStats, TransferStatus,
 };
 use gpudirect::{Gpu, GpuBuffer, GpuPolicy, Registerable};
@@ -50,8 +49,55 @@ fn posted(what: &str, status: Result<TransferStatus, gpudirect_engine::EngineErr
     }
 }
 
+/// What a transfer request and a broadcast share, so that their Python
+/// classes post, wait and are awaited by one code path each.
+trait Postable: Sync {
+    /// How an error names it.
+    const KIND: &'static str;
+    /// The asyncio driver in `gpudirect._aio` that awaits it.
+    const AWAIT: &'static str;
+    fn status(&self) -> Result<TransferStatus, Rust>;
+    fn wait(&self, timeout: Option<Duration>) -> Result<(), Rust>;
+}
+
+impl Postable for TransferRequest {
+    const KIND: &'static str = "request";
+    const AWAIT: &'static str = "completed";
+    fn status(&self) -> Result<TransferStatus, Rust> {
+        TransferRequest::status(self)
+    }
+    fn wait(&self, timeout: Option<Duration>) -> Result<(), Rust> {
+        TransferRequest::wait(self, timeout)
+    }
+}
+
+impl Postable for RustBroadcast {
+    const KIND: &'static str = "broadcast";
+    const AWAIT: &'static str = "settled";
+    fn status(&self) -> Result<TransferStatus, Rust> {
+        RustBroadcast::status(self)
+    }
+    fn wait(&self, timeout: Option<Duration>) -> Result<(), Rust> {
+        RustBroadcast::wait(self, timeout)
+    }
+}
+
+/// `wait(timeout)` of either, without the GIL; one never posted raises.
+fn wait_on<T: Postable>(py: Python<'_>, inner: &T, timeout: Option<f64>) -> PyResult<()> {
+    let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+    posted(T::KIND, py.detach(|| inner.status()))?;
+    py.detach(|| inner.wait(timeout)).map_err(to_py)
+}
+
+/// `await` of either, on the running asyncio loop (`gpudirect._aio`).
+fn await_on<'py, T: Postable>(slf: &Bound<'py, PyAny>, inner: &T) -> PyResult<Bound<'py, PyAny>> {
+    posted(T::KIND, slf.py().detach(|| inner.status()))?;
+    let aio = slf.py().import("gpudirect._aio")?;
+    aio.call_method1(T::AWAIT, (slf,))?.call_method0("__await__")
+}
+
 fn poisoned() -> PyErr {
-    ConfigError::new_err("a thread panicked holding this agent's registrations")
+    ConfigError::new_err("a thread panicked holding this agent's handle")
 }
 
 /// A Python object's bytes, registered in place. `keep` is the object that
@@ -101,7 +147,6 @@ pub struct Agent {
     /// `None` once closed.
     inner: RwLock<Option<Arc<gpudirect_engine::Agent>>>,
     name: String,
-    regions: Mutex<HashMap<String, Registration>>,
 }
 
 impl Agent {
@@ -149,7 +194,7 @@ impl Agent {
         config.timeout = seconds("timeout", timeout)?;
         let inner = py.detach(|| gpudirect_engine::Agent::new(config)).map_err(to_py)?;
         let name = inner.name().to_owned();
-        Ok(Agent { inner: RwLock::new(Some(Arc::new(inner))), name, regions: Mutex::new(HashMap::new()) })
+        Ok(Agent { inner: RwLock::new(Some(Arc::new(inner))), name })
     }
 
     /// This agent's name.
@@ -166,12 +211,8 @@ impl Agent {
     /// fail on their own. Closing twice does nothing.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         let agent = self.inner.write().map_err(|_| poisoned())?.take();
-        let regions = std::mem::take(&mut *self.regions.lock().map_err(|_| poisoned())?);
         // Joining the listener thread waits: without the GIL.
-        py.detach(move || {
-            drop(regions);
-            drop(agent);
-        });
+        py.detach(move || drop(agent));
         Ok(())
     }
 
@@ -192,8 +233,7 @@ impl Agent {
         }
         let mem = PyMemory { _keep: keep, ptr: addr as *mut u8, len };
         let agent = self.agent()?;
-        let reg = py.detach(|| agent.register(&name, mem)).map_err(to_py)?;
-        self.regions.lock().map_err(|_| poisoned())?.insert(name, reg);
+        py.detach(|| agent.register(&name, mem)).map_err(to_py)?;
         Ok(len)
     }
 
@@ -213,8 +253,7 @@ impl Agent {
             _ => return Err(PyValueError::new_err(format!("policy {policy:?}: use \"require\", \"prefer\" or \"host-staged\""))),
         };
         let agent = self.agent()?;
-        let reg = py
-            .detach(|| {
+        py.detach(|| {
                 let g = Gpu::open(gpu)?;
                 // SAFETY: `keep` owns the memory (the Python object the
                 // pointer came from, which frees it only when it goes),
@@ -223,7 +262,6 @@ impl Agent {
                 agent.register_gpu(&name, buf, policy)
             })
             .map_err(to_py)?;
-        self.regions.lock().map_err(|_| poisoned())?.insert(name, reg);
         Ok(len)
     }
 
@@ -231,8 +269,7 @@ impl Agent {
     /// "paths": [(device, how the NIC reaches it)], "skipped": [(device,
     /// why)]}`.
     fn registration<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
-        let regions = self.regions.lock().map_err(|_| poisoned())?;
-        let reg = regions.get(name).ok_or_else(|| to_py(Rust::UnknownMemory { peer: self.name.clone(), name: name.to_owned() }))?;
+        let reg = self.agent()?.registration(name).map_err(to_py)?;
         let d = PyDict::new(py);
         d.set_item("name", reg.name())?;
         d.set_item("nbytes", reg.len())?;
@@ -245,10 +282,7 @@ impl Agent {
     /// Removes a registration; its buffer is released once no request
     /// holds it (drop or re-prepare the requests that name it).
     fn deregister(&self, name: &str) -> PyResult<()> {
-        let reg = self.regions.lock().map_err(|_| poisoned())?.remove(name);
-        self.agent()?.deregister(name).map_err(to_py)?;
-        drop(reg);
-        Ok(())
+        self.agent()?.deregister(name).map_err(to_py)
     }
 
     /// The agent's sealed metadata, for `load_remote` on its peers.
@@ -290,16 +324,15 @@ impl Agent {
             _ => return Err(PyValueError::new_err(format!("op {op:?}: use \"write\" or \"read\""))),
         };
         let range = |e: gpudirect::Error| PyValueError::new_err(e.to_string());
-        let regions = this.regions.lock().map_err(|_| poisoned())?;
+        let agent = this.agent()?;
         let mut list = Vec::with_capacity(entries.len());
         for (local, loff, peer, remote, roff, len) in entries {
-            let reg = regions.get(&local).ok_or_else(|| to_py(Rust::UnknownMemory { peer: this.name.clone(), name: local.clone() }))?;
+            let reg = agent.registration(&local).map_err(to_py)?;
             let l = reg.range(loff..loff.checked_add(len).ok_or_else(|| PyValueError::new_err("offset + length overflows"))?).map_err(range)?;
             let rmem = this.agent()?.peer(&peer).map_err(to_py)?.memory(&remote).map_err(to_py)?;
             let r = rmem.range(roff..roff.checked_add(len as u64).ok_or_else(|| PyValueError::new_err("offset + length overflows"))?).map_err(range)?;
             list.push((l, r));
         }
-        drop(regions);
         let req = this.agent()?.prepare(op, &list, notify.as_deref()).map_err(to_py)?;
         Ok(Request { inner: req, agent: slf.clone().into_any().unbind() })
     }
@@ -312,11 +345,7 @@ impl Agent {
         let this = slf.borrow();
         let range = |e: gpudirect::Error| PyValueError::new_err(e.to_string());
         let end = offset.checked_add(length).ok_or_else(|| PyValueError::new_err("offset + length overflows"))?;
-        let local = {
-            let regions = this.regions.lock().map_err(|_| poisoned())?;
-            let reg = regions.get(source).ok_or_else(|| to_py(Rust::UnknownMemory { peer: this.name.clone(), name: source.to_owned() }))?;
-            reg.range(offset..end).map_err(range)?
-        };
+        let local = this.agent()?.registration(source).map_err(to_py)?.range(offset..end).map_err(range)?;
         let mut list = Vec::with_capacity(targets.len());
         for (peer, remote, roff) in targets {
             let rmem = this.agent()?.peer(&peer).map_err(to_py)?.memory(&remote).map_err(to_py)?;
@@ -476,9 +505,7 @@ impl Request {
     /// Waits until every byte is in place (`timeout` seconds, or forever).
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
-        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
-        posted("request", py.detach(|| self.inner.status()))?;
-        py.detach(|| self.inner.wait(timeout)).map_err(to_py)
+        wait_on(py, &self.inner, timeout)
     }
 
     /// Gives up on the post in flight: it fails with `AbortedError`, its
@@ -497,11 +524,7 @@ impl Request {
     /// `await request`: until the last post finished, on the running
     /// asyncio loop (`gpudirect._aio`).
     fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        let this = slf.borrow();
-        let inner = &this.inner;
-        posted("request", slf.py().detach(|| inner.status()))?;
-        let aio = slf.py().import("gpudirect._aio")?;
-        aio.call_method1("completed", (slf,))?.call_method0("__await__")
+        await_on(slf.as_any(), &slf.borrow().inner)
     }
 
     /// The peer it targets.
@@ -549,9 +572,7 @@ impl Broadcast {
     /// seconds, or forever).
     #[pyo3(signature = (timeout=None))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
-        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
-        posted("broadcast", py.detach(|| self.inner.status()))?;
-        py.detach(|| self.inner.wait(timeout)).map_err(to_py)
+        wait_on(py, &self.inner, timeout)
     }
 
     /// Whether the last post settled, never waiting; `False` arms the
@@ -563,11 +584,7 @@ impl Broadcast {
     /// `await broadcast`: until the last post settled, on the running
     /// asyncio loop (`gpudirect._aio`).
     fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        let this = slf.borrow();
-        let inner = &this.inner;
-        posted("broadcast", slf.py().detach(|| inner.status()))?;
-        let aio = slf.py().import("gpudirect._aio")?;
-        aio.call_method1("settled", (slf,))?.call_method0("__await__")
+        await_on(slf.as_any(), &slf.borrow().inner)
     }
 
     /// Each receiver and how it stands: "pending", "whole" or

@@ -9,12 +9,13 @@
 use std::path::PathBuf;
 
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 
+use gpudirect_tools::doctor::log::{explain_log, LogSource};
 use gpudirect_tools::doctor::report::{Brief, Options, Report};
 use gpudirect_tools::doctor::sources::{judge, Sources};
-use gpudirect_tools::{fleet, nccl_log};
+use gpudirect_tools::fleet;
 
 mod engine;
 mod errors;
@@ -54,9 +55,6 @@ fn doctor(
     device: Option<String>,
     verbose: bool,
 ) -> PyResult<Rendered> {
-    if [env_file.is_some(), pid.is_some(), nccl_log.is_some()].into_iter().filter(|x| *x).count() > 1 {
-        return Err(DoctorError::new_err("give at most one of env_file, pid and nccl_log: each is the whole job environment"));
-    }
     let sources = Sources { shell_over_capture: true, env_file, pid, nccl_log, capture, from: from_capture, ..Sources::this_machine() };
     let opts = Options { gpu, device };
     // Probing verbs and CUDA takes time; other Python threads run meanwhile.
@@ -67,11 +65,7 @@ fn doctor(
 /// Reads an `NCCL_DEBUG=INFO` log's text; see `gpudirect.explain_nccl_log`.
 #[pyfunction]
 fn explain_nccl_log(py: Python<'_>, text: String) -> PyResult<Rendered> {
-    let report = py.detach(|| {
-        let mut r = nccl_log::explain(&text);
-        gpudirect_tools::doctor::env::judge_log_environment(&mut r, "the log given");
-        r
-    });
+    let report = py.detach(|| explain_log(&LogSource::Text(text))).map_err(DoctorError::new_err)?;
     let json = serde_json::to_string(&report).map_err(|e| GpudirectError::new_err(e.to_string()))?;
     Ok((json, report.to_string(), report.exit_status()))
 }
@@ -79,7 +73,7 @@ fn explain_nccl_log(py: Python<'_>, text: String) -> PyResult<Rendered> {
 /// Judges every node's capture of a job together, from a shared folder,
 /// the rendezvous server or etcd; see `gpudirect.fleet_check`.
 #[pyfunction]
-#[pyo3(signature = (dir=None, *, job=None, rendezvous=None, etcd=None, expect=None, nodes=None, wait=None, timeout=30.0))]
+#[pyo3(signature = (dir=None, *, job=None, rendezvous=None, etcd=None, expect=None, nodes=None, wait=None, since=None, timeout=30.0))]
 #[allow(clippy::too_many_arguments)]
 fn fleet_check(
     py: Python<'_>,
@@ -90,24 +84,24 @@ fn fleet_check(
     expect: Option<usize>,
     nodes: Option<String>,
     wait: Option<f64>,
+    since: Option<u64>,
     timeout: f64,
 ) -> PyResult<Rendered> {
-    let secs = |s: f64| std::time::Duration::from_secs_f64(if s.is_finite() { s.clamp(0.0, 1e6) } else { 0.0 });
-    let report = py
-        .detach(|| {
-            let from = fleet::Collection::open(dir.as_deref(), rendezvous.as_deref(), &etcd.unwrap_or_default(), secs(timeout).max(std::time::Duration::from_millis(1)))?;
-            let expect = match (expect, nodes) {
-                (Some(_), Some(_)) => return Err("give expect or nodes, not both".to_owned()),
-                (Some(n), None) => Some(fleet::Expect::Count(n)),
-                (None, Some(list)) => Some(fleet::Expect::Names(fleet::expand_hostlist(&list)?)),
-                (None, None) => None,
-            };
-            if let (Some(e), Some(w)) = (&expect, wait) {
-                from.wait_for(job.as_deref(), e, secs(w));
-            }
-            fleet::check(&from, job.as_deref(), expect.as_ref())
-        })
-        .map_err(DoctorError::new_err)?;
+    // Python's seconds as a Duration; what they mean is the library's
+    // to check, as for the command line.
+    let secs = |what: &str, s: f64| {
+        std::time::Duration::try_from_secs_f64(s).map_err(|_| PyValueError::new_err(format!("{what} {s}: seconds, at least 0 and finite")))
+    };
+    let args = fleet::CheckArgs {
+        place: fleet::Place { dir, rendezvous, etcd: etcd.unwrap_or_default() },
+        job,
+        expect,
+        nodes,
+        wait: wait.map(|w| secs("wait", w)).transpose()?,
+        since,
+        timeout: secs("timeout", timeout)?,
+    };
+    let report = py.detach(|| fleet::CheckRequest::new(args)?.run()).map_err(DoctorError::new_err)?;
     let json = serde_json::to_string(&report).map_err(|e| GpudirectError::new_err(e.to_string()))?;
     Ok((json, report.to_string(), report.exit_status()))
 }

@@ -117,6 +117,29 @@ def test_fleet_check_names_the_node_that_would_stage(clean_env, tmp_path):
         gpudirect.fleet_check(tmp_path, job="../x")
 
 
+def test_fleet_check_refuses_what_the_command_refuses(clean_env, tmp_path):
+    # The same checks as `gpudirect fleet check`, by the same code: once,
+    # a wait with nothing to wait for was refused there and ignored here.
+    (tmp_path / "job-9").mkdir()
+    with pytest.raises(gpudirect.DoctorError, match="--wait needs --expect N or --nodes LIST"):
+        gpudirect.fleet_check(tmp_path, job="job-9", wait=1.0)
+    with pytest.raises(gpudirect.DoctorError, match="not both"):
+        gpudirect.fleet_check(tmp_path, job="job-9", expect=2, nodes="n[1-2]")
+    with pytest.raises(gpudirect.DoctorError, match="clock"):
+        gpudirect.fleet_check(tmp_path, job="job-9", since=2**64 - 1)
+    with pytest.raises(ValueError, match="wait -1"):
+        gpudirect.fleet_check(tmp_path, job="job-9", expect=1, wait=-1.0)
+
+
+def test_fleet_check_since_refuses_captures_from_before_the_job(clean_env, tmp_path):
+    job = tmp_path / "job-9"
+    job.mkdir()
+    (job / "n01.json").write_text(CAPTURE.read_text())
+    assert gpudirect.fleet_check(tmp_path, job="job-9", since=0)["nodes"] == 1
+    r = gpudirect.fleet_check(tmp_path, job="job-9", since=int(time.time()) + 3600)
+    assert not r["available_everywhere"], r
+
+
 def test_fleet_check_reads_from_exactly_one_place(clean_env, tmp_path):
     for bad in ({}, {"dir": tmp_path, "rendezvous": "127.0.0.1:1"}):
         with pytest.raises(gpudirect.DoctorError, match="exactly one place"):

@@ -49,6 +49,23 @@ fn by_check(f: &[(String, String, String)]) -> HashMap<&str, &(String, String, S
     m
 }
 
+/// A doctor report (`doctor --json`) or a capture, as the report to
+/// compare: a capture is judged as `--from` would, in its own
+/// environment, from the text already read (bounded, regular files only).
+///
+/// # Errors
+/// A sentence naming the file and what is wrong with it.
+pub fn read_report(path: &std::path::Path) -> Result<Value, String> {
+    let text = super::input::read_text(path, "report", super::input::CAPTURE_LIMIT).map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+    if v.get("format").is_none() {
+        return Ok(v);
+    }
+    let c = super::capture::Capture::parse(&text, &path.display().to_string()).map_err(|e| e.to_string())?;
+    let report = super::sources::judge_capture(c, &super::report::Options::default())?;
+    serde_json::to_value(&report).map_err(|e| e.to_string())
+}
+
 /// Compares report `a` (before) with `b` (after).
 ///
 /// # Errors

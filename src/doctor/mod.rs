@@ -147,6 +147,7 @@ pub mod input;
 pub mod iommu;
 pub mod jobenv;
 pub mod jobfile;
+pub mod log;
 pub mod open;
 pub mod pci;
 pub mod plan;

@@ -4,7 +4,7 @@
 //! one entry point that judges them, writing a capture when asked. The
 //! command line and the Python package both call [`judge`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use gpudirect::sysroot::SysRoot;
 
@@ -42,15 +42,39 @@ impl Sources {
     pub fn this_machine() -> Sources {
         Sources { root: PathBuf::from("/"), ..Sources::default() }
     }
+
+    /// Whether the sources can be judged together: the job's environment
+    /// comes from one place (a file, a process or a log, each the whole
+    /// of it), and a capture stands for the machine (no root, no answers
+    /// beside it). The one check of a request, whichever front end made it.
+    ///
+    /// # Errors
+    /// A sentence naming the sources that exclude each other.
+    pub fn check(&self) -> Result<(), String> {
+        let env: Vec<&str> = [(self.env_file.is_some(), "env_file"), (self.pid.is_some(), "pid"), (self.nccl_log.is_some(), "nccl_log")]
+            .into_iter()
+            .filter_map(|(given, name)| given.then_some(name))
+            .collect();
+        if env.len() > 1 {
+            return Err(format!("{} given together: give at most one, each is the whole job environment", env.join(" and ")));
+        }
+        let root_given = !(self.root.as_os_str().is_empty() || self.root == Path::new("/"));
+        if self.from.is_some() && (root_given || self.answers.is_some()) {
+            return Err("a capture (from) stands for the machine: not with a root or answers".into());
+        }
+        Ok(())
+    }
 }
 
 /// Judges this machine (or the one under `root`, or a capture), writing a
 /// capture when asked.
 ///
 /// # Errors
-/// A sentence naming what could not be read (a capture, an env file, a
-/// process, a log) or written.
+/// A sentence naming sources that exclude each other ([`Sources::check`]),
+/// or what could not be read (a capture, an env file, a process, a log)
+/// or written.
 pub fn judge(s: &Sources, opts: &Options) -> Result<Report, String> {
+    s.check()?;
     let (root, job, probes): (SysRoot, JobEnv, Box<dyn Probes>) = if let Some(from) = &s.from {
         captured(Capture::read(from).map_err(|e| e.to_string())?, s)?
     } else {

@@ -6,7 +6,7 @@
 //! positions found by searching for ASCII text, which are always character
 //! boundaries.
 
-use super::{Direction, Transport};
+use super::{Direction, GdrSupport, Transport};
 
 /// What NCCL's own prefix (`host:pid:tid [dev] NCCL INFO`) said about a line.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -492,24 +492,12 @@ pub(super) fn parse_version(msg: &str) -> Option<String> {
     }
 }
 
-/// A `GPU Direct RDMA Enabled|Disabled for ...` line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct SupportLine {
-    pub net: Option<String>,
-    pub enabled: bool,
-    pub hca: Option<u64>,
-    pub hca_name: Option<String>,
-    pub gpu: Option<String>,
-    pub detail: Option<String>,
-    pub mechanism: Option<String>,
-    pub read: Option<bool>,
-}
-
 /// Recognises the per-HCA line (`NET/IB : GPU Direct RDMA Disabled for HCA 0
 /// 'mlx5_0'`, with `(no module)` up to 2.12) and the per-GPU topology lines
 /// (2.4: `... for GPU 2[2] / HCA 0 (distance 3 >= 2)`; later
 /// `GPU Direct RDMA Enabled for GPU 1b000 / HCA 0 (distance 1 <= 3), read 0`).
-pub(super) fn parse_support(msg: &str) -> Option<SupportLine> {
+/// The line's number and host are the scan's to fill (0 and none here).
+pub(super) fn parse_support(msg: &str) -> Option<GdrSupport> {
     let at = msg.find("GPU Direct RDMA ")?;
     let mut rest = &msg[at + "GPU Direct RDMA ".len()..];
     // 2.19+ name the registration path: `(DMABUF) enabled`, `(nvidia-peermem) enabled`.
@@ -527,7 +515,9 @@ pub(super) fn parse_support(msg: &str) -> Option<SupportLine> {
         return None;
     };
     rest = after.trim_start().strip_prefix("for ")?;
-    let mut line = SupportLine {
+    let mut line = GdrSupport {
+        line: 0,
+        host: None,
         net: net_name_before(&msg[..at]),
         enabled,
         hca: None,

@@ -208,18 +208,7 @@ impl Scan {
         }
         if let Some(s) = parse::parse_support(msg) {
             if self.first_time(1, prefix.host.clone(), msg) {
-                self.support.push(GdrSupport {
-                    line: n,
-                    host: prefix.host.clone(),
-                    net: s.net,
-                    enabled: s.enabled,
-                    hca: s.hca,
-                    hca_name: s.hca_name,
-                    gpu: s.gpu,
-                    detail: s.detail,
-                    mechanism: s.mechanism,
-                    read: s.read,
-                });
+                self.support.push(GdrSupport { line: n, host: prefix.host.clone(), ..s });
             }
             return;
         }

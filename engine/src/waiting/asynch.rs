@@ -38,8 +38,7 @@ impl Core {
     /// Until the post `state` is in has finished (or failed), reaping the
     /// send completions of `nics`.
     pub(crate) async fn completed(&self, state: &crate::transfers::core::ReqState, nics: &[usize]) -> Result<(), EngineError> {
-        let fds = self.channels.get(&self.pool.nics)?;
-        let _w = Waiting::new(&self.progress);
+        let (fds, _, _w) = self.waiting()?;
         loop {
             let notified = self.progress.notify.notified();
             tokio::pin!(notified);
@@ -68,9 +67,7 @@ impl Core {
     /// `look` reaps what it needs; the CQs are armed before each look,
     /// so nothing that arrives after it goes unseen.
     pub(crate) async fn until(&self, mut look: impl FnMut() -> Result<bool, EngineError>, tick: std::time::Duration) -> Result<(), EngineError> {
-        let fds = self.channels.get(&self.pool.nics)?;
-        let all: Vec<usize> = (0..self.pool.nics.len()).collect();
-        let _w = Waiting::new(&self.progress);
+        let (fds, all, _w) = self.waiting()?;
         loop {
             let notified = self.progress.notify.notified();
             tokio::pin!(notified);
@@ -90,9 +87,7 @@ impl Core {
 
     /// The next notification.
     pub(crate) async fn notification(&self) -> Result<crate::wire::notify::Notification, EngineError> {
-        let fds = self.channels.get(&self.pool.nics)?;
-        let all: Vec<usize> = (0..self.pool.nics.len()).collect();
-        let _w = Waiting::new(&self.progress);
+        let (fds, all, _w) = self.waiting()?;
         loop {
             let notified = self.progress.notify.notified();
             tokio::pin!(notified);
@@ -118,6 +113,14 @@ impl Core {
             let sides: &[Side] = if relaying { &[Side::Recv, Side::Send] } else { &[Side::Recv] };
             self.sleep(fds, &all, sides, notified).await?;
         }
+    }
+
+    /// What every wait here starts with: the channels (registered with
+    /// this runtime once), every NIC's index, and this task counted among
+    /// the sleepers for as long as the guard lives.
+    fn waiting(&self) -> Result<(&[NicFds], Vec<usize>, Waiting<'_>), EngineError> {
+        let fds = self.channels.get(&self.pool.nics)?;
+        Ok((fds, (0..self.pool.nics.len()).collect(), Waiting::new(&self.progress)))
     }
 
     /// Until one of `nics`' channels of `sides` fires (its events taken)

@@ -2,7 +2,7 @@
 //! conversions between `SocketAddr` and `sockaddr`.
 
 use std::ffi::CStr;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ptr::NonNull;
 
 use gpudirect_sys as sys;
@@ -196,58 +196,19 @@ pub(super) fn event_name(kind: cm::rdma_cm_event_type) -> String {
     unsafe { CStr::from_ptr(cm::rdma_event_str(kind)) }.to_string_lossy().into_owned()
 }
 
-/// `addr` as a `sockaddr_storage` for librdmacm.
+/// `addr` as librdmacm's `sockaddr_storage` (bindgen's copy of libc's).
 pub(super) fn to_sockaddr(addr: SocketAddr) -> cm::sockaddr_storage {
-    let mut out = cm::sockaddr_storage::default();
-    match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: a sockaddr_in fits in (and is laid out for) sockaddr_storage.
-            unsafe { std::ptr::write_unaligned((&mut out as *mut cm::sockaddr_storage).cast(), sin) };
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo().to_be(),
-                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: as above, for sockaddr_in6.
-            unsafe { std::ptr::write_unaligned((&mut out as *mut cm::sockaddr_storage).cast(), sin6) };
-        }
-    }
-    out
+    const _: () = assert!(std::mem::size_of::<cm::sockaddr_storage>() == std::mem::size_of::<libc::sockaddr_storage>());
+    let (s, _) = crate::sockaddr::to_storage(addr);
+    // SAFETY: the same C type, bindgen's and libc's, of the same size.
+    unsafe { std::ptr::read_unaligned((&s as *const libc::sockaddr_storage).cast::<cm::sockaddr_storage>()) }
 }
 
-/// A `sockaddr_storage` as a `SocketAddr`; `None` for other families.
+/// librdmacm's `sockaddr_storage` as a `SocketAddr`; `None` for other families.
 pub(super) fn from_sockaddr(s: &cm::sockaddr_storage) -> Option<SocketAddr> {
-    let p = (s as *const cm::sockaddr_storage).cast::<u8>();
-    match i32::from(s.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: the family says it holds a sockaddr_in.
-            let sin = unsafe { std::ptr::read_unaligned(p.cast::<libc::sockaddr_in>()) };
-            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: as above, sockaddr_in6.
-            let sin6 = unsafe { std::ptr::read_unaligned(p.cast::<libc::sockaddr_in6>()) };
-            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                ip,
-                u16::from_be(sin6.sin6_port),
-                u32::from_be(sin6.sin6_flowinfo),
-                sin6.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
+    // SAFETY: the same C type, bindgen's and libc's, of the same size.
+    let s = unsafe { std::ptr::read_unaligned((s as *const cm::sockaddr_storage).cast::<libc::sockaddr_storage>()) };
+    crate::sockaddr::from_storage(&s)
 }
 
 /// The unspecified address of `addr`'s family, port 0: a peer's address

@@ -77,8 +77,8 @@ impl MemoryRegion {
         };
         let gpu = Some(GpuMemory { buf, path });
         Ok(match share {
-            None => Self::finish(pd, mr, iova as *mut u8, len, access, Box::new(()), gpu),
-            Some(owner) => Self::finish_shared(pd, mr, iova as *mut u8, len, access, Box::new(owner.clone()), gpu, owner.inner.claims.clone()),
+            None => Self::finish(pd, mr, iova as *mut u8, len, access, Box::new(()), gpu, None),
+            Some(owner) => Self::finish(pd, mr, iova as *mut u8, len, access, Box::new(owner.clone()), gpu, Some(owner)),
         })
     }
 
@@ -92,7 +92,7 @@ impl MemoryRegion {
         let gpu = GpuMemory { buf, path: RegistrationPath::HostStaged };
         // Before the region exists, so before anything can be posted on it.
         pd.inner.stages_in.store(true, std::sync::atomic::Ordering::Relaxed);
-        Ok(Self::finish(pd, mr, ptr, len, access, Box::new(mirror), Some(gpu)))
+        Ok(Self::finish(pd, mr, ptr, len, access, Box::new(mirror), Some(gpu), None))
     }
 
     /// For a host-staged region ([`RegistrationPath::HostStaged`]): copies

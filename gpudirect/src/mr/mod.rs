@@ -260,7 +260,7 @@ impl MemoryRegion {
         // SAFETY: `Registerable` promises `ptr..ptr+len` stays valid and
         // unaliased while `buf` lives, and the region owns `buf`.
         let (mr, access) = unsafe { reg_mr(pd, ptr, len, access)? };
-        Ok(Self::finish(pd, mr, ptr, len, access, Box::new(buf), None))
+        Ok(Self::finish(pd, mr, ptr, len, access, Box::new(buf), None, None))
     }
 
     /// Registers this region's bytes again, in protection domain `pd`
@@ -297,7 +297,7 @@ impl MemoryRegion {
         // keeps this region (which owns or was promised them) as its
         // backing, dropped only after its own deregistration.
         let (mr, access) = unsafe { reg_mr(pd, addr, len, access)? };
-        let region = Self::finish_shared(pd, mr, addr, len, access, Box::new(self.clone()), None, self.inner.claims.clone());
+        let region = Self::finish(pd, mr, addr, len, access, Box::new(self.clone()), None, Some(self));
         Ok(region)
     }
 
@@ -316,7 +316,7 @@ impl MemoryRegion {
     pub unsafe fn register_raw(pd: &ProtectionDomain, addr: *mut u8, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
         // SAFETY: forwarded to our caller.
         let (mr, access) = unsafe { reg_mr(pd, addr, len, access)? };
-        Ok(Self::finish(pd, mr, addr, len, access, Box::new(()), None))
+        Ok(Self::finish(pd, mr, addr, len, access, Box::new(()), None, None))
     }
 
     /// Asks the NIC's provider whether it can register dma-buf memory, the
@@ -337,6 +337,11 @@ impl MemoryRegion {
         }
     }
 
+    /// The region of a registration `mr` of `len` bytes at `addr`,
+    /// keeping `backing` (what owns the memory) until it goes. `shares`:
+    /// another region of the same memory whose record of users this one
+    /// joins (the same bytes registered in another protection domain).
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         pd: &ProtectionDomain,
         mr: NonNull<sys::ibv_mr>,
@@ -345,21 +350,9 @@ impl MemoryRegion {
         access: AccessFlags,
         backing: Box<dyn Any + Send + Sync>,
         gpu: Option<GpuMemory>,
+        shares: Option<&MemoryRegion>,
     ) -> MemoryRegion {
-        Self::finish_shared(pd, mr, addr, len, access, backing, gpu, Arc::default())
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn finish_shared(
-        pd: &ProtectionDomain,
-        mr: NonNull<sys::ibv_mr>,
-        addr: *mut u8,
-        len: usize,
-        access: AccessFlags,
-        backing: Box<dyn Any + Send + Sync>,
-        gpu: Option<GpuMemory>,
-        claims: Arc<SharedClaims>,
-    ) -> MemoryRegion {
+        let claims: Arc<SharedClaims> = shares.map(|o| o.inner.claims.clone()).unwrap_or_default();
         claims.domains.lock().push(pd.clone());
         // SAFETY: a successfully registered MR is readable.
         let (lkey, rkey) = unsafe { ((*mr.as_ptr()).lkey, (*mr.as_ptr()).rkey) };
