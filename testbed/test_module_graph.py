@@ -67,6 +67,30 @@ class ModuleGraph(unittest.TestCase):
         self.assertEqual(rc, 1, out)
         self.assertIn("UPWARD: wire::auth (bottom) imports agent (top)", out)
 
+    def test_an_upward_import_inside_a_use_group_fails(self):
+        # `use crate::{a, b::{c, d}}` names each module it reaches.
+        files = self.clean()
+        files["wire/auth.rs"] = "use crate::{wire, peers::{self, conn::Pool}};\npub struct Key;\n"
+        rc, out = self.run_on(files)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("UPWARD: wire::auth (bottom) imports peers::conn (middle)", out)
+        self.assertIn("UPWARD: wire::auth (bottom) imports peers (middle)", out)
+
+    def test_an_upward_import_from_an_inline_module_that_is_not_a_test_fails(self):
+        files = self.clean()
+        files["wire/auth.rs"] = "pub struct Key;\nmod helpers {\n    use crate::agent::Agent;\n}\n"
+        rc, out = self.run_on(files)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("UPWARD: wire::auth (bottom) imports agent (top)", out)
+
+    def test_a_tree_without_a_layer_list_fails(self):
+        src, doc = self.tree(self.clean())
+        with open(doc, "w") as f:
+            f.write("# a page without lists\n")
+        p = subprocess.run([TOOL, "--layers", doc, src], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 1, p.stdout)
+        self.assertIn("lists no layers for", p.stdout)
+
     def test_a_circle_fails(self):
         files = self.clean()
         files["peers/conn.rs"] = "use crate::peers::other::X;\n"
