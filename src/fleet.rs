@@ -86,6 +86,9 @@ pub struct FleetReport {
     /// Nodes that posted but are not among those named (`--nodes`): not
     /// judged, and the gate stays shut.
     pub unexpected: Vec<String>,
+    /// Captures beyond the number expected (`--expect N`): which is stray
+    /// cannot be told without names, so the gate stays shut.
+    pub surplus: usize,
     /// Nodes x the checks that matter, for [`svg`](Self::svg); not in the JSON.
     #[serde(skip)]
     pub grid: Grid,
@@ -160,11 +163,11 @@ pub struct Unreadable {
 
 impl FleetReport {
     /// 0 every node uses GPUDirect RDMA; 1 a node would stage, a capture
-    /// is missing or unreadable, or there is none at all (an empty fleet
+    /// is missing, unreadable or more than expected, or there is none at all (an empty fleet
     /// proves nothing, so the gate stays shut); 3 only open verdicts stand
     /// in the way.
     pub fn exit_status(&self) -> u8 {
-        if !self.staging.is_empty() || !self.unreadable.is_empty() || self.missing > 0 || !self.unexpected.is_empty() || self.nodes == 0 {
+        if !self.staging.is_empty() || !self.unreadable.is_empty() || self.missing > 0 || !self.unexpected.is_empty() || self.surplus > 0 || self.nodes == 0 {
             1
         } else if !self.open.is_empty() {
             3
@@ -327,6 +330,8 @@ pub struct Attendance {
     pub missing_nodes: Vec<String>,
     /// Nodes that posted but are not in the names expected (not judged).
     pub unexpected: Vec<String>,
+    /// Captures beyond the number expected.
+    pub surplus: usize,
 }
 
 /// Judges every capture posted under `job` in `from`.
@@ -391,9 +396,12 @@ pub fn check_since(from: &Collection, job: Option<&str>, expect: Option<&Expect>
     let attendance = match expect {
         Some(Expect::Names(v)) => {
             let missing_nodes: Vec<String> = v.iter().filter(|n| !seen.contains(n.as_str())).cloned().collect();
-            Attendance { missing: missing_nodes.len(), missing_nodes, unexpected }
+            Attendance { missing: missing_nodes.len(), missing_nodes, unexpected, surplus: 0 }
         }
-        Some(Expect::Count(n)) => Attendance { missing: n.saturating_sub(reports.len() + unreadable.len()), ..Attendance::default() },
+        Some(Expect::Count(n)) => {
+            let posted = reports.len() + unreadable.len();
+            Attendance { missing: n.saturating_sub(posted), surplus: posted.saturating_sub(*n), ..Attendance::default() }
+        }
         None => Attendance::default(),
     };
     Ok(summarise(job, &reports, unreadable, attendance))
@@ -401,7 +409,7 @@ pub fn check_since(from: &Collection, job: Option<&str>, expect: Option<&Expect>
 
 /// The fleet's report from every node's report.
 pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Node>)], unreadable: Vec<Unreadable>, attendance: Attendance) -> FleetReport {
-    let Attendance { missing, missing_nodes, unexpected } = attendance;
+    let Attendance { missing, missing_nodes, unexpected, surplus } = attendance;
     let mut staging: BTreeMap<Vec<String>, Vec<&(String, Arc<Node>)>> = BTreeMap::new();
     let mut open: BTreeMap<Vec<String>, Vec<&(String, Arc<Node>)>> = BTreeMap::new();
     for nr in reports {
@@ -441,7 +449,7 @@ pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Node>)], unreadable:
     let grid = grid(reports, &staging, &differences, &shared);
     let bad = staging.iter().map(|g| g.count).sum::<usize>();
     let n = reports.len();
-    let all_well = n > 0 && bad == 0 && open.is_empty() && unreadable.is_empty() && missing == 0 && unexpected.is_empty();
+    let all_well = n > 0 && bad == 0 && open.is_empty() && unreadable.is_empty() && missing == 0 && unexpected.is_empty() && surplus == 0;
     let line = if n == 0 && unreadable.is_empty() && missing == 0 && unexpected.is_empty() {
         "fleet: no captures to judge: nothing shows any node will use GPUDirect RDMA".to_owned()
     } else if all_well {
@@ -464,6 +472,9 @@ pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Node>)], unreadable:
         if !unexpected.is_empty() {
             parts.push(format!("{} capture(s) from nodes not expected", unexpected.len()));
         }
+        if surplus > 0 {
+            parts.push(format!("{surplus} capture(s) more than expected"));
+        }
         format!("fleet: {}", parts.join("; "))
     };
     FleetReport {
@@ -480,6 +491,7 @@ pub fn summarise(job: Option<&str>, reports: &[(String, Arc<Node>)], unreadable:
         missing,
         missing_nodes,
         unexpected,
+        surplus,
         grid,
     }
 }
@@ -665,6 +677,9 @@ impl std::fmt::Display for FleetReport {
         }
         if !r.unexpected.is_empty() {
             writeln!(f, "  NOT EXPECTED: {} capture(s) from nodes not in --nodes, not judged: {}", r.unexpected.len(), s(&fold_names(&r.unexpected)))?;
+        }
+        if r.surplus > 0 {
+            writeln!(f, "  MORE THAN EXPECTED: {} capture(s) beyond --expect: a stray or an earlier run's cannot be told apart without names (use --nodes, and --since)", r.surplus)?;
         }
         for sh in &r.shared {
             writeln!(f, "  on every node, {} {}: {}", sh.status, s(&sh.check), s(&sh.summary))?;

@@ -24,17 +24,59 @@ use crate::event::AsyncEvent;
 use crate::sync::Mutex;
 use crate::wc::WorkCompletion;
 
-/// What tokio watches: a duplicate of a channel's descriptor, its own
-/// ([`watch_fd`]).
+/// What tokio watches: a duplicate of a channel's descriptor, its own.
 /// Dropping the `AsyncFd` deregisters it and only then closes it, whatever
 /// its owner struct's field order, so the owner's descriptor being closed
 /// first (and its number reused by another thread's file) can never make
-/// the deregistration remove someone else's registration.
-pub struct WatchedFd(OwnedFd);
+/// the deregistration remove someone else's registration. Private, and
+/// never handed out mutably: tokio's `AsyncFd::get_mut` would let safe
+/// code swap two of them, breaking the registration's promise (the same
+/// descriptor for its whole life).
+struct Dup(OwnedFd);
 
-impl AsRawFd for WatchedFd {
+impl AsRawFd for Dup {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
+    }
+}
+
+/// A descriptor watched for readability on a tokio runtime's reactor
+/// ([`watch_fd`]): wait for it with [`readable`](Self::readable) or
+/// [`poll_read_ready`](Self::poll_read_ready). It owns a duplicate of the
+/// descriptor, deregistered before it is closed; the descriptor itself
+/// cannot be reached or replaced through it.
+pub struct WatchedFd(AsyncFd<Dup>);
+
+impl std::fmt::Debug for WatchedFd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("WatchedFd").field(&self.0.get_ref().0).finish()
+    }
+}
+
+/// Readiness of a [`WatchedFd`]: clear it once every event was taken (the
+/// channel said `EAGAIN`), so the next event wakes the waiter anew.
+pub struct ReadyGuard<'a>(tokio::io::unix::AsyncFdReadyGuard<'a, Dup>);
+
+impl ReadyGuard<'_> {
+    /// Forgets the readiness: the next wait sleeps until the descriptor is
+    /// readable again.
+    pub fn clear_ready(&mut self) {
+        self.0.clear_ready();
+    }
+}
+
+impl WatchedFd {
+    /// Until the descriptor is readable.
+    ///
+    /// # Errors
+    /// The reactor's I/O error.
+    pub async fn readable(&self) -> std::io::Result<ReadyGuard<'_>> {
+        self.0.readable().await.map(ReadyGuard)
+    }
+
+    /// [`readable`](Self::readable) as a poll, for hand-written futures.
+    pub fn poll_read_ready<'a>(&'a self, cx: &mut std::task::Context<'_>) -> std::task::Poll<std::io::Result<ReadyGuard<'a>>> {
+        self.0.poll_read_ready(cx).map(|r| r.map(ReadyGuard))
     }
 }
 
@@ -43,25 +85,41 @@ impl AsRawFd for WatchedFd {
 /// readable exactly when `fd` is): how a service over this crate sleeps on
 /// a [`CompletionQueue`]'s channel (`cq.as_fd()`) beside other futures.
 /// The duplicate keeps the file open; keep the channel's owner alive for
-/// as long as the returned `AsyncFd` to get its events.
+/// as long as the returned watch to get its events.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] outside a tokio runtime with I/O enabled, or
-/// when the descriptor cannot be duplicated or registered.
-pub fn watch_fd(fd: BorrowedFd<'_>) -> Result<AsyncFd<WatchedFd>> {
+/// [`Error::InvalidArgument`] outside a tokio runtime, in one built
+/// without I/O (`enable_io`), or when the descriptor cannot be duplicated
+/// or registered.
+pub fn watch_fd(fd: BorrowedFd<'_>) -> Result<WatchedFd> {
+    watch(fd).map(WatchedFd)
+}
+
+/// [`watch_fd`] for this module's own waiters.
+fn watch(fd: BorrowedFd<'_>) -> Result<AsyncFd<Dup>> {
     let refused = |why: String| {
         Error::InvalidArgument(format!("watching a completion or event channel with tokio failed ({why}): it needs a tokio runtime with I/O enabled"))
     };
     // Registering outside a runtime would panic: refuse instead.
     tokio::runtime::Handle::try_current().map_err(|e| refused(e.to_string()))?;
     let own = fd.try_clone_to_owned().map_err(|e| refused(format!("dup: {e}")))?;
-    // SAFETY: `Watched` owns the duplicate; it stays open, the same file,
-    // until the `AsyncFd` drops it, which deregisters it first.
-    unsafe { AsyncFd::register_with_interest(WatchedFd(own), Interest::READABLE) }.map_err(|e| refused(e.to_string()))
+    // A runtime built without I/O panics at registration, and tokio offers
+    // no way to ask first: the panic is caught and refused instead (the
+    // panic hook still prints tokio's message).
+    let registered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: `Dup` owns the duplicate and never hands it out mutably;
+        // it stays open, the same file, until the `AsyncFd` drops it,
+        // which deregisters it first.
+        unsafe { AsyncFd::register_with_interest(Dup(own), Interest::READABLE) }
+    }));
+    match registered {
+        Ok(r) => r.map_err(|e| refused(e.to_string())),
+        Err(_) => Err(refused("the runtime has no I/O driver: build it with enable_io".into())),
+    }
 }
 
 /// Waits until `fd` is readable, or `notified` fires first.
-async fn readable_or(fd: &AsyncFd<WatchedFd>, notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>, take: impl FnOnce() -> Result<()>) -> Result<()> {
+async fn readable_or(fd: &AsyncFd<Dup>, notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>, take: impl FnOnce() -> Result<()>) -> Result<()> {
     tokio::select! {
         guard = fd.readable() => {
             let mut guard = guard.map_err(|e| Error::Verb { verb: "epoll", errno: Errno(e.raw_os_error().unwrap_or(libc::EIO)) })?;
@@ -99,7 +157,7 @@ async fn readable_or(fd: &AsyncFd<WatchedFd>, notified: std::pin::Pin<&mut tokio
 /// ```
 pub struct AsyncCompletionQueue {
     cq: CompletionQueue,
-    fd: AsyncFd<WatchedFd>,
+    fd: AsyncFd<Dup>,
     reaped: Mutex<VecDeque<WorkCompletion>>,
     /// Told whenever completions are reaped into `reaped`.
     reaped_more: Notify,
@@ -119,7 +177,7 @@ impl AsyncCompletionQueue {
     pub fn new(cq: &CompletionQueue) -> Result<AsyncCompletionQueue> {
         Ok(AsyncCompletionQueue {
             cq: cq.clone(),
-            fd: watch_fd(cq.as_fd())?,
+            fd: watch(cq.as_fd())?,
             reaped: Mutex::new(VecDeque::new()),
             reaped_more: Notify::new(),
         })
@@ -218,7 +276,7 @@ impl AsyncCompletionQueue {
 /// blocking a thread. Each event goes to one receiver.
 pub struct AsyncEvents {
     ctx: Context,
-    fd: AsyncFd<WatchedFd>,
+    fd: AsyncFd<Dup>,
 }
 
 impl std::fmt::Debug for AsyncEvents {
@@ -238,7 +296,7 @@ impl AsyncEvents {
         // SAFETY: the descriptor is the context's and open while `ctx`
         // lives, which outlasts this call.
         let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        Ok(AsyncEvents { ctx: ctx.clone(), fd: watch_fd(fd)? })
+        Ok(AsyncEvents { ctx: ctx.clone(), fd: watch(fd)? })
     }
 
     /// Waits for the next event, acknowledges it and returns it.
@@ -285,7 +343,7 @@ mod tests {
         rt.block_on(async {
             let (r1, _w1) = pipe();
             let number = r1.as_raw_fd();
-            let first = watch_fd(r1.as_fd()).unwrap();
+            let first = watch(r1.as_fd()).unwrap();
             // dup3 closes the first pipe's file and puts the second's on the
             // same number in one step: waiting for the lowest free number to
             // be reused races with other tests' threads opening files.
@@ -295,7 +353,7 @@ mod tests {
             assert_eq!(unsafe { libc::dup3(tmp.as_raw_fd(), number, libc::O_CLOEXEC) }, number);
             drop(tmp);
             let r2 = r1;
-            let second = watch_fd(r2.as_fd()).unwrap();
+            let second = watch(r2.as_fd()).unwrap();
             drop(first);
             // SAFETY: writing one byte from a valid buffer to an open pipe.
             assert_eq!(unsafe { libc::write(w2.as_raw_fd(), b"x".as_ptr().cast(), 1) }, 1);

@@ -328,3 +328,17 @@
 /// ```
 #[cfg(feature = "rdmacm")]
 mod cm {}
+
+/// A descriptor watched on tokio's reactor cannot be reached mutably, so
+/// safe code cannot swap two watches' descriptors (which tokio's
+/// registration forbids: dropping one would deregister the other's and
+/// leave a stale entry in the reactor). `WatchedFd` has no `get_mut`
+/// (E0599):
+///
+/// ```compile_fail,E0599
+/// fn f(mut a: gpudirect::WatchedFd, mut b: gpudirect::WatchedFd) {
+///     std::mem::swap(a.get_mut(), b.get_mut());
+/// }
+/// ```
+#[cfg(feature = "tokio")]
+mod watch {}

@@ -89,38 +89,61 @@ impl Deadline {
 
 /// A TCP stream whose reads and writes all end by one [`Deadline`]: a
 /// peer that trickles its bytes cannot stretch an exchange past it (a
-/// per-read timeout resets with every byte).
+/// per-read timeout resets with every byte). A read or write cut short by
+/// the deadline fails with [`TimedOut`](std::io::ErrorKind::TimedOut).
+/// The stream (a blocking one) gets its own timeouts back when this is
+/// dropped.
 pub struct Bounded<'a> {
     stream: &'a std::net::TcpStream,
     deadline: Deadline,
+    /// The stream's read and write timeouts before, put back on drop.
+    before: (Option<Duration>, Option<Duration>),
 }
 
 impl<'a> Bounded<'a> {
     /// Reads and writes on `stream` that all end by `deadline`.
     pub fn new(stream: &'a std::net::TcpStream, deadline: Deadline) -> Bounded<'a> {
-        Bounded { stream, deadline }
+        let before = (stream.read_timeout().unwrap_or(None), stream.write_timeout().unwrap_or(None));
+        Bounded { stream, deadline, before }
     }
 
     /// What is left, as a socket timeout (`None`: block), or `TimedOut`.
     fn left(&self) -> std::io::Result<Option<Duration>> {
         match self.deadline.left() {
-            Some(l) if l.is_zero() => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the exchange's deadline passed")),
+            Some(l) if l.is_zero() => Err(passed()),
             left => Ok(left),
         }
     }
 }
 
+fn passed() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, "the exchange's deadline passed")
+}
+
+/// A socket timeout's expiry (`EAGAIN`, which std reports as
+/// `WouldBlock`) is the deadline's: `TimedOut`.
+fn by_deadline<T>(r: std::io::Result<T>) -> std::io::Result<T> {
+    r.map_err(|e| if e.kind() == std::io::ErrorKind::WouldBlock { passed() } else { e })
+}
+
 impl std::io::Read for Bounded<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         self.stream.set_read_timeout(self.left()?)?;
-        (&mut &*self.stream).read(buf)
+        by_deadline((&mut &*self.stream).read(buf))
+    }
+}
+
+impl Drop for Bounded<'_> {
+    fn drop(&mut self) {
+        let _ = self.stream.set_read_timeout(self.before.0);
+        let _ = self.stream.set_write_timeout(self.before.1);
     }
 }
 
 impl std::io::Write for Bounded<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.stream.set_write_timeout(self.left()?)?;
-        (&mut &*self.stream).write(buf)
+        by_deadline((&mut &*self.stream).write(buf))
     }
 
     fn flush(&mut self) -> std::io::Result<()> {

@@ -233,7 +233,7 @@ struct ReadmeDoctests;
 
 #[cfg(feature = "tokio")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
-pub use asynch::{watch_fd, AsyncCompletionQueue, AsyncEvents, WatchedFd};
+pub use asynch::{watch_fd, AsyncCompletionQueue, AsyncEvents, ReadyGuard, WatchedFd};
 pub use context::{Context, DeviceAttr};
 pub use event::AsyncEvent;
 pub use port::{LinkLayer, Mtu, PortAttr, PortState};

@@ -333,6 +333,8 @@ def fleet_check(
     (a Slurm host list, ``"node[001-064]"``) they are also named in
     ``report["missing_nodes"]``, and captures from nodes not in it are
     listed in ``report["unexpected"]``, not judged, and fail the check.
+    Captures beyond ``expect`` are counted in ``report["surplus"]`` and
+    fail the check too (without names, a stray cannot be told apart).
     ``wait`` needs ``expect`` or ``nodes`` (what to wait for). With
     ``since`` (the job's start, seconds since the epoch:
     ``$SLURM_JOB_START_TIME``), a capture posted before it (an earlier

@@ -62,6 +62,12 @@ impl Sources {
         if self.from.is_some() && (root_given || self.answers.is_some()) {
             return Err("a capture (from) stands for the machine: not with a root or answers".into());
         }
+        // A capture's environment is read from the capture (or a file or
+        // log laid over it); a process of this machine is not part of it,
+        // and judging without reading it would fail open.
+        if self.from.is_some() && self.pid.is_some() {
+            return Err("a capture (from) is judged in its own environment (or an env file's or NCCL log's): a pid of this machine is not read with it".into());
+        }
         Ok(())
     }
 }

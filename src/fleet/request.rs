@@ -126,6 +126,7 @@ impl CheckRequest {
         let timeout = positive(a.timeout)?;
         let expect = match (a.expect, a.nodes) {
             (Some(_), Some(_)) => return Err("give --expect N or --nodes LIST, not both".into()),
+            (Some(0), None) => return Err("--expect 0: an allocation has at least one node (leave it out to judge whatever posted)".into()),
             (Some(n), None) => Some(Expect::Count(n)),
             (None, Some(list)) => Some(Expect::Names(expand_hostlist(&list).map_err(|e| format!("--nodes: {e}"))?)),
             (None, None) if a.wait.is_some() => return Err("--wait needs --expect N or --nodes LIST: what to wait for".into()),
@@ -182,6 +183,7 @@ mod tests {
         assert!(refused(CheckArgs { nodes: Some("n[2-1]".into()), ..args() }).starts_with("--nodes:"));
         assert!(refused(CheckArgs { since: Some(u64::MAX), ..args() }).contains("clock"));
         assert!(refused(CheckArgs { timeout: Duration::ZERO, ..args() }).contains("timeout 0"));
+        assert!(refused(CheckArgs { expect: Some(0), ..args() }).contains("--expect 0"));
         let two = Place { rendezvous: Some("127.0.0.1:1".into()), ..args().place };
         assert!(CheckRequest::new(CheckArgs { place: two, ..args() }).is_err());
         assert!(CheckRequest::new(CheckArgs { wait: Some(Duration::ZERO), expect: Some(1), ..args() }).is_ok());

@@ -240,6 +240,13 @@ impl EtcdRendezvous {
     }
 }
 
+/// An instant no wait reaches (about thirty years on), for a timeout past
+/// what an `Instant` can hold.
+fn far_future() -> Instant {
+    let now = Instant::now();
+    now.checked_add(Duration::from_secs(30 * 365 * 86_400)).unwrap_or(now)
+}
+
 /// Runs `fut` on `rt`, waiting at most `bound` for it.
 fn on<T: Send + 'static>(
     rt: &tokio::runtime::Runtime,
@@ -253,7 +260,7 @@ fn on<T: Send + 'static>(
     });
     // The runtime's own timer ends the future; the grace covers a worker
     // that is slow to run it, and a runtime gone (drop) ends the wait too.
-    match rx.recv_timeout(bound + Duration::from_secs(1)) {
+    match rx.recv_timeout(bound.saturating_add(Duration::from_secs(1))) {
         Ok(Ok(Ok(v))) => Ok(v),
         Ok(Ok(Err(e))) => Err(rdv_err(server, describe(&e))),
         Ok(Err(_)) | Err(_) => Err(rdv_err(server, format!("no answer within {bound:?}"))),
@@ -305,8 +312,10 @@ impl Rendezvous for EtcdRendezvous {
         let (c, key) = (self.client.clone(), self.key(name));
         // One RPC's bound on top of the wait, so an unreachable cluster
         // is an error about the cluster, not "not published".
-        let deadline = Instant::now() + timeout;
-        match self.run(timeout + self.timeout, get_or_watch(c, key, deadline))? {
+        // Any timeout is accepted: one past what an Instant holds waits as
+        // long as the process can.
+        let deadline = Instant::now().checked_add(timeout).unwrap_or_else(far_future);
+        match self.run(timeout.saturating_add(self.timeout), get_or_watch(c, key, deadline))? {
             // Decoding checks the length before anything else.
             Some(blob) => decode_for(name, &blob, &self.server),
             None => Err(EngineError::NotPublished { name: name.to_owned(), waited: timeout }),

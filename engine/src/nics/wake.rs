@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::os::fd::AsFd;
 use std::sync::OnceLock;
 
-use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 
 use gpudirect::{watch_fd, WatchedFd};
@@ -64,8 +63,8 @@ pub(crate) struct Channels {
 }
 
 pub(crate) struct NicFds {
-    pub(crate) send: AsyncFd<WatchedFd>,
-    pub(crate) recv: AsyncFd<WatchedFd>,
+    pub(crate) send: WatchedFd,
+    pub(crate) recv: WatchedFd,
 }
 
 impl Channels {
