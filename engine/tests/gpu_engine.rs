@@ -2,7 +2,7 @@
 //! GPU and an RDMA device:
 //!
 //! ```text
-//! GPUDIRECT_TEST_DEVICE=mlx5_0 cargo test -p gpudirect-engine --test engine_gpu -- --ignored --nocapture
+//! GPUDIRECT_TEST_DEVICE=mlx5_0 cargo test -p gpudirect-engine --test gpu_engine -- --ignored --nocapture
 //! ```
 
 use gpudirect::{Error, Gpu, GpuBuffer, GpuPolicy, Location, RegistrationPath};
