@@ -56,7 +56,7 @@ impl Log for Forward {
         if !self.enabled(record.metadata()) {
             return;
         }
-        let q = Queued { level: record.level(), target: record.target().to_owned(), message: record.args().to_string() };
+        let q = Queued { level: record.level(), target: python_target(record.target()), message: record.args().to_string() };
         {
             let Ok(mut queue) = self.queue.lock() else { return };
             if queue.records.len() == MAX_QUEUED {
@@ -75,6 +75,16 @@ impl Log for Forward {
     }
 
     fn flush(&self) {}
+}
+
+/// The Python loggers keep one tree under `gpudirect`: the engine crate's
+/// records (target `gpudirect_engine::...`) log as `gpudirect.engine...`,
+/// where a program's `logging.getLogger("gpudirect")` finds them.
+fn python_target(target: &str) -> String {
+    match target.strip_prefix("gpudirect_engine") {
+        Some(rest) => format!("gpudirect::engine{rest}"),
+        None => target.to_owned(),
+    }
 }
 
 /// Hands queued records to Python until the interpreter is gone.
