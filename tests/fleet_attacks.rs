@@ -119,23 +119,9 @@ fn in_etcd_never_completed_reservations_do_not_keep_the_check_waiting_two_second
     assert!(took < Duration::from_secs(8), "{K} never-completed reservations (names outside --nodes) kept the check waiting {took:?}");
 }
 
-/// Whoever may write the shared folder writes `.node2.poster` with
-/// terminal escapes and a carriage return in a poster's name; node2's own
-/// `fleet post` (a prolog, whose stderr lands in the job's log) is
-/// refused as a conflict, and its message names the posters: quoted,
-/// never raw bytes that rewrite the log line it is read in.
-#[test]
-fn a_poster_name_from_the_folder_is_quoted_in_the_post_s_error() {
-    let tree = testkit::Tree::new("fleet-review-poster-escape");
-    let job = tree.path().join("job-1");
-    std::fs::create_dir_all(&job).unwrap();
-    std::fs::write(job.join(".node2.poster"), "squatter\x1b[2K\rgpudirect fleet post: GPUDirect RDMA will be used (uid 0)\n").unwrap();
-    let out = gpudirect().args(["fleet", "post"]).arg(tree.path()).args(["--job", "job-1", "--node", "node2", "--from", capture()]).output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("squatter"), "{err}");
-    assert!(!err.contains('\x1b') && !err.contains('\r'), "the poster's name is printed raw: {err:?}");
-}
+// The poster name with terminal escapes from the folder is
+// `fleet_cli::a_conflict_names_its_posters_escaped` (the same attack, with
+// the escaped text and no capture written asserted too).
 
 /// Two honest posters of one name in etcd (a wrong `--node`, two pods of
 /// one name) racing: never both told they posted (one silently replacing
