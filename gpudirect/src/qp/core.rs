@@ -5,7 +5,7 @@
 //! and destroyed in one place.
 
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use gpudirect_sys as sys;
 
@@ -41,6 +41,11 @@ pub(crate) struct QpCore {
     room: [Option<Reservation>; 2],
     /// `None` until destroyed; then whether `ibv_destroy_qp` succeeded.
     destroyed: Option<bool>,
+    /// Held around `ibv_modify_qp` and `ibv_query_qp`: libibverbs stores
+    /// `qp->state` after each without a lock of its own, so two threads
+    /// moving one queue pair (an abort and a drop both flushing it) race
+    /// on that field.
+    transition: Mutex<()>,
 }
 
 // SAFETY: posting and modifying are thread-safe verbs; Rust-side state
@@ -100,12 +105,29 @@ impl QpCore {
             max_inline,
             room: prepared.room,
             destroyed: None,
+            transition: Mutex::new(()),
         }
     }
 
-    /// `ibv_modify_qp` with the fields `mask` names.
+    /// `ibv_modify_qp` with the fields `mask` names, one transition of
+    /// this queue pair at a time.
     pub(crate) fn modify(&self, attr: &mut sys::ibv_qp_attr, mask: u32) -> Result<()> {
-        modify_qp(self.qp, attr, mask)
+        let _one = self.transition.lock().unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: a valid QP and attribute struct; the mask names fields set.
+        check("ibv_modify_qp", unsafe { sys::ibv_modify_qp(self.qp.as_ptr(), attr, mask as i32) })
+    }
+
+    /// `ibv_query_qp` for the fields `mask` names, under the same lock as
+    /// [`QpCore::modify`] (the query stores `qp->state` too).
+    pub(crate) fn query(&self, mask: u32) -> Result<sys::ibv_qp_attr> {
+        let mut attr = std::mem::MaybeUninit::<sys::ibv_qp_attr>::zeroed();
+        let mut init = std::mem::MaybeUninit::<sys::ibv_qp_init_attr>::zeroed();
+        let _one = self.transition.lock().unwrap_or_else(PoisonError::into_inner);
+        // SAFETY: a valid QP and out-pointers to zeroed structs.
+        check("ibv_query_qp", unsafe { sys::ibv_query_qp(self.qp.as_ptr(), attr.as_mut_ptr(), mask as i32, init.as_mut_ptr()) })?;
+        // SAFETY: all-zero is a valid ibv_qp_attr, and the fields asked
+        // for were written over it.
+        Ok(unsafe { attr.assume_init() })
     }
 
     /// Destroys the queue pair (once; later calls answer the same) and
@@ -176,10 +198,4 @@ pub(crate) fn check_cqs(pd: &ProtectionDomain, cqs: [&CompletionQueue; 2]) -> Re
         }
     }
     Ok(())
-}
-
-/// `ibv_modify_qp` with the fields `mask` names.
-pub(crate) fn modify_qp(qp: NonNull<sys::ibv_qp>, attr: &mut sys::ibv_qp_attr, mask: u32) -> Result<()> {
-    // SAFETY: a valid QP and attribute struct; the mask names fields set.
-    check("ibv_modify_qp", unsafe { sys::ibv_modify_qp(qp.as_ptr(), attr, mask as i32) })
 }

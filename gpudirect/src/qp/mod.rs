@@ -3,7 +3,6 @@
 //! `ibv_post_recv`) in `post`, settings in `config`.
 
 use std::fmt;
-use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -11,7 +10,7 @@ use gpudirect_sys as sys;
 
 use crate::port::{LinkLayer, Mtu};
 use crate::cq::CompletionQueue;
-use crate::error::{check, Error, Result};
+use crate::error::{Error, Result};
 use crate::gid::GidChoice;
 use crate::pd::ProtectionDomain;
 use crate::srq::SharedReceiveQueue;
@@ -25,7 +24,7 @@ mod config;
 mod core;
 mod post;
 
-pub(crate) use self::core::{modify_qp, QpCore};
+pub(crate) use self::core::QpCore;
 
 pub use config::{QpConfig, QpState};
 pub use post::PartialPost;
@@ -503,7 +502,7 @@ impl QueuePair {
         // SAFETY: an all-zero ibv_qp_attr is valid; only qp_state is read.
         let mut attr: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.qp_state = sys::IBV_QPS_ERR;
-        modify_qp(self.inner.core.qp, &mut attr, sys::IBV_QP_STATE)
+        self.inner.core.modify(&mut attr, sys::IBV_QP_STATE)
     }
 
     /// The current state (`ibv_query_qp`); [`QpState::Error`] after a
@@ -512,14 +511,7 @@ impl QueuePair {
     /// # Errors
     /// [`Error::Verb`] from `ibv_query_qp`.
     pub fn state(&self) -> Result<QpState> {
-        let mut attr = MaybeUninit::<sys::ibv_qp_attr>::zeroed();
-        let mut init = MaybeUninit::<sys::ibv_qp_init_attr>::zeroed();
-        // SAFETY: valid QP and out-pointers.
-        check("ibv_query_qp", unsafe {
-            sys::ibv_query_qp(self.inner.core.qp.as_ptr(), attr.as_mut_ptr(), sys::IBV_QP_STATE as i32, init.as_mut_ptr())
-        })?;
-        // SAFETY: qp_state was written (and everything was zeroed).
-        Ok(match unsafe { attr.assume_init() }.qp_state {
+        Ok(match self.inner.core.query(sys::IBV_QP_STATE)?.qp_state {
             sys::IBV_QPS_RESET => QpState::Reset,
             sys::IBV_QPS_INIT => QpState::Init,
             sys::IBV_QPS_RTR => QpState::Rtr,
