@@ -1,0 +1,332 @@
+"""The training side: vLLM's ``TrainerWeightTransferEngine`` for the
+backend ``gpudirect``, made by ``WeightTransferTrainerFactory.trainer_init``
+with a :class:`GpudirectTrainerInitInfo`."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar, Dict, List, Optional, Set
+
+import torch
+from vllm.distributed.weight_transfer.base import (
+    ParamMeta,
+    TrainerInitInfo,
+    TrainerWeightTransferEngine,
+    VLLMWeightSyncClient,
+    WeightSource,
+)
+
+from .. import Agent, EngineError, EngineTimeoutError, Rendezvous, RendezvousServer
+from . import _wire
+from ._common import (
+    Inbox,
+    WeightTransferError,
+    WeightTransferTimeout,
+    check_timeout,
+    count,
+    require_secret,
+    trainer_name,
+    worker_name,
+)
+from .worker import GpudirectWeightTransferInitInfo, GpudirectWeightTransferUpdateInfo, new_session
+
+
+@dataclass
+class GpudirectTrainerInitInfo(TrainerInitInfo):
+    """The trainer's side of the handshake. The wire parameters
+    (``bucket_bytes``, ``checksum``, ``timeout``) go to the workers in
+    their init info, so the two sides cannot disagree."""
+
+    backend: ClassVar[str] = "gpudirect"
+
+    rendezvous: str
+    """The gpudirect rendezvous server, "HOST:PORT", that the workers
+    reach too."""
+    num_workers: int
+    """Every worker of every vLLM replica this trainer feeds."""
+    group: str = "vllm-weights"
+    serve_rendezvous: bool = False
+    """Start the rendezvous server in the trainer, listening on
+    ``rendezvous``, instead of using a running one."""
+    bucket_bytes: int = 64 << 20
+    checksum: bool = False
+    timeout: float = 60.0
+    """Seconds any one wait may take: a worker's init, a bucket's
+    broadcast, a worker's acknowledgement, the client's calls."""
+    secret_file: Optional[str] = None
+    """The cluster's secret, on every machine at this path (default:
+    ``GPUDIRECT_SECRET_FILE`` in each process's environment)."""
+    devices: Optional[List[str]] = None
+    listen: Optional[str] = None
+    worker_devices: Optional[List[str]] = None
+    worker_listen: Optional[str] = None
+
+
+class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[GpudirectTrainerInitInfo]):
+    """Packs the source's parameters into two registered buckets and
+    sends each to every worker by one relay broadcast (the trainer's NIC
+    carries one copy; workers forward to each other), a bucket's slot
+    reused only after every worker acknowledged loading it.
+
+    ``send_weights`` raises :class:`WeightTransferError` naming the worker,
+    the version and the bucket when a worker fails, stalls or dies, within
+    the init info's ``timeout``; it never reports a partial update as
+    done."""
+
+    init_info_cls = GpudirectTrainerInitInfo
+
+    def __init__(self, *, client: VLLMWeightSyncClient, source: Optional[WeightSource] = None, is_sender: bool = True) -> None:
+        super().__init__(client=client, source=source, is_sender=is_sender)
+        self.info: Optional[GpudirectTrainerInitInfo] = None
+        self.session = new_session()
+        self.version = 0
+        """The last version sent whole (every worker loaded every bucket)."""
+        self.refusals: Dict[str, int] = {}
+        """Acknowledgements refused, by reason."""
+        self.agent: Optional[Agent] = None
+        self._server: Optional[RendezvousServer] = None
+        self._inbox: Optional[Inbox] = None
+        self._buckets: Any = None
+        self._acks: Any = None
+        self._workers: List[str] = []
+
+    @classmethod
+    def trainer_init(
+        cls, init_info: GpudirectTrainerInitInfo, *, client: VLLMWeightSyncClient, source: Optional[WeightSource] = None
+    ) -> "GpudirectTrainerWeightTransferEngine":
+        """Opens the trainer's agent (on the sender), publishes it, has every
+        worker join through ``client.init_weight_transfer_engine`` and
+        loads them all, within ``timeout``."""
+        if source is None:
+            raise ValueError("the gpudirect trainer engine sends a WeightSource: pass source=")
+        _wire.check_bucket_bytes(init_info.bucket_bytes)
+        timeout = check_timeout(init_info.timeout)
+        secret = require_secret(init_info.secret_file)
+        engine = cls(client=client, source=source, is_sender=init_info.is_sender)
+        if not engine.is_sender:
+            return engine
+        engine.info = init_info
+        try:
+            engine._open(init_info, secret, timeout)
+        except BaseException:
+            engine.shutdown()
+            raise
+        return engine
+
+    def _open(self, info: GpudirectTrainerInitInfo, secret: Optional[str], timeout: float) -> None:
+        if info.serve_rendezvous:
+            self._server = RendezvousServer(info.rendezvous, secret_file=secret)
+        self.agent = agent = Agent(trainer_name(info.group), devices=info.devices, listen=info.listen, secret_file=secret, timeout=timeout)
+        self._acks = torch.zeros(info.num_workers * _wire.ACK_SLOT, dtype=torch.uint8)
+        agent.register("acks", self._acks)
+        rdv = Rendezvous(info.rendezvous, timeout=timeout, secret_file=secret)
+        agent.publish(rdv)
+        worker_info = GpudirectWeightTransferInitInfo(
+            rendezvous=info.rendezvous,
+            group=info.group,
+            session=self.session,
+            num_workers=info.num_workers,
+            bucket_bytes=info.bucket_bytes,
+            checksum=info.checksum,
+            timeout=timeout,
+            secret_file=info.secret_file,
+            devices=info.worker_devices,
+            listen=info.worker_listen,
+        )
+        with ThreadPoolExecutor(max_workers=1) as exe:
+            joined = exe.submit(self.client.init_weight_transfer_engine, asdict(worker_info))
+            deadline = time.monotonic() + timeout
+            self._workers = [worker_name(info.group, r) for r in range(info.num_workers)]
+            try:
+                for w in self._workers:
+                    _raise_if_failed(joined, "the workers' init")
+                    agent.lookup(w, rdv, max(deadline - time.monotonic(), 0.001))
+            except EngineError as e:
+                raise WeightTransferError(f"not every worker of {info.group!r} joined within {timeout:g} s: {e}") from e
+            joined.result(timeout=max(deadline - time.monotonic(), 0.001))
+        self._inbox = Inbox(agent)
+
+    def send_weights(self, weight_version: Optional[str] = None) -> None:
+        """One update: ``start_weight_update``, the workers'
+        ``update_weights`` run concurrently with the buckets, then
+        ``finish_weight_update(weight_version)``. Called on every trainer
+        rank; only the sender sends."""
+        assert self.source is not None
+        source = self.source
+        meta = source.metadata()
+        if not self.is_sender:
+            for _ in source:
+                pass
+            return
+        info, agent = self.info, self.agent
+        if info is None or agent is None:
+            raise WeightTransferError("the gpudirect trainer engine is shut down")
+        version = self.version + 1
+        update = GpudirectWeightTransferUpdateInfo(
+            names=[m.name for m in meta],
+            dtype_names=[str(m.dtype).split(".")[-1] for m in meta],
+            shapes=[list(m.shape) for m in meta],
+            version=version,
+            session=self.session,
+        )
+        self.client.start_weight_update()
+        exe = ThreadPoolExecutor(max_workers=1)
+        try:
+            receiving = exe.submit(self.client.update_weights, asdict(update))
+            self._push(source, meta, update, receiving)
+            try:
+                receiving.result(timeout=info.timeout)
+            except TimeoutError:
+                raise WeightTransferTimeout(f"the workers' update_weights of version {version} did not return within {info.timeout:g} s") from None
+        finally:
+            # A worker that died leaves its call unanswered: never joined.
+            exe.shutdown(wait=False)
+        self.version = version
+        self.client.finish_weight_update(weight_version)
+
+    def _push(self, source: WeightSource, meta: List[ParamMeta], update: GpudirectWeightTransferUpdateInfo, receiving: Future) -> None:
+        assert self.info is not None and self.agent is not None and self._inbox is not None
+        info, agent = self.info, self.agent
+        plan = _wire.plan(update.nbytes(), info.bucket_bytes)
+        slot = _wire.HEADER + info.bucket_bytes
+        version, session = update.version, int(self.session, 16)
+        casts: Dict[int, Any] = {}
+        acked: Dict[int, Set[str]] = {}
+        pos = 0  # the stream position the next byte goes to
+        k = 0  # the bucket being filled
+        sent = -1  # the last bucket sent
+
+        def ship(k: int) -> None:
+            self._settle(k - 2, casts, acked, version, receiving)
+            base = (k % 2) * slot
+            length = plan.length(k)
+            payload = self._buckets[base + _wire.HEADER : base + _wire.HEADER + length]
+            device = self._buckets.device
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            head = _wire.Header(session, version, k, length, _wire.checksum(payload) if info.checksum else 0)
+            self._buckets[base : base + _wire.HEADER].copy_(torch.frombuffer(bytearray(head.pack()), dtype=torch.uint8))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            cast = agent.broadcast("b", base, _wire.HEADER + length, [(w, "b", base) for w in self._workers], _wire.Note("put", session, version, k).encode())
+            cast.post()
+            casts[k] = cast
+
+        it = iter(source)
+        for i, m in enumerate(meta):
+            try:
+                name, tensor = next(it)
+            except StopIteration:
+                raise WeightTransferError(f"the WeightSource ended after {i} of the {len(meta)} parameters its metadata() declared") from None
+            if name != m.name or tensor.dtype != m.dtype or tuple(tensor.shape) != tuple(m.shape):
+                raise WeightTransferError(
+                    f"the WeightSource yielded {name!r} {tensor.dtype} {tuple(tensor.shape)} where metadata() declared {m.name!r} {m.dtype} {tuple(m.shape)}"
+                )
+            raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+            if i == 0:
+                self._place(raw.device)
+            pos = _wire.align(pos)
+            done = 0
+            while done < raw.numel():
+                bk, at = divmod(pos, info.bucket_bytes)
+                while k < bk:
+                    ship(k)
+                    sent = k
+                    k += 1
+                take = min(raw.numel() - done, info.bucket_bytes - at)
+                base = (k % 2) * slot + _wire.HEADER
+                self._buckets[base + at : base + at + take].copy_(raw[done : done + take])
+                done += take
+                pos += take
+        if plan.count and self._buckets is None:
+            self._place(torch.device("cpu"))
+        while sent < plan.count - 1:
+            ship(sent + 1)
+            sent += 1
+        for b in range(max(plan.count - 2, 0), plan.count):
+            self._settle(b, casts, acked, version, receiving)
+
+    def _place(self, device: Any) -> None:
+        """The two bucket slots, registered, on the source's device (GPU
+        memory with GPUDirect RDMA required)."""
+        assert self.info is not None and self.agent is not None
+        if self._buckets is not None and self._buckets.device == device:
+            return
+        if self._buckets is not None:
+            self.agent.deregister("b")
+            self._buckets = None
+        buckets = torch.zeros(2 * (_wire.HEADER + self.info.bucket_bytes), dtype=torch.uint8, device=device)
+        if device.type == "cuda":
+            self.agent.register_gpu("b", buckets, policy="require")
+        else:
+            self.agent.register("b", buckets)
+        self._buckets = buckets
+
+    def _settle(self, k: int, casts: Dict[int, Any], acked: Dict[int, Set[str]], version: int, receiving: Future) -> None:
+        """Bucket ``k`` whole at every worker and acknowledged by each (its
+        slot is free again), or :class:`WeightTransferError` naming who."""
+        if k < 0:
+            return
+        assert self.info is not None and self._inbox is not None
+        info = self.info
+        cast = casts.pop(k)
+        try:
+            cast.wait(info.timeout)
+        except EngineTimeoutError:
+            stuck = [f"{w} ({s})" for w, s in cast.receivers() if s != "whole"]
+            raise WeightTransferTimeout(
+                f"bucket {k} of version {version} did not reach every worker within {info.timeout:g} s: {', '.join(stuck)}"
+            ) from None
+        except EngineError as e:
+            raise WeightTransferError(f"bucket {k} of version {version} did not reach every worker: {e}") from e
+        want = set(self._workers)
+        got = acked.setdefault(k, set())
+        deadline = time.monotonic() + info.timeout
+        session = int(self.session, 16)
+        while got != want:
+            if receiving.done() and receiving.exception() is not None:
+                raise WeightTransferError(
+                    f"bucket {k} of version {version}: the inference side's update_weights failed ({receiving.exception()}); "
+                    f"no acknowledgement from {', '.join(sorted(want - got))}"
+                ) from receiving.exception()
+            n = self._inbox.get(min(deadline, time.monotonic() + 0.5))
+            if n is None:
+                if time.monotonic() >= deadline:
+                    raise WeightTransferTimeout(
+                        f"bucket {k} of version {version}: no acknowledgement from {', '.join(sorted(want - got))} within {info.timeout:g} s "
+                        "(the worker stalled, died or lost its link)"
+                    )
+                continue
+            peer, raw = n
+            note = _wire.Note.decode(raw)
+            if peer not in want:
+                count(self.refusals, "not_a_worker")
+            elif note is None or note.kind not in ("ack", "nak"):
+                count(self.refusals, "malformed")
+            elif note.session != session or note.version != version:
+                count(self.refusals, "other_version")
+            elif note.kind == "nak":
+                raise WeightTransferError(f"worker {peer!r} gave up on version {version} at bucket {note.bucket}: {note.reason}")
+            else:
+                acked.setdefault(note.bucket, set()).add(peer)
+        del acked[k]
+
+    def shutdown(self) -> None:
+        """Closes the agent (and the rendezvous server it started)."""
+        if self._inbox is not None:
+            self._inbox.close()
+        if self.agent is not None:
+            self.agent.close()
+        if self._server is not None:
+            self._server.close()
+        self.agent = self._inbox = self._server = None
+        self._buckets = self._acks = None
+        self.info = None
+
+
+def _raise_if_failed(f: Future, what: str) -> None:
+    if f.done() and f.exception() is not None:
+        raise WeightTransferError(f"{what} failed on the inference side: {f.exception()}") from f.exception()
+
