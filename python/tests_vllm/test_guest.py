@@ -135,9 +135,10 @@ def expected(m: torch.nn.Module) -> Dict[str, torch.Tensor]:
     return out
 
 
-def worker_main(index: int, base: VllmConfig, from_trainer: Connection, from_test: Connection) -> None:
+def worker_main(index: int, base: VllmConfig, secret: str, from_trainer: Connection, from_test: Connection) -> None:
     """A vLLM worker as far as the backend sees it: its engine, made by
     vLLM's factory, answering the calls vLLM's routes make."""
+    os.environ["GPUDIRECT_SECRET_FILE"] = secret  # as a vLLM server's environment would have it
     config = copy.deepcopy(base)
     config.parallel_config.data_parallel_index = index  # replica ``index`` of a data-parallel deployment
     model = FusedModel()
@@ -305,7 +306,7 @@ class Bed:
         for i in range(WORKERS):
             a, b = ctx.Pipe()
             c, d = ctx.Pipe()
-            p = ctx.Process(target=worker_main, args=(i, base, b, d), daemon=True)
+            p = ctx.Process(target=worker_main, args=(i, base, self.secret, b, d), daemon=True)
             p.start()
             self.workers.append(p)
             self.trainer_ends.append(a)

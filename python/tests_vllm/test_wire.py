@@ -157,3 +157,38 @@ def test_a_worker_without_a_secret_refuses_init_naming_the_fix(monkeypatch):
         engine.update_weights(dict(names=[], dtype_names=[], shapes=[], version=1, session="0123456789abcdef"))
     with pytest.raises(ValueError, match="Invalid update_info"):
         engine.update_weights(dict(names=[], version=1))
+
+
+def test_sizes_from_an_update_are_bounded_before_anything_is_laid_out_or_allocated():
+    import time
+
+    from gpudirect.vllm import GpudirectWeightTransferUpdateInfo as U
+
+    t = time.monotonic()
+    with pytest.raises(ValueError, match="more than"):
+        _wire.plan([1 << 62], 1 << 20)
+    with pytest.raises(ValueError, match="more than"):
+        _wire.plan([1 << 20] * 5000, 1024)
+    with pytest.raises(ValueError, match="at most"):
+        _wire.plan([0] * (_wire.MAX_PARAMS + 1), 1 << 20)
+    with pytest.raises(ValueError, match="at most"):
+        U(names=["a"] * (_wire.MAX_PARAMS + 1), dtype_names=[], shapes=[], version=1, session="0123456789abcdef")
+    with pytest.raises(ValueError, match="lists"):
+        U(names="ab", dtype_names="ab", shapes=[[1], [1]], version=1, session="0123456789abcdef")
+    assert time.monotonic() - t < 5, "refusing took long"
+
+
+def test_a_worker_refuses_an_update_far_larger_than_its_model_and_a_secret_path_in_the_init_info(monkeypatch):
+    import vllm.plugins
+    from vllm.config import VllmConfig
+    from vllm.config.weight_transfer import WeightTransferConfig
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    vllm.plugins.load_general_plugins()
+    model = torch.nn.Linear(256, 256)
+    engine = WeightTransferEngineFactory.create_engine(WeightTransferConfig(backend="gpudirect"), VllmConfig(), torch.device("cpu"), model)
+    with pytest.raises(ValueError, match="4x the model"):
+        engine.update_weights(dict(names=["w"], dtype_names=["float32"], shapes=[[1 << 30]], version=1, session="0123456789abcdef"))
+    with pytest.raises(ValueError, match="secret_file"):
+        # Whoever reaches vLLM's routes must not choose the worker's secret.
+        engine.parse_init_info(dict(rendezvous="127.0.0.1:1", group="g", session="0123456789abcdef", num_workers=1, secret_file="/etc/hostname"))

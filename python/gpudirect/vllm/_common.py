@@ -14,7 +14,8 @@ from .. import Agent, EngineTimeoutError, GpudirectError
 SECRET_FIX = (
     "gpudirect weight transfer needs the cluster's secret on the trainer and on every vLLM server: "
     "a file of 32 random bytes (head -c 32 /dev/urandom > secret; chmod 600 secret) named by "
-    "GPUDIRECT_SECRET_FILE in each process's environment, or by secret_file in the trainer's init info"
+    "GPUDIRECT_SECRET_FILE in the environment of the trainer and of every vLLM server (the trainer may name its copy "
+    "with secret_file=)"
 )
 
 

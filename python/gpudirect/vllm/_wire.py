@@ -24,6 +24,12 @@ MAX_BUCKET = 1 << 40
 """The largest bucket size taken (a typo of a few zeros is refused, not
 allocated)."""
 
+MAX_PARAMS = 1 << 20
+"""The most parameters one update may list."""
+
+MAX_BUCKETS = 1 << 20
+"""The most buckets one update may take (the plan is held in memory)."""
+
 _MAGIC = b"GDVW"
 _FORMAT = 1
 _HEAD = struct.Struct("<4sIQQIIQQ")
@@ -77,11 +83,18 @@ def plan(nbytes: Sequence[int], bucket_bytes: int) -> Plan:
     :data:`ALIGN`) and cuts the stream every ``bucket_bytes``; a parameter
     larger than a bucket spans several."""
     check_bucket_bytes(bucket_bytes)
+    if len(nbytes) > MAX_PARAMS:
+        raise ValueError(f"{len(nbytes)} parameters in one update: at most {MAX_PARAMS}")
+    if any(not isinstance(n, int) or n < 0 for n in nbytes):
+        raise ValueError("a parameter's size is not a whole number of bytes")
+    # Bounded before anything is laid out: the sizes come from the update
+    # info, which whoever reaches vLLM's routes may send.
+    upper = sum(align(n) for n in nbytes)
+    if upper > MAX_BUCKETS * bucket_bytes:
+        raise ValueError(f"{upper} bytes in buckets of {bucket_bytes}: more than {MAX_BUCKETS} buckets (raise bucket_bytes)")
     buckets: List[List[Piece]] = []
     pos = 0
     for i, n in enumerate(nbytes):
-        if n < 0:
-            raise ValueError(f"parameter {i}: a negative size ({n})")
         pos = align(pos)
         done = 0
         while done < n:

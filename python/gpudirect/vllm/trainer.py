@@ -56,8 +56,9 @@ class GpudirectTrainerInitInfo(TrainerInitInfo):
     """Seconds any one wait may take: a worker's init, a bucket's
     broadcast, a worker's acknowledgement, the client's calls."""
     secret_file: Optional[str] = None
-    """The cluster's secret, on every machine at this path (default:
-    ``GPUDIRECT_SECRET_FILE`` in each process's environment)."""
+    """The trainer's copy of the cluster's secret (default:
+    ``GPUDIRECT_SECRET_FILE`` in its environment). The workers take theirs
+    from their own environment only, never from what the trainer sends."""
     devices: Optional[List[str]] = None
     listen: Optional[str] = None
     worker_devices: Optional[List[str]] = None
@@ -131,7 +132,6 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
             bucket_bytes=info.bucket_bytes,
             checksum=info.checksum,
             timeout=timeout,
-            secret_file=info.secret_file,
             devices=info.worker_devices,
             listen=info.worker_listen,
         )

@@ -55,8 +55,6 @@ class GpudirectWeightTransferInitInfo(WeightTransferInitInfo):
     checksum: bool = False
     timeout: float = 60.0
     """Seconds any one wait may take (a bucket, the trainer's lookup)."""
-    secret_file: Optional[str] = None
-    """A path on the worker's machine; default ``GPUDIRECT_SECRET_FILE``."""
     devices: Optional[List[str]] = None
     """RDMA devices; default every one (GPU memory goes on the nearest)."""
     listen: Optional[str] = None
@@ -84,7 +82,13 @@ class GpudirectWeightTransferUpdateInfo(WeightTransferUpdateInfo):
     session: str
 
     def __post_init__(self) -> None:
+        if not all(isinstance(x, list) for x in (self.names, self.dtype_names, self.shapes)):
+            raise ValueError("names, dtype_names and shapes are lists")
         n = len(self.names)
+        if n > _wire.MAX_PARAMS:
+            raise ValueError(f"{n} parameters in one update: at most {_wire.MAX_PARAMS}")
+        if not all(isinstance(x, str) for x in self.names):
+            raise ValueError("a parameter's name is not a string")
         if len(self.dtype_names) != n or len(self.shapes) != n:
             raise ValueError(f"names, dtype_names and shapes differ in length: {n}, {len(self.dtype_names)}, {len(self.shapes)}")
         if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
@@ -164,7 +168,10 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
         """Opens this worker's agent, registers its buckets, publishes it and
         loads the trainer and the other workers (a relay broadcast forwards
         between workers), each within ``timeout``."""
-        secret = require_secret(init_info.secret_file)
+        # The secret comes from this process's environment only: init info
+        # arrives over vLLM's HTTP routes, and a path in it would let
+        # whoever reaches them pick a file they know as the secret.
+        secret = require_secret(None)
         self.shutdown()
         p = self.parallel_config
         rank = init_info.rank_offset + p.data_parallel_index * p.world_size + p.rank
@@ -229,6 +236,14 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
         """Every bucket of the update's version, in order: wait for the
         trainer's notification (refusing others), check the header (and
         the checksum), load, acknowledge."""
+        v = update_info.version
+        nbytes = update_info.nbytes()
+        room = 4 * _model_bytes(self.model) + (64 << 20)
+        if sum(nbytes) > room:
+            raise ValueError(
+                f"version {v} lists {sum(nbytes)} bytes of parameters for a model of {_model_bytes(self.model)}: "
+                f"at most {room} (4x the model, plus 64 MiB) are taken"
+            )
         info, agent, inbox = self.info, self._agent, self._inbox
         if info is None or agent is None or inbox is None:
             raise WeightTransferError("gpudirect weight transfer is not initialized: init_transfer_engine first")
@@ -238,11 +253,10 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
             raise WeightTransferError(
                 f"update of session {update_info.session} refused: this worker joined session {info.session} (the trainer restarted: init again)"
             )
-        v = update_info.version
         if v <= self.weight_version:
             count(self.refusals, "stale_version")
             raise WeightTransferError(f"version {v} refused: this worker already holds version {self.weight_version}")
-        plan = _wire.plan(update_info.nbytes(), info.bucket_bytes)
+        plan = _wire.plan(nbytes, info.bucket_bytes)
         trainer = trainer_name(info.group)
         slot = _wire.HEADER + info.bucket_bytes
         partial: Dict[int, Any] = {}
@@ -344,6 +358,12 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
         self._agent = self._inbox = None
         self._buckets = self._ack = None
         self.info = None
+
+
+def _model_bytes(model: Any) -> int:
+    """The bytes of a model's parameters and buffers (meta tensors too)."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _left(deadline: float) -> float:
