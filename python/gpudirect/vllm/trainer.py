@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Dict, List, Optional, Set
 
@@ -84,6 +85,7 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
         self.session = new_session()
         self.version = 0
         """The last version sent whole (every worker loaded every bucket)."""
+        self._attempts = 0
         self.refusals: Dict[str, int] = {}
         """Acknowledgements refused, by reason."""
         self.agent: Optional[Agent] = None
@@ -135,7 +137,8 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
             devices=info.worker_devices,
             listen=info.worker_listen,
         )
-        with ThreadPoolExecutor(max_workers=1) as exe:
+        exe = ThreadPoolExecutor(max_workers=1)
+        try:
             joined = exe.submit(self.client.init_weight_transfer_engine, asdict(worker_info))
             deadline = time.monotonic() + timeout
             self._workers = [worker_name(info.group, r) for r in range(info.num_workers)]
@@ -145,7 +148,13 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
                     agent.lookup(w, rdv, max(deadline - time.monotonic(), 0.001))
             except EngineError as e:
                 raise WeightTransferError(f"not every worker of {info.group!r} joined within {timeout:g} s: {e}") from e
-            joined.result(timeout=max(deadline - time.monotonic(), 0.001))
+            try:
+                joined.result(timeout=max(deadline - time.monotonic(), 0.001))
+            except FutureTimeout:
+                raise WeightTransferTimeout(f"the workers' init_weight_transfer_engine did not return within {timeout:g} s") from None
+        finally:
+            # Never joined: a client call that hangs must not hang the trainer.
+            exe.shutdown(wait=False)
         self._inbox = Inbox(agent)
 
     def send_weights(self, weight_version: Optional[str] = None) -> None:
@@ -163,7 +172,10 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
         info, agent = self.info, self.agent
         if info is None or agent is None:
             raise WeightTransferError("the gpudirect trainer engine is shut down")
-        version = self.version + 1
+        # Every attempt takes a version of its own, a failed one too: a late
+        # chunk of a failed attempt is then never taken for its retry's.
+        self._attempts += 1
+        version = self._attempts
         update = GpudirectWeightTransferUpdateInfo(
             names=[m.name for m in meta],
             dtype_names=[str(m.dtype).split(".")[-1] for m in meta],
@@ -171,20 +183,20 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
             version=version,
             session=self.session,
         )
-        self.client.start_weight_update()
+        _bounded(self.client.start_weight_update, (), info.timeout, f"start_weight_update before version {version}")
         exe = ThreadPoolExecutor(max_workers=1)
         try:
             receiving = exe.submit(self.client.update_weights, asdict(update))
             self._push(source, meta, update, receiving)
             try:
                 receiving.result(timeout=info.timeout)
-            except TimeoutError:
+            except FutureTimeout:
                 raise WeightTransferTimeout(f"the workers' update_weights of version {version} did not return within {info.timeout:g} s") from None
         finally:
             # A worker that died leaves its call unanswered: never joined.
             exe.shutdown(wait=False)
         self.version = version
-        self.client.finish_weight_update(weight_version)
+        _bounded(self.client.finish_weight_update, (weight_version,), info.timeout, f"finish_weight_update of version {version}")
 
     def _push(self, source: WeightSource, meta: List[ParamMeta], update: GpudirectWeightTransferUpdateInfo, receiving: Future) -> None:
         assert self.info is not None and self.agent is not None and self._inbox is not None
@@ -324,6 +336,19 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
         self.agent = self._inbox = self._server = None
         self._buckets = self._acks = None
         self.info = None
+
+
+def _bounded(call: Any, args: tuple, timeout: float, what: str) -> Any:
+    """``call(*args)`` on the inference side, or
+    :class:`WeightTransferTimeout` once ``timeout`` passed (the call is
+    left running, never joined)."""
+    exe = ThreadPoolExecutor(max_workers=1)
+    try:
+        return exe.submit(call, *args).result(timeout=timeout)
+    except FutureTimeout:
+        raise WeightTransferTimeout(f"{what}: the inference side did not answer within {timeout:g} s") from None
+    finally:
+        exe.shutdown(wait=False)
 
 
 def _raise_if_failed(f: Future, what: str) -> None:
