@@ -58,10 +58,12 @@ def test_a_header_round_trips_and_garbage_is_not_one():
 def test_notes_round_trip_and_malformed_ones_are_none():
     n = _wire.Note("nak", 0x0123456789ABCDEF, 12, 4, "load_weights failed: shape mismatch")
     assert _wire.Note.decode(n.encode()) == n
-    assert _wire.Note.decode(_wire.Note("put", 1, 1, 0).encode()) == _wire.Note("put", 1, 1, 0)
-    for bad in (b"", b"step 1", b"gdvw1 ", b"gdvw1 put", b"gdvw1 zap 0000000000000001 1 0", b"gdvw1 put 01 1 0",
-                b"gdvw1 put 0000000000000001 x 0", b"gdvw1 put 0000000000000001 -1 0", b"gdvw1 put 000000000000000g 1 0",
-                b"gdvw1 put 0000000000000001 1 -3", bytes(range(256))):
+    assert _wire.Note.decode(_wire.Note("put", 1, 1, 0, nonce=0xDEADBEEF).encode()) == _wire.Note("put", 1, 1, 0, nonce=0xDEADBEEF)
+    for bad in (b"", b"step 1", b"gdvw1 ", b"gdvw1 put", b"gdvw1 zap 0000000000000001 1 0 00000000", b"gdvw1 put 01 1 0 00000000",
+                b"gdvw1 put 0000000000000001 x 0 00000000", b"gdvw1 put 0000000000000001 -1 0 00000000",
+                b"gdvw1 put 000000000000000g 1 0 00000000", b"gdvw1 put 0000000000000001 1 -3 00000000",
+                b"gdvw1 put 0000000000000001 1 0", b"gdvw1 put 0000000000000001 1 0 0000000", b"gdvw1 put 0000000000000001 \xd9\xa1 0 00000000",
+                b"gdvw1 put 0000000000000001 1 0 0000000G", bytes(range(256))):
         assert _wire.Note.decode(bad) is None, bad
 
 
@@ -154,7 +156,7 @@ def test_a_worker_without_a_secret_refuses_init_naming_the_fix(monkeypatch):
     with pytest.raises(WeightTransferError, match="GPUDIRECT_SECRET_FILE"):
         engine.init_transfer_engine(info)
     with pytest.raises(WeightTransferError, match="not initialized"):
-        engine.update_weights(dict(names=[], dtype_names=[], shapes=[], version=1, session="0123456789abcdef"))
+        engine.update_weights(dict(names=["x"], dtype_names=["float32"], shapes=[[1]], version=1, session="0123456789abcdef"))
     with pytest.raises(ValueError, match="Invalid update_info"):
         engine.update_weights(dict(names=[], version=1))
 

@@ -7,7 +7,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from .. import Agent, EngineTimeoutError, GpudirectError
 
@@ -49,6 +49,13 @@ def check_timeout(t: Any) -> float:
     return float(t)
 
 
+def check_workers(n: Any) -> int:
+    """``n`` when it is a usable number of workers."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 4096:
+        raise ValueError(f"num_workers={n!r}: a whole number from 1 to 4096")
+    return n
+
+
 def worker_name(group: str, rank: int) -> str:
     """The agent name of worker ``rank`` of ``group``."""
     return f"{group}.w{rank}"
@@ -62,11 +69,28 @@ def trainer_name(group: str) -> str:
 class Inbox:
     """Notifications taken off an agent by a thread of their own: a relay
     broadcast moves a receiver's chunks on only while someone waits on its
-    agent, so a worker busy loading weights must keep waiting meanwhile."""
+    agent, so a worker busy loading weights must keep waiting meanwhile.
 
-    def __init__(self, agent: Agent) -> None:
+    Notifications from peers ``accept`` refuses are counted (under
+    ``reason``, in ``refusals``) and dropped at once, and at most ``limit``
+    wait to be read (past that the newest are dropped and counted as
+    ``dropped``): a member that floods notifications costs memory and
+    time of neither side, and can at worst make an update fail on its
+    bound."""
+
+    def __init__(
+        self,
+        agent: Any,
+        accept: Optional[Callable[[str], bool]] = None,
+        refusals: Optional[Dict[str, int]] = None,
+        reason: str = "not_expected",
+        limit: int = 4096,
+    ) -> None:
         self._agent = agent
-        self._q: "queue.Queue[Tuple[str, bytes]]" = queue.Queue()
+        self._accept = accept
+        self._refusals = refusals if refusals is not None else {}
+        self._reason = reason
+        self._q: "queue.Queue[Tuple[str, bytes]]" = queue.Queue(limit)
         self._stop = threading.Event()
         self.error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name=f"gpudirect-inbox-{agent.name}", daemon=True)
@@ -75,29 +99,36 @@ class Inbox:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self._q.put(self._agent.wait_notification(0.2))
+                got = self._agent.wait_notification(0.2)
             except EngineTimeoutError:
                 continue
             except Exception as e:  # the agent closed, or failed: said to the reader
                 if not self._stop.is_set():
                     self.error = e
-                    self._q.put(("", b""))
+                    try:
+                        self._q.put_nowait(("", b""))
+                    except queue.Full:
+                        pass
                 return
+            if self._accept is not None and not self._accept(got[0]):
+                count(self._refusals, self._reason)
+                continue
+            try:
+                self._q.put_nowait(got)
+            except queue.Full:
+                count(self._refusals, "dropped")
 
     def get(self, deadline: float) -> Optional[Tuple[str, bytes]]:
         """The next notification, or None once ``deadline`` (a
-        ``time.monotonic()`` value) passed."""
+        ``time.monotonic()`` value) passed, whatever is still queued."""
         left = deadline - time.monotonic()
-        if left <= 0:
-            try:
-                return self._q.get_nowait()
-            except queue.Empty:
-                return None
-        try:
-            got = self._q.get(timeout=left)
-        except queue.Empty:
+        if left <= 0 and self.error is None:
             return None
-        if self.error is not None and got == ("", b""):
+        try:
+            got = self._q.get(timeout=max(left, 0.001))
+        except queue.Empty:
+            got = None
+        if self.error is not None and (got is None or got == ("", b"")):
             raise WeightTransferError(f"waiting for notifications on {self._agent.name!r} failed: {self.error}")
         return got
 

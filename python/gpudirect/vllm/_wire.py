@@ -5,6 +5,7 @@ only; nothing here imports vLLM or touches a NIC."""
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -156,18 +157,21 @@ class Header:
 class Note:
     """A notification of this protocol: ``put`` (a bucket is whole at a
     worker), ``ack`` (a worker loaded a bucket; its slot is free) or
-    ``nak`` (a worker gave up on the update, with the reason)."""
+    ``nak`` (a worker gave up on the update, with the reason). A put
+    carries a random ``nonce`` that its ack must return: only a worker
+    that received the bucket can acknowledge it."""
 
     kind: str
     session: int
     version: int
     bucket: int
     reason: str = ""
+    nonce: int = 0
 
     def encode(self) -> bytes:
         """The notification's bytes."""
         tail = f" {self.reason}" if self.reason else ""
-        return PREFIX + f"{self.kind} {self.session:016x} {self.version} {self.bucket}{tail}".encode()[:900]
+        return PREFIX + f"{self.kind} {self.session:016x} {self.version} {self.bucket} {self.nonce:08x}{tail}".encode()[:900]
 
     @staticmethod
     def decode(raw: bytes) -> Optional["Note"]:
@@ -176,16 +180,19 @@ class Note:
         if not raw.startswith(PREFIX):
             return None
         try:
-            parts = raw[len(PREFIX) :].decode("utf-8", "replace").split(" ", 4)
-            kind, session, version, bucket = parts[:4]
-            if kind not in ("put", "ack", "nak") or len(session) != 16:
+            parts = raw[len(PREFIX) :].decode("utf-8", "replace").split(" ", 5)
+            kind, session, version, bucket, nonce = parts[:5]
+            if kind not in ("put", "ack", "nak") or not _HEX16.fullmatch(session) or not _HEX8.fullmatch(nonce):
                 return None
-            note = Note(kind, int(session, 16), int(version), int(bucket), parts[4] if len(parts) > 4 else "")
-        except (ValueError, IndexError):
+            if not (version.isascii() and version.isdigit() and bucket.isascii() and bucket.isdigit()):
+                return None
+            return Note(kind, int(session, 16), int(version), int(bucket), parts[5] if len(parts) > 5 else "", int(nonce, 16))
+        except ValueError:
             return None
-        if note.version < 0 or note.bucket < 0:
-            return None
-        return note
+
+
+_HEX16 = re.compile("[0-9a-f]{16}")
+_HEX8 = re.compile("[0-9a-f]{8}")
 
 
 _WORDS: Dict[Tuple[Any, int], Any] = {}

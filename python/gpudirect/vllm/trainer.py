@@ -4,6 +4,7 @@ with a :class:`GpudirectTrainerInitInfo`."""
 
 from __future__ import annotations
 
+import secrets
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -26,6 +27,7 @@ from ._common import (
     WeightTransferError,
     WeightTransferTimeout,
     check_timeout,
+    check_workers,
     count,
     require_secret,
     trainer_name,
@@ -86,6 +88,7 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
         self.version = 0
         """The last version sent whole (every worker loaded every bucket)."""
         self._attempts = 0
+        self._nonces: Dict[int, int] = {}
         self.refusals: Dict[str, int] = {}
         """Acknowledgements refused, by reason."""
         self.agent: Optional[Agent] = None
@@ -105,6 +108,7 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
         if source is None:
             raise ValueError("the gpudirect trainer engine sends a WeightSource: pass source=")
         _wire.check_bucket_bytes(init_info.bucket_bytes)
+        check_workers(init_info.num_workers)
         timeout = check_timeout(init_info.timeout)
         secret = require_secret(init_info.secret_file)
         engine = cls(client=client, source=source, is_sender=init_info.is_sender)
@@ -155,7 +159,8 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
         finally:
             # Never joined: a client call that hangs must not hang the trainer.
             exe.shutdown(wait=False)
-        self._inbox = Inbox(agent)
+        workers = set(self._workers)
+        self._inbox = Inbox(agent, lambda peer: peer in workers, self.refusals, "not_a_worker", limit=64 * len(workers) + 64)
 
     def send_weights(self, weight_version: Optional[str] = None) -> None:
         """One update: ``start_weight_update``, the workers'
@@ -192,6 +197,8 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
                 receiving.result(timeout=info.timeout)
             except FutureTimeout:
                 raise WeightTransferTimeout(f"the workers' update_weights of version {version} did not return within {info.timeout:g} s") from None
+            except Exception as e:
+                raise WeightTransferError(f"version {version}: the inference side's update_weights failed after every bucket was acknowledged: {e}") from e
         finally:
             # A worker that died leaves its call unanswered: never joined.
             exe.shutdown(wait=False)
@@ -204,6 +211,7 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
         plan = _wire.plan(update.nbytes(), info.bucket_bytes)
         slot = _wire.HEADER + info.bucket_bytes
         version, session = update.version, int(self.session, 16)
+        nonces = self._nonces = {}
         casts: Dict[int, Any] = {}
         acked: Dict[int, Set[str]] = {}
         pos = 0  # the stream position the next byte goes to
@@ -222,7 +230,9 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
             self._buckets[base : base + _wire.HEADER].copy_(torch.frombuffer(bytearray(head.pack()), dtype=torch.uint8))
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            cast = agent.broadcast("b", base, _wire.HEADER + length, [(w, "b", base) for w in self._workers], _wire.Note("put", session, version, k).encode())
+            nonces[k] = secrets.randbits(32)
+            put = _wire.Note("put", session, version, k, nonce=nonces[k])
+            cast = agent.broadcast("b", base, _wire.HEADER + length, [(w, "b", base) for w in self._workers], put.encode())
             cast.post()
             casts[k] = cast
 
@@ -303,13 +313,14 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
                     f"bucket {k} of version {version}: the inference side's update_weights failed ({receiving.exception()}); "
                     f"no acknowledgement from {', '.join(sorted(want - got))}"
                 ) from receiving.exception()
+            # The deadline holds however many notifications are queued.
+            if time.monotonic() >= deadline:
+                raise WeightTransferTimeout(
+                    f"bucket {k} of version {version}: no acknowledgement from {', '.join(sorted(want - got))} within {info.timeout:g} s "
+                    "(the worker stalled, died or lost its link)"
+                )
             n = self._inbox.get(min(deadline, time.monotonic() + 0.5))
             if n is None:
-                if time.monotonic() >= deadline:
-                    raise WeightTransferTimeout(
-                        f"bucket {k} of version {version}: no acknowledgement from {', '.join(sorted(want - got))} within {info.timeout:g} s "
-                        "(the worker stalled, died or lost its link)"
-                    )
                 continue
             peer, raw = n
             note = _wire.Note.decode(raw)
@@ -320,7 +331,12 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
             elif note.session != session or note.version != version:
                 count(self.refusals, "other_version")
             elif note.kind == "nak":
-                raise WeightTransferError(f"worker {peer!r} gave up on version {version} at bucket {note.bucket}: {note.reason}")
+                raise WeightTransferError(f"worker {peer!r} gave up on version {version} at bucket {note.bucket}: {note.reason!r}")
+            elif note.kind == "ack" and self._nonces.get(note.bucket) != note.nonce:
+                # Only the bucket's put carries its nonce: an ack without it
+                # claims a bucket the worker never received, and would free
+                # a slot it may still be loading from.
+                count(self.refusals, "unproven_ack")
             else:
                 acked.setdefault(note.bucket, set()).add(peer)
         del acked[k]

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -16,13 +17,14 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from .. import Agent, Rendezvous
+from .. import Agent, EngineError, Rendezvous
 from . import _wire
 from ._common import (
     Inbox,
     WeightTransferError,
     WeightTransferTimeout,
     check_timeout,
+    check_workers,
     count,
     require_secret,
     trainer_name,
@@ -63,9 +65,8 @@ class GpudirectWeightTransferInitInfo(WeightTransferInitInfo):
     def __post_init__(self) -> None:
         _wire.check_bucket_bytes(self.bucket_bytes)
         self.timeout = check_timeout(self.timeout)
-        if not isinstance(self.num_workers, int) or not 1 <= self.num_workers <= 4096:
-            raise ValueError(f"num_workers={self.num_workers!r}: 1 to 4096")
-        if not isinstance(self.rank_offset, int) or self.rank_offset < 0:
+        check_workers(self.num_workers)
+        if isinstance(self.rank_offset, bool) or not isinstance(self.rank_offset, int) or self.rank_offset < 0:
             raise ValueError(f"rank_offset={self.rank_offset!r}: 0 or more")
         _session(self.session)
 
@@ -89,6 +90,8 @@ class GpudirectWeightTransferUpdateInfo(WeightTransferUpdateInfo):
             raise ValueError(f"{n} parameters in one update: at most {_wire.MAX_PARAMS}")
         if not all(isinstance(x, str) for x in self.names):
             raise ValueError("a parameter's name is not a string")
+        if n == 0:
+            raise ValueError("an update lists no parameters: there is nothing the trainer could confirm")
         if len(self.dtype_names) != n or len(self.shapes) != n:
             raise ValueError(f"names, dtype_names and shapes differ in length: {n}, {len(self.dtype_names)}, {len(self.shapes)}")
         if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
@@ -116,12 +119,11 @@ class GpudirectWeightTransferUpdateInfo(WeightTransferUpdateInfo):
 
 
 def _session(s: Any) -> int:
-    if not isinstance(s, str) or len(s) != 16:
-        raise ValueError(f"session={s!r}: 16 hex digits")
-    try:
-        return int(s, 16)
-    except ValueError:
-        raise ValueError(f"session={s!r}: 16 hex digits") from None
+    # Exactly one spelling per session: int(s, 16) alone takes signs, 0x,
+    # underscores, spaces and other scripts' digits.
+    if not isinstance(s, str) or not re.fullmatch("[0-9a-f]{16}", s):
+        raise ValueError(f"session={s!r}: 16 lowercase hex digits")
+    return int(s, 16)
 
 
 def new_session() -> str:
@@ -203,7 +205,8 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
             # trainer numbers from 1 again.
             self.weight_version, self.partial_version = 0, None
         self._agent, self.info, self.rank, self._joined = agent, init_info, rank, init_info.session
-        self._inbox = Inbox(agent)
+        trainer = trainer_name(init_info.group)
+        self._inbox = Inbox(agent, lambda peer: peer == trainer, self.refusals, "not_trainer")
 
     def start_weight_update(self) -> None:
         """Starts vLLM's layerwise reload when vLLM loaded this model (it
@@ -261,9 +264,10 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
         slot = _wire.HEADER + info.bucket_bytes
         partial: Dict[int, Any] = {}
         k = 0
+        reachable = True
         try:
             for k in range(plan.count):
-                self._wait_bucket(inbox, trainer, session, v, k)
+                nonce = self._wait_bucket(inbox, trainer, session, v, k)
                 base = (k % 2) * slot
                 head = _wire.Header.unpack(bytes(self._buckets[base : base + _wire.HEADER].cpu().numpy()))
                 want = plan.length(k)
@@ -277,20 +281,34 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
                     count(self.refusals, "checksum")
                     raise WeightTransferError(f"bucket {k} of version {v} from {trainer!r}: checksum mismatch; the update is refused")
                 self.partial_version = v
-                self._load(update_info, plan.buckets[k], payload, partial)
-                self._ack_bucket(agent, trainer, _wire.Note("ack", session, v, k))
+                try:
+                    self._load(update_info, plan.buckets[k], payload, partial)
+                except Exception as e:
+                    raise WeightTransferError(f"bucket {k} of version {v}: the model's load_weights failed: {type(e).__name__}: {e}") from e
+                try:
+                    self._ack_bucket(agent, trainer, _wire.Note("ack", session, v, k, nonce=nonce), info.timeout)
+                except EngineError as e:
+                    reachable = False  # a nak would wait on the same dead path
+                    raise WeightTransferError(
+                        f"bucket {k} of version {v} loaded, but its acknowledgement to the trainer {trainer!r} failed: {e}; "
+                        f"this worker's model is not at version {v} until the trainer confirms it"
+                    ) from e
         except WeightTransferTimeout:
             raise
         except BaseException as e:
-            self._nak(agent, trainer, session, v, k, str(e))
+            if reachable:
+                self._nak(agent, trainer, session, v, k, str(e))
             raise
         self.weight_version, self.partial_version = v, None
 
-    def _wait_bucket(self, inbox: Inbox, trainer: str, session: int, v: int, k: int) -> None:
+    def _wait_bucket(self, inbox: Inbox, trainer: str, session: int, v: int, k: int) -> int:
+        """Until the trainer's put of bucket ``k`` of version ``v``; its
+        nonce."""
         assert self.info is not None
         deadline = time.monotonic() + self.info.timeout
         while True:
-            got = inbox.get(deadline)
+            # The deadline holds however many notifications are queued.
+            got = inbox.get(deadline) if time.monotonic() < deadline else None
             if got is None:
                 raise WeightTransferTimeout(
                     f"no bucket {k} of version {v} from the trainer {trainer!r} within {self.info.timeout:g} s "
@@ -312,7 +330,7 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
             elif note.bucket != k:
                 count(self.refusals, "out_of_order")
             else:
-                return
+                return note.nonce
 
     def _load(self, u: GpudirectWeightTransferUpdateInfo, pieces: List[_wire.Piece], payload: Any, partial: Dict[int, Any]) -> None:
         weights: List[Tuple[str, Any]] = []
@@ -337,17 +355,18 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
             # given back to the trainer.
             torch.cuda.synchronize(payload.device)
 
-    def _ack_bucket(self, agent: Agent, trainer: str, note: _wire.Note) -> None:
-        assert self.info is not None
+    def _ack_bucket(self, agent: Agent, trainer: str, note: _wire.Note, timeout: float) -> None:
         req = agent.prepare("write", [("a", 0, trainer, "acks", self.rank * _wire.ACK_SLOT, _wire.ACK_SLOT)], note.encode())
         req.post()
-        req.wait(self.info.timeout)
+        req.wait(timeout)
 
     def _nak(self, agent: Agent, trainer: str, session: int, v: int, k: int, why: str) -> None:
+        # A second of the bound at most: the update already failed, and
+        # the trainer learns of it from its own bound if this is lost.
         try:
-            self._ack_bucket(agent, trainer, _wire.Note("nak", session, v, k, why[:400]))
+            self._ack_bucket(agent, trainer, _wire.Note("nak", session, v, k, why[:400]), 1.0)
         except Exception:
-            pass  # the trainer learns from its own bound instead
+            pass
 
     def shutdown(self) -> None:
         """Closes the agent and frees the buckets; a later init starts over."""
