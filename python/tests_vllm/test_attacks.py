@@ -176,7 +176,7 @@ def in_thread(fn: Callable[[], Any], limit: float):
     return out.get("r"), out.get("e"), out["s"]
 
 
-# ---------------------------------------------- worker: what holds
+# ---------------------------------------------- worker: attacks that held from the start
 
 
 def test_a_non_trainer_put_and_another_session_are_refused_and_the_real_update_lands(vllm_config):
@@ -225,7 +225,7 @@ def test_a_stalled_trainer_times_out_naming_trainer_version_bucket(vllm_config):
     assert time.monotonic() - t0 < 1.0
 
 
-# ------------------------------------------ worker: what does not hold
+# ------------------------------------------ worker: attacks that succeeded before their fixes
 
 
 def test_an_empty_update_is_not_a_success_the_trainer_never_confirmed(vllm_config):
