@@ -104,6 +104,53 @@ class Inbox:
         pass
 
 
+def quiet_agents(made: List[Tuple[str, dict]]):
+    """An Agent class that opens nothing: each one made is recorded in
+    ``made`` as (name, keyword arguments); it registers, publishes and
+    looks up nothing, and hears no notification."""
+
+    class QuietAgent:
+        def __init__(self, name, **kw):
+            self.name = name
+            made.append((name, kw))
+
+        def register(self, *a, **k):
+            pass
+
+        register_gpu = register
+
+        def publish(self, rdv):
+            pass
+
+        def lookup(self, *a):
+            pass
+
+        def wait_notification(self, t):
+            time.sleep(t)
+            raise EngineTimeoutError("quiet")
+
+        def close(self):
+            pass
+
+    return QuietAgent
+
+
+def flooding(name: str, junk: Tuple[str, bytes], stop: threading.Event):
+    """An agent named ``name`` whose every wait returns ``junk`` at once,
+    until ``stop`` is set (then it hears nothing)."""
+
+    class Flood:
+        def wait_notification(self, t):
+            if stop.is_set():
+                time.sleep(t)
+                raise EngineTimeoutError("quiet")
+            return junk
+
+    agent = Flood()
+    agent.name = name
+    return agent
+
+
 @pytest.fixture(scope="module")
 def vllm_config():
     vllm.plugins.load_general_plugins()
@@ -304,16 +351,7 @@ def test_a_flood_of_member_notifications_does_not_hold_a_worker_past_its_timeout
     stop = threading.Event()
     junk = ("g.w1", _wire.Note("put", SI, 1, 0).encode())
 
-    class Flood:
-        name = "g.w0"
-
-        def wait_notification(self, t):
-            if stop.is_set():
-                time.sleep(t)
-                raise EngineTimeoutError("quiet")
-            return junk
-
-    inbox = _common.Inbox(Flood())
+    inbox = _common.Inbox(flooding("g.w0", junk, stop))
     e = engine(vllm_config, timeout=0.5, inbox=inbox)
     try:
         r, exc, took = in_thread(lambda: e.receive_weights(update()), 6)
@@ -354,32 +392,8 @@ def test_init_info_from_http_cannot_name_the_workers_secret(vllm_config, tmp_pat
     known.write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096}\n')
     known.chmod(0o644)
     monkeypatch.setenv("GPUDIRECT_SECRET_FILE", str(real))
-    made = {}
-
-    class FakeAgent:
-        def __init__(self, name, **kw):
-            self.name = name
-            made.update(kw)
-
-        def register(self, *a, **k):
-            pass
-
-        register_gpu = register
-
-        def publish(self, rdv):
-            pass
-
-        def lookup(self, *a):
-            pass
-
-        def wait_notification(self, t):
-            time.sleep(t)
-            raise EngineTimeoutError("quiet")
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(worker_mod, "Agent", FakeAgent)
+    made: List[Tuple[str, dict]] = []
+    monkeypatch.setattr(worker_mod, "Agent", quiet_agents(made))
     monkeypatch.setattr(worker_mod, "Rendezvous", lambda *a, **k: object())
     e = WeightTransferEngineFactory.create_engine(WeightTransferConfig(backend="gpudirect"), vllm_config, torch.device("cpu"), Model())
     try:
@@ -389,7 +403,8 @@ def test_init_info_from_http_cannot_name_the_workers_secret(vllm_config, tmp_pat
         return  # refused: holds
     finally:
         e.shutdown()
-    assert made.get("secret_file") in (None, str(real)), f"the worker's agent keys on {made.get('secret_file')!r}, a 0644 file the HTTP caller named"
+    keys = [kw.get("secret_file") for _, kw in made]
+    assert all(k in (None, str(real)) for k in keys), f"the worker's agent keys on {keys!r}, a 0644 file the HTTP caller named"
 
 
 # ------------------------------------------------------------ trainer
@@ -565,16 +580,7 @@ def test_a_flood_of_member_notifications_does_not_hold_the_trainer_past_its_time
     stop = threading.Event()
     junk = ("g.x", _wire.Note("ack", SI, 1, 0).encode())
 
-    class Flood:
-        name = T
-
-        def wait_notification(self, t):
-            if stop.is_set():
-                time.sleep(t)
-                raise EngineTimeoutError("quiet")
-            return junk
-
-    inbox = _common.Inbox(Flood())
+    inbox = _common.Inbox(flooding(T, junk, stop))
     eng = trainer(Client(lambda d: time.sleep(30)), lambda n: None, timeout=0.5, inbox=inbox)
     try:
         r, exc, took = in_thread(eng.send_weights, 6)
@@ -589,34 +595,13 @@ def test_a_flood_of_member_notifications_does_not_hold_the_trainer_past_its_time
 def test_trainer_init_refuses_a_bad_num_workers_before_opening_anything(monkeypatch, tmp_path, n):
     secret = tmp_path / "s"
     secret.write_bytes(os.urandom(32))
-    opened = []
-
-    class FakeAgent:
-        def __init__(self, name, **kw):
-            self.name = name
-            opened.append(name)
-
-        def register(self, *a, **k):
-            pass
-
-        def publish(self, rdv):
-            pass
-
-        def lookup(self, *a):
-            pass
-
-        def wait_notification(self, t):
-            time.sleep(t)
-            raise EngineTimeoutError("quiet")
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(trainer_mod, "Agent", FakeAgent)
+    made: List[Tuple[str, dict]] = []
+    monkeypatch.setattr(trainer_mod, "Agent", quiet_agents(made))
     monkeypatch.setattr(trainer_mod, "Rendezvous", lambda *a, **k: object())
     info = GpudirectTrainerInitInfo(rendezvous="127.0.0.1:1", num_workers=n, secret_file=str(secret), timeout=0.5, rank=0)
     with pytest.raises(Exception) as ei:
         eng = GpudirectTrainerWeightTransferEngine.trainer_init(info, client=Client(lambda d: None), source=ModuleSource(TModel()))
         eng.shutdown()
         raise AssertionError("trainer_init returned an engine")
+    opened = [name for name, _ in made]
     assert isinstance(ei.value, ValueError) and not opened, f"num_workers={n!r}: {type(ei.value).__name__}: {ei.value}; agents opened: {opened}"

@@ -39,6 +39,7 @@ def test_each_parameter_is_covered_once_in_order_and_ends_on_its_last_piece():
             assert ks == sorted(ks) and (n == 0 or ks == list(range(ks[0], ks[0] + len(ks))))
         for k in range(p.count):
             assert p.length(k) > 0, f"bucket {k} of {p.count} carries nothing"
+        assert p.by_parameter() == [got[i] for i in range(len(nbytes))]
 
 
 def test_bucket_sizes_must_be_aligned_positive_and_bounded():

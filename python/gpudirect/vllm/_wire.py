@@ -78,6 +78,15 @@ class Plan:
         """Payload bytes in bucket ``k``."""
         return min(self.bucket_bytes, self.total - k * self.bucket_bytes)
 
+    def by_parameter(self) -> List[List[Tuple[int, Piece]]]:
+        """For each parameter, its pieces in order with their buckets (how
+        the trainer packs them)."""
+        out: List[List[Tuple[int, Piece]]] = [[] for _ in self.nbytes]
+        for k, pieces in enumerate(self.buckets):
+            for piece in pieces:
+                out[piece.index].append((k, piece))
+        return out
+
 
 def plan(nbytes: Sequence[int], bucket_bytes: int) -> Plan:
     """Lays the parameters of ``nbytes`` out one after another (each on

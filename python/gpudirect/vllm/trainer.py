@@ -214,9 +214,7 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
         nonces = self._nonces = {}
         casts: Dict[int, Any] = {}
         acked: Dict[int, Set[str]] = {}
-        pos = 0  # the stream position the next byte goes to
-        k = 0  # the bucket being filled
-        sent = -1  # the last bucket sent
+        shipped = 0  # buckets sent so far; the next is being filled
 
         def ship(k: int) -> None:
             self._settle(k - 2, casts, acked, version, receiving)
@@ -237,6 +235,7 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
             casts[k] = cast
 
         it = iter(source)
+        spans = plan.by_parameter()
         for i, m in enumerate(meta):
             try:
                 name, tensor = next(it)
@@ -249,24 +248,15 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
             raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
             if i == 0:
                 self._place(raw.device)
-            pos = _wire.align(pos)
-            done = 0
-            while done < raw.numel():
-                bk, at = divmod(pos, info.bucket_bytes)
-                while k < bk:
-                    ship(k)
-                    sent = k
-                    k += 1
-                take = min(raw.numel() - done, info.bucket_bytes - at)
-                base = (k % 2) * slot + _wire.HEADER
-                self._buckets[base + at : base + at + take].copy_(raw[done : done + take])
-                done += take
-                pos += take
-        if plan.count and self._buckets is None:
-            self._place(torch.device("cpu"))
-        while sent < plan.count - 1:
-            ship(sent + 1)
-            sent += 1
+            for k, piece in spans[i]:
+                while shipped < k:
+                    ship(shipped)
+                    shipped += 1
+                base = (k % 2) * slot + _wire.HEADER + piece.at
+                self._buckets[base : base + piece.length].copy_(raw[piece.start : piece.start + piece.length])
+        while shipped < plan.count:
+            ship(shipped)
+            shipped += 1
         for b in range(max(plan.count - 2, 0), plan.count):
             self._settle(b, casts, acked, version, receiving)
 

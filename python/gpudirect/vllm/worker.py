@@ -241,10 +241,11 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
         the checksum), load, acknowledge."""
         v = update_info.version
         nbytes = update_info.nbytes()
-        room = 4 * _model_bytes(self.model) + (64 << 20)
+        model_bytes = _model_bytes(self.model)
+        room = 4 * model_bytes + (64 << 20)
         if sum(nbytes) > room:
             raise ValueError(
-                f"version {v} lists {sum(nbytes)} bytes of parameters for a model of {_model_bytes(self.model)}: "
+                f"version {v} lists {sum(nbytes)} bytes of parameters for a model of {model_bytes}: "
                 f"at most {room} (4x the model, plus 64 MiB) are taken"
             )
         info, agent, inbox = self.info, self._agent, self._inbox
@@ -282,7 +283,7 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
                     raise WeightTransferError(f"bucket {k} of version {v} from {trainer!r}: checksum mismatch; the update is refused")
                 self.partial_version = v
                 try:
-                    self._load(update_info, plan.buckets[k], payload, partial)
+                    self._load(update_info, plan, k, payload, partial)
                 except Exception as e:
                     raise WeightTransferError(f"bucket {k} of version {v}: the model's load_weights failed: {type(e).__name__}: {e}") from e
                 try:
@@ -332,17 +333,16 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
             else:
                 return note.nonce
 
-    def _load(self, u: GpudirectWeightTransferUpdateInfo, pieces: List[_wire.Piece], payload: Any, partial: Dict[int, Any]) -> None:
+    def _load(self, u: GpudirectWeightTransferUpdateInfo, plan: _wire.Plan, k: int, payload: Any, partial: Dict[int, Any]) -> None:
         weights: List[Tuple[str, Any]] = []
-        nbytes = u.nbytes()
-        for p in pieces:
+        for p in plan.buckets[k]:
             src = payload[p.at : p.at + p.length]
             if p.start == 0 and p.last:
                 raw = src
             else:
                 buf = partial.get(p.index)
                 if buf is None:
-                    buf = partial[p.index] = torch.empty(nbytes[p.index], dtype=torch.uint8, device=payload.device)
+                    buf = partial[p.index] = torch.empty(plan.nbytes[p.index], dtype=torch.uint8, device=payload.device)
                 buf[p.start : p.start + p.length].copy_(src)
                 if not p.last:
                     continue
