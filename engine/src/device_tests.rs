@@ -348,3 +348,45 @@ fn a_name_claimed_before_its_metadata_was_loaded_is_retired_at_the_load() {
     }
     assert!(other_gid.is_some());
 }
+
+/// The side that sets a connection up may be sent to as soon as its peer
+/// answered, before the connection is listed as live here: a message
+/// reaped then (another thread waiting for notifications) must still
+/// name its sender, not be dropped as from an unknown connection. A
+/// broadcast's chunk message lost so left its receiver waiting for good.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn a_message_on_a_connection_being_set_up_here_is_delivered() {
+    use std::sync::atomic::Ordering;
+    let a = agent("a", None);
+    let b = agent("b", None);
+    let (at_a, at_b) = (a.alloc("m", 4096).unwrap(), b.alloc("m", 4096).unwrap());
+    let to_b = a.load_remote(&b.metadata()).unwrap().memory("m").unwrap();
+    let to_a = b.load_remote(&a.metadata()).unwrap().memory("m").unwrap();
+    let a_to_b = a.prepare(Op::Write, &[(at_a.range(..).unwrap(), to_b.range(..).unwrap())], Some(b"from a")).unwrap();
+    let b_to_a = b.prepare(Op::Write, &[(at_b.range(..).unwrap(), to_a.range(..).unwrap())], Some(b"from b")).unwrap();
+    a.core.pool.opening_pause_ms.swap(1500, Ordering::Relaxed);
+    std::thread::scope(|s| {
+        let reaper = s.spawn(|| a.wait_notification(Some(Duration::from_secs(10))));
+        // `a` sets the connection up and pauses with it ready to receive.
+        let poster = s.spawn(|| {
+            a_to_b.post().unwrap();
+            a_to_b.wait(T).unwrap();
+        });
+        let t = std::time::Instant::now();
+        while b.core.pool.sending_on("a", (0, 0, 0)).is_none() {
+            assert!(t.elapsed() < Duration::from_secs(10), "b never accepted a's connection");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // `b` sends on the connection it accepted, while `a` pauses.
+        assert_eq!(a.connections(), 0, "the pause should hold a's side unlisted");
+        b_to_a.post().unwrap();
+        b_to_a.wait(T).unwrap();
+        let note = reaper.join().unwrap().expect("b's notification reached a");
+        assert_eq!((note.peer.as_str(), note.msg.as_slice()), ("b", &b"from b"[..]));
+        a.core.pool.opening_pause_ms.swap(0, Ordering::Relaxed);
+        poster.join().unwrap();
+    });
+    assert_eq!(b.wait_notification(T).unwrap().msg, b"from a");
+    assert_eq!(a.connections(), b.connections(), "the connections a set up, used both ways");
+}

@@ -136,7 +136,7 @@ fn run(a: &Agent, src: &gpudirect_engine::Registration, dir: &Path, n: usize, le
         let before = nic_bytes(a);
         let t = Instant::now();
         cast.post()?;
-        cast.wait(Some(T))?;
+        cast.wait(Some(T)).map_err(|e| format!("step {step}: {e}; receivers: {:?}", cast.receivers()))?;
         let took = t.elapsed();
         all_ok(dir, n, &format!("step-{step}"), &[])?;
         let sent = nic_bytes(a) - before;

@@ -210,6 +210,15 @@ pub(crate) struct ConnPool {
     /// push it out: completions of them still in a completion queue (a
     /// notification not yet polled) keep their sender.
     gone: Mutex<Gone>,
+    /// The peers of queue pairs this side is connecting, by (local NIC,
+    /// queue pair number), from before each can receive until it is in
+    /// `live`: the peer may send as soon as it answered, and a message
+    /// reaped meanwhile must still name its sender.
+    opening: Mutex<HashMap<(usize, u32), Arc<str>>>,
+    /// A pause between a queue pair turning ready to receive and its
+    /// listing as live, in milliseconds: the window a test probes.
+    #[cfg(test)]
+    pub(crate) opening_pause_ms: AtomicU64,
     /// Counts uses, for [`Conn::used`].
     uses: AtomicU64,
     /// Per NIC, the queue pairs that exist or are being made ([`QpSlot`]).
@@ -306,6 +315,9 @@ impl ConnPool {
             live: Mutex::default(),
             connecting: Mutex::default(),
             gone: Mutex::default(),
+            opening: Mutex::default(),
+            #[cfg(test)]
+            opening_pause_ms: AtomicU64::new(0),
             uses: AtomicU64::new(0),
             slots: (0..nics_len).map(|_| Arc::default()).collect(),
             picking: Mutex::default(),
@@ -325,8 +337,7 @@ impl ConnPool {
         if let Some(c) = self.sending_on(&peer.name, path) {
             return Ok((c, false));
         }
-        let conn = Arc::new(self.connect(peer, path)?);
-        self.add_live(path.0, conn.clone());
+        let conn = self.connect(peer, path)?;
         self.send_on(key.0, path, conn.clone(), true);
         Ok((conn, true))
     }
@@ -359,11 +370,15 @@ impl ConnPool {
         }
     }
 
+    /// Makes `conn` live. Under the `live` lock, so that
+    /// [`peer_of`](Self::peer_of) finds it in `opening` or in `live`.
     fn add_live(&self, nic: usize, conn: Arc<Conn>) {
-        let qpn = conn.qp.endpoint().qp_num;
+        let key = (nic, conn.qp.endpoint().qp_num);
         self.touch(&conn);
-        self.gone.lock().remove(&(nic, qpn));
-        self.live.lock().insert((nic, qpn), conn);
+        let mut live = self.live.lock();
+        self.gone.lock().remove(&key);
+        live.insert(key, conn);
+        self.opening.lock().remove(&key);
     }
 
     /// A queue pair on NIC `nic` and its slot: while every slot is held,
@@ -512,11 +527,23 @@ impl ConnPool {
         Request { from: Identity { name: self.name.to_string(), instance: self.instance }, control: self.control, theirs: nic, ours: remote_nic, qp, ask }
     }
 
-    fn connect(&self, peer: &AgentMetadata, path: Path) -> Result<Conn, EngineError> {
+    fn connect(&self, peer: &AgentMetadata, path: Path) -> Result<Arc<Conn>, EngineError> {
         let started = std::time::Instant::now();
-        let (nic, remote_nic, index) = path;
+        let nic = path.0;
         // Nobody waits on our answer yet: the eviction may take a timeout.
         let (prepared, slot) = self.create_qp(nic, self.timeout)?;
+        let key = (nic, prepared.endpoint().qp_num);
+        self.opening.lock().insert(key, peer.name.as_str().into());
+        let conn = self.open(peer, path, prepared, slot, started);
+        // Live on success (add_live took it out of `opening` already).
+        self.opening.lock().remove(&key);
+        conn
+    }
+
+    /// The rest of [`connect`](Self::connect), with the queue pair listed
+    /// in `opening`.
+    fn open(&self, peer: &AgentMetadata, path: Path, prepared: gpudirect::PreparedQueuePair, slot: QpSlot, started: std::time::Instant) -> Result<Arc<Conn>, EngineError> {
+        let (nic, remote_nic, index) = path;
         let mut oob = dial(peer.control, self.timeout).map_err(control_err(&peer.name))?;
         let them = Identity { name: peer.name.clone(), instance: peer.instance };
         let req = self.request(path, Ask::Connect);
@@ -526,8 +553,12 @@ impl ConnPool {
             Answer::Refused(reason) => return Err(EngineError::Refused { peer: peer.name.clone(), reason }),
         };
         let qp = prepared.connect(&remote)?;
+        #[cfg(test)]
+        std::thread::sleep(Duration::from_millis(self.opening_pause_ms.load(Ordering::Relaxed)));
         tracing::info!(peer = %peer.name, nic, remote_nic, index, qp = qp.endpoint().qp_num, setup_us = started.elapsed().as_micros() as u64, "engine connected");
-        Ok(Conn::new(qp, slot, &them, peer.control, (nic, &self.nics[nic]), path))
+        let conn = Arc::new(Conn::new(qp, slot, &them, peer.control, (nic, &self.nics[nic]), path));
+        self.add_live(nic, conn.clone());
+        Ok(conn)
     }
 
     /// Whether `req` (with `endpoint`) is the agent loaded here under its
@@ -710,10 +741,15 @@ impl ConnPool {
     /// Takes connection `key` (local NIC, queue pair number) out of the
     /// pool, remembering its peer for completions still queued.
     fn take(&self, key: (usize, u32)) -> Option<Arc<Conn>> {
-        // Out of the `live` lock before `sending` is taken (the order
+        // From `live` to `gone` under the `live` lock (as `peer_of`
+        // looks), and out of it before `sending` is taken (the order
         // elsewhere is sending, then live).
-        let conn = self.live.lock().remove(&key)?;
-        self.gone.lock().insert(key, conn.peer.clone());
+        let conn = {
+            let mut live = self.live.lock();
+            let conn = live.remove(&key)?;
+            self.gone.lock().insert(key, conn.peer.clone());
+            conn
+        };
         unlist(&mut self.sending.lock(), &conn);
         Some(conn)
     }
@@ -724,10 +760,16 @@ impl ConnPool {
     }
 
     /// The peer a completion on local NIC `nic`, queue pair `qpn`, is from
-    /// (also of a connection closed since).
+    /// (also of a connection being set up, or closed since). Every look
+    /// under the `live` lock: a connection moves from `opening` to `live`
+    /// and from `live` to `gone` under it, so it is never between two.
     pub(crate) fn peer_of(&self, nic: usize, qpn: u32) -> Option<Arc<str>> {
-        if let Some(c) = self.live.lock().get(&(nic, qpn)) {
+        let live = self.live.lock();
+        if let Some(c) = live.get(&(nic, qpn)) {
             return Some(c.peer.clone());
+        }
+        if let Some(p) = self.opening.lock().get(&(nic, qpn)) {
+            return Some(p.clone());
         }
         self.gone.lock().get(&(nic, qpn)).cloned()
     }
