@@ -33,6 +33,9 @@ use crate::wire::notify::{Notification, MAX_NOTIFICATION};
 use crate::nics::nic::{Nic, NicSetup};
 use crate::peers::conn::ConnPool;
 use crate::transfers::core::Core;
+use crate::metrics::endpoint::{Endpoint, Render};
+use crate::metrics::snapshot::{self, AgentStats};
+use crate::metrics::text::prometheus_text;
 use crate::{cast, peers, transfers, wire};
 
 /// A transfer engine agent: one per process, owning its NICs' verbs
@@ -50,6 +53,8 @@ pub struct Agent {
     /// helgrind and drd see the hand-over (the valgrind build).
     stop: Arc<Mutex<bool>>,
     listener: Option<JoinHandle<()>>,
+    /// The metrics endpoint, when configured.
+    metrics: Option<Endpoint>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -170,7 +175,14 @@ impl Agent {
         tracing::info!(agent = %config.name, %control, "engine agent started");
         let core = Arc::new_cyclic(|me| Core::new(pool, me.clone(), config.slice_threshold));
         let _ = core.relay.set(cast::relay::new());
-        Ok(Agent { core, control, listen_addr, gpu_path_limit: config.gpu_path_limit, broadcast_chunk: config.broadcast_chunk, stop, listener: Some(thread) })
+        let mut agent = Agent { core, control, listen_addr, gpu_path_limit: config.gpu_path_limit, broadcast_chunk: config.broadcast_chunk, stop, listener: Some(thread), metrics: None };
+        if let Some(addr) = config.metrics {
+            // A weak handle: the endpoint never keeps the agent alive.
+            let core = Arc::downgrade(&agent.core);
+            let render: Render = Arc::new(move || core.upgrade().map(|c| prometheus_text(&snapshot::take(&c))).unwrap_or_default());
+            agent.metrics = Some(Endpoint::start(addr, &config.name, render).map_err(|e| EngineError::Config(format!("the metrics endpoint at {addr}: {e}")))?);
+        }
+        Ok(agent)
     }
 
     /// The agent's name.
@@ -452,6 +464,21 @@ impl Agent {
     /// exceeds a 1 KiB receive slot.
     pub fn broadcast(&self, source: &LocalRange, targets: &[RemoteRange], notify: &[u8]) -> Result<Broadcast, EngineError> {
         cast::broadcast::prepare(&self.core, source, targets, notify, self.broadcast_chunk)
+    }
+
+    /// What the agent did so far, in one snapshot: per NIC, direction
+    /// and path the bytes moved; per op the requests and their
+    /// latencies; the busiest peers; what it refused. Taking one holds
+    /// no lock the data path takes. The metrics endpoint
+    /// ([`AgentConfig::metrics`]) serves the same, rendered.
+    pub fn stats(&self) -> AgentStats {
+        snapshot::take(&self.core)
+    }
+
+    /// Where the metrics endpoint listens, when there is one
+    /// ([`AgentConfig::metrics`]; its port, when 0 was asked for).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(Endpoint::addr)
     }
 
     /// What each NIC carried so far, in the agent's NIC order.

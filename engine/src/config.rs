@@ -84,6 +84,38 @@ pub struct AgentConfig {
     /// write every memory region in this agent's metadata: for a
     /// private test network only.
     pub insecure: bool,
+    /// Where to serve the agent's metrics (Prometheus' text format over
+    /// HTTP, GET `/metrics`), from threads of its own; `None` (the
+    /// default): not served. A snapshot holds counts and the names of the
+    /// agent, its NICs and peers, never a secret or a memory address;
+    /// still, give a loopback address unless the scraper runs elsewhere.
+    /// [`metrics_addr`] reads `GPUDIRECT_METRICS` the way the tools do.
+    pub metrics: Option<SocketAddr>,
+}
+
+/// The environment variable the tools, the NCCL plugin and the Python
+/// package read for [`AgentConfig::metrics`]: `PORT` (on loopback) or
+/// `HOST:PORT`.
+pub const METRICS_ENV: &str = "GPUDIRECT_METRICS";
+
+/// Where `GPUDIRECT_METRICS` asks for the metrics: `None` when unset or
+/// empty, a port alone on loopback.
+///
+/// # Errors
+/// [`EngineError::Config`](crate::EngineError::Config) naming the value
+/// when it is neither a port nor `HOST:PORT` with an IP address.
+pub fn metrics_addr() -> Result<Option<SocketAddr>, crate::EngineError> {
+    match std::env::var(METRICS_ENV) {
+        Ok(v) if !v.trim().is_empty() => parse_metrics_addr(v.trim()).map(Some),
+        _ => Ok(None),
+    }
+}
+
+fn parse_metrics_addr(v: &str) -> Result<SocketAddr, crate::EngineError> {
+    if let Ok(port) = v.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    v.parse().map_err(|_| crate::EngineError::Config(format!("{METRICS_ENV}={v:?}: a port (served on loopback) or IP:PORT")))
 }
 
 impl AgentConfig {
@@ -112,6 +144,7 @@ impl AgentConfig {
             gpu_path_limit: PathLevel::Pxb,
             secret: None,
             insecure: false,
+            metrics: None,
         }
     }
 }

@@ -390,3 +390,46 @@ fn a_message_on_a_connection_being_set_up_here_is_delivered() {
     assert_eq!(b.wait_notification(T).unwrap().msg, b"from a");
     assert_eq!(a.connections(), b.connections(), "the connections a set up, used both ways");
 }
+
+/// Host memory moved both ways shows as `host` bytes on the NIC that
+/// moved it, the right way, in the snapshot and at the endpoint; none
+/// shows as `gdr` or `staged`; the latencies count every post.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn the_snapshot_and_the_endpoint_count_host_bytes_by_direction() {
+    use std::io::{Read, Write};
+    use crate::counting::{DataPath, Direction};
+    let mut c = AgentConfig::named("scraped");
+    c.devices = vec![testkit::device()];
+    c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    c.metrics = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    let a = Agent::new(c).unwrap();
+    let b = agent("peer", None);
+    let src = a.alloc("src", 1 << 20).unwrap();
+    b.alloc("t", 1 << 20).unwrap();
+    let t = a.load_remote(&b.metadata()).unwrap().memory("t").unwrap();
+    let write = a.prepare(Op::Write, &[(src.range(..).unwrap(), t.range(..).unwrap())], None).unwrap();
+    let read = a.prepare(Op::Read, &[(src.range(..4096).unwrap(), t.range(..4096).unwrap())], None).unwrap();
+    for _ in 0..3 {
+        write.post().unwrap();
+        write.wait(T).unwrap();
+    }
+    read.post().unwrap();
+    read.wait(T).unwrap();
+    let s = a.stats();
+    let nic = &s.nics[0];
+    assert_eq!((nic.bytes(Direction::Out, DataPath::Host), nic.bytes(Direction::In, DataPath::Host)), (3 << 20, 4096));
+    assert_eq!(nic.traffic.iter().filter(|t| t.path != DataPath::Host).map(|t| t.bytes).sum::<u64>(), 0);
+    assert_eq!((s.ops[0].latency.count, s.ops[1].latency.count), (3, 1));
+    assert_eq!((s.ops[0].requests.completed, s.peers[0].name.as_str(), s.peers[0].requests.bytes), (3, "peer", (3 << 20) + 4096));
+    let mut http = std::net::TcpStream::connect(a.metrics_addr().unwrap()).unwrap();
+    http.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    http.read_to_string(&mut text).unwrap();
+    let dev = &nic.device;
+    for (dir, path, n) in [("out", "host", 3u64 << 20), ("in", "host", 4096), ("out", "gdr", 0), ("out", "staged", 0)] {
+        let line = format!("gpudirect_bytes_total{{agent=\"scraped\",nic=\"{dev}\",direction=\"{dir}\",path=\"{path}\"}} {n}\n");
+        assert!(text.contains(&line), "{line} not in:\n{text}");
+    }
+    assert!(text.contains("gpudirect_request_seconds_count{agent=\"scraped\",op=\"write\"} 3\n"));
+}

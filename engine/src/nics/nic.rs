@@ -17,6 +17,7 @@ use gpudirect::{SharedReceiveQueue, SrqConfig};
 use gpudirect::RecvWr;
 use gpudirect::sync::Mutex;
 
+use crate::counting::{Direction, PathBytes, PathCounters};
 use crate::wire::desc::NicDesc;
 use crate::nics::msgbuf::MsgPool;
 use crate::wire::notify::SLOT;
@@ -67,9 +68,10 @@ pub(crate) struct Nic {
     pub(crate) max_connections: usize,
     /// Queue pairs each rail of it carries to a peer.
     pub(crate) qps: usize,
-    /// [`NicStats::bytes`] and [`NicStats::posts`].
-    pub(crate) bytes: AtomicU64,
+    /// [`NicStats::posts`].
     pub(crate) posts: AtomicU64,
+    /// Bytes and posts by direction and path; [`NicStats::bytes`] their sum.
+    pub(crate) paths: PathCounters,
     /// [`NicStats::qp_bytes`], one per queue pair index.
     qp_bytes: Box<[AtomicU64]>,
 }
@@ -128,8 +130,8 @@ impl Nic {
             gid,
             max_connections,
             qps,
-            bytes: AtomicU64::new(0),
             posts: AtomicU64::new(0),
+            paths: PathCounters::default(),
             qp_bytes: (0..qps).map(|_| AtomicU64::new(0)).collect(),
         };
         // The receives go in only once the receive CQ is attached, which
@@ -142,10 +144,11 @@ impl Nic {
         Ok(nic)
     }
 
-    /// Counts a post of `bytes` on its queue pair index `qp`.
+    /// Counts a post of `bytes` going `dir` on its queue pair index
+    /// `qp`, `paths` of them by path.
     #[inline]
-    pub(crate) fn count(&self, qp: usize, bytes: u64) {
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    pub(crate) fn count(&self, qp: usize, bytes: u64, dir: Direction, paths: &PathBytes) {
+        self.paths.count(dir, paths);
         self.posts.fetch_add(1, Ordering::Relaxed);
         if let Some(q) = self.qp_bytes.get(qp) {
             q.fetch_add(bytes, Ordering::Relaxed);
@@ -155,7 +158,7 @@ impl Nic {
     pub(crate) fn stats(&self) -> NicStats {
         NicStats {
             device: self.desc.device.clone(),
-            bytes: self.bytes.load(Ordering::Relaxed),
+            bytes: self.paths.read().iter().map(|t| t.bytes).sum(),
             posts: self.posts.load(Ordering::Relaxed),
             qp_bytes: self.qp_bytes.iter().map(|q| q.load(Ordering::Relaxed)).collect(),
         }

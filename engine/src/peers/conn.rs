@@ -790,6 +790,15 @@ impl ConnPool {
         self.take((conn.nic, conn.qp.endpoint().qp_num));
     }
 
+    /// Connections alive now to each peer (queue pairs).
+    pub(crate) fn connections_by_peer(&self) -> HashMap<Arc<str>, usize> {
+        let mut by = HashMap::new();
+        for c in self.live.lock().values() {
+            *by.entry(c.peer.clone()).or_insert(0) += 1;
+        }
+        by
+    }
+
     /// Connections alive now.
     pub(crate) fn connections(&self) -> usize {
         self.live.lock().len()

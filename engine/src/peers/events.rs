@@ -56,10 +56,19 @@ pub enum PeerEvent {
 pub(crate) struct Events {
     queue: VecDeque<PeerEvent>,
     dropped: u64,
+    /// Every event so far, by kind (lost, replaced, impostor): what a
+    /// snapshot reports, whoever took the queue.
+    pub(crate) seen: [u64; 3],
 }
 
 impl Events {
     pub(crate) fn push(&mut self, e: PeerEvent) {
+        let kind = match e {
+            PeerEvent::Lost { .. } => 0,
+            PeerEvent::Replaced { .. } => 1,
+            PeerEvent::Impostor { .. } => 2,
+        };
+        self.seen[kind] += 1;
         if self.queue.len() == MAX_PEER_EVENTS {
             self.queue.pop_front();
             self.dropped += 1;

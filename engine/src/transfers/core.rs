@@ -32,7 +32,8 @@ use crate::peers::conn::{Conn, ConnPool};
 use crate::error::EngineError;
 use crate::transfers::memory::Registry;
 use crate::nics::msgbuf::MsgBuf;
-use crate::transfers::stats::{Counters, Refusal, RefusalCounters};
+use crate::counting::{now_ns, Direction, LatencyCounters};
+use crate::transfers::stats::{Counters, Refusal, RefusalCounters, TransferStats};
 use crate::wire::notify::{self, Notification, SLOT};
 use crate::nics::ready::Readiness;
 
@@ -77,12 +78,17 @@ impl Failure {
 pub(crate) struct ReqState {
     pub(crate) phase: Mutex<Phase>,
     pub(crate) own: Counters,
+    /// The counters of every request of its op to its peer.
     pub(crate) peer: Arc<Counters>,
+    /// When the post in progress began ([`now_ns`]).
+    posted_ns: AtomicU64,
+    /// The agent's latencies of its op.
+    latency: Arc<LatencyCounters>,
 }
 
 impl ReqState {
-    pub(crate) fn new(peer: Arc<Counters>) -> ReqState {
-        ReqState { phase: Mutex::new(Phase::Idle), own: Counters::default(), peer }
+    pub(crate) fn new(peer: Arc<Counters>, latency: Arc<LatencyCounters>) -> ReqState {
+        ReqState { phase: Mutex::new(Phase::Idle), own: Counters::default(), peer, posted_ns: AtomicU64::new(0), latency }
     }
 
     /// Counts on this request's counters and on its peer's.
@@ -98,6 +104,10 @@ impl ReqState {
             Phase::Done => self.count(Counters::completed),
             Phase::Failed(_) => self.count(Counters::failed),
             Phase::Idle | Phase::Posted => {}
+        }
+        if matches!(phase, Phase::Done | Phase::Failed(_)) {
+            let took = now_ns().saturating_sub(self.posted_ns.load(Ordering::Relaxed));
+            self.latency.record(Duration::from_nanos(took));
         }
         *self.phase.lock() = phase;
     }
@@ -240,8 +250,13 @@ pub(crate) struct Core {
     /// Notifications whose post's data is complete, to go out (by id).
     ready: Mutex<Vec<(u64, Deferred)>>,
     next_id: AtomicU64,
-    /// Each peer's counters, shared by the requests to it.
-    peers: Mutex<HashMap<String, Arc<Counters>>>,
+    /// Each peer's counters, shared by the requests to it: one per
+    /// direction (so per op: writes out, reads in).
+    peers: Mutex<HashMap<String, [Arc<Counters>; 2]>>,
+    /// Request latencies, per direction (so per op).
+    pub(crate) latency: [Arc<LatencyCounters>; 2],
+    /// Messages dropped as from a connection no longer known.
+    pub(crate) unknown_sender: AtomicU64,
     /// The broadcast receiving side, set once by the agent.
     pub(crate) relay: OnceLock<Box<dyn Relay>>,
     /// This agent's broadcasts in flight, by id: where their receivers'
@@ -272,6 +287,8 @@ impl Core {
             ready: Mutex::default(),
             next_id: AtomicU64::new(1),
             peers: Mutex::default(),
+            latency: Default::default(),
+            unknown_sender: AtomicU64::new(0),
             relay: OnceLock::new(),
             sources: Mutex::default(),
             posted: Mutex::default(),
@@ -291,14 +308,21 @@ impl Core {
         Ok(crate::peers::peer::Peer { md })
     }
 
-    /// The counters of the requests to `peer`.
-    pub(crate) fn peer_counters(&self, peer: &str) -> Arc<Counters> {
-        self.peers.lock().entry(peer.to_owned()).or_default().clone()
+    /// The state of a new request to `peer` going `dir`: its peer's
+    /// counters and the agent's latencies of that way.
+    pub(crate) fn req_state(&self, peer: &str, dir: Direction) -> ReqState {
+        let counters = self.peers.lock().entry(peer.to_owned()).or_default()[dir as usize].clone();
+        ReqState::new(counters, self.latency[dir as usize].clone())
     }
 
     /// What the requests to `peer` did, if any was prepared.
-    pub(crate) fn peer_stats(&self, peer: &str) -> Option<crate::transfers::stats::TransferStats> {
-        self.peers.lock().get(peer).map(|c| c.read())
+    pub(crate) fn peer_stats(&self, peer: &str) -> Option<TransferStats> {
+        self.peers.lock().get(peer).map(|[w, r]| w.read().plus(&r.read()))
+    }
+
+    /// What the requests to every peer did, per peer and per direction.
+    pub(crate) fn every_peer(&self) -> Vec<(String, [TransferStats; 2])> {
+        self.peers.lock().iter().map(|(p, [w, r])| (p.clone(), [w.read(), r.read()])).collect()
     }
 
     /// Lists a post of `state` on the connections `conns` before its
@@ -311,6 +335,7 @@ impl Core {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) & (u64::MAX >> 1);
         *phase = Phase::Posted;
+        state.posted_ns.store(now_ns(), Ordering::Relaxed);
         drop(phase);
         let finals = conns.as_slice().len() as u32;
         self.outstanding.lock().insert(id, Outstanding { state: state.clone(), conns, finals, deferred });
@@ -513,7 +538,10 @@ impl Core {
                             self.cast_refusals.count(Refusal::Malformed);
                             tracing::warn!(peer = ?peer, nic, qp = wc.qp_num, "dropped a broadcast message: {why}");
                         }
-                        (Ok(_), None) => tracing::warn!(nic, qp = wc.qp_num, "dropped a broadcast message from a connection no longer known"),
+                        (Ok(_), None) => {
+                            self.unknown_sender.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(nic, qp = wc.qp_num, "dropped a broadcast message from a connection no longer known");
+                        }
                     }
                     if let Err(e) = n.repost(slot) {
                         first_err.get_or_insert(e.into());
@@ -523,7 +551,10 @@ impl Core {
                 match (read.and_then(|()| notify::decode(&buf)), peer) {
                     (Ok(msg), Some(peer)) => fresh.push(Notification { peer: peer.to_string(), msg: msg.to_vec() }),
                     (Err(why), peer) => tracing::warn!(peer = ?peer, nic, qp = wc.qp_num, "dropped a message that is not a notification: {why}"),
-                    (Ok(_), None) => tracing::warn!(nic, qp = wc.qp_num, "dropped a notification from a connection no longer known"),
+                    (Ok(_), None) => {
+                        self.unknown_sender.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(nic, qp = wc.qp_num, "dropped a notification from a connection no longer known");
+                    }
                 }
             } else if let Err(e) = wc.ok() {
                 // A receive fails when its message does not fit a slot

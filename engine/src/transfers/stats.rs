@@ -26,6 +26,20 @@ pub struct TransferStats {
     pub connects: u64,
 }
 
+impl TransferStats {
+    /// Both summed.
+    pub(crate) fn plus(&self, o: &TransferStats) -> TransferStats {
+        TransferStats {
+            posts: self.posts + o.posts,
+            bytes: self.bytes + o.bytes,
+            completed: self.completed + o.completed,
+            failed: self.failed + o.failed,
+            refused: self.refused + o.refused,
+            connects: self.connects + o.connects,
+        }
+    }
+}
+
 #[derive(Default, Debug)]
 pub(crate) struct Counters {
     posts: AtomicU64,

@@ -19,15 +19,28 @@ use crate::error::EngineError;
 use crate::transfers::memory::LocalRange;
 use crate::nics::msgbuf::MsgBuf;
 use crate::peers::peer::RemoteRange;
+use crate::counting::{DataPath, Direction, PathBytes};
 use crate::transfers::stats::{Counters, TransferStats};
 
 /// What a transfer does to the remote memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum Op {
     /// RDMA write: local ranges into the peer's.
     Write,
     /// RDMA read: the peer's ranges into local ones.
     Read,
+}
+
+impl Op {
+    /// Which way its bytes go through this agent's NICs.
+    #[inline]
+    pub(crate) fn direction(self) -> Direction {
+        match self {
+            Op::Write => Direction::Out,
+            Op::Read => Direction::In,
+        }
+    }
 }
 
 /// Where a transfer request stands.
@@ -54,13 +67,16 @@ pub(crate) struct Lane {
     pub(crate) bytes: u64,
     /// Whether the pieces are the request's entries, whole and in order.
     pub(crate) whole: bool,
+    /// Its bytes by the path each piece's local region takes on `nic`
+    /// (set when the request is made).
+    pub(crate) paths: PathBytes,
 }
 
 impl Lane {
     /// All of `entries`, whole, on queue pair `qp` of `rail`.
     pub(crate) fn whole((rail, qp): (usize, usize), entries: &[(LocalRange, RemoteRange)]) -> Lane {
         let pieces: Vec<_> = entries.iter().enumerate().map(|(i, (_, r))| (i, 0, r.len)).collect();
-        Lane { nic: rail, remote_nic: rail, qp, bytes: pieces.iter().map(|p| p.2).sum(), pieces, whole: true }
+        Lane { nic: rail, remote_nic: rail, qp, bytes: pieces.iter().map(|p| p.2).sum(), pieces, whole: true, paths: [0; 3] }
     }
 }
 
@@ -108,7 +124,7 @@ pub(crate) fn queue_pairs(rails: &[usize], qps: impl Fn(usize) -> usize) -> Vec<
 pub(crate) fn slice(lens: impl IntoIterator<Item = u64>, paths: &[(usize, usize)], bytes: u64) -> Vec<Lane> {
     let share = bytes.div_ceil(paths.len() as u64);
     let mut lanes: Vec<Lane> =
-        paths.iter().map(|&(r, qp)| Lane { nic: r, remote_nic: r, qp, pieces: Vec::new(), bytes: 0, whole: false }).collect();
+        paths.iter().map(|&(r, qp)| Lane { nic: r, remote_nic: r, qp, pieces: Vec::new(), bytes: 0, whole: false, paths: [0; 3] }).collect();
     let mut lane = 0;
     for (i, len) in lens.into_iter().enumerate() {
         let mut at = 0;
@@ -235,10 +251,19 @@ impl TransferRequest {
         op: Op,
         peer: Arc<AgentMetadata>,
         entries: Vec<(LocalRange, RemoteRange)>,
-        lanes: Vec<Lane>,
+        mut lanes: Vec<Lane>,
         notify: Option<Notify>,
         bytes: u64,
     ) -> Result<TransferRequest, EngineError> {
+        // The path of each byte from the region that moves it: never
+        // inferred (a region without one on the lane's NIC counts none).
+        for lane in &mut lanes {
+            for &(i, _, n) in &lane.pieces {
+                if let Some(r) = entries[i].0.reg.inner.on(lane.nic) {
+                    lane.paths[DataPath::of(r.location()) as usize] += n;
+                }
+            }
+        }
         let mut nics: Vec<usize> = lanes.iter().map(|l| l.nic).collect();
         nics.sort_unstable();
         nics.dedup();
@@ -252,7 +277,7 @@ impl TransferRequest {
             // moving the request moves the `Arc`s, not the regions.
             lists.push(unsafe { std::mem::transmute::<SendList<'_>, SendList<'static>>(list) });
         }
-        let state = Arc::new(ReqState::new(core.peer_counters(&peer.name)));
+        let state = Arc::new(core.req_state(&peer.name, op.direction()));
         Ok(TransferRequest { lists: gpudirect::sync::Mutex::new(lists), core, op, peer, entries, lanes, notify, state, bytes, nics })
     }
 
@@ -362,7 +387,7 @@ impl TransferRequest {
             };
             match posted {
                 Ok(()) => {
-                    self.core.pool.nics[nic].count(lane.qp, lane.bytes);
+                    self.core.pool.nics[nic].count(lane.qp, lane.bytes, self.op.direction(), &lane.paths);
                     total += list.len();
                 }
                 Err(p) if p.posted == 0 && i == 0 => {

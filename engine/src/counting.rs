@@ -1,0 +1,221 @@
+//! What the agent counts as bytes move, by the path they took: plain
+//! atomics the post and completion paths bump (relaxed adds, no lock),
+//! and the plain data they are read into. A leaf: it imports nothing
+//! of the engine.
+//!
+//! The path of a byte is never inferred: it is the registration path of
+//! the local memory region, on the NIC that moved it, that the work
+//! request named ([`DataPath::of`]).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use gpudirect::{Location, RegistrationPath};
+
+/// The path bytes took between a NIC and the memory they came from or
+/// went to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum DataPath {
+    /// GPUDirect RDMA: GPU memory registered by dma-buf or peer memory on
+    /// the NIC that moved it; the NIC reads and writes the GPU itself.
+    Gdr,
+    /// Host memory, by the caller's choice.
+    Host,
+    /// A GPU's bytes through host memory: GPU memory registered by host
+    /// staging (the NIC moves a pinned host mirror and the CPU copies),
+    /// as a staging policy allowed.
+    Staged,
+}
+
+impl DataPath {
+    /// Every path, in the order of [`as_str`](Self::as_str)'s labels.
+    pub const ALL: [DataPath; 3] = [DataPath::Gdr, DataPath::Host, DataPath::Staged];
+
+    /// The path of bytes moved by a NIC from or into a region at
+    /// `location` (as [`MemoryRegion::location`](gpudirect::MemoryRegion::location)
+    /// reports it).
+    pub fn of(location: Location) -> DataPath {
+        match location {
+            Location::Host => DataPath::Host,
+            Location::Gpu { path: RegistrationPath::HostStaged, .. } => DataPath::Staged,
+            Location::Gpu { .. } => DataPath::Gdr,
+        }
+    }
+
+    /// Its label: `gdr`, `host` or `staged`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DataPath::Gdr => "gdr",
+            DataPath::Host => "host",
+            DataPath::Staged => "staged",
+        }
+    }
+}
+
+impl std::fmt::Display for DataPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which way bytes went through a NIC of this agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum Direction {
+    /// Out of local memory: this agent's writes (and broadcast chunks it
+    /// sends or forwards).
+    Out,
+    /// Into local memory: this agent's reads.
+    In,
+}
+
+impl Direction {
+    /// Both, in the order of [`as_str`](Self::as_str)'s labels.
+    pub const ALL: [Direction; 2] = [Direction::Out, Direction::In];
+
+    /// Its label: `out` or `in`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Out => "out",
+            Direction::In => "in",
+        }
+    }
+}
+
+/// Bytes one post of a lane moves, by [`DataPath`] (indexed as
+/// [`DataPath::ALL`]); worked out once, when the request is prepared.
+pub(crate) type PathBytes = [u64; 3];
+
+/// The bytes and posts a NIC moved, by direction and path.
+#[derive(Default, Debug)]
+pub(crate) struct PathCounters {
+    bytes: [[AtomicU64; 3]; 2],
+    posts: [[AtomicU64; 3]; 2],
+}
+
+impl PathCounters {
+    /// Counts one post of `bytes` going `dir`.
+    #[inline]
+    pub(crate) fn count(&self, dir: Direction, bytes: &PathBytes) {
+        for (p, &b) in bytes.iter().enumerate() {
+            if b != 0 {
+                self.bytes[dir as usize][p].fetch_add(b, Relaxed);
+                self.posts[dir as usize][p].fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// Every (direction, path) pair, zeros included, so that a scraper
+    /// sees each series from the start.
+    pub(crate) fn read(&self) -> Vec<PathTraffic> {
+        let mut v = Vec::with_capacity(6);
+        for direction in Direction::ALL {
+            for path in DataPath::ALL {
+                let (d, p) = (direction as usize, path as usize);
+                v.push(PathTraffic { direction, path, bytes: self.bytes[d][p].load(Relaxed), posts: self.posts[d][p].load(Relaxed) });
+            }
+        }
+        v
+    }
+}
+
+/// What one NIC moved one way on one path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct PathTraffic {
+    /// Which way.
+    pub direction: Direction,
+    /// Which path.
+    pub path: DataPath,
+    /// Bytes (written or read; notifications not counted).
+    pub bytes: u64,
+    /// Posts (or slices of one) that carried bytes of this path.
+    pub posts: u64,
+}
+
+/// Upper bounds of [`Histogram`]'s buckets, in seconds; a last bucket
+/// takes what is above.
+pub const LATENCY_BOUNDS: [f64; 14] = [1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.1, 1.0, 10.0];
+
+/// Request latencies, from post to the completion that finished the
+/// post (done or failed).
+#[derive(Default, Debug)]
+pub(crate) struct LatencyCounters {
+    /// One per bound, and the last for what is above.
+    buckets: [AtomicU64; 15],
+    sum_ns: AtomicU64,
+}
+
+impl LatencyCounters {
+    pub(crate) fn record(&self, took: Duration) {
+        let s = took.as_secs_f64();
+        let at = LATENCY_BOUNDS.iter().position(|&b| s <= b).unwrap_or(LATENCY_BOUNDS.len());
+        self.buckets[at].fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    }
+
+    pub(crate) fn read(&self) -> Histogram {
+        let counts: Vec<u64> = self.buckets.iter().map(|b| b.load(Relaxed)).collect();
+        Histogram { count: counts.iter().sum(), sum_seconds: self.sum_ns.load(Relaxed) as f64 * 1e-9, counts }
+    }
+}
+
+/// A latency histogram.
+#[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative): index `i` those at most
+    /// [`LATENCY_BOUNDS`]`[i]` seconds and above the bound before, the
+    /// last those above every bound.
+    pub counts: Vec<u64>,
+    /// Observations in all.
+    pub count: u64,
+    /// Their sum, in seconds.
+    pub sum_seconds: f64,
+}
+
+/// Nanoseconds since the first call in this process: a post's start,
+/// kept in an atomic so the request's state needs no lock for it.
+#[inline]
+pub(crate) fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpudirect::RegistrationPath;
+
+    /// The path comes from the registration alone: a host-staged GPU
+    /// region is staged, never gdr, whatever else is true of it.
+    #[test]
+    fn a_staged_byte_is_never_counted_as_gdr() {
+        let gpu = |path| Location::Gpu { ordinal: 0, path };
+        assert_eq!(DataPath::of(Location::Host), DataPath::Host);
+        assert_eq!(DataPath::of(gpu(RegistrationPath::HostStaged)), DataPath::Staged);
+        assert_eq!(DataPath::of(gpu(RegistrationPath::DmaBuf)), DataPath::Gdr);
+        assert_eq!(DataPath::of(gpu(RegistrationPath::PeerMemory)), DataPath::Gdr);
+        let c = PathCounters::default();
+        c.count(Direction::Out, &[0, 0, 4096]);
+        c.count(Direction::In, &[100, 28, 0]);
+        let got = c.read();
+        let find = |d, p| got.iter().find(|t| t.direction == d && t.path == p).copied().unwrap();
+        assert_eq!((find(Direction::Out, DataPath::Staged).bytes, find(Direction::Out, DataPath::Gdr).bytes), (4096, 0));
+        assert_eq!((find(Direction::In, DataPath::Gdr).posts, find(Direction::In, DataPath::Host).posts, find(Direction::In, DataPath::Staged).posts), (1, 1, 0));
+        assert_eq!(got.len(), 6);
+    }
+
+    #[test]
+    fn latencies_land_in_their_buckets() {
+        let l = LatencyCounters::default();
+        l.record(Duration::from_micros(10));
+        l.record(Duration::from_micros(11));
+        l.record(Duration::from_secs(20));
+        let h = l.read();
+        assert_eq!((h.counts[0], h.counts[1], h.counts[14], h.count), (1, 1, 1, 3));
+        assert!((h.sum_seconds - 20.000021).abs() < 1e-9);
+    }
+}

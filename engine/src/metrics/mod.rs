@@ -1,0 +1,7 @@
+//! What an agent did, as one typed snapshot ([`AgentStats`]), its
+//! Prometheus text exposition, and the opt-in HTTP endpoint that serves
+//! it from its own threads (`AgentConfig::metrics`).
+
+pub(crate) mod endpoint;
+pub(crate) mod snapshot;
+pub(crate) mod text;
