@@ -218,6 +218,9 @@ pub struct TransferRequest {
     bytes: u64,
     /// The NICs its lanes use, each once: where its completions arrive.
     nics: Vec<usize>,
+    /// The path of its bytes (`gdr`, `host`, `staged`; `mixed`, or
+    /// `none` for a notification alone), for its span.
+    path: &'static str,
 }
 
 impl std::fmt::Debug for TransferRequest {
@@ -278,7 +281,13 @@ impl TransferRequest {
             lists.push(unsafe { std::mem::transmute::<SendList<'_>, SendList<'static>>(list) });
         }
         let state = Arc::new(core.req_state(&peer.name, op.direction()));
-        Ok(TransferRequest { lists: gpudirect::sync::Mutex::new(lists), core, op, peer, entries, lanes, notify, state, bytes, nics })
+        let mut used = DataPath::ALL.into_iter().filter(|&p| lanes.iter().any(|l| l.paths[p as usize] > 0));
+        let path = match (used.next(), used.next()) {
+            (None, _) => "none",
+            (Some(p), None) => p.as_str(),
+            (Some(_), Some(_)) => "mixed",
+        };
+        Ok(TransferRequest { lists: gpudirect::sync::Mutex::new(lists), core, op, peer, entries, lanes, notify, state, bytes, nics, path })
     }
 
     /// What its posts did so far; the same counters summed over every
@@ -337,7 +346,7 @@ impl TransferRequest {
     #[inline(always)]
     fn post_on(&self, dial: bool) -> Result<bool, EngineError> {
         // With no subscriber at debug, the span costs a level check.
-        let _span = tracing::debug_span!("transfer", peer = %self.peer.name, op = ?self.op, bytes = self.bytes).entered();
+        let _span = tracing::debug_span!("transfer", peer = %self.peer.name, op = ?self.op, bytes = self.bytes, lanes = self.lanes.len(), path = self.path).entered();
         let conns = match &self.lanes[..] {
             [one] => match self.conn(one, dial).map_err(|e| self.refused(e))? {
                 Some(c) => Conns::One(c),
