@@ -13,6 +13,8 @@ use clap::{Args, Parser, Subcommand};
 use crate::doctor::log::LogSource;
 use crate::doctor::report::Options;
 use crate::doctor::sources::Sources;
+use crate::stats::render::Style;
+use crate::stats::{StatsArgs, StatsRequest};
 use crate::{fleet, perf};
 
 /// The command line as given.
@@ -116,6 +118,26 @@ pub enum Command {
         /// `post` or `check`.
         #[command(subcommand)]
         action: FleetAction,
+    },
+    /// Watch an agent's metrics endpoint: MB/s per NIC by path (gdr,
+    /// host, staged) and direction, totals since the agent started, and
+    /// whether GPU memory is staged through host memory.
+    Stats {
+        /// The endpoint (AgentConfig::metrics, GPUDIRECT_METRICS): HOST:PORT
+        /// (an IPv6 address in brackets), or PORT for 127.0.0.1.
+        addr: String,
+        /// Seconds between scrapes (rates are over this interval).
+        #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+        interval: f64,
+        /// Print one frame (two scrapes an interval apart) and exit.
+        #[arg(long, conflicts_with = "count")]
+        once: bool,
+        /// Print this many frames and exit.
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+        /// Seconds one scrape may take before the command gives up.
+        #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+        timeout: f64,
     },
     /// Explain an NCCL_DEBUG=INFO log: was GPUDirect RDMA used?
     NcclLog {
@@ -291,6 +313,13 @@ pub enum Request {
         /// Bytes one client address may make it hold.
         max_bytes_per_client: usize,
     },
+    /// `stats`: watch an agent's metrics endpoint.
+    Stats {
+        /// Where, how often, how many frames.
+        request: StatsRequest,
+        /// How frames are drawn on this standard output.
+        style: Style,
+    },
     /// `bw`.
     Bw(perf::bw::BwArgs),
     /// `lat`.
@@ -306,6 +335,7 @@ impl Command {
             Command::Fleet { action: FleetAction::Post { .. } } => "fleet post",
             Command::Fleet { action: FleetAction::Check { .. } } => "fleet check",
             Command::NcclLog { .. } => "nccl-log",
+            Command::Stats { .. } => "stats",
             Command::Rendezvous { .. } => "rendezvous",
             Command::Bw(_) => "bw",
             Command::Lat(_) => "lat",
@@ -357,6 +387,12 @@ impl Command {
                 max_bytes: max_mib.saturating_mul(1 << 20),
                 max_bytes_per_client: max_client_mib.saturating_mul(1 << 20),
             },
+            Command::Stats { addr, interval, once, count, timeout } => {
+                use std::io::IsTerminal;
+                let request = StatsRequest::new(StatsArgs { addr, interval, timeout, once, count }).map_err(|e| e.to_string())?;
+                let style = request.style(std::io::stdout().is_terminal(), std::env::var_os("NO_COLOR").as_deref());
+                Request::Stats { request, style }
+            }
             Command::Bw(a) => Request::Bw(a),
             Command::Lat(a) => Request::Lat(a),
         })
@@ -397,5 +433,11 @@ mod tests {
         assert!(e.contains("applies to --etcd"), "{e}");
         assert!(matches!(decided(&["nccl-log", "-"]), Ok(Request::NcclLog { .. })));
         assert!(matches!(decided(&["doctor", "--pid", "1"]), Ok(Request::Doctor { .. })));
+        assert!(matches!(decided(&["stats", "9400", "--once", "--interval", "0.2"]), Ok(Request::Stats { request, .. }) if request.frames == Some(1)));
+        assert!(parse(&["stats", "9400", "--once", "--count", "2"]).is_err(), "--once or --count");
+        let e = decided(&["stats", "9400", "--interval", "0"]).err().unwrap();
+        assert!(e.contains("--interval"), "{e}");
+        let e = decided(&["stats", "localhost"]).err().unwrap();
+        assert!(e.contains("HOST:PORT"), "{e}");
     }
 }

@@ -8,6 +8,8 @@
 //! - [`nccl_log`]: what an `NCCL_DEBUG=INFO` log says about GPUDirect RDMA.
 //! - [`perf`]: `bw` and `lat`, perftest's method and columns.
 //! - [`fleet`]: every node's capture of a job judged together.
+//! - [`stats`]: an agent's metrics endpoint, scraped, read and judged
+//!   (`gpudirect stats`).
 //! - [`cli`]: the command's flags, decided once into typed requests.
 
 pub mod cli;
@@ -15,5 +17,6 @@ pub mod doctor;
 pub mod fleet;
 pub mod nccl_log;
 pub mod perf;
+pub mod stats;
 #[cfg(test)]
 mod nccl_agreement;

@@ -1,8 +1,9 @@
 //! `gpudirect`: says whether GPUDirect RDMA works on this machine and why
 //! not (`doctor`), what an NCCL log says about it (`nccl-log`), judges a
 //! job's nodes together before launch (`fleet`), measures bandwidth and
-//! latency the way perftest does (`bw`, `lat`), and serves the transfer
-//! engine's rendezvous for a job (`rendezvous`).
+//! latency the way perftest does (`bw`, `lat`), serves the transfer
+//! engine's rendezvous for a job (`rendezvous`), and watches an agent's
+//! metrics endpoint (`stats`).
 //!
 //! Thin: the flags are parsed and decided into a typed request by the
 //! library (`gpudirect_tools::cli`); here a request runs and its report
@@ -18,10 +19,12 @@
 //! GPUDirect RDMA used, 1 when not or only partly, 3 when the log cannot
 //! tell, 2 when the log could not be read; `fleet check` as `doctor`, for
 //! every node; `bw` and `lat` 0 on success, 1 on any error; `rendezvous`
-//! runs until stopped, 2 when it cannot start.
+//! runs until stopped, 2 when it cannot start; `stats` 0 after its
+//! frames (or runs until stopped), 2 when a scrape fails or its answer is
+//! not an agent's metrics.
 
 use gpudirect_tools::cli::{Cli, Request};
-use gpudirect_tools::{doctor, perf};
+use gpudirect_tools::{doctor, perf, stats};
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -99,6 +102,20 @@ fn run(request: Request) -> Result<ExitCode, String> {
             loop {
                 std::thread::park();
             }
+        }
+        Request::Stats { request, style } => {
+            let mut watcher = stats::Watcher::new(&request);
+            let mut shown = 0u64;
+            while request.frames.is_none_or(|n| shown < n) {
+                let frame = watcher.next_frame().map_err(|e| e.to_string())?;
+                let mut out = std::io::stdout().lock();
+                if out.write_all(stats::render::render(&frame, &request.target.to_string(), style).as_bytes()).and_then(|()| out.flush()).is_err() {
+                    // The reader went away (`| head`): nothing more to show.
+                    break;
+                }
+                shown += 1;
+            }
+            ExitCode::SUCCESS
         }
         Request::Bw(a) => {
             let out = perf::bw::run(&a);

@@ -61,9 +61,17 @@ def main() -> int:
                     raise SystemExit("prometheus_check: Prometheus did not start")
                 time.sleep(0.5)
         print(f"prometheus_check: Prometheus {PROM} ready after {time.monotonic() - t:.1f} s, scraping {TARGET} every {SCRAPE:.0f} s")
-        env = dict(os.environ, GPUDIRECT_METRICS=TARGET, GPUDIRECT_METRICS_STOP=stop)
+        go = os.path.join(work, "go")
+        env = dict(os.environ, GPUDIRECT_METRICS=TARGET, GPUDIRECT_METRICS_STOP=stop, GPUDIRECT_METRICS_GO=go)
         agent = subprocess.Popen([binary], env=env, stdout=subprocess.PIPE, text=True)
         assert agent.stdout is not None
+        # The traffic starts once Prometheus scraped the idle agent.
+        t = time.monotonic()
+        while not any(float(r["value"][1]) == 1 for r in query('up{job="gpudirect"}')["result"]):
+            if time.monotonic() - t > 60:
+                raise SystemExit("prometheus_check: Prometheus never scraped the agent")
+            time.sleep(0.2)
+        open(go, "w").close()
         moved = None
         for line in agent.stdout:
             if line.startswith("MOVED "):
@@ -90,9 +98,9 @@ def main() -> int:
         scrapes = query('count_over_time(up{job="gpudirect"}[1m])')["result"]
         n = int(float(scrapes[0]["value"][1])) if scrapes else 0
         print(f"prometheus_check: the bytes moved, by path, {took:.1f} s after the traffic ended ({n} scrapes so far); no byte as gdr or staged")
-        # Within one scrape: the next scrape after the end, plus the
-        # query's own time in a slow guest.
-        if took > 2 * SCRAPE + 2:
+        # Within one scrape: the next scrape after the end (one interval),
+        # plus the scrape's and the query's own time in a slow guest.
+        if took > SCRAPE + 2:
             raise SystemExit(f"prometheus_check: {took:.1f} s is more than one scrape after the traffic")
         return 0
     finally:

@@ -141,7 +141,14 @@ class Agent(_native.Agent):
     believed). ``timeout`` (seconds) bounds a connection's setup;
     ``qps_per_rail`` sets the queue pairs per pair of NICs (1 to 8);
     ``max_connections`` the connections per NIC before the least recently
-    used idle one is closed (default 64). Errors are :class:`EngineError`
+    used idle one is closed (default 64). ``metrics`` serves what
+    :meth:`stats` returns over HTTP in Prometheus' text format (GET
+    ``/metrics``, from threads of the agent's own): ``"PORT"`` on
+    loopback (``"0"``: a free one; ``agent.metrics_addr`` says which) or
+    ``"IP:PORT"``; ``""`` serves none; by default ``GPUDIRECT_METRICS``
+    is read the same way. A bad value, or an address already taken,
+    raises :class:`ConfigError`. To export through prometheus_client
+    instead, see :class:`gpudirect.metrics.Collector`. Errors are :class:`EngineError`
     subclasses, one per kind of the Rust ``EngineError``, with its message.
     Lengths and offsets are in bytes everywhere; :mod:`gpudirect.types`
     names the literal strings and the dicts the calls take and return.

@@ -5,7 +5,7 @@ class here. Lengths and offsets are in bytes everywhere."""
 
 from typing import Any, Generator, List, Optional, Tuple, final
 
-from .types import BroadcastRefusals, GpuPolicy, NicStats, Op, PeerEvent, Registration, Status, TransferStats
+from .types import AgentStats, BroadcastRefusals, GpuPolicy, NicStats, Op, PeerEvent, Registration, Status, TransferStats
 
 class GpudirectError(Exception):
     """Base class of every error gpudirect raises."""
@@ -174,17 +174,26 @@ class Agent:
         timeout: float = 30.0,
         qps_per_rail: Optional[int] = None,
         max_connections: Optional[int] = None,
+        metrics: Optional[str] = None,
     ) -> None:
         """Opens the NICs (``devices``; default every RDMA device) and starts
         the control listener (``listen``, "IP:PORT"). ``timeout`` (seconds)
         bounds connection setup; ``qps_per_rail`` queue pairs per pair of
-        NICs; ``max_connections`` per NIC."""
+        NICs; ``max_connections`` per NIC. ``metrics`` serves the agent's
+        metrics over HTTP (Prometheus' text format, GET ``/metrics``):
+        "PORT" (on loopback; "0": a free one) or "IP:PORT"; "" serves none;
+        None (the default) reads ``GPUDIRECT_METRICS`` the same way. A value
+        of neither form, or an address that cannot be bound, raises
+        :class:`ConfigError`."""
     @property
     def name(self) -> str:
         """This agent's name (also after close)."""
     @property
     def control_addr(self) -> str:
         """Where its control port listens, as "IP:PORT"."""
+    @property
+    def metrics_addr(self) -> Optional[str]:
+        """Where its metrics endpoint listens, as "IP:PORT" (the port it got when 0 was asked for); None when it serves none."""
     def close(self) -> None:
         """Release the agent now; later calls raise :class:`EngineError`."""
     def _register_raw(self, name: str, addr: int, len: int, keep: object) -> int: ...
@@ -226,6 +235,10 @@ class Agent:
         """Control requests refused so far (unproven, not as loaded, malformed)."""
     def broadcast_refusals(self) -> BroadcastRefusals:
         """Broadcast messages refused so far, by reason (each also logged with the peer)."""
+    def stats(self) -> AgentStats:
+        """What the agent did so far, in one snapshot (what its metrics endpoint serves): per NIC the bytes and posts
+        by direction and path, per op the requests and their latencies, the busiest peers, connections, peer events
+        and refusals."""
 
 @final
 class Broadcast:

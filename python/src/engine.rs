@@ -3,9 +3,11 @@
 //! `(local name, local offset, peer, remote name, remote offset, length)`
 //! entries; posts and waits with the GIL released; the readiness
 //! descriptor and never-blocking polls that `gpudirect/_aio.py` puts on an
-//! asyncio loop; statistics as dicts; publish and lookup through a
+//! asyncio loop; statistics as dicts (the agent's whole snapshot too,
+//! and its metrics endpoint's address); publish and lookup through a
 //! rendezvous server.
 
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -15,8 +17,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use gpudirect_engine::{
-    AgentConfig, AgentMetadata, Broadcast as RustBroadcast, ClusterSecret, EngineError as Rust, Op, ReceiverStatus,
-    RendezvousConfig, RendezvousServer as RustServer, TcpRendezvous, TransferRequest, TransferStats, TransferStatus,
+    AgentConfig, AgentMetadata, AgentStats, Broadcast as RustBroadcast, BroadcastRefusals, ClusterSecret, EngineError as Rust, Histogram, Op,
+    ReceiverStatus, RendezvousConfig, RendezvousServer as RustServer, TcpRendezvous, TransferRequest, TransferStats, TransferStatus, LATENCY_BOUNDS, METRICS_ENV,
 };
 use gpudirect::{Gpu, GpuBuffer, GpuPolicy, Registerable};
 
@@ -38,6 +40,23 @@ fn status_name(s: TransferStatus) -> &'static str {
 /// The cluster secret in the file `path` names, if given.
 fn secret_from(path: Option<String>) -> PyResult<Option<ClusterSecret>> {
     path.map(|f| ClusterSecret::from_file(&f).map_err(|source| to_py(Rust::Auth { peer: format!("secret file {f}"), source }))).transpose()
+}
+
+/// Where the metrics endpoint goes: `metrics` parsed as
+/// `GPUDIRECT_METRICS` is (a port alone on loopback, or IP:PORT; empty:
+/// none), or, when not given, `GPUDIRECT_METRICS` itself.
+fn metrics_from(metrics: Option<String>) -> PyResult<Option<SocketAddr>> {
+    let Some(v) = metrics else {
+        return gpudirect_engine::metrics_addr().map_err(to_py);
+    };
+    let t = v.trim();
+    if t.is_empty() {
+        return Ok(None);
+    }
+    if let Ok(port) = t.parse::<u16>() {
+        return Ok(Some(SocketAddr::from(([127, 0, 0, 1], port))));
+    }
+    t.parse().map(Some).map_err(|_| ConfigError::new_err(format!("metrics={v:?}: a port (served on loopback) or IP:PORT, as {METRICS_ENV}")))
 }
 
 /// `Ok` unless `status` says it was never posted: waiting for that would
@@ -140,6 +159,114 @@ fn stats_dict<'py>(py: Python<'py>, s: TransferStats) -> PyResult<Bound<'py, PyD
     Ok(d)
 }
 
+/// An op as Python spells it (`gpudirect.types.Op`).
+fn op_name(op: Op) -> &'static str {
+    match op {
+        Op::Write => "write",
+        Op::Read => "read",
+    }
+}
+
+/// Broadcast refusals by reason (`gpudirect.types.BroadcastRefusals`).
+fn broadcast_refusals_dict<'py>(py: Python<'py>, r: BroadcastRefusals) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    for (k, v) in [
+        ("forged", r.forged),
+        ("unknown", r.unknown),
+        ("not_owner", r.not_owner),
+        ("unpublished", r.unpublished),
+        ("unknown_peers", r.unknown_peers),
+        ("busy", r.busy),
+        ("malformed", r.malformed),
+    ] {
+        d.set_item(k, v)?;
+    }
+    Ok(d)
+}
+
+/// A latency histogram: `bounds` (seconds), `counts` per bucket (not
+/// cumulative; one more than `bounds`, the last above every bound),
+/// `count`, `sum_seconds`.
+fn histogram_dict<'py>(py: Python<'py>, h: Histogram) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("bounds", LATENCY_BOUNDS.to_vec())?;
+    d.set_item("counts", h.counts)?;
+    d.set_item("count", h.count)?;
+    d.set_item("sum_seconds", h.sum_seconds)?;
+    Ok(d)
+}
+
+/// `Agent.stats()`: the snapshot as nested dicts (`gpudirect.types.AgentStats`).
+fn agent_stats_dict<'py>(py: Python<'py>, s: AgentStats) -> PyResult<Bound<'py, PyDict>> {
+    let nics = s
+        .nics
+        .into_iter()
+        .map(|n| {
+            let traffic = n
+                .traffic
+                .into_iter()
+                .map(|t| {
+                    let d = PyDict::new(py);
+                    d.set_item("direction", t.direction.as_str())?;
+                    d.set_item("path", t.path.as_str())?;
+                    d.set_item("bytes", t.bytes)?;
+                    d.set_item("posts", t.posts)?;
+                    Ok(d)
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            let d = PyDict::new(py);
+            d.set_item("device", n.device)?;
+            d.set_item("traffic", traffic)?;
+            Ok(d)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let ops = s
+        .ops
+        .into_iter()
+        .map(|o| {
+            let d = PyDict::new(py);
+            d.set_item("op", op_name(o.op))?;
+            d.set_item("requests", stats_dict(py, o.requests)?)?;
+            d.set_item("latency", histogram_dict(py, o.latency)?)?;
+            Ok(d)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let peers = s
+        .peers
+        .into_iter()
+        .map(|p| {
+            let d = PyDict::new(py);
+            d.set_item("name", p.name)?;
+            d.set_item("requests", stats_dict(py, p.requests)?)?;
+            d.set_item("connections", p.connections)?;
+            Ok(d)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let other = PyDict::new(py);
+    other.set_item("peers", s.other_peers.peers)?;
+    other.set_item("requests", stats_dict(py, s.other_peers.requests)?)?;
+    other.set_item("connections", s.other_peers.connections)?;
+    let events = PyDict::new(py);
+    events.set_item("lost", s.peer_events.lost)?;
+    events.set_item("replaced", s.peer_events.replaced)?;
+    events.set_item("impostors", s.peer_events.impostors)?;
+    let refusals = PyDict::new(py);
+    refusals.set_item("control", s.refusals.control)?;
+    refusals.set_item("unknown_sender", s.refusals.unknown_sender)?;
+    refusals.set_item("broadcast", broadcast_refusals_dict(py, s.refusals.broadcast)?)?;
+    let d = PyDict::new(py);
+    d.set_item("agent", s.agent)?;
+    d.set_item("uptime_seconds", s.uptime.as_secs_f64())?;
+    d.set_item("nics", nics)?;
+    d.set_item("ops", ops)?;
+    d.set_item("peers", peers)?;
+    d.set_item("other_peers", other)?;
+    d.set_item("connections", s.connections)?;
+    d.set_item("peer_events", events)?;
+    d.set_item("refusals", refusals)?;
+    Ok(d)
+}
+
 /// An agent of the transfer engine (`gpudirect.Agent` adds `register`
 /// and `notification`).
 #[pyclass(module = "gpudirect._native", subclass)]
@@ -165,7 +292,7 @@ impl Agent {
 #[pymethods]
 impl Agent {
     #[new]
-    #[pyo3(signature = (name, *, devices=None, listen=None, secret_file=None, insecure=false, timeout=30.0, qps_per_rail=None, max_connections=None))]
+    #[pyo3(signature = (name, *, devices=None, listen=None, secret_file=None, insecure=false, timeout=30.0, qps_per_rail=None, max_connections=None, metrics=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -177,6 +304,7 @@ impl Agent {
         timeout: f64,
         qps_per_rail: Option<u8>,
         max_connections: Option<usize>,
+        metrics: Option<String>,
     ) -> PyResult<Agent> {
         let mut config = AgentConfig::named(name);
         config.qps_per_rail = qps_per_rail;
@@ -192,6 +320,7 @@ impl Agent {
         config.secret = secret_from(secret_file)?;
         config.insecure = insecure;
         config.timeout = seconds("timeout", timeout)?;
+        config.metrics = metrics_from(metrics)?;
         let inner = py.detach(|| gpudirect_engine::Agent::new(config)).map_err(to_py)?;
         let name = inner.name().to_owned();
         Ok(Agent { inner: RwLock::new(Some(Arc::new(inner))), name })
@@ -221,6 +350,22 @@ impl Agent {
     #[getter]
     fn control_addr(&self) -> PyResult<String> {
         Ok(self.agent()?.control_addr().to_string())
+    }
+
+    /// Where its metrics endpoint listens, as "IP:PORT" (the port it got
+    /// when 0 was asked for); `None` when it serves none.
+    #[getter]
+    fn metrics_addr(&self) -> PyResult<Option<String>> {
+        Ok(self.agent()?.metrics_addr().map(|a| a.to_string()))
+    }
+
+    /// What the agent did so far, in one snapshot (what its metrics
+    /// endpoint serves): per NIC the bytes and posts by direction and
+    /// path, per op the requests and their latency histogram, the busiest
+    /// peers and the rest summed, connections, peer events, refusals.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        // Relaxed loads and a few short table reads: no need to release the GIL.
+        agent_stats_dict(py, self.agent()?.stats())
     }
 
     /// Registers `len` bytes at `addr`, exported by `keep` (the Python
@@ -464,20 +609,7 @@ impl Agent {
     /// `forged`, `unknown`, `not_owner`, `unpublished`, `unknown_peers`,
     /// `busy` and `malformed` counts (each also logged with the peer).
     fn broadcast_refusals<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let r = self.agent()?.broadcast_refusals();
-        let d = PyDict::new(py);
-        for (k, v) in [
-            ("forged", r.forged),
-            ("unknown", r.unknown),
-            ("not_owner", r.not_owner),
-            ("unpublished", r.unpublished),
-            ("unknown_peers", r.unknown_peers),
-            ("busy", r.busy),
-            ("malformed", r.malformed),
-        ] {
-            d.set_item(k, v)?;
-        }
-        Ok(d)
+        broadcast_refusals_dict(py, self.agent()?.broadcast_refusals())
     }
 }
 

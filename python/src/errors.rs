@@ -66,6 +66,7 @@ const SPELLINGS: &[(&str, &str)] = &[
     ("AgentConfig::devices", "Agent(devices=...)"),
     ("AgentConfig::timeout", "Agent(timeout=...)"),
     ("AgentConfig::max_connections", "Agent(max_connections=...)"),
+    ("AgentConfig::metrics", "Agent(metrics=...)"),
     // Settings Python does not take yet: the Rust field, as an attribute.
     ("AgentConfig::", "AgentConfig."),
     ("RendezvousConfig::", "RendezvousConfig."),

@@ -573,3 +573,101 @@ def test_abort_gives_up_on_a_post_and_the_next_one_reconnects():
 
     assert asyncio.run(main()) < 0.4
     a.close()
+
+
+def test_a_metrics_address_of_neither_form_is_a_config_error(monkeypatch):
+    """Parsed before any device is opened: runs on the host too."""
+    monkeypatch.delenv("GPUDIRECT_METRICS", raising=False)
+    for bad in ("nonsense", "localhost:9400", "70000", "127.0.0.1"):
+        with pytest.raises(gpudirect.ConfigError, match="metrics=.*a port"):
+            gpudirect.Agent("m", metrics=bad)
+    monkeypatch.setenv("GPUDIRECT_METRICS", "not-an-address")
+    with pytest.raises(gpudirect.ConfigError, match="GPUDIRECT_METRICS"):
+        gpudirect.Agent("m")
+    # An explicit metrics= wins over the environment; "" serves none.
+    devices = [DEVICE] if DEVICE else None
+    try:
+        with gpudirect.Agent("m", devices=devices, listen="127.0.0.1:0", metrics="") as a:
+            assert a.metrics_addr is None
+    except gpudirect.EngineError as e:
+        assert DEVICE is None and "GPUDIRECT_METRICS" not in str(e), e
+
+
+@needs_device
+def test_stats_and_the_metrics_endpoint_count_host_bytes(monkeypatch):
+    """An agent serving metrics on a free loopback port writes and reads
+    host memory: stats() counts it as path "host", the endpoint serves
+    the same line, and gpudirect.metrics.Collector the same samples."""
+    import urllib.request
+
+    monkeypatch.delenv("GPUDIRECT_METRICS", raising=False)
+    a = gpudirect.Agent("scraped", devices=[DEVICE], listen="127.0.0.1:0", metrics="0")
+    b = agent("peer")
+    assert b.metrics_addr is None
+    host, port = a.metrics_addr.rsplit(":", 1)
+    assert host == "127.0.0.1" and int(port) > 0, a.metrics_addr
+    n = 1 << 20
+    src = np.arange(n, dtype=np.uint8)
+    dst = np.zeros(n, dtype=np.uint8)
+    a.register("s", src)
+    b.register("t", dst)
+    assert a.load_remote(b.metadata()) == "peer"
+    write = a.prepare("write", [("s", 0, "peer", "t", 0, n)])
+    for _ in range(3):
+        write.post()
+        write.wait(10.0)
+    read = a.prepare("read", [("s", 0, "peer", "t", 0, 4096)])
+    read.post()
+    read.wait(10.0)
+    assert np.array_equal(dst, src)
+
+    s = a.stats()
+    assert s["agent"] == "scraped"
+    nic = s["nics"][0]
+    assert nic["device"] == DEVICE and len(nic["traffic"]) == 6
+    by = {(t["direction"], t["path"]): t["bytes"] for t in nic["traffic"]}
+    assert by[("out", "host")] == 3 * n and by[("in", "host")] == 4096
+    assert sum(v for (_, p), v in by.items() if p != "host") == 0, by
+    ops = {o["op"]: o for o in s["ops"]}
+    assert list(ops) == ["write", "read"]
+    w = ops["write"]
+    assert w["requests"]["completed"] == 3 and w["requests"]["bytes"] == 3 * n
+    assert w["latency"]["count"] == 3 and sum(w["latency"]["counts"]) == 3 and w["latency"]["sum_seconds"] > 0
+    assert len(w["latency"]["counts"]) == len(w["latency"]["bounds"]) + 1 and w["latency"]["bounds"][-1] == 10.0
+    assert ops["read"]["latency"]["count"] == 1
+    assert s["peers"][0]["name"] == "peer" and s["peers"][0]["requests"]["bytes"] == 3 * n + 4096
+    assert s["other_peers"]["peers"] == 0 and s["connections"] >= 1
+    assert s["refusals"]["control"] == 0 and s["refusals"]["broadcast"] == a.broadcast_refusals()
+    assert s["peer_events"] == {"lost": 0, "replaced": 0, "impostors": 0}
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://{a.metrics_addr}/metrics", timeout=10) as r:
+            assert r.status == 200
+            return r.read().decode()
+
+    text = scrape()
+    line = f'gpudirect_bytes_total{{agent="scraped",nic="{DEVICE}",direction="out",path="host"}} {3 * n}\n'
+    assert line in text, text
+    assert 'gpudirect_request_seconds_count{agent="scraped",op="write"} 3\n' in text, text
+
+    # The collector gives prometheus_client the samples the endpoint serves.
+    import prometheus_client
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpudirect.metrics import Collector
+
+    def sample_set(t: str):
+        return {(x.name, tuple(sorted(x.labels.items())), x.value) for f in text_string_to_metric_families(t) for x in f.samples}
+
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(Collector(a))
+    ours = sample_set(prometheus_client.generate_latest(registry).decode())
+    assert ours == sample_set(scrape()), sorted(ours ^ sample_set(scrape()))
+
+    # The port is taken: a second agent there is a ConfigError naming it.
+    with pytest.raises(gpudirect.ConfigError, match="metrics endpoint"):
+        gpudirect.Agent("clash", devices=[DEVICE], listen="127.0.0.1:0", metrics=a.metrics_addr)
+    a.close()
+    assert list(Collector(a).collect()) == [], "a closed agent has nothing to report"
+    with pytest.raises(gpudirect.EngineError, match="closed"):
+        a.stats()

@@ -1,38 +1,59 @@
 //! The metrics endpoint: an HTTP/1.1 server of one resource, the text
-//! exposition of a fresh snapshot, on threads of its own (the accept
-//! loop of `serve.rs`), so a slow or hostile scraper never touches the
-//! data path: it holds at most one of [`MAX_SCRAPES`] serving threads for
-//! at most [`SCRAPE_TIMEOUT`], and a connection that says nothing holds
-//! no thread at all. GET (and HEAD) of `/metrics` or `/`; any other
-//! method is answered 405, any other path 404, a request head longer
-//! than [`MAX_REQUEST`] or not HTTP 400, all without a snapshot taken.
+//! exposition of a snapshot, on one thread of its own that never blocks
+//! on a client (poll(2) over non-blocking sockets), so a slow or hostile
+//! scraper never touches the data path and costs the host little:
+//! - at most [`MAX_CONNECTIONS`] connections open; past that a newcomer
+//!   takes the place of the oldest that has not sent a whole request and
+//!   is older than [`MIN_SILENT_AGE`], else waits in the kernel's backlog;
+//! - at most [`ACCEPTS_PER_SEC`] connections accepted a second (the rest
+//!   wait in the backlog, costing this process nothing);
+//! - a snapshot rendered at most once per [`RENDER_EVERY`] (scrapes in
+//!   between get the same text), so a flood of scrapes costs the agent
+//!   a few snapshots a second;
+//! - each connection done within [`SCRAPE_TIMEOUT`] of its accept (a
+//!   reader that stalls is closed then), request heads up to
+//!   [`MAX_REQUEST`] bytes.
+//!
+//! GET (and HEAD) of `/metrics` or `/`; any other method is answered
+//! 405, any other path 404, a head that is not HTTP/1 400, a longer one
+//! 431, none with a snapshot taken.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use gpudirect::deadline::Deadline;
 use gpudirect::sync::Mutex;
 
 use crate::metrics::text::PROMETHEUS_CONTENT_TYPE;
-use crate::serve::{serve_each, wake_listener, Server, WhenFull};
+use crate::serve::wake_listener;
 
-/// Scrapes served at once; a connection that speaks while all are taken
-/// takes the slot of one older than the accept loop's minimum age, else
-/// it is closed (a scraper retries at its next interval).
-pub const MAX_SCRAPES: usize = 4;
+/// Connections open at once.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Connections accepted per second, at most, in bursts of up to
+/// [`ACCEPT_BURST`]: a few scrapers need a few a second; past this a
+/// flood waits in the kernel's backlog (its scrapes may time out there),
+/// costing this process nothing.
+pub const ACCEPTS_PER_SEC: u32 = 20;
+/// Connections accepted at once, at most.
+pub const ACCEPT_BURST: u32 = 8;
+/// A connection without a whole request this old gives its place to a
+/// newcomer when all are taken.
+pub const MIN_SILENT_AGE: Duration = Duration::from_millis(200);
+/// How long one rendered snapshot answers scrapes.
+pub const RENDER_EVERY: Duration = Duration::from_millis(100);
 /// The most a request head (request line and headers) may take.
 pub const MAX_REQUEST: usize = 8192;
-/// The most one scrape may take, reading the request and writing the
-/// answer together.
+/// The most one connection may take, from its accept to the last byte
+/// of the answer.
 pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What the endpoint serves: a fresh exposition per scrape.
+/// What the endpoint serves: a fresh exposition per render.
 pub(crate) type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// A running endpoint; stopped (its threads joined) when dropped.
+/// A running endpoint; stopped (its thread joined) when dropped.
 pub(crate) struct Endpoint {
     addr: SocketAddr,
     stop: Arc<Mutex<bool>>,
@@ -43,19 +64,12 @@ impl Endpoint {
     /// Binds `addr` and serves `render`'s output there.
     pub(crate) fn start(addr: SocketAddr, name: &str, render: Render) -> io::Result<Endpoint> {
         let listener = TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(Mutex::new(false));
         let thread = {
             let stop = stop.clone();
-            let name = format!("gpudirect-metrics-{name}");
-            std::thread::Builder::new().name(name.clone()).spawn(move || {
-                let server = Server { name: &name, max: MAX_SCRAPES, when_full: WhenFull::Close };
-                serve_each(&listener, &stop, &server, |_| Ok(()), |s, from, (), _slot| {
-                    if let Err(e) = scrape(s, &render) {
-                        tracing::debug!(%from, "metrics request not served: {e}");
-                    }
-                });
-            })?
+            std::thread::Builder::new().name(format!("gpudirect-metrics-{name}")).spawn(move || Server::new(render).run(&listener, &stop))?
         };
         tracing::info!(%addr, "metrics served at http://{addr}/metrics");
         Ok(Endpoint { addr, stop, thread: Some(thread) })
@@ -77,24 +91,187 @@ impl Drop for Endpoint {
     }
 }
 
-/// Reads a request head, within the deadline and [`MAX_REQUEST`].
-fn read_head(s: &mut TcpStream, deadline: &Deadline) -> io::Result<Option<Vec<u8>>> {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
+/// One client connection.
+struct Client {
+    stream: TcpStream,
+    since: Instant,
+    /// The request head read so far (reading while `out` is `None`).
+    head: Vec<u8>,
+    /// The answer and how much of it went out.
+    out: Option<(Arc<Vec<u8>>, usize)>,
+}
+
+/// The endpoint's state, on its thread.
+struct Server {
+    render: Render,
+    clients: Vec<Client>,
+    /// Accepts allowed now (a token bucket).
+    tokens: f64,
+    refilled: Instant,
+    /// The last rendered body and when.
+    cached: Option<(Instant, Arc<String>)>,
+}
+
+impl Server {
+    fn new(render: Render) -> Server {
+        Server { render, clients: Vec::new(), tokens: f64::from(ACCEPT_BURST), refilled: Instant::now(), cached: None }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        self.tokens = (self.tokens + now.duration_since(self.refilled).as_secs_f64() * f64::from(ACCEPTS_PER_SEC)).min(f64::from(ACCEPT_BURST));
+        self.refilled = now;
+    }
+
+    /// Room for one more client: there is, or the oldest silent one past
+    /// [`MIN_SILENT_AGE`] is closed for it.
+    fn room(&mut self, now: Instant) -> bool {
+        if self.clients.len() < MAX_CONNECTIONS {
+            return true;
+        }
+        let oldest = self.clients.iter().enumerate().filter(|(_, c)| c.out.is_none() && now.duration_since(c.since) >= MIN_SILENT_AGE).min_by_key(|(_, c)| c.since).map(|(i, _)| i);
+        match oldest {
+            Some(i) => {
+                self.clients.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn run(mut self, listener: &TcpListener, stop: &Mutex<bool>) {
+        loop {
+            if *stop.lock() {
+                return;
+            }
+            let now = Instant::now();
+            self.refill(now);
+            while self.tokens >= 1.0 && self.room(now) {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        self.tokens -= 1.0;
+                        if s.set_nonblocking(true).is_ok() {
+                            self.clients.push(Client { stream: s, since: now, head: Vec::new(), out: None });
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        tracing::debug!("metrics endpoint: accept: {e}");
+                        break;
+                    }
+                }
+            }
+            if *stop.lock() {
+                return;
+            }
+            self.clients.retain(|c| now.duration_since(c.since) < SCRAPE_TIMEOUT);
+            // Listen for newcomers only while one could be taken.
+            let accepting = self.tokens >= 1.0 && (self.clients.len() < MAX_CONNECTIONS || self.clients.iter().any(|c| c.out.is_none()));
+            let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.clients.len() + 1);
+            fds.push(libc::pollfd { fd: listener.as_raw_fd(), events: if accepting { libc::POLLIN } else { 0 }, revents: 0 });
+            fds.extend(self.clients.iter().map(|c| libc::pollfd { fd: c.stream.as_raw_fd(), events: if c.out.is_some() { libc::POLLOUT } else { libc::POLLIN }, revents: 0 }));
+            let next_deadline = self.clients.iter().map(|c| (c.since + SCRAPE_TIMEOUT).saturating_duration_since(now)).min();
+            let next_token = (self.tokens < 1.0).then(|| Duration::from_secs_f64((1.0 - self.tokens) / f64::from(ACCEPTS_PER_SEC)));
+            // A whole second at most: the stop flag is looked at then too.
+            let wait = [next_deadline, next_token, Some(Duration::from_secs(1)), (!accepting).then_some(MIN_SILENT_AGE)].into_iter().flatten().min().unwrap_or(Duration::from_secs(1));
+            let ms = i32::try_from(wait.as_millis().max(1)).unwrap_or(1000);
+            // SAFETY: `fds` is a valid array of pollfd of its length.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            if n <= 0 {
+                continue;
+            }
+            let mut done = Vec::new();
+            for (i, fd) in fds.iter().enumerate().skip(1) {
+                if fd.revents != 0 && !self.serve(i - 1) {
+                    done.push(i - 1);
+                }
+            }
+            for i in done.into_iter().rev() {
+                self.clients.swap_remove(i);
+            }
+        }
+    }
+
+    /// The body to answer a scrape with: rendered at most once per
+    /// [`RENDER_EVERY`].
+    fn body(&mut self) -> Arc<String> {
+        let now = Instant::now();
+        match &self.cached {
+            Some((at, body)) if now.duration_since(*at) < RENDER_EVERY => body.clone(),
+            _ => {
+                let body = Arc::new((self.render)());
+                self.cached = Some((now, body.clone()));
+                body
+            }
+        }
+    }
+
+    /// Moves client `i` on (it is ready); whether it stays open.
+    fn serve(&mut self, i: usize) -> bool {
+        if self.clients[i].out.is_none() {
+            match read_more(&mut self.clients[i]) {
+                Ok(None) => return true,
+                Ok(Some(head)) => {
+                    let answer = self.answer(head.as_deref());
+                    self.clients[i].out = Some((Arc::new(answer), 0));
+                }
+                Err(_) => return false,
+            }
+        }
+        let c = &mut self.clients[i];
+        let Some((bytes, at)) = c.out.as_mut() else { return true };
+        loop {
+            match c.stream.write(&bytes[*at..]) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    *at += n;
+                    if *at == bytes.len() {
+                        return false;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// The whole answer to a request head (`None`: too long).
+    fn answer(&mut self, head: Option<&[u8]>) -> Vec<u8> {
+        let (status, ctype, body, send_body) = match decide(head) {
+            Ask::Metrics { body } => ("200 OK", PROMETHEUS_CONTENT_TYPE, self.body(), body),
+            Ask::Refuse(status, msg) => (status, "text/plain; charset=utf-8", Arc::new(msg.to_owned()), true),
+        };
+        let allow = if status.starts_with("405") { "Allow: GET, HEAD\r\n" } else { "" };
+        let mut out = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n{allow}\r\n", body.len()).into_bytes();
+        if send_body {
+            out.extend_from_slice(body.as_bytes());
+        }
+        out
+    }
+}
+
+/// Reads what client `c` sent: `Ok(None)` while its head is not whole,
+/// `Ok(Some(head))` once it is (`Some(None)`: longer than
+/// [`MAX_REQUEST`]), an error when it closed or failed.
+fn read_more(c: &mut Client) -> io::Result<Option<Option<Vec<u8>>>> {
+    let mut buf = [0u8; 2048];
     loop {
-        let left = deadline.left().filter(|l| !l.is_zero()).ok_or_else(|| io::Error::new(io::ErrorKind::TimedOut, "request not read in time"))?;
-        s.set_read_timeout(Some(left))?;
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed before a whole request"));
-        }
-        head.extend_from_slice(&buf[..n]);
-        if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
-            head.truncate(end);
-            return Ok(Some(head));
-        }
-        if head.len() > MAX_REQUEST {
-            return Ok(None);
+        match c.stream.read(&mut buf) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed before a whole request")),
+            Ok(n) => {
+                c.head.extend_from_slice(&buf[..n]);
+                if let Some(end) = c.head.windows(4).position(|w| w == b"\r\n\r\n") {
+                    c.head.truncate(end);
+                    return Ok(Some(Some(std::mem::take(&mut c.head))));
+                }
+                if c.head.len() > MAX_REQUEST {
+                    return Ok(Some(None));
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
 }
@@ -125,32 +302,6 @@ fn decide(head: Option<&[u8]>) -> Ask {
         return Ask::Refuse("404 Not Found", "the metrics are at /metrics\n");
     }
     Ask::Metrics { body }
-}
-
-/// Serves one connection: one request, one answer, closed.
-fn scrape(mut s: TcpStream, render: &Render) -> io::Result<()> {
-    let deadline = Deadline::after(SCRAPE_TIMEOUT);
-    let head = read_head(&mut s, &deadline)?;
-    let (status, ctype, body, send_body) = match decide(head.as_deref()) {
-        Ask::Metrics { body } => ("200 OK", PROMETHEUS_CONTENT_TYPE, render(), body),
-        Ask::Refuse(status, msg) => (status, "text/plain; charset=utf-8", msg.to_owned(), true),
-    };
-    let mut answer = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n", body.len());
-    if status.starts_with("405") {
-        answer.push_str("Allow: GET, HEAD\r\n");
-    }
-    answer.push_str("\r\n");
-    let mut bytes = answer.into_bytes();
-    if send_body {
-        bytes.extend_from_slice(body.as_bytes());
-    }
-    // A scraper that does not read holds its thread until the deadline.
-    for chunk in bytes.chunks(16 << 10) {
-        let left = deadline.left().filter(|l| !l.is_zero()).ok_or_else(|| io::Error::new(io::ErrorKind::TimedOut, "answer not taken in time"))?;
-        s.set_write_timeout(Some(left))?;
-        s.write_all(chunk)?;
-    }
-    s.flush()
 }
 
 #[cfg(test)]
@@ -187,10 +338,10 @@ mod tests {
         let addr = ep.addr();
         let ok = |r: &str| r.starts_with("HTTP/1.1 200") && r.contains("gpudirect_x 1");
         assert!(ok(&get(addr, b"GET /metrics HTTP/1.1\r\n\r\n")));
-        // 200 silent connections and MAX_SCRAPES that never read a
-        // 2.8 MB answer.
-        let silent: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(addr).unwrap()).collect();
-        let stuck: Vec<TcpStream> = (0..MAX_SCRAPES)
+        // 1,000 silent connections and a dozen that never read a 2.8 MB
+        // answer.
+        let silent: Vec<TcpStream> = (0..1000).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let stuck: Vec<TcpStream> = (0..12)
             .map(|_| {
                 let mut s = TcpStream::connect(addr).unwrap();
                 s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();

@@ -20,6 +20,10 @@ pub const MAX_LISTED_PEERS: usize = 16;
 pub struct AgentStats {
     /// The agent's name.
     pub agent: String,
+    /// How long the agent has run when the snapshot was taken (a
+    /// monotonic clock): rates between two snapshots divide by its
+    /// difference, whatever the scraper's own timing.
+    pub uptime: std::time::Duration,
     /// Per NIC, in the agent's NIC order: bytes and posts by direction
     /// and path.
     pub nics: Vec<NicTraffic>,
@@ -146,6 +150,7 @@ pub(crate) fn take(core: &Core) -> AgentStats {
     let [lost, replaced, impostors] = pool.events.lock().seen;
     AgentStats {
         agent: pool.name.to_string(),
+        uptime: core.started.elapsed(),
         nics,
         ops,
         peers,

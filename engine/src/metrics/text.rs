@@ -55,6 +55,7 @@ fn outcomes(s: &TransferStats) -> [(&'static str, u64); 4] {
 pub fn prometheus_text(stats: &AgentStats) -> String {
     let mut out = String::with_capacity(8192);
     let agent = || ("agent", stats.agent.clone());
+    family(&mut out, "gpudirect_uptime_seconds", "gauge", "How long the agent had run when this snapshot was taken (monotonic): divide counter differences by its difference for rates exact to the snapshot.", &[(vec![agent()], format!("{:.6}", stats.uptime.as_secs_f64()))]);
     let mut bytes = Vec::new();
     let mut posts = Vec::new();
     for nic in &stats.nics {

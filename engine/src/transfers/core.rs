@@ -257,6 +257,8 @@ pub(crate) struct Core {
     pub(crate) latency: [Arc<LatencyCounters>; 2],
     /// Messages dropped as from a connection no longer known.
     pub(crate) unknown_sender: AtomicU64,
+    /// When the agent started.
+    pub(crate) started: std::time::Instant,
     /// The broadcast receiving side, set once by the agent.
     pub(crate) relay: OnceLock<Box<dyn Relay>>,
     /// This agent's broadcasts in flight, by id: where their receivers'
@@ -289,6 +291,7 @@ impl Core {
             peers: Mutex::default(),
             latency: Default::default(),
             unknown_sender: AtomicU64::new(0),
+            started: std::time::Instant::now(),
             relay: OnceLock::new(),
             sources: Mutex::default(),
             posted: Mutex::default(),
