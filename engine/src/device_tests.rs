@@ -420,7 +420,9 @@ fn the_snapshot_and_the_endpoint_count_host_bytes_by_direction() {
     let nic = &s.nics[0];
     assert_eq!((nic.bytes(Direction::Out, DataPath::Host), nic.bytes(Direction::In, DataPath::Host)), (3 << 20, 4096));
     assert_eq!(nic.traffic.iter().filter(|t| t.path != DataPath::Host).map(|t| t.bytes).sum::<u64>(), 0);
-    assert_eq!((s.ops[0].latency.count, s.ops[1].latency.count), (3, 1));
+    // One post in LATENCY_SAMPLE per thread is timed: of this fresh
+    // thread's four, the first.
+    assert_eq!((s.ops[0].latency.count, s.ops[1].latency.count), (1, 0));
     assert_eq!((s.ops[0].requests.completed, s.peers[0].name.as_str(), s.peers[0].requests.bytes), (3, "peer", (3 << 20) + 4096));
     let mut http = std::net::TcpStream::connect(a.metrics_addr().unwrap()).unwrap();
     http.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
@@ -431,5 +433,5 @@ fn the_snapshot_and_the_endpoint_count_host_bytes_by_direction() {
         let line = format!("gpudirect_bytes_total{{agent=\"scraped\",nic=\"{dev}\",direction=\"{dir}\",path=\"{path}\"}} {n}\n");
         assert!(text.contains(&line), "{line} not in:\n{text}");
     }
-    assert!(text.contains("gpudirect_request_seconds_count{agent=\"scraped\",op=\"write\"} 3\n"));
+    assert!(text.contains("gpudirect_request_seconds_count{agent=\"scraped\",op=\"write\"} 1\n"));
 }

@@ -73,7 +73,10 @@ _HELP_BYTES = (
 _HELP_POSTS = "Posts (or slices of one) that carried bytes, by NIC, direction and path."
 _HELP_REQUESTS = "Transfer requests by op and outcome (posted, completed, failed, refused before anything went out)."
 _HELP_CONNECTS = "Connections set up by posts (the first to a peer, and one per reconnect), by op."
-_HELP_LATENCY = "Time from a post to the completion that finished it (done or failed), by op."
+_HELP_LATENCY = (
+    "Time from a post to the completion that finished it (done or failed), by op; one post in 8 per posting thread is"
+    " timed."
+)
 _HELP_REFUSALS = "What this agent refused or dropped, by reason (each also logged)."
 _HELP_CONNECTIONS = "Connections (queue pairs) to peers, by state."
 _HELP_UPTIME = (

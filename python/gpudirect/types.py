@@ -120,7 +120,8 @@ class NicTraffic(TypedDict):
     """Every (direction, path) pair, zeros included."""
 
 class LatencyHistogram(TypedDict):
-    """Request latencies, from post to the completion that finished the post (done or failed) (:class:`OpStats`)."""
+    """Request latencies, from post to the completion that finished the post (done or failed), of one post in 8 per
+    posting thread (:class:`OpStats`)."""
 
     bounds: List[float]
     """Upper bounds of the buckets, in seconds, ascending."""

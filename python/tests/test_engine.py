@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -648,7 +649,9 @@ def test_stats_and_the_metrics_endpoint_count_host_bytes(monkeypatch):
     text = scrape()
     line = f'gpudirect_bytes_total{{agent="scraped",nic="{DEVICE}",direction="out",path="host"}} {3 * n}\n'
     assert line in text, text
-    assert 'gpudirect_request_seconds_count{agent="scraped",op="write"} 3\n' in text, text
+    # One post in 8 per posting thread is timed.
+    timed = re.search(r'^gpudirect_request_seconds_count\{agent="scraped",op="write"\} (\d+)$', text, re.M)
+    assert timed is not None and int(timed.group(1)) <= 3, text
 
     # The collector gives prometheus_client the samples the endpoint serves.
     import prometheus_client

@@ -305,6 +305,10 @@ fn decide(head: Option<&[u8]>) -> Ask {
 }
 
 #[cfg(test)]
+#[path = "endpoint_attacks.rs"]
+mod attacks;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -77,7 +77,7 @@ pub fn prometheus_text(stats: &AgentStats) -> String {
     }
     family(&mut out, "gpudirect_requests_total", "counter", "Transfer requests by op and outcome (posted, completed, failed, refused before anything went out).", &reqs);
     family(&mut out, "gpudirect_connects_total", "counter", "Connections set up by posts (the first to a peer, and one per reconnect), by op.", &connects);
-    let _ = writeln!(out, "# HELP gpudirect_request_seconds Time from a post to the completion that finished it (done or failed), by op.\n# TYPE gpudirect_request_seconds histogram");
+    let _ = writeln!(out, "# HELP gpudirect_request_seconds Time from a post to the completion that finished it (done or failed), by op; one post in 8 per posting thread is timed.\n# TYPE gpudirect_request_seconds histogram");
     for o in &stats.ops {
         let labels = format!("agent=\"{}\",op=\"{}\"", escape(&stats.agent), op_label(o.op));
         let mut cumulative = 0;

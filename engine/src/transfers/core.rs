@@ -32,7 +32,7 @@ use crate::peers::conn::{Conn, ConnPool};
 use crate::error::EngineError;
 use crate::transfers::memory::Registry;
 use crate::nics::msgbuf::MsgBuf;
-use crate::counting::{now_ns, Direction, LatencyCounters};
+use crate::counting::{now_ns, sample_start, Direction, LatencyCounters};
 use crate::transfers::stats::{Counters, Refusal, RefusalCounters, TransferStats};
 use crate::wire::notify::{self, Notification, SLOT};
 use crate::nics::ready::Readiness;
@@ -80,7 +80,8 @@ pub(crate) struct ReqState {
     pub(crate) own: Counters,
     /// The counters of every request of its op to its peer.
     pub(crate) peer: Arc<Counters>,
-    /// When the post in progress began ([`now_ns`]).
+    /// When the post in progress began ([`now_ns`]), if its latency is
+    /// taken; else 0.
     posted_ns: AtomicU64,
     /// The agent's latencies of its op.
     latency: Arc<LatencyCounters>,
@@ -105,9 +106,9 @@ impl ReqState {
             Phase::Failed(_) => self.count(Counters::failed),
             Phase::Idle | Phase::Posted => {}
         }
-        if matches!(phase, Phase::Done | Phase::Failed(_)) {
-            let took = now_ns().saturating_sub(self.posted_ns.load(Ordering::Relaxed));
-            self.latency.record(Duration::from_nanos(took));
+        let start = self.posted_ns.load(Ordering::Relaxed);
+        if start != 0 && matches!(phase, Phase::Done | Phase::Failed(_)) {
+            self.latency.record(now_ns().saturating_sub(start));
         }
         *self.phase.lock() = phase;
     }
@@ -338,7 +339,7 @@ impl Core {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) & (u64::MAX >> 1);
         *phase = Phase::Posted;
-        state.posted_ns.store(now_ns(), Ordering::Relaxed);
+        state.posted_ns.store(sample_start(), Ordering::Relaxed);
         drop(phase);
         let finals = conns.as_slice().len() as u32;
         self.outstanding.lock().insert(id, Outstanding { state: state.clone(), conns, finals, deferred });
