@@ -633,9 +633,11 @@ def test_stats_and_the_metrics_endpoint_count_host_bytes(monkeypatch):
     assert list(ops) == ["write", "read"]
     w = ops["write"]
     assert w["requests"]["completed"] == 3 and w["requests"]["bytes"] == 3 * n
-    assert w["latency"]["count"] == 3 and sum(w["latency"]["counts"]) == 3 and w["latency"]["sum_seconds"] > 0
+    # One post in 8 per posting thread is timed: of these four, at most one.
+    timed = w["latency"]["count"] + ops["read"]["latency"]["count"]
+    assert timed <= 1 and sum(w["latency"]["counts"]) == w["latency"]["count"]
+    assert (w["latency"]["sum_seconds"] > 0) == (w["latency"]["count"] > 0)
     assert len(w["latency"]["counts"]) == len(w["latency"]["bounds"]) + 1 and w["latency"]["bounds"][-1] == 10.0
-    assert ops["read"]["latency"]["count"] == 1
     assert s["peers"][0]["name"] == "peer" and s["peers"][0]["requests"]["bytes"] == 3 * n + 4096
     assert s["other_peers"]["peers"] == 0 and s["connections"] >= 1
     assert s["refusals"]["control"] == 0 and s["refusals"]["broadcast"] == a.broadcast_refusals()
