@@ -111,8 +111,15 @@ pub fn metrics_addr() -> Result<Option<SocketAddr>, crate::EngineError> {
     }
 }
 
-fn parse_metrics_addr(v: &str) -> Result<SocketAddr, crate::EngineError> {
-    if let Ok(port) = v.parse::<u16>() {
+/// `v` as [`METRICS_ENV`] takes it: a port alone (digits only) on
+/// loopback, or `IP:PORT`.
+///
+/// # Errors
+/// [`EngineError::Config`](crate::EngineError::Config) naming the value
+/// otherwise.
+pub fn parse_metrics_addr(v: &str) -> Result<SocketAddr, crate::EngineError> {
+    // Digits only: Rust's integer parsing takes a leading `+`.
+    if let Ok(port) = v.parse::<u16>().map_err(drop).and_then(|p| if v.bytes().all(|b| b.is_ascii_digit()) { Ok(p) } else { Err(()) }) {
         return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
     }
     v.parse().map_err(|_| crate::EngineError::Config(format!("{METRICS_ENV}={v:?}: a port (served on loopback) or IP:PORT")))

@@ -32,7 +32,7 @@ mod device_tests;
 pub use agent::Agent;
 pub use cast::broadcast::{Broadcast, ReceiverStatus, PROBE_EVERY};
 pub use wire::castmsg::MAX_BROADCAST_TARGETS;
-pub use config::{metrics_addr, AgentConfig, DEFAULT_LISTEN, MAX_QPS_PER_RAIL, METRICS_ENV};
+pub use config::{metrics_addr, parse_metrics_addr, AgentConfig, DEFAULT_LISTEN, MAX_QPS_PER_RAIL, METRICS_ENV};
 pub use counting::{DataPath, Direction, Histogram, PathTraffic, LATENCY_BOUNDS, LATENCY_SAMPLE};
 pub use metrics::endpoint::{ACCEPTS_PER_SEC, ACCEPT_BURST, MAX_CONNECTIONS, MAX_REQUEST, MIN_SILENT_AGE, RENDER_EVERY, SCRAPE_TIMEOUT};
 pub use metrics::snapshot::{AgentStats, NicTraffic, OpStats, OtherPeers, PeerEventCounts, PeerStats, Refusals, MAX_LISTED_PEERS};

@@ -16,6 +16,7 @@ when it is missing."""
 
 from __future__ import annotations
 
+import logging
 from decimal import Decimal
 from typing import TYPE_CHECKING, Iterator, List, Protocol, Tuple, Type
 
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 __all__ = ["Collector", "StatsSource"]
+
+_log = logging.getLogger("gpudirect.metrics")
 
 
 class StatsSource(Protocol):
@@ -92,132 +95,163 @@ _HELP_OTHER_PEERS_BYTES = "Bytes of the requests to the peers not listed, summed
 
 
 class Collector:
-    """A prometheus_client custom collector of one agent: register it
-    (``REGISTRY.register(Collector(agent))``) and every scrape takes a
-    fresh :meth:`~gpudirect.Agent.stats` snapshot and yields the families
-    the agent's own endpoint serves, with the same names (prometheus_client
-    adds counters' ``_total``), labels and help: ``gpudirect_bytes_total``
-    and ``gpudirect_posts_total`` (``agent``, ``nic``, ``direction``,
-    ``path``), ``gpudirect_requests_total`` (``agent``, ``op``,
-    ``outcome``), ``gpudirect_connects_total`` (``agent``, ``op``),
-    ``gpudirect_request_seconds`` (a histogram by ``agent``, ``op``),
-    ``gpudirect_refusals_total`` (``agent``, ``reason``),
-    ``gpudirect_uptime_seconds`` (``agent``), ``gpudirect_connections``
-    (``agent``, ``state``),
+    """A prometheus_client custom collector of a process's agents: register
+    one (``REGISTRY.register(Collector(agent))``, or ``Collector(a, b)``
+    for several agents in one process: the text format allows each family
+    once, so a second collector of the same families is refused at
+    registration) and every scrape takes a fresh
+    :meth:`~gpudirect.Agent.stats` snapshot of each and yields the
+    families the agents' own endpoints serve, with the same names
+    (prometheus_client adds counters' ``_total``), labels and help:
+    ``gpudirect_bytes_total`` and ``gpudirect_posts_total`` (``agent``,
+    ``nic``, ``direction``, ``path``), ``gpudirect_requests_total``
+    (``agent``, ``op``, ``outcome``), ``gpudirect_connects_total``
+    (``agent``, ``op``), ``gpudirect_request_seconds`` (a histogram by
+    ``agent``, ``op``), ``gpudirect_refusals_total`` (``agent``,
+    ``reason``), ``gpudirect_uptime_seconds`` (``agent``),
+    ``gpudirect_connections`` (``agent``, ``state``),
     ``gpudirect_peer_events_total`` (``agent``, ``kind``),
     ``gpudirect_peer_bytes_total``, ``gpudirect_peer_requests_total``
     (with ``outcome``) and ``gpudirect_peer_connections`` (``agent``,
     ``peer``: the busiest peers), ``gpudirect_other_peers`` and
     ``gpudirect_other_peers_bytes_total`` (``agent``).
 
-    Once the agent is closed a scrape yields nothing for it (the rest of
-    the registry is still served). Raises ImportError naming the package
-    to install when prometheus_client is missing.
+    A closed agent yields nothing; an agent whose snapshot fails otherwise
+    is left out of that scrape and the failure logged (``gpudirect.metrics``
+    logger, at error), so the process's other metrics still go out; its
+    series are then absent, which ``absent()`` in PromQL sees. Raises
+    ImportError naming the package to install when prometheus_client is
+    missing.
     """
 
-    def __init__(self, agent: StatsSource) -> None:
-        """Collect ``agent``'s metrics (a :class:`gpudirect.Agent`, or
+    def __init__(self, *agents: StatsSource) -> None:
+        """Collect the metrics of ``agents`` (:class:`gpudirect.Agent`, or
         anything with its ``stats()``). Raises ImportError when
-        prometheus_client is not installed."""
+        prometheus_client is not installed, ValueError without an agent."""
         _families()
-        self.agent = agent
-        """The agent whose snapshot each scrape reads."""
+        if not agents:
+            raise ValueError("Collector(agent, ...): at least one agent")
+        self.agents = agents
+        """The agents whose snapshots each scrape reads."""
+
+    @property
+    def agent(self) -> StatsSource:
+        """The first agent."""
+        return self.agents[0]
 
     def describe(self) -> List[Metric]:
-        """Nothing: the registry then checks no names at registration, and
-        the families are known only from a snapshot."""
-        return []
+        """The families' names (no samples): the registry refuses a second
+        collector of the same names at registration."""
+        counter, gauge, histogram = _families()
+        return list(self._families([], counter, gauge, histogram))
+
+    def _snapshots(self) -> List[AgentStats]:
+        snaps = []
+        for a in self.agents:
+            try:
+                snaps.append(a.stats())
+            except EngineError as err:
+                # A closed agent raises EngineError itself (never a
+                # subclass): it has nothing to report.
+                if type(err) is not EngineError:
+                    _log.error("gpudirect.metrics: an agent's snapshot failed, left out of this scrape: %r", err)
+            except Exception as err:  # noqa: BLE001 - one agent must not take the scrape down
+                _log.error("gpudirect.metrics: an agent's snapshot failed, left out of this scrape: %r", err)
+        return snaps
 
     def collect(self) -> Iterator[Metric]:
-        """The agent's metric families, from a snapshot taken now."""
+        """The agents' metric families, from snapshots taken now."""
         counter, gauge, histogram = _families()
-        try:
-            s = self.agent.stats()
-        except EngineError as err:
-            # A closed agent raises EngineError itself (never a subclass):
-            # it has nothing to report. Anything else is a real failure.
-            if type(err) is EngineError:
-                return
-            raise
-        agent = s["agent"]
+        snaps = self._snapshots()
+        if not snaps:
+            return
+        yield from self._families(snaps, counter, gauge, histogram)
 
+    @staticmethod
+    def _families(
+        snaps: List[AgentStats],
+        counter: Type[CounterMetricFamily],
+        gauge: Type[GaugeMetricFamily],
+        histogram: Type[HistogramMetricFamily],
+    ) -> Iterator[Metric]:
         traffic = ["agent", "nic", "direction", "path"]
         nbytes = counter("gpudirect_bytes", _HELP_BYTES, labels=traffic)
         posts = counter("gpudirect_posts", _HELP_POSTS, labels=traffic)
-        for nic in s["nics"]:
-            for t in nic["traffic"]:
-                labels = [agent, nic["device"], t["direction"], t["path"]]
-                nbytes.add_metric(labels, t["bytes"])
-                posts.add_metric(labels, t["posts"])
+        for s in snaps:
+            for nic in s["nics"]:
+                for t in nic["traffic"]:
+                    labels = [s["agent"], nic["device"], t["direction"], t["path"]]
+                    nbytes.add_metric(labels, t["bytes"])
+                    posts.add_metric(labels, t["posts"])
         yield nbytes
         yield posts
 
         requests = counter("gpudirect_requests", _HELP_REQUESTS, labels=["agent", "op", "outcome"])
         connects = counter("gpudirect_connects", _HELP_CONNECTS, labels=["agent", "op"])
         latency = histogram("gpudirect_request_seconds", _HELP_LATENCY, labels=["agent", "op"])
-        for o in s["ops"]:
-            for outcome, n in _outcomes(o["requests"]):
-                requests.add_metric([agent, o["op"], outcome], n)
-            connects.add_metric([agent, o["op"]], o["requests"]["connects"])
-            h = o["latency"]
-            buckets: List[Tuple[str, float]] = []
-            cumulative = 0
-            for i, n in enumerate(h["counts"]):
-                cumulative += n
-                le = _le(h["bounds"][i]) if i < len(h["bounds"]) else "+Inf"
-                buckets.append((le, float(cumulative)))
-            latency.add_metric([agent, o["op"]], buckets, h["sum_seconds"])
+        for s in snaps:
+            for o in s["ops"]:
+                for outcome, n in _outcomes(o["requests"]):
+                    requests.add_metric([s["agent"], o["op"], outcome], n)
+                connects.add_metric([s["agent"], o["op"]], o["requests"]["connects"])
+                h = o["latency"]
+                buckets: List[Tuple[str, float]] = []
+                cumulative = 0
+                for i, n in enumerate(h["counts"]):
+                    cumulative += n
+                    le = _le(h["bounds"][i]) if i < len(h["bounds"]) else "+Inf"
+                    buckets.append((le, float(cumulative)))
+                latency.add_metric([s["agent"], o["op"]], buckets, h["sum_seconds"])
         yield requests
         yield connects
         yield latency
 
-        r = s["refusals"]
-        b = r["broadcast"]
         refusals = counter("gpudirect_refusals", _HELP_REFUSALS, labels=["agent", "reason"])
-        for reason, n in [
-            ("control", r["control"]),
-            ("unknown_sender", r["unknown_sender"]),
-            ("broadcast_forged", b["forged"]),
-            ("broadcast_unknown", b["unknown"]),
-            ("broadcast_not_owner", b["not_owner"]),
-            ("broadcast_unpublished", b["unpublished"]),
-            ("broadcast_unknown_peers", b["unknown_peers"]),
-            ("broadcast_busy", b["busy"]),
-            ("broadcast_malformed", b["malformed"]),
-        ]:
-            refusals.add_metric([agent, reason], n)
+        for s in snaps:
+            r = s["refusals"]
+            b = r["broadcast"]
+            for reason, n in [
+                ("control", r["control"]),
+                ("unknown_sender", r["unknown_sender"]),
+                ("broadcast_forged", b["forged"]),
+                ("broadcast_unknown", b["unknown"]),
+                ("broadcast_not_owner", b["not_owner"]),
+                ("broadcast_unpublished", b["unpublished"]),
+                ("broadcast_unknown_peers", b["unknown_peers"]),
+                ("broadcast_busy", b["busy"]),
+                ("broadcast_malformed", b["malformed"]),
+            ]:
+                refusals.add_metric([s["agent"], reason], n)
         yield refusals
 
         uptime = gauge("gpudirect_uptime_seconds", _HELP_UPTIME, labels=["agent"])
-        uptime.add_metric([agent], s["uptime_seconds"])
-        yield uptime
-
         connections = gauge("gpudirect_connections", _HELP_CONNECTIONS, labels=["agent", "state"])
-        connections.add_metric([agent, "live"], s["connections"])
-        yield connections
-
-        ev = s["peer_events"]
         events = counter("gpudirect_peer_events", _HELP_PEER_EVENTS, labels=["agent", "kind"])
-        for kind, n in [("lost", ev["lost"]), ("replaced", ev["replaced"]), ("impostor", ev["impostors"])]:
-            events.add_metric([agent, kind], n)
+        for s in snaps:
+            uptime.add_metric([s["agent"]], s["uptime_seconds"])
+            connections.add_metric([s["agent"], "live"], s["connections"])
+            ev = s["peer_events"]
+            for kind, n in [("lost", ev["lost"]), ("replaced", ev["replaced"]), ("impostor", ev["impostors"])]:
+                events.add_metric([s["agent"], kind], n)
+        yield uptime
+        yield connections
         yield events
 
         peer_bytes = counter("gpudirect_peer_bytes", _HELP_PEER_BYTES, labels=["agent", "peer"])
         peer_requests = counter("gpudirect_peer_requests", _HELP_PEER_REQUESTS, labels=["agent", "peer", "outcome"])
         peer_connections = gauge("gpudirect_peer_connections", _HELP_PEER_CONNECTIONS, labels=["agent", "peer"])
-        for p in s["peers"]:
-            peer_bytes.add_metric([agent, p["name"]], p["requests"]["bytes"])
-            for outcome, n in _outcomes(p["requests"]):
-                peer_requests.add_metric([agent, p["name"], outcome], n)
-            peer_connections.add_metric([agent, p["name"]], p["connections"])
+        other = gauge("gpudirect_other_peers", _HELP_OTHER_PEERS, labels=["agent"])
+        other_bytes = counter("gpudirect_other_peers_bytes", _HELP_OTHER_PEERS_BYTES, labels=["agent"])
+        for s in snaps:
+            for p in s["peers"]:
+                peer_bytes.add_metric([s["agent"], p["name"]], p["requests"]["bytes"])
+                for outcome, n in _outcomes(p["requests"]):
+                    peer_requests.add_metric([s["agent"], p["name"], outcome], n)
+                peer_connections.add_metric([s["agent"], p["name"]], p["connections"])
+            other.add_metric([s["agent"]], s["other_peers"]["peers"])
+            other_bytes.add_metric([s["agent"]], s["other_peers"]["requests"]["bytes"])
         yield peer_bytes
         yield peer_requests
         yield peer_connections
-
-        rest = s["other_peers"]
-        other = gauge("gpudirect_other_peers", _HELP_OTHER_PEERS, labels=["agent"])
-        other.add_metric([agent], rest["peers"])
         yield other
-        other_bytes = counter("gpudirect_other_peers_bytes", _HELP_OTHER_PEERS_BYTES, labels=["agent"])
-        other_bytes.add_metric([agent], rest["requests"]["bytes"])
         yield other_bytes

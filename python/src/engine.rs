@@ -53,10 +53,7 @@ fn metrics_from(metrics: Option<String>) -> PyResult<Option<SocketAddr>> {
     if t.is_empty() {
         return Ok(None);
     }
-    if let Ok(port) = t.parse::<u16>() {
-        return Ok(Some(SocketAddr::from(([127, 0, 0, 1], port))));
-    }
-    t.parse().map(Some).map_err(|_| ConfigError::new_err(format!("metrics={v:?}: a port (served on loopback) or IP:PORT, as {METRICS_ENV}")))
+    gpudirect_engine::parse_metrics_addr(t).map(Some).map_err(|_| ConfigError::new_err(format!("metrics={v:?}: a port (served on loopback) or IP:PORT, as {METRICS_ENV}")))
 }
 
 /// `Ok` unless `status` says it was never posted: waiting for that would

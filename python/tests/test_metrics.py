@@ -95,7 +95,16 @@ def test_the_collector_yields_the_engine_s_families_with_their_types():
         "gpudirect_other_peers": "gauge",
         "gpudirect_other_peers_bytes": "counter",
     }
-    assert Collector(FakeAgent(snapshot())).describe() == []
+    # describe() names the families (no samples), so a second collector of
+    # them is refused at registration rather than writing each twice.
+    described = {f.name: f.type for f in Collector(FakeAgent(snapshot())).describe()}
+    assert described == got and all(not f.samples for f in Collector(FakeAgent(snapshot())).describe())
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(Collector(FakeAgent(snapshot())))
+    with pytest.raises(ValueError, match="Duplicated"):
+        registry.register(Collector(FakeAgent(snapshot())))
+    with pytest.raises(ValueError, match="at least one agent"):
+        Collector()
 
 
 def test_bytes_and_posts_by_nic_direction_and_path_every_pair_listed():
@@ -197,7 +206,7 @@ def test_the_exposition_names_are_the_engine_s():
     assert "_created" not in text
 
 
-def test_a_closed_agent_yields_nothing_and_other_errors_propagate():
+def test_a_closed_agent_yields_nothing_and_a_failing_one_is_logged_and_left_out(caplog):
     class Closed:
         def stats(self):
             raise gpudirect.EngineError("the agent 'x' is closed")
@@ -207,8 +216,11 @@ def test_a_closed_agent_yields_nothing_and_other_errors_propagate():
             raise gpudirect.ConfigError("a thread panicked holding this agent's handle")
 
     assert list(Collector(Closed()).collect()) == []
-    with pytest.raises(gpudirect.ConfigError):
-        list(Collector(Broken()).collect())
+    assert list(Collector(Broken()).collect()) == []
+    assert "a thread panicked" in caplog.text
+    # The others of the collector still go out.
+    fams = {f.name: f for f in Collector(Broken(), FakeAgent(snapshot())).collect()}
+    assert {x.labels["agent"] for x in fams["gpudirect_bytes"].samples} == {'pre"fill'}
 
 
 def test_without_prometheus_client_the_error_says_what_to_install(monkeypatch):

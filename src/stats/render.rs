@@ -29,8 +29,17 @@ const NAME_MAX: usize = 32;
 
 /// A name from the endpoint as it may be shown: control characters
 /// escaped, cut to [`NAME_MAX`] characters.
+/// Characters that would not show as themselves: controls (C0, C1), and
+/// the format and separator characters that reorder or hide text
+/// (bidirectional overrides and isolates, zero-width ones, the line and
+/// paragraph separators, the byte-order mark, the Arabic letter mark).
+fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{00AD}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}' | '\u{FFA0}' | '\u{FFF9}'..='\u{FFFB}' | '\u{E0000}'..='\u{E007F}')
+}
+
 fn name(s: &str) -> String {
-    let mut out: String = s.chars().take(NAME_MAX).flat_map(|c| if c.is_control() { c.escape_debug().collect::<Vec<_>>() } else { vec![c] }).collect();
+    let mut out: String = s.chars().take(NAME_MAX).flat_map(|c| if hidden(c) { c.escape_unicode().collect::<Vec<_>>() } else { vec![c] }).collect();
     if s.chars().nth(NAME_MAX).is_some() {
         out.push('…');
     }
@@ -102,16 +111,17 @@ impl Style {
 /// One NIC's verdict as a sentence.
 pub fn verdict(nic: &NicFrame) -> String {
     let n = name(&nic.nic);
-    match nic.verdict {
-        Verdict::Staged { since, share, gpu_share } => {
+    match &nic.verdict {
+        &Verdict::Staged { since, share, gpu_share } => {
             format!("GPU traffic staged through host memory: {} of bytes on {n} since {} ({} of its GPU bytes)", percent(share), clock(since, false), percent(gpu_share))
         }
-        Verdict::StagedBefore { share, gpu_share } => format!(
+        &Verdict::StagedBefore { share, gpu_share } => format!(
             "GPU traffic staged through host memory before this view began: {} of bytes on {n} since the agent started ({} of its GPU bytes), none since",
             percent(share),
             percent(gpu_share)
         ),
-        Verdict::NotStaged { gdr } => format!("no GPU traffic staged on {n}: {} of GPU memory moved by GPUDirect RDMA since the agent started", size(gdr)),
+        &Verdict::NotStaged { gdr } => format!("no GPU traffic staged on {n}: {} of GPU memory moved by GPUDirect RDMA since the agent started", size(gdr)),
+        Verdict::Unread { missing } => format!("cannot tell whether GPU traffic is staged on {n}: the endpoint served no {missing} series"),
         Verdict::NoGpuTraffic if nic.total.iter().flatten().any(|&b| b > 0) => format!("no GPU traffic seen on {n} (host memory only)"),
         Verdict::NoGpuTraffic => format!("no GPU traffic seen on {n}"),
     }

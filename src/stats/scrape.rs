@@ -16,7 +16,7 @@ use gpudirect::deadline::Deadline;
 use super::expo::shown;
 
 /// The most bytes of a body read: an agent's exposition is a few KiB.
-pub const MAX_BODY: usize = 16 << 20;
+pub const MAX_BODY: usize = 4 << 20;
 /// The most bytes of an answer's status line and headers.
 pub const MAX_HEAD: usize = 64 << 10;
 

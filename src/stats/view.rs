@@ -89,6 +89,9 @@ pub enum ViewError {
 pub struct AgentCounters {
     /// Bytes by NIC.
     pub nics: BTreeMap<String, Bytes>,
+    /// Per NIC, the (direction, path) series the endpoint did not serve
+    /// (read as 0 above, and judged by none).
+    pub unserved: BTreeMap<String, Vec<(usize, usize)>>,
     /// Requests by (op, outcome).
     pub requests: BTreeMap<(String, String), u64>,
     /// Refusals by reason.
@@ -186,9 +189,17 @@ impl Snapshot {
             }
         }
         let mut agents: BTreeMap<String, AgentCounters> = names.into_iter().map(|n| (n, AgentCounters::default())).collect();
+        let mut served: BTreeMap<(String, String), [[bool; 3]; 2]> = BTreeMap::new();
         for ((agent, nic, d, p), v) in values(bytes) {
+            served.entry((agent.clone(), nic.clone())).or_default()[d][p] = true;
             if let Some(a) = agents.get_mut(&agent) {
                 a.nics.entry(nic).or_default()[d][p] = v;
+            }
+        }
+        for ((agent, nic), cells) in served {
+            let missing: Vec<(usize, usize)> = (0..2).flat_map(|d| (0..3).map(move |p| (d, p))).filter(|&(d, p)| !cells[d][p]).collect();
+            if let (Some(a), false) = (agents.get_mut(&agent), missing.is_empty()) {
+                a.unserved.insert(nic, missing);
             }
         }
         for ((agent, op, outcome), v) in values(requests) {
@@ -228,7 +239,7 @@ pub enum Continuity {
 }
 
 /// What a NIC's bytes say about GPUDirect RDMA.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
     /// Staged bytes grew while watched: GPU memory went through host
     /// memory.
@@ -255,6 +266,13 @@ pub enum Verdict {
     /// No GPU memory moved through this NIC (host memory only, or
     /// nothing): nothing to say about GPUDirect RDMA.
     NoGpuTraffic,
+    /// The endpoint did not serve every direction and path of this NIC
+    /// (`missing`, as `direction/path`): no verdict rests on a figure
+    /// never read.
+    Unread {
+        /// The series not served.
+        missing: String,
+    },
 }
 
 /// One NIC's line of a frame.
@@ -356,6 +374,7 @@ fn interval(prev: Option<&AgentCounters>, cur: &AgentCounters) -> (Continuity, A
             requests: grew(&p.requests, &cur.requests)?,
             refusals: grew(&p.refusals, &cur.refusals)?,
             connections: BTreeMap::new(),
+            unserved: BTreeMap::new(),
             uptime_us: None,
         })
     };
@@ -436,6 +455,13 @@ impl Watch {
                     None if sum(total, 2) > 0 => {
                         let (share, gpu_share) = shares(total);
                         Verdict::StagedBefore { share, gpu_share }
+                    }
+                    // Staged bytes seen are evidence whatever else is
+                    // missing; their absence is only where every series
+                    // was served.
+                    None if counters.unserved.contains_key(nic) => {
+                        let missing = counters.unserved[nic].iter().map(|&(d, p)| format!("{}/{}", Direction::ALL[d].as_str(), DataPath::ALL[p].as_str())).collect::<Vec<_>>().join(", ");
+                        Verdict::Unread { missing }
                     }
                     None if sum(total, 0) > 0 => Verdict::NotStaged { gdr: sum(total, 0) },
                     None => Verdict::NoGpuTraffic,

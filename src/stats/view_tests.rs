@@ -113,12 +113,12 @@ fn staging_is_named_with_its_share_and_since_when() {
     assert!(matches!(f.agents[0].nics[0].verdict, Verdict::NotStaged { .. }));
     // 880 gdr and 120 staged bytes in the interval: 12%.
     let f = bed.push(&one(2880, 0, 120)).unwrap();
-    let v = f.agents[0].nics[0].verdict;
+    let v = f.agents[0].nics[0].verdict.clone();
     let since = bed.wall0 + Duration::from_secs(2);
     assert_eq!(v, Verdict::Staged { since, share: 0.12, gpu_share: 0.12 });
     // Later intervals add to the window, whatever they move; the time stays.
     let f = bed.push(&one(2880, 1000, 220)).unwrap();
-    let Verdict::Staged { since: s2, share, gpu_share } = f.agents[0].nics[0].verdict else { panic!() };
+    let Verdict::Staged { since: s2, share, gpu_share } = f.agents[0].nics[0].verdict.clone() else { panic!() };
     assert_eq!(s2, since);
     assert!((share - 220.0 / 2100.0).abs() < 1e-12 && (gpu_share - 0.2).abs() < 1e-12, "{share} {gpu_share}");
     let nic = &f.agents[0].nics[0];

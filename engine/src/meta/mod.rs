@@ -67,6 +67,11 @@ pub(super) fn check_name(name: &str) -> Result<(), EngineError> {
     if name.is_empty() || name.len() > MAX_NAME {
         return Err(EngineError::Config(format!("agent name {name:?}: 1 to {MAX_NAME} bytes")));
     }
+    // A NUL cannot name the agent's threads, and control characters have
+    // no place in the log lines and metrics labels that show it.
+    if name.chars().any(char::is_control) {
+        return Err(EngineError::Config(format!("agent name {name:?}: no control characters")));
+    }
     Ok(())
 }
 

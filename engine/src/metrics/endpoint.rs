@@ -69,7 +69,7 @@ impl Endpoint {
         let stop = Arc::new(Mutex::new(false));
         let thread = {
             let stop = stop.clone();
-            std::thread::Builder::new().name(format!("gpudirect-metrics-{name}")).spawn(move || Server::new(render).run(&listener, &stop))?
+            std::thread::Builder::new().name(format!("gpudirect-metrics-{}", name.replace(|c: char| c.is_control(), "?"))).spawn(move || Server::new(render).run(&listener, &stop))?
         };
         tracing::info!(%addr, "metrics served at http://{addr}/metrics");
         Ok(Endpoint { addr, stop, thread: Some(thread) })
@@ -110,16 +110,31 @@ struct Server {
     refilled: Instant,
     /// The last rendered body and when.
     cached: Option<(Instant, Arc<String>)>,
+    /// An accept failed for want of descriptors or memory: not before.
+    accept_after: Option<Instant>,
 }
 
 impl Server {
     fn new(render: Render) -> Server {
-        Server { render, clients: Vec::new(), tokens: f64::from(ACCEPT_BURST), refilled: Instant::now(), cached: None }
+        Server { render, clients: Vec::new(), tokens: f64::from(ACCEPT_BURST), refilled: Instant::now(), cached: None, accept_after: None }
     }
 
     fn refill(&mut self, now: Instant) {
         self.tokens = (self.tokens + now.duration_since(self.refilled).as_secs_f64() * f64::from(ACCEPTS_PER_SEC)).min(f64::from(ACCEPT_BURST));
         self.refilled = now;
+    }
+
+    /// The client that gives its place to a newcomer when all are taken:
+    /// the oldest without a whole request, if past [`MIN_SILENT_AGE`].
+    fn evictable(&self, now: Instant) -> Option<usize> {
+        self.clients.iter().enumerate().filter(|(_, c)| c.out.is_none() && now.duration_since(c.since) >= MIN_SILENT_AGE).min_by_key(|(_, c)| c.since).map(|(i, _)| i)
+    }
+
+    /// Whether a newcomer could be taken now (tokens, descriptors, room),
+    /// so the listener is polled only then: a readable listener that is
+    /// not drained would wake the loop at once, forever.
+    fn can_accept(&self, now: Instant) -> bool {
+        self.tokens >= 1.0 && self.accept_after.is_none_or(|t| now >= t) && (self.clients.len() < MAX_CONNECTIONS || self.evictable(now).is_some())
     }
 
     /// Room for one more client: there is, or the oldest silent one past
@@ -128,8 +143,7 @@ impl Server {
         if self.clients.len() < MAX_CONNECTIONS {
             return true;
         }
-        let oldest = self.clients.iter().enumerate().filter(|(_, c)| c.out.is_none() && now.duration_since(c.since) >= MIN_SILENT_AGE).min_by_key(|(_, c)| c.since).map(|(i, _)| i);
-        match oldest {
+        match self.evictable(now) {
             Some(i) => {
                 self.clients.swap_remove(i);
                 true
@@ -145,7 +159,7 @@ impl Server {
             }
             let now = Instant::now();
             self.refill(now);
-            while self.tokens >= 1.0 && self.room(now) {
+            while self.can_accept(now) && self.room(now) {
                 match listener.accept() {
                     Ok((s, _)) => {
                         self.tokens -= 1.0;
@@ -156,7 +170,10 @@ impl Server {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => {
+                        // Out of descriptors (EMFILE) or memory: the
+                        // connection stays in the backlog; look again later.
                         tracing::debug!("metrics endpoint: accept: {e}");
+                        self.accept_after = Some(now + Duration::from_millis(100));
                         break;
                     }
                 }
@@ -166,14 +183,17 @@ impl Server {
             }
             self.clients.retain(|c| now.duration_since(c.since) < SCRAPE_TIMEOUT);
             // Listen for newcomers only while one could be taken.
-            let accepting = self.tokens >= 1.0 && (self.clients.len() < MAX_CONNECTIONS || self.clients.iter().any(|c| c.out.is_none()));
+            let accepting = self.can_accept(now);
             let mut fds: Vec<libc::pollfd> = Vec::with_capacity(self.clients.len() + 1);
             fds.push(libc::pollfd { fd: listener.as_raw_fd(), events: if accepting { libc::POLLIN } else { 0 }, revents: 0 });
             fds.extend(self.clients.iter().map(|c| libc::pollfd { fd: c.stream.as_raw_fd(), events: if c.out.is_some() { libc::POLLOUT } else { libc::POLLIN }, revents: 0 }));
             let next_deadline = self.clients.iter().map(|c| (c.since + SCRAPE_TIMEOUT).saturating_duration_since(now)).min();
             let next_token = (self.tokens < 1.0).then(|| Duration::from_secs_f64((1.0 - self.tokens) / f64::from(ACCEPTS_PER_SEC)));
             // A whole second at most: the stop flag is looked at then too.
-            let wait = [next_deadline, next_token, Some(Duration::from_secs(1)), (!accepting).then_some(MIN_SILENT_AGE)].into_iter().flatten().min().unwrap_or(Duration::from_secs(1));
+            // When a silent client comes of age, or the accept pause ends.
+            let next_age = self.clients.iter().filter(|c| c.out.is_none()).map(|c| (c.since + MIN_SILENT_AGE).saturating_duration_since(now)).min();
+            let next_accept = self.accept_after.map(|t| t.saturating_duration_since(now));
+            let wait = [next_deadline, next_token, next_age, next_accept, Some(Duration::from_secs(1))].into_iter().flatten().min().unwrap_or(Duration::from_secs(1));
             let ms = i32::try_from(wait.as_millis().max(1)).unwrap_or(1000);
             // SAFETY: `fds` is a valid array of pollfd of its length.
             let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
@@ -199,7 +219,16 @@ impl Server {
         match &self.cached {
             Some((at, body)) if now.duration_since(*at) < RENDER_EVERY => body.clone(),
             _ => {
-                let body = Arc::new((self.render)());
+                // A render that panics answers this scrape with nothing;
+                // the endpoint goes on (the next render may work).
+                let body = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.render)())) {
+                    Ok(text) => text,
+                    Err(_) => {
+                        tracing::error!("metrics endpoint: rendering a snapshot panicked");
+                        String::new()
+                    }
+                };
+                let body = Arc::new(body);
                 self.cached = Some((now, body.clone()));
                 body
             }
@@ -260,8 +289,11 @@ fn read_more(c: &mut Client) -> io::Result<Option<Option<Vec<u8>>>> {
         match c.stream.read(&mut buf) {
             Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "closed before a whole request")),
             Ok(n) => {
+                // Only the new bytes (and three before them) are searched:
+                // a head sent a byte at a time costs linear time.
+                let from = c.head.len().saturating_sub(3);
                 c.head.extend_from_slice(&buf[..n]);
-                if let Some(end) = c.head.windows(4).position(|w| w == b"\r\n\r\n") {
+                if let Some(end) = c.head[from..].windows(4).position(|w| w == b"\r\n\r\n").map(|i| from + i) {
                     c.head.truncate(end);
                     return Ok(Some(Some(std::mem::take(&mut c.head))));
                 }
