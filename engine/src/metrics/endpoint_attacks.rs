@@ -170,6 +170,9 @@ fn accept_time(n: usize) -> Duration {
 /// SCRAPE_TIMEOUT: a scraper that comes then waits until they expire.
 #[test]
 fn unread_answers_do_not_keep_a_scraper_out() {
+    if super::tests::under_valgrind() {
+        return;
+    }
     let body = realistic_body();
     let bed = Bed::new(body.clone());
     let addr = bed.addr();
@@ -189,6 +192,9 @@ fn unread_answers_do_not_keep_a_scraper_out() {
 /// thread must sleep, not spin on a listener it will not accept from.
 #[test]
 fn the_endpoint_does_not_spin_when_its_slots_are_full() {
+    if super::tests::under_valgrind() {
+        return;
+    }
     let body = realistic_body();
     let bed = Bed::new(body.clone());
     let addr = bed.addr();
@@ -216,6 +222,9 @@ fn the_endpoint_does_not_spin_when_its_slots_are_full() {
 /// the head on every read makes 8 KiB cost ~33 million comparisons).
 #[test]
 fn a_dripped_head_costs_linear_time() {
+    if super::tests::under_valgrind() {
+        return;
+    }
     let l = std::net::TcpListener::bind(loopback()).unwrap();
     let mut tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
     tx.set_nodelay(true).unwrap();
@@ -246,6 +255,9 @@ fn a_dripped_head_costs_linear_time() {
 /// side of every connection is closed within SCRAPE_TIMEOUT.
 #[test]
 fn abandoned_connections_leave_no_socket_open() {
+    if super::tests::under_valgrind() {
+        return;
+    }
     let body = "gpudirect_x 1\n".repeat(300_000);
     let bed = Bed::new(body.clone());
     let addr = bed.addr();
@@ -357,6 +369,9 @@ fn a_panicking_render_does_not_stop_the_endpoint_for_good() {
 /// hostile connections it holds and however many wait.
 #[test]
 fn stopping_under_attack_is_quick() {
+    if super::tests::under_valgrind() {
+        return;
+    }
     let body = realistic_body();
     let bed = Bed::new(body.clone());
     let addr = bed.addr();
@@ -373,6 +388,9 @@ fn stopping_under_attack_is_quick() {
 /// A flood of scrapes costs a render per RENDER_EVERY at most.
 #[test]
 fn a_scrape_flood_costs_few_renders() {
+    if super::tests::under_valgrind() {
+        return;
+    }
     let bed = Bed::new("gpudirect_x 1\n".into());
     let addr = bed.addr();
     let stop = Arc::new(AtomicBool::new(false));
@@ -406,6 +424,9 @@ fn a_scrape_flood_costs_few_renders() {
 /// poll returns at once, over and over, for MIN_SILENT_AGE each time.
 #[test]
 fn the_endpoint_does_not_spin_when_its_slots_hold_large_unread_answers() {
+    if super::tests::under_valgrind() {
+        return;
+    }
     let body = "gpudirect_x 1\n".repeat(300_000);
     let bed = Bed::new(body.clone());
     let addr = bed.addr();
@@ -432,6 +453,9 @@ fn the_endpoint_does_not_spin_when_its_slots_hold_large_unread_answers() {
 /// child process of this test binary (the limit is process-wide).
 #[test]
 fn out_of_descriptors_the_endpoint_does_not_spin() {
+    if super::tests::under_valgrind() {
+        return;
+    }
     const CHILD: &str = "GPUDIRECT_ATTACK_EMFILE_CHILD";
     if std::env::var_os(CHILD).is_some() {
         return emfile_child();
