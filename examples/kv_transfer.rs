@@ -166,6 +166,8 @@ fn config(args: &Args, name: &str) -> R<AgentConfig> {
     c.gpu_path_limit = args.gpu_path_limit;
     // None: the agent reads GPUDIRECT_SECRET_FILE itself.
     c.secret = args.secret_file.as_ref().map(ClusterSecret::from_file).transpose()?;
+    // GPUDIRECT_METRICS=PORT (or IP:PORT) serves this agent's metrics.
+    c.metrics = gpudirect_engine::metrics_addr()?;
     Ok(c)
 }
 
