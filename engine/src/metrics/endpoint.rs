@@ -368,20 +368,8 @@ mod tests {
     /// Silent connections hold no serving thread, a huge request is
     /// refused unread past its bound, and a scraper that sends its
     /// request and never reads does not keep the others out.
-    /// Whether this process runs under valgrind (its preloaded library is
-    /// mapped): the timing and load tests here measure the endpoint's
-    /// speed, which valgrind's serialized, slowed threads do not show;
-    /// they run in the plain host and guest runs, and the light ones
-    /// (one request each) still run under valgrind's memory checks.
-    pub(super) fn under_valgrind() -> bool {
-        std::fs::read_to_string("/proc/self/maps").is_ok_and(|m| m.contains("vgpreload"))
-    }
-
     #[test]
     fn hostile_scrapers_keep_no_one_else_out() {
-        if under_valgrind() {
-            return;
-        }
         let ep = Endpoint::start(SocketAddr::from(([127, 0, 0, 1], 0)), "test", Arc::new(|| "gpudirect_x 1\n".repeat(200_000))).unwrap();
         let addr = ep.addr();
         let ok = |r: &str| r.starts_with("HTTP/1.1 200") && r.contains("gpudirect_x 1");
