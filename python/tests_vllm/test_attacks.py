@@ -605,3 +605,45 @@ def test_trainer_init_refuses_a_bad_num_workers_before_opening_anything(monkeypa
         raise AssertionError("trainer_init returned an engine")
     opened = [name for name, _ in made]
     assert isinstance(ei.value, ValueError) and not opened, f"num_workers={n!r}: {type(ei.value).__name__}: {ei.value}; agents opened: {opened}"
+
+
+def test_a_slot_is_not_refilled_before_its_bucket_is_whole_and_acknowledged():
+    """The trainer filled bucket k into its slot before settling bucket
+    k - 2, which still occupied that slot: a worker (or a relay) could
+    read bucket k's bytes as bucket k - 2's. With the checksum off (the
+    default) a worker loaded them and reported the version whole (seen in
+    the guest: gate_up_proj of the last layer differed after an update
+    that succeeded). Each slot's bytes must stay as posted until the
+    bucket's wait returned and every worker's ack was taken."""
+    inbox = Inbox()
+    torn: List[str] = []
+    eng: Any = None
+
+    def snapshot(n):
+        base = (n.bucket % 2) * SLOT
+        return eng._buckets[base : base + SLOT].clone()
+
+    def unchanged(n, posted, when):
+        if not torch.equal(snapshot(n), posted):
+            torn.append(f"bucket {n.bucket}'s slot rewritten {when}")
+
+    class WatchedCast(Cast):
+        def __init__(self, n):
+            super().__init__(lambda: None)
+            self.n = n
+
+        def post(self):
+            self.posted = snapshot(self.n)
+            for w in ("g.w0", "g.w1"):
+                ack = _wire.Note("ack", self.n.session, self.n.version, self.n.bucket, nonce=self.n.nonce).encode()
+                # Checked when the trainer takes the ack off its inbox.
+                inbox.items.append(lambda w=w, ack=ack: (unchanged(self.n, self.posted, f"before {w}'s ack was taken"), (w, ack))[1])
+
+        def wait(self, t):
+            unchanged(self.n, self.posted, "before its broadcast's wait")
+
+    eng = trainer(Client(lambda d: time.sleep(0.05)), lambda n: None, inbox=inbox)
+    eng.agent.broadcast = lambda name, off, length, dests, note: WatchedCast(_wire.Note.decode(note))
+    eng.send_weights()
+    assert eng.version == 1
+    assert not torn, torn

@@ -217,7 +217,6 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
         shipped = 0  # buckets sent so far; the next is being filled
 
         def ship(k: int) -> None:
-            self._settle(k - 2, casts, acked, version, receiving)
             base = (k % 2) * slot
             length = plan.length(k)
             payload = self._buckets[base + _wire.HEADER : base + _wire.HEADER + length]
@@ -233,6 +232,11 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
             cast = agent.broadcast("b", base, _wire.HEADER + length, [(w, "b", base) for w in self._workers], put.encode())
             cast.post()
             casts[k] = cast
+            # Bucket k + 1 is filled next, into bucket k - 1's slot: that
+            # bucket must be whole at every worker and acknowledged by each
+            # before its first byte is overwritten (settling it only when
+            # k + 1 ships would tear it while it is in flight or loading).
+            self._settle(k - 1, casts, acked, version, receiving)
 
         it = iter(source)
         spans = plan.by_parameter()
@@ -257,8 +261,7 @@ class GpudirectTrainerWeightTransferEngine(TrainerWeightTransferEngine[Gpudirect
         while shipped < plan.count:
             ship(shipped)
             shipped += 1
-        for b in range(max(plan.count - 2, 0), plan.count):
-            self._settle(b, casts, acked, version, receiving)
+        self._settle(plan.count - 1, casts, acked, version, receiving)
 
     def _place(self, device: Any) -> None:
         """The two bucket slots, registered, on the source's device (GPU
