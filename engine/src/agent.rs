@@ -33,7 +33,7 @@ use crate::wire::notify::{Notification, MAX_NOTIFICATION};
 use crate::nics::nic::{Nic, NicSetup};
 use crate::peers::conn::ConnPool;
 use crate::transfers::core::Core;
-use crate::metrics::endpoint::{Endpoint, Render};
+use gpudirect::metrics::{MetricsEndpoint, Render};
 use crate::metrics::snapshot::{self, AgentStats};
 use crate::metrics::text::prometheus_text;
 use crate::{cast, peers, transfers, wire};
@@ -54,7 +54,7 @@ pub struct Agent {
     stop: Arc<Mutex<bool>>,
     listener: Option<JoinHandle<()>>,
     /// The metrics endpoint, when configured.
-    metrics: Option<Endpoint>,
+    metrics: Option<MetricsEndpoint>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -180,7 +180,7 @@ impl Agent {
             // A weak handle: the endpoint never keeps the agent alive.
             let core = Arc::downgrade(&agent.core);
             let render: Render = Arc::new(move || core.upgrade().map(|c| prometheus_text(&snapshot::take(&c))).unwrap_or_default());
-            agent.metrics = Some(Endpoint::start(addr, &config.name, render).map_err(|e| EngineError::Config(format!("the metrics endpoint at {addr}: {e}")))?);
+            agent.metrics = Some(MetricsEndpoint::start(addr, &config.name, render).map_err(|e| EngineError::Config(format!("the metrics endpoint at {addr}: {e}")))?);
         }
         Ok(agent)
     }
@@ -478,7 +478,7 @@ impl Agent {
     /// Where the metrics endpoint listens, when there is one
     /// ([`AgentConfig::metrics`]; its port, when 0 was asked for).
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics.as_ref().map(Endpoint::addr)
+        self.metrics.as_ref().map(MetricsEndpoint::addr)
     }
 
     /// What each NIC carried so far, in the agent's NIC order.

@@ -93,36 +93,24 @@ pub struct AgentConfig {
     pub metrics: Option<SocketAddr>,
 }
 
-/// The environment variable the tools, the NCCL plugin and the Python
-/// package read for [`AgentConfig::metrics`]: `PORT` (on loopback) or
-/// `HOST:PORT`.
-pub const METRICS_ENV: &str = "GPUDIRECT_METRICS";
-
-/// Where `GPUDIRECT_METRICS` asks for the metrics: `None` when unset or
+/// Where [`METRICS_ENV`](gpudirect::metrics::METRICS_ENV) asks for the metrics: `None` when unset or
 /// empty, a port alone on loopback.
 ///
 /// # Errors
 /// [`EngineError::Config`](crate::EngineError::Config) naming the value
 /// when it is neither a port nor `HOST:PORT` with an IP address.
 pub fn metrics_addr() -> Result<Option<SocketAddr>, crate::EngineError> {
-    match std::env::var(METRICS_ENV) {
-        Ok(v) if !v.trim().is_empty() => parse_metrics_addr(v.trim()).map(Some),
-        _ => Ok(None),
-    }
+    gpudirect::metrics::metrics_addr_from_env().map_err(crate::EngineError::Config)
 }
 
-/// `v` as [`METRICS_ENV`] takes it: a port alone (digits only) on
+/// `v` as [`METRICS_ENV`](gpudirect::metrics::METRICS_ENV) takes it: a port alone (digits only) on
 /// loopback, or `IP:PORT`.
 ///
 /// # Errors
 /// [`EngineError::Config`](crate::EngineError::Config) naming the value
 /// otherwise.
 pub fn parse_metrics_addr(v: &str) -> Result<SocketAddr, crate::EngineError> {
-    // Digits only: Rust's integer parsing takes a leading `+`.
-    if let Ok(port) = v.parse::<u16>().map_err(drop).and_then(|p| if v.bytes().all(|b| b.is_ascii_digit()) { Ok(p) } else { Err(()) }) {
-        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
-    }
-    v.parse().map_err(|_| crate::EngineError::Config(format!("{METRICS_ENV}={v:?}: a port (served on loopback) or IP:PORT")))
+    gpudirect::metrics::parse_metrics_addr(v).map_err(crate::EngineError::Config)
 }
 
 impl AgentConfig {

@@ -398,7 +398,7 @@ fn a_message_on_a_connection_being_set_up_here_is_delivered() {
 #[ignore = "needs an RDMA device"]
 fn the_snapshot_and_the_endpoint_count_host_bytes_by_direction() {
     use std::io::{Read, Write};
-    use crate::counting::{DataPath, Direction};
+    use gpudirect::metrics::{DataPath, Direction};
     let mut c = AgentConfig::named("scraped");
     c.devices = vec![testkit::device()];
     c.listen = SocketAddr::from(([127, 0, 0, 1], 0));

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -283,17 +283,7 @@ where
     });
 }
 
-/// Wakes a thread sleeping in poll(2) on a listener bound at `bound`
-/// (unspecified: through loopback) by connecting to it; a thread that
-/// stops must not wait out its next look. Best effort, bounded to 100 ms.
-pub(crate) fn wake_listener(bound: SocketAddr) {
-    let to = match bound.ip() {
-        IpAddr::V4(a) if a.is_unspecified() => SocketAddr::from(([127, 0, 0, 1], bound.port())),
-        IpAddr::V6(a) if a.is_unspecified() => SocketAddr::from((Ipv6Addr::LOCALHOST, bound.port())),
-        _ => bound,
-    };
-    let _ = TcpStream::connect_timeout(&to, Duration::from_millis(100));
-}
+pub(crate) use gpudirect::bootstrap::wake_listener;
 
 #[cfg(test)]
 mod tests {

@@ -189,6 +189,7 @@ mod device;
 mod error;
 mod event;
 pub mod gdr;
+pub mod metrics;
 mod gid;
 mod gpu;
 mod gpu_range;

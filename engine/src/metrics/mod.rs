@@ -2,6 +2,5 @@
 //! Prometheus text exposition, and the opt-in HTTP endpoint that serves
 //! it from its own threads (`AgentConfig::metrics`).
 
-pub(crate) mod endpoint;
 pub(crate) mod snapshot;
 pub(crate) mod text;

@@ -3,7 +3,7 @@
 //! tables that change only as peers come and go. Taking one never holds
 //! a lock the post path takes.
 
-use crate::counting::{DataPath, Direction, Histogram, PathTraffic};
+use gpudirect::metrics::{DataPath, Direction, Histogram, PathTraffic};
 use crate::transfers::core::Core;
 use crate::transfers::stats::{BroadcastRefusals, TransferStats};
 use crate::transfers::transfer::Op;

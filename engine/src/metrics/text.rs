@@ -6,43 +6,15 @@
 
 use std::fmt::Write;
 
-use crate::counting::LATENCY_BOUNDS;
+use gpudirect::metrics::{escape_label as escape, write_family as family, write_path_traffic, LATENCY_BOUNDS};
 use crate::metrics::snapshot::AgentStats;
 use crate::transfers::stats::TransferStats;
 use crate::transfers::transfer::Op;
-
-/// The content type of [`prometheus_text`]'s output.
-pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// A label value as the text format wants it: backslash, double quote
-/// and line feed escaped.
-fn escape(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
-        }
-    }
-    s
-}
 
 fn op_label(op: Op) -> &'static str {
     match op {
         Op::Write => "write",
         Op::Read => "read",
-    }
-}
-
-/// Writes one metric family: its help and type lines, then `samples`
-/// (label pairs, value).
-fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(Vec<(&str, String)>, String)]) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    for (labels, value) in samples {
-        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
-        let _ = writeln!(out, "{name}{{{}}} {value}", labels.join(","));
     }
 }
 
@@ -56,17 +28,7 @@ pub fn prometheus_text(stats: &AgentStats) -> String {
     let mut out = String::with_capacity(8192);
     let agent = || ("agent", stats.agent.clone());
     family(&mut out, "gpudirect_uptime_seconds", "gauge", "How long the agent had run when this snapshot was taken (monotonic): divide counter differences by its difference for rates exact to the snapshot.", &[(vec![agent()], format!("{:.6}", stats.uptime.as_secs_f64()))]);
-    let mut bytes = Vec::new();
-    let mut posts = Vec::new();
-    for nic in &stats.nics {
-        for t in &nic.traffic {
-            let labels = vec![agent(), ("nic", nic.device.clone()), ("direction", t.direction.as_str().to_owned()), ("path", t.path.as_str().to_owned())];
-            bytes.push((labels.clone(), t.bytes.to_string()));
-            posts.push((labels, t.posts.to_string()));
-        }
-    }
-    family(&mut out, "gpudirect_bytes_total", "counter", "Bytes this agent's NICs moved, by NIC, direction (out: its writes; in: its reads) and path (gdr: GPU memory registered by dma-buf or peer memory; host: host memory; staged: a GPU's bytes through host memory), as the local region's registration says.", &bytes);
-    family(&mut out, "gpudirect_posts_total", "counter", "Posts (or slices of one) that carried bytes, by NIC, direction and path.", &posts);
+    write_path_traffic(&mut out, &stats.agent, stats.nics.iter().map(|n| (n.device.as_str(), n.traffic.as_slice())));
     let mut reqs = Vec::new();
     let mut connects = Vec::new();
     for o in &stats.ops {
@@ -128,14 +90,4 @@ pub fn prometheus_text(stats: &AgentStats) -> String {
     family(&mut out, "gpudirect_other_peers", "gauge", "Peers not listed one by one (beyond the busiest).", &[(vec![agent()], o.peers.to_string())]);
     family(&mut out, "gpudirect_other_peers_bytes_total", "counter", "Bytes of the requests to the peers not listed, summed.", &[(vec![agent()], o.requests.bytes.to_string())]);
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-    }
 }

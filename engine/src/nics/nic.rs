@@ -17,7 +17,7 @@ use gpudirect::{SharedReceiveQueue, SrqConfig};
 use gpudirect::RecvWr;
 use gpudirect::sync::Mutex;
 
-use crate::counting::{Direction, PathBytes, PathCounters};
+use gpudirect::metrics::{Direction, PathBytes, PathCounters};
 use crate::wire::desc::NicDesc;
 use crate::nics::msgbuf::MsgPool;
 use crate::wire::notify::SLOT;

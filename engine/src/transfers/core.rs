@@ -32,7 +32,7 @@ use crate::peers::conn::{Conn, ConnPool};
 use crate::error::EngineError;
 use crate::transfers::memory::Registry;
 use crate::nics::msgbuf::MsgBuf;
-use crate::counting::{now_ns, sample_start, Direction, LatencyCounters};
+use gpudirect::metrics::{now_ns, sample_start, Direction, LatencyCounters};
 use crate::transfers::stats::{Counters, Refusal, RefusalCounters, TransferStats};
 use crate::wire::notify::{self, Notification, SLOT};
 use crate::nics::ready::Readiness;

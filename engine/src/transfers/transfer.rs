@@ -19,7 +19,7 @@ use crate::error::EngineError;
 use crate::transfers::memory::LocalRange;
 use crate::nics::msgbuf::MsgBuf;
 use crate::peers::peer::RemoteRange;
-use crate::counting::{DataPath, Direction, PathBytes};
+use gpudirect::metrics::{DataPath, Direction, PathBytes};
 use crate::transfers::stats::{Counters, TransferStats};
 
 /// What a transfer does to the remote memory.

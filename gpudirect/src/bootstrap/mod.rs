@@ -12,7 +12,7 @@
 //! [`BootstrapError`], and nothing larger than `MAX_PAYLOAD` is allocated.
 
 use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use crate::deadline::Deadline;
@@ -378,6 +378,19 @@ impl OobChannel {
         }
         Ok(())
     }
+}
+
+/// Wakes a thread sleeping in poll(2) on a listener bound at `bound`
+/// (unspecified: through loopback) by connecting to it; a thread that
+/// stops must not wait out its next look (the engine's control server,
+/// the metrics endpoint). Best effort, bounded to 100 ms.
+pub fn wake_listener(bound: SocketAddr) {
+    let to = match bound.ip() {
+        IpAddr::V4(a) if a.is_unspecified() => SocketAddr::from(([127, 0, 0, 1], bound.port())),
+        IpAddr::V6(a) if a.is_unspecified() => SocketAddr::from((Ipv6Addr::LOCALHOST, bound.port())),
+        _ => bound,
+    };
+    let _ = TcpStream::connect_timeout(&to, Duration::from_millis(100));
 }
 
 #[cfg(test)]

@@ -25,10 +25,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use gpudirect::sync::Mutex;
-
-use crate::metrics::text::PROMETHEUS_CONTENT_TYPE;
-use crate::serve::wake_listener;
+use crate::bootstrap::wake_listener;
+use crate::metrics::exposition::PROMETHEUS_CONTENT_TYPE;
+use crate::sync::Mutex;
 
 /// Connections open at once.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -50,19 +49,25 @@ pub const MAX_REQUEST: usize = 8192;
 /// of the answer.
 pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What the endpoint serves: a fresh exposition per render.
-pub(crate) type Render = Arc<dyn Fn() -> String + Send + Sync>;
+/// What the endpoint serves: a fresh exposition per render (called on
+/// the endpoint's thread, at most once per [`RENDER_EVERY`]; a panic in
+/// it answers that scrape 500 and leaves the endpoint running).
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// A running endpoint; stopped (its thread joined) when dropped.
-pub(crate) struct Endpoint {
+/// A running metrics endpoint; stopped (its thread joined) when dropped.
+pub struct MetricsEndpoint {
     addr: SocketAddr,
     stop: Arc<Mutex<bool>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Endpoint {
-    /// Binds `addr` and serves `render`'s output there.
-    pub(crate) fn start(addr: SocketAddr, name: &str, render: Render) -> io::Result<Endpoint> {
+impl MetricsEndpoint {
+    /// Binds `addr` and serves `render`'s output there, from a thread
+    /// named `gpudirect-metrics-<name>`.
+    ///
+    /// # Errors
+    /// Binding `addr` or starting the thread failed.
+    pub fn start(addr: SocketAddr, name: &str, render: Render) -> io::Result<MetricsEndpoint> {
         let listener = TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -72,16 +77,16 @@ impl Endpoint {
             std::thread::Builder::new().name(format!("gpudirect-metrics-{}", name.replace(|c: char| c.is_control(), "?"))).spawn(move || Server::new(render).run(&listener, &stop))?
         };
         tracing::info!(%addr, "metrics served at http://{addr}/metrics");
-        Ok(Endpoint { addr, stop, thread: Some(thread) })
+        Ok(MetricsEndpoint { addr, stop, thread: Some(thread) })
     }
 
     /// Where it listens.
-    pub(crate) fn addr(&self) -> SocketAddr {
+    pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 }
 
-impl Drop for Endpoint {
+impl Drop for MetricsEndpoint {
     fn drop(&mut self) {
         *self.stop.lock() = true;
         wake_listener(self.addr);
@@ -370,7 +375,7 @@ mod tests {
     /// request and never reads does not keep the others out.
     #[test]
     fn hostile_scrapers_keep_no_one_else_out() {
-        let ep = Endpoint::start(SocketAddr::from(([127, 0, 0, 1], 0)), "test", Arc::new(|| "gpudirect_x 1\n".repeat(200_000))).unwrap();
+        let ep = MetricsEndpoint::start(SocketAddr::from(([127, 0, 0, 1], 0)), "test", Arc::new(|| "gpudirect_x 1\n".repeat(200_000))).unwrap();
         let addr = ep.addr();
         let ok = |r: &str| r.starts_with("HTTP/1.1 200") && r.contains("gpudirect_x 1");
         assert!(ok(&get(addr, b"GET /metrics HTTP/1.1\r\n\r\n")));

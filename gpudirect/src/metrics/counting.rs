@@ -1,7 +1,7 @@
 //! What the agent counts as bytes move, by the path they took: plain
 //! atomics the post and completion paths bump (relaxed adds, no lock),
-//! and the plain data they are read into. A leaf: it imports nothing
-//! of the engine.
+//! and the plain data they are read into, shared by the engine and the
+//! NCCL plugin.
 //!
 //! The path of a byte is never inferred: it is the registration path of
 //! the local memory region, on the NIC that moved it, that the work
@@ -9,7 +9,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use gpudirect::{Location, RegistrationPath};
+use crate::mr::Location;
+use crate::policy::RegistrationPath;
 
 /// The path bytes took between a NIC and the memory they came from or
 /// went to.
@@ -32,7 +33,7 @@ impl DataPath {
     pub const ALL: [DataPath; 3] = [DataPath::Gdr, DataPath::Host, DataPath::Staged];
 
     /// The path of bytes moved by a NIC from or into a region at
-    /// `location` (as [`MemoryRegion::location`](gpudirect::MemoryRegion::location)
+    /// `location` (as [`MemoryRegion::location`](crate::MemoryRegion::location)
     /// reports it).
     pub fn of(location: Location) -> DataPath {
         match location {
@@ -58,14 +59,14 @@ impl std::fmt::Display for DataPath {
     }
 }
 
-/// Which way bytes went through a NIC of this agent.
+/// Which way bytes went through a NIC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub enum Direction {
-    /// Out of local memory: this agent's writes (and broadcast chunks it
-    /// sends or forwards).
+    /// Out of local memory: an agent's writes (and broadcast chunks it
+    /// sends or forwards), the NCCL plugin's sends.
     Out,
-    /// Into local memory: this agent's reads.
+    /// Into local memory: an agent's reads, the NCCL plugin's receives.
     In,
 }
 
@@ -84,11 +85,11 @@ impl Direction {
 
 /// Bytes one post of a lane moves, by [`DataPath`] (indexed as
 /// [`DataPath::ALL`]); worked out once, when the request is prepared.
-pub(crate) type PathBytes = [u64; 3];
+pub type PathBytes = [u64; 3];
 
 /// The bytes and posts a NIC moved, by direction and path.
 #[derive(Default, Debug)]
-pub(crate) struct PathCounters {
+pub struct PathCounters {
     bytes: [[AtomicU64; 3]; 2],
     posts: [[AtomicU64; 3]; 2],
 }
@@ -96,7 +97,7 @@ pub(crate) struct PathCounters {
 impl PathCounters {
     /// Counts one post of `bytes` going `dir`.
     #[inline]
-    pub(crate) fn count(&self, dir: Direction, bytes: &PathBytes) {
+    pub fn count(&self, dir: Direction, bytes: &PathBytes) {
         for (p, &b) in bytes.iter().enumerate() {
             if b != 0 {
                 self.bytes[dir as usize][p].fetch_add(b, Relaxed);
@@ -105,9 +106,16 @@ impl PathCounters {
         }
     }
 
+    /// Counts one post of `bytes` going `dir`, all on `path`.
+    #[inline]
+    pub fn add(&self, dir: Direction, path: DataPath, bytes: u64) {
+        self.bytes[dir as usize][path as usize].fetch_add(bytes, Relaxed);
+        self.posts[dir as usize][path as usize].fetch_add(1, Relaxed);
+    }
+
     /// Every (direction, path) pair, zeros included, so that a scraper
     /// sees each series from the start.
-    pub(crate) fn read(&self) -> Vec<PathTraffic> {
+    pub fn read(&self) -> Vec<PathTraffic> {
         let mut v = Vec::with_capacity(6);
         for direction in Direction::ALL {
             for path in DataPath::ALL {
@@ -143,20 +151,22 @@ const BOUNDS_NS: [u64; 14] = [10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
 /// Request latencies, from post to the completion that finished the
 /// post (done or failed), of one post in [`LATENCY_SAMPLE`].
 #[derive(Default, Debug)]
-pub(crate) struct LatencyCounters {
+pub struct LatencyCounters {
     /// One per bound, and the last for what is above.
     buckets: [AtomicU64; 15],
     sum_ns: AtomicU64,
 }
 
 impl LatencyCounters {
-    pub(crate) fn record(&self, took_ns: u64) {
+    /// Counts one observation of `took_ns` nanoseconds.
+    pub fn record(&self, took_ns: u64) {
         let at = BOUNDS_NS.iter().position(|&b| took_ns <= b).unwrap_or(BOUNDS_NS.len());
         self.buckets[at].fetch_add(1, Relaxed);
         self.sum_ns.fetch_add(took_ns, Relaxed);
     }
 
-    pub(crate) fn read(&self) -> Histogram {
+    /// What was counted so far.
+    pub fn read(&self) -> Histogram {
         let counts: Vec<u64> = self.buckets.iter().map(|b| b.load(Relaxed)).collect();
         Histogram { count: counts.iter().sum(), sum_seconds: self.sum_ns.load(Relaxed) as f64 * 1e-9, counts }
     }
@@ -189,7 +199,7 @@ const _: () = assert!(LATENCY_SAMPLE.is_power_of_two());
 /// directly, not as an `Instant` since a lazily set epoch: helgrind and
 /// drd do not see a `OnceLock`'s hand-over and report its first read.
 #[inline]
-pub(crate) fn now_ns() -> u64 {
+pub fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: a valid out-pointer; CLOCK_MONOTONIC exists on every Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
@@ -199,7 +209,7 @@ pub(crate) fn now_ns() -> u64 {
 /// A post's start for its latency, when this post is one of the sample
 /// ([`LATENCY_SAMPLE`]); else 0.
 #[inline]
-pub(crate) fn sample_start() -> u64 {
+pub fn sample_start() -> u64 {
     thread_local! {
         static POSTS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
     }
@@ -219,7 +229,6 @@ pub(crate) fn sample_start() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpudirect::RegistrationPath;
 
     /// The path comes from the registration alone: a host-staged GPU
     /// region is staged, never gdr, whatever else is true of it.

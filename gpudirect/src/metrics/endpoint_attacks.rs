@@ -27,7 +27,7 @@ fn gettid() -> i32 {
 /// An endpoint serving `body`, the TID of its thread (once it rendered),
 /// and how many renders it made.
 struct Bed {
-    ep: Endpoint,
+    ep: MetricsEndpoint,
     tid: Arc<AtomicI32>,
     renders: Arc<AtomicUsize>,
 }
@@ -38,7 +38,7 @@ impl Bed {
         let renders = Arc::new(AtomicUsize::new(0));
         let (t, r) = (tid.clone(), renders.clone());
         let body = Arc::new(body);
-        let ep = Endpoint::start(
+        let ep = MetricsEndpoint::start(
             loopback(),
             "attack",
             Arc::new(move || {
@@ -343,7 +343,7 @@ fn a_pipelined_request_does_not_cut_the_answer() {
 fn a_panicking_render_does_not_stop_the_endpoint_for_good() {
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
-    let ep = Endpoint::start(
+    let ep = MetricsEndpoint::start(
         loopback(),
         "attack",
         Arc::new(move || {
@@ -485,6 +485,6 @@ fn emfile_child() {
 /// control listener's thread the same way, before this.)
 #[test]
 fn an_agent_name_with_a_nul_is_an_error_not_a_panic() {
-    let r = std::panic::catch_unwind(|| Endpoint::start(loopback(), "a\0b", Arc::new(String::new)).map(|e| e.addr()));
-    assert!(r.is_ok(), "Endpoint::start panicked on the name \"a\\0b\"");
+    let r = std::panic::catch_unwind(|| MetricsEndpoint::start(loopback(), "a\0b", Arc::new(String::new)).map(|e| e.addr()));
+    assert!(r.is_ok(), "MetricsEndpoint::start panicked on the name \"a\\0b\"");
 }
