@@ -1,10 +1,14 @@
 """Inside a Soft-RoCE guest: a real Prometheus (Debian's package) scrapes
-an engine agent's metrics endpoint every second while the agent moves
-host memory (engine/tests/engine_metrics.rs); a PromQL query over
-Prometheus' HTTP API must return the bytes moved, by direction and path,
-within one scrape of the traffic's end. Run by testbed/metrics-bed.
+a metrics endpoint every second while its process moves host memory; a
+PromQL query over Prometheus' HTTP API must return the bytes moved, by
+direction and path, within one scrape of the traffic's end. The process
+is an engine agent (engine/tests/engine_metrics.rs), or with --plugin
+the NCCL plugin driven by its harness (`nccl-net-harness metrics`: a
+send and a receive comm under GPUDIRECT_NCCL_GDR=prefer on host memory,
+which must show as the host path). Run by testbed/metrics-bed.
 
 Usage: python3 testbed/prometheus_check.py ENGINE_METRICS_BINARY
+       python3 testbed/prometheus_check.py --plugin HARNESS_BINARY PLUGIN_SO
 """
 import json
 import os
@@ -34,7 +38,11 @@ def query(q: str) -> dict:
 
 
 def main() -> int:
-    binary = sys.argv[1]
+    if sys.argv[1] == "--plugin":
+        command = [sys.argv[2], "metrics", "--plugin", sys.argv[3], "--bench", "65536", "--iters", "300"]
+        extra, label = {"GPUDIRECT_NCCL_GDR": "prefer"}, "nccl-net"
+    else:
+        command, extra, label = [sys.argv[1]], {}, "metrics-src"
     work = tempfile.mkdtemp(prefix="prom-")
     cfg = os.path.join(work, "prometheus.yml")
     with open(cfg, "w") as f:
@@ -62,8 +70,8 @@ def main() -> int:
                 time.sleep(0.5)
         print(f"prometheus_check: Prometheus {PROM} ready after {time.monotonic() - t:.1f} s, scraping {TARGET} every {SCRAPE:.0f} s")
         go = os.path.join(work, "go")
-        env = dict(os.environ, GPUDIRECT_METRICS=TARGET, GPUDIRECT_METRICS_STOP=stop, GPUDIRECT_METRICS_GO=go)
-        agent = subprocess.Popen([binary], env=env, stdout=subprocess.PIPE, text=True)
+        env = dict(os.environ, GPUDIRECT_METRICS=TARGET, GPUDIRECT_METRICS_STOP=stop, GPUDIRECT_METRICS_GO=go, **extra)
+        agent = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
         assert agent.stdout is not None
         # The traffic starts once Prometheus scraped the idle agent.
         t = time.monotonic()
@@ -84,7 +92,7 @@ def main() -> int:
         for d in ("out", "in"):
             for p in ("gdr", "staged"):
                 want[(d, p)] = 0
-        q = 'sum by (direction, path) (gpudirect_bytes_total{agent="metrics-src"})'
+        q = f'sum by (direction, path) (gpudirect_bytes_total{{agent="{label}"}})'
         got: dict = {}
         while time.monotonic() - ended < 30:
             got = {(r["metric"]["direction"], r["metric"]["path"]): int(float(r["value"][1])) for r in query(q)["result"]}

@@ -55,6 +55,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpudirect::metrics::{DataPath, Direction};
 use gpudirect::rcache::{CacheConfig, RegistrationCache};
 use gpudirect::sync::{Guard, Mutex};
 use gpudirect::{
@@ -66,7 +67,7 @@ use crate::error::{NetError, Result};
 use crate::log;
 use crate::reg::Reg;
 use crate::site::{Keys, Nic, Site};
-use crate::verdict::{decide, judge, Action, Seen, Side};
+use crate::verdict::{data_path, decide, judge, Action, ConnPath, Seen, Side};
 use crate::wire::{Entry, ENTRY, SIZES, SLOT};
 
 pub use crate::abi::MAX_REQUESTS;
@@ -133,7 +134,8 @@ struct Req {
     posted: [u32; MAX_RECVS],
     /// What a `Closing` receive becomes once its windows are invalidated.
     after: Outcome,
-    gpu: bool,
+    /// Each send's or receive's path (a send uses the first).
+    paths: [DataPath; MAX_RECVS],
 }
 
 /// How a receive ended, as `test` will report it.
@@ -152,7 +154,7 @@ impl Outcome {
     }
 }
 
-const FREE: Req = Req { state: State::Free, n: 0, sizes: [0; MAX_RECVS], posted: [0; MAX_RECVS], after: Outcome::Done, gpu: false };
+const FREE: Req = Req { state: State::Free, n: 0, sizes: [0; MAX_RECVS], posted: [0; MAX_RECVS], after: Outcome::Done, paths: [DataPath::Host; MAX_RECVS] };
 
 /// A receive's memory window (its key: the last bind's, `last_rkey`).
 #[derive(Debug)]
@@ -227,6 +229,7 @@ impl Parts {
         let ctrl = MemoryRegion::alloc(&pd, ctrl_len, REMOTE_ACCESS)?;
         let scratch = MemoryRegion::alloc(&pd, SLOT, AccessFlags::LOCAL_WRITE)?;
         let cache = Arc::new(RegistrationCache::new(&pd, CacheConfig::default()));
+        nic.caches.add(&cache);
         Ok(Parts { qp, cq, ctrl, scratch, cache })
     }
 }
@@ -277,6 +280,8 @@ struct Inner {
     windows: Vec<Option<Window>>,
     seen: Seen,
     judged: bool,
+    /// Judged staged: its host memory carries a GPU's traffic.
+    staged: bool,
     failed: Option<Failed>,
     idle: u32,
     /// A completion arrived since the idle check last looked.
@@ -337,6 +342,7 @@ impl Comm {
             windows: Vec::new(),
             seen: Seen::default(),
             judged: false,
+            staged: false,
             failed: None,
             idle: 0,
             progressed: false,
@@ -392,11 +398,13 @@ impl Comm {
         let pair = self.gpu.and_then(|o| nic.pair(o));
         let label = nic.label();
         let path = judge(self.side, g.seen, pair, &label, &self.site.config.nccl_env);
+        g.staged = matches!(path, ConnPath::Staged { .. });
         let (line, action) = decide(self.site.config.policy, self.side, &path, self.gpu, &label);
         match action {
             Action::Proceed => log::info(&line.to_string()),
             Action::Warn => log::warn(&line.to_string()),
             Action::Refuse(refusal) => {
+                self.site.refusals.staged.fetch_add(1, Ordering::Relaxed);
                 log::info(&line.to_string());
                 let text = refusal.to_string();
                 g.failed = Some(Failed::Refused(text.clone()));
@@ -480,9 +488,9 @@ impl Comm {
         };
         let size = size.min(e.size as usize);
         // SAFETY: NCCL passes a handle regMr returned and has not deregistered it.
-        let gpu = if size > 0 { unsafe { &*reg }.check(data, size)?.gpu.is_some() } else { false };
+        let path = if size > 0 { data_path(unsafe { &*reg }.check(data, size)?.gpu, g.staged) } else { DataPath::Host };
         let Some(req) = g.free.pop() else { return Ok(std::ptr::null_mut()) };
-        g.reqs[req] = Req { sizes: [size as i32, 0, 0, 0, 0, 0, 0, 0], state: State::Pending, n: 1, gpu, ..FREE };
+        g.reqs[req] = Req { sizes: [size as i32, 0, 0, 0, 0, 0, 0, 0], state: State::Pending, n: 1, paths: [path; MAX_RECVS], ..FREE };
         g.idle = 0;
         let m = Matched { req, addr: data, size, reg };
         if n == 1 {
@@ -519,13 +527,12 @@ impl Comm {
         let reg = unsafe { &*reg };
         g.qp.post_aimed(&WRITE_WITH_IMM, reg.slice(data, size)?, e.addr, e.rkey, size as u32, slot as u64)?;
         g.free.pop();
-        let gpu = reg.gpu.is_some();
+        let path = data_path(reg.gpu, g.staged);
         let r = &mut g.reqs[req];
-        (r.state, r.n, r.sizes[0], r.gpu) = (State::Pending, 1, size as i32, gpu);
+        (r.state, r.n, r.sizes[0], r.paths[0]) = (State::Pending, 1, size as i32, path);
         g.groups[slot][0] = req;
         g.group_n[slot] = 1;
-        let stats = &self.nic().stats;
-        (if gpu { &stats.sent_gpu } else { &stats.sent_host }).fetch_add(size as u64, Ordering::Relaxed);
+        self.nic().traffic.add(Direction::Out, path, size as u64);
         g.seq += 1;
         g.idle = 0;
         Ok(self.handle(req))
@@ -550,8 +557,7 @@ impl Comm {
         for (r, m) in matched.iter().enumerate() {
             groups[slot][r] = m.req;
             sizes[r] = m.size as u32;
-            let counter = if reqs[m.req].gpu { &nic.stats.sent_gpu } else { &nic.stats.sent_host };
-            counter.fetch_add(m.size as u64, Ordering::Relaxed);
+            nic.traffic.add(Direction::Out, reqs[m.req].paths[0], m.size as u64);
         }
         group_n[slot] = n;
         for (m, e) in matched.iter().zip(&entries).filter(|(m, _)| m.size > 0) {
@@ -583,7 +589,7 @@ impl Comm {
         let mut posted = [0u32; MAX_RECVS];
         // With windows: each receive's bound range and its window's new key.
         let mut binds: [Option<(&Reg, u64, usize, u32)>; MAX_RECVS] = [None; MAX_RECVS];
-        let mut gpu = false;
+        let mut paths = [DataPath::Host; MAX_RECVS];
         let slot = (g.seq % MAX_REQUESTS as u64) as usize;
         for (i, &(addr, size, tag, reg)) in bufs.iter().enumerate() {
             if size > MAX_BYTES {
@@ -601,7 +607,7 @@ impl Comm {
                         self.name()
                     )));
                 }
-                gpu |= reg.gpu.is_some();
+                paths[i] = data_path(reg.gpu, g.staged);
                 if self.windows {
                     let w = g.window(slot * MAX_RECVS + i, self.cache.pd())?;
                     if w.bound {
@@ -654,7 +660,7 @@ impl Comm {
             }
         }
         g.groups[slot][0] = req;
-        g.reqs[req] = Req { state: State::Pending, n, posted, gpu, ..FREE };
+        g.reqs[req] = Req { state: State::Pending, n, posted, paths, ..FREE };
         g.seq += 1;
         g.idle = 0;
         Ok(self.handle(req))
@@ -687,6 +693,7 @@ impl Comm {
                 Ok(Some(n))
             }
             State::Refused(claim) => {
+                self.site.refusals.peer_claims.fetch_add(1, Ordering::Relaxed);
                 g.reqs[slot].state = State::Free;
                 g.free.push(slot);
                 Err(NetError::Remote(format!("{}: {claim}: this request fails, its bytes are not to be trusted", self.name())))
@@ -791,9 +798,12 @@ impl Comm {
             // At most the posted size, itself at most MAX_BYTES: fits.
             *size = c as i32;
         }
-        let bytes: u64 = r.sizes[..r.n].iter().map(|&s| s as u64).sum();
-        let stats = &self.nic().stats;
-        (if r.gpu { &stats.recv_gpu } else { &stats.recv_host }).fetch_add(bytes, Ordering::Relaxed);
+        let traffic = &self.nic().traffic;
+        for (&size, &path) in r.sizes[..r.n].iter().zip(&r.paths) {
+            if size > 0 {
+                traffic.add(Direction::In, path, size as u64);
+            }
+        }
         Outcome::Done
     }
 
@@ -899,6 +909,7 @@ impl Drop for Comm {
         // MemoryWindow, "Lifetimes").
         self.lock().windows.clear();
         let nic = self.nic();
+        nic.caches.retire(&self.cache);
         if nic.open_comms.fetch_sub(1, Ordering::Relaxed) == 1 {
             log::info(&nic.traffic_line());
         }

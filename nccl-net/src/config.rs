@@ -4,6 +4,9 @@
 //! transport keeps its meaning. A value that cannot be read is an error
 //! naming it, never a silent default.
 
+use std::net::SocketAddr;
+
+use gpudirect::metrics::{parse_metrics_addr, METRICS_ENV};
 use gpudirect::nccl::{param_int, Int, NicList};
 
 use crate::error::{NetError, Result};
@@ -97,6 +100,9 @@ pub struct Config {
     /// The `NCCL_*` variables, for the judgements that read them as NCCL
     /// does (`NCCL_NET_GDR_LEVEL`, `NCCL_NET_GDR_READ`).
     pub nccl_env: Vec<(String, String)>,
+    /// `GPUDIRECT_METRICS`: where to serve the plugin's metrics (`None`:
+    /// nowhere, the default).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Config {
@@ -136,6 +142,7 @@ impl Config {
             service_level: int("NCCL_IB_SL", 15)?.map(|n| n as u8),
             timeout: int("NCCL_IB_TIMEOUT", 31)?.map(|n| n as u8),
             retry_cnt: int("NCCL_IB_RETRY_CNT", 7)?.map(|n| n as u8),
+            metrics: get(METRICS_ENV).map(str::trim).filter(|v| !v.is_empty()).map(parse_metrics_addr).transpose().map_err(NetError::Config)?,
             nccl_env: vars.into_iter().filter(|(k, _)| k.starts_with("NCCL_")).collect(),
         })
     }

@@ -6,7 +6,9 @@
 
 use std::ffi::{c_char, c_int};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+use gpudirect::metrics::{MetricsEndpoint, Render, METRICS_ENV};
 
 use crate::abi::*;
 use crate::comm::{request, Comm, MAX_BYTES, MAX_RECVS};
@@ -16,8 +18,13 @@ use crate::log;
 use crate::reg::Reg;
 use crate::setup::{connect as setup_connect, Listen};
 use crate::site::Site;
+use crate::stats::{prometheus_text, snapshot, PluginStats};
 
 static SITE: OnceLock<std::result::Result<Site, (String, NcclResult)>> = OnceLock::new();
+/// The metrics endpoint, when `GPUDIRECT_METRICS` asked for one: started
+/// once, at the first init, and kept for the process's life (NCCL calls
+/// init again per communicator).
+static METRICS: OnceLock<std::result::Result<Option<MetricsEndpoint>, String>> = OnceLock::new();
 const NAME: &std::ffi::CStr = c"GPUDirect";
 
 fn guard(what: &str, f: impl FnOnce() -> Result<()>) -> NcclResult {
@@ -66,9 +73,32 @@ fn init(logger: Logger) -> Result<()> {
             Err(e) => Err((e.to_string(), e.code())),
         }
     });
-    match s {
+    let site = match s {
+        Ok(site) => site,
+        Err((why, _)) => return Err(NetError::Config(why.clone())),
+    };
+    let served = METRICS.get_or_init(|| {
+        let Some(addr) = site.config.metrics else { return Ok(None) };
+        let render: Render = Arc::new(move || prometheus_text(&snapshot(site)));
+        match MetricsEndpoint::start(addr, "nccl-net", render) {
+            Ok(ep) => {
+                log::info_init(&format!("metrics at http://{}/metrics ({METRICS_ENV})", ep.addr()));
+                Ok(Some(ep))
+            }
+            Err(e) => Err(format!("{METRICS_ENV} asks for metrics at {addr}, which cannot be served: {e}; name a free port, or unset it")),
+        }
+    });
+    match served {
         Ok(_) => Ok(()),
-        Err((why, _)) => Err(NetError::Config(why.clone())),
+        Err(why) => Err(NetError::Config(why.clone())),
+    }
+}
+
+/// The plugin's counters now, once init has opened its devices.
+pub fn stats() -> Option<PluginStats> {
+    match SITE.get() {
+        Some(Ok(site)) => Some(snapshot(site)),
+        _ => None,
     }
 }
 

@@ -85,12 +85,14 @@ mod log;
 mod reg;
 mod setup;
 mod site;
+mod stats;
 mod verdict;
 pub mod wire;
 
 pub use config::{Config, GdrPolicy, KeysChoice};
 pub use error::NetError;
-pub use ffi::{ncclNetPlugin_v10, ncclNetPlugin_v11, ncclNetPlugin_v8, ncclNetPlugin_v9};
+pub use ffi::{ncclNetPlugin_v10, ncclNetPlugin_v11, ncclNetPlugin_v8, ncclNetPlugin_v9, stats};
+pub use stats::{prometheus_text, NicStats, PluginStats, AGENT_LABEL};
 pub use log::PREFIX as LOG_PREFIX;
 pub use setup::MAX_PROVEN;
-pub use verdict::{decide, judge, ptr_support, Action, ConnPath, PairJudgement, Seen, Side};
+pub use verdict::{data_path, decide, judge, ptr_support, Action, ConnPath, PairJudgement, Seen, Side};

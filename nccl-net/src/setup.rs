@@ -231,6 +231,7 @@ impl Listen {
     fn close(&mut self, i: usize, why: &str) {
         let p = self.pending.swap_remove(i);
         self.closed += 1;
+        self.site.refusals.setup_closed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if self.closed <= LOGGED_CLOSINGS || self.closed.is_power_of_two() {
             let label = self.site.nics[self.nic].label();
             log::warn(&format!("{label}: closed a connection from {}: {why} ({} unproven connection(s) closed by this listener)", p.peer, self.closed));

@@ -6,9 +6,11 @@
 
 use std::ffi::{c_int, CString};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
+use std::time::Instant;
 
 use gpudirect::gdr::GdrFacts;
+use gpudirect::metrics::{DataPath, Direction, PathCounters};
 use gpudirect::nccl::PluginLine;
 use gpudirect::sysroot::SysRoot;
 use gpudirect::topology::discover;
@@ -16,20 +18,8 @@ use gpudirect::{devices, gpu_count, probe_window_range, AccessFlags, Context, Li
 
 use crate::config::{Config, KeysChoice};
 use crate::error::{NetError, Result};
+use crate::stats::{CacheTotals, Refusals};
 use crate::verdict::{levels, ptr_support, PairJudgement};
-
-/// Bytes moved through one NIC, by where they lived.
-#[derive(Debug, Default)]
-pub struct Stats {
-    /// Sent from GPU memory (GPUDirect RDMA).
-    pub sent_gpu: AtomicU64,
-    /// Sent from host memory.
-    pub sent_host: AtomicU64,
-    /// Received into GPU memory.
-    pub recv_gpu: AtomicU64,
-    /// Received into host memory.
-    pub recv_host: AtomicU64,
-}
 
 /// What the key a receive hands its peer opens, on one device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,8 +101,10 @@ pub struct Nic {
     pub keys: Keys,
     /// The address connection setup listens on.
     pub addr: IpAddr,
-    /// Bytes moved.
-    pub stats: Stats,
+    /// Bytes moved, by direction and path.
+    pub traffic: PathCounters,
+    /// Its comms' registration caches.
+    pub caches: CacheTotals,
     /// Comms open on this port.
     pub open_comms: AtomicUsize,
 }
@@ -147,11 +139,13 @@ impl Nic {
         format!("{}/{layer} speed {} Mb/s, GPUDirect RDMA: {gpus}; {}", self.label(), self.speed_mbps, self.keys.describe())
     }
 
-    /// The counters as the finalize line shows them.
+    /// The counters as the finalize line shows them: GPU memory is the
+    /// `gdr` path, host memory the `host` and `staged` paths (staged bytes
+    /// live in host memory).
     pub fn traffic_line(&self) -> String {
-        let s = &self.stats;
-        let v = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        PluginLine::Traffic { nic: self.label(), sent_gpu: v(&s.sent_gpu), sent_host: v(&s.sent_host), recv_gpu: v(&s.recv_gpu), recv_host: v(&s.recv_host) }.to_string()
+        let t = self.traffic.read();
+        let sum = |dir: Direction, gpu: bool| t.iter().filter(|x| x.direction == dir && (x.path == DataPath::Gdr) == gpu).map(|x| x.bytes).sum();
+        PluginLine::Traffic { nic: self.label(), sent_gpu: sum(Direction::Out, true), sent_host: sum(Direction::Out, false), recv_gpu: sum(Direction::In, true), recv_host: sum(Direction::In, false) }.to_string()
     }
 }
 
@@ -164,6 +158,10 @@ pub struct Site {
     pub config: Config,
     /// Ports left out, with why, for the init lines.
     pub skipped: Vec<String>,
+    /// What was refused, by reason.
+    pub refusals: Refusals,
+    /// When it opened (the snapshot's uptime).
+    pub started: Instant,
 }
 
 impl Site {
@@ -215,7 +213,7 @@ impl Site {
                 skipped.join("; ")
             )));
         }
-        Ok(Site { nics, config, skipped })
+        Ok(Site { nics, config, skipped, refusals: Refusals::default(), started: Instant::now() })
     }
 
     fn port(ctx: &Context, port: u8, config: &Config, root: &SysRoot, topo: &gpudirect::topology::PciTopology, gpus: usize) -> std::result::Result<Nic, String> {
@@ -259,7 +257,8 @@ impl Site {
             pairs,
             addr,
             pd,
-            stats: Stats::default(),
+            traffic: PathCounters::default(),
+            caches: CacheTotals::default(),
             open_comms: AtomicUsize::new(0),
         })
     }

@@ -21,6 +21,7 @@ use gpudirect::gdr::{plan, GdrFacts, Plan};
 use gpudirect::nccl::{registration_stops, PluginLine, PluginPath};
 use gpudirect::sysroot::SysRoot;
 use gpudirect::topology::{pairs, PathLevel, PciTopology};
+use gpudirect::metrics::DataPath;
 use gpudirect::RegistrationPath;
 
 use crate::abi;
@@ -173,6 +174,21 @@ fn staged_cause(side: Side, pair: &PairJudgement, nic: &str, env: &[(String, Str
         format!("NCCL registered only host memory for this connection although {} works between {gpu} and {nic}{read_note}", paths.join(" or ")),
         "run `gpudirect doctor --env-file <the job's environment>` on this node to see which of NCCL's checks declined GPUDirect RDMA".into(),
     )
+}
+
+/// The path of bytes a connection moves from or into one registration:
+/// `gpu` is how that memory was registered (`None`: host memory), `staged`
+/// whether the connection was judged [`ConnPath::Staged`]. From the
+/// registration, never guessed: GPU memory is `gdr` unless registered
+/// through a host mirror; host memory is `staged` only on a connection
+/// judged to carry a GPU's traffic through it.
+pub fn data_path(gpu: Option<RegistrationPath>, staged: bool) -> DataPath {
+    match gpu {
+        Some(RegistrationPath::HostStaged) => DataPath::Staged,
+        Some(_) => DataPath::Gdr,
+        None if staged => DataPath::Staged,
+        None => DataPath::Host,
+    }
 }
 
 /// What the plugin does with a judged connection.

@@ -138,3 +138,28 @@ fn a_soft_roce_device_has_no_place_in_the_pci_tree() {
     let bus = topo.gpus[0].bdf.clone();
     assert_eq!(levels(&root, &topo, &bus, "rxe0"), None);
 }
+
+/// A byte's path comes from its registration and the connection's
+/// judgement: a staged connection's host memory is `staged`, never
+/// `gdr` or `host`, under every policy that lets it run; GPU memory is
+/// `gdr` unless it went through a host mirror.
+#[test]
+fn a_staged_byte_is_never_counted_as_gdr() {
+    let p = pair("two-socket-sys", "mlx5_0", |_| {});
+    for policy in [GdrPolicy::Prefer, GdrPolicy::Off] {
+        let path = judge(Side::Send, HOST_ONLY, Some(&p), "mlx5_0", &[]);
+        assert!(matches!(path, ConnPath::Staged { .. }), "{path:?}");
+        let (_, action) = decide(policy, Side::Send, &path, Some(0), "mlx5_0");
+        assert!(!matches!(action, Action::Refuse(_)), "{policy:?} lets it run");
+        let staged = matches!(path, ConnPath::Staged { .. });
+        assert_eq!(data_path(None, staged), DataPath::Staged);
+    }
+    assert_eq!(data_path(Some(RegistrationPath::HostStaged), false), DataPath::Staged);
+    for gpu in [RegistrationPath::DmaBuf, RegistrationPath::PeerMemory] {
+        assert_eq!(data_path(Some(gpu), false), DataPath::Gdr);
+        assert_eq!(data_path(Some(gpu), true), DataPath::Gdr);
+    }
+    let host = judge(Side::Send, HOST_ONLY, None, "rxe0", &[]);
+    assert_eq!(host, ConnPath::Host);
+    assert_eq!(data_path(None, matches!(host, ConnPath::Staged { .. })), DataPath::Host);
+}

@@ -10,6 +10,7 @@
 //! nccl-net-harness raw [--device rxe0] --iters N                     # the raw verbs baseline
 //! nccl-net-harness hostile [--device rxe0]                            # the plugin against a hostile peer
 //! nccl-net-harness threads [--iters N]                                # a proxy thread and a registering main thread
+//! nccl-net-harness metrics --bench SIZE --iters N                     # traffic for a Prometheus scraping the plugin
 //! ```
 //!
 //! `hostile` runs in one process on one device (see `hostile.rs`): a
@@ -27,6 +28,7 @@
 //! of the death phase, and the other side must then see an error, not hang.
 
 mod hostile;
+mod metrics;
 mod phases;
 mod plugin;
 mod review;
@@ -110,7 +112,8 @@ fn main() {
             own.and(review)
         }),
         "threads" => open(&a).and_then(|p| threads::run(&p, a.iters)),
-        _ => Err("usage: nccl-net-harness symbols|serve|drive|raw|hostile|threads [options]".into()),
+        "metrics" => open(&a).and_then(|p| metrics::run(&p, a.bench.unwrap_or(65536), a.iters)),
+        _ => Err("usage: nccl-net-harness symbols|serve|drive|raw|hostile|threads|metrics [options]".into()),
     };
     if let Err(e) = result {
         eprintln!("[{}] FAILED: {e}", a.mode);

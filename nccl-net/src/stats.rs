@@ -1,0 +1,223 @@
+//! What the plugin counts, as one snapshot ([`PluginStats`]), and that
+//! snapshot in Prometheus' text format: each device's bytes by direction
+//! and path (from the registration that moved them and the connection's
+//! judgement: `verdict::data_path`), the comms' registration caches, and
+//! what was refused. Served at `GPUDIRECT_METRICS` (see the crate doc);
+//! the names are the engine's where they mean the same.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use gpudirect::metrics::{write_family, write_path_traffic, PathTraffic};
+use gpudirect::rcache::{CacheStats, RegistrationCache};
+
+use crate::site::Site;
+
+/// The label every series of the plugin carries as `agent`.
+pub const AGENT_LABEL: &str = "nccl-net";
+
+/// What the plugin refused, by reason.
+#[derive(Debug, Default)]
+pub struct Refusals {
+    /// Connections refused at their first transfer under `require`: a
+    /// GPU's traffic would have been staged through host memory.
+    pub staged: AtomicU64,
+    /// Requests failed because the peer claimed more than was posted (a
+    /// size, a slot, a message in place of a write).
+    pub peer_claims: AtomicU64,
+    /// Connections a listener closed during setup (unproven ones over
+    /// their budget or silent past their deadline, malformed setups).
+    pub setup_closed: AtomicU64,
+}
+
+/// The registration caches of a device's comms: live ones read when a
+/// snapshot is taken, closed ones folded in when their comm closes.
+#[derive(Debug, Default)]
+pub struct CacheTotals {
+    inner: Mutex<Caches>,
+}
+
+#[derive(Debug, Default)]
+struct Caches {
+    live: Vec<Weak<RegistrationCache>>,
+    retired: CacheStats,
+    /// The counters last reported: a cache whose last holder let go
+    /// before its comm folded it in is missing from a sum for a moment,
+    /// and counters never go down.
+    reported: CacheStats,
+}
+
+impl CacheTotals {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Caches> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts `cache`, a new comm's, from now on.
+    pub fn add(&self, cache: &Arc<RegistrationCache>) {
+        let mut c = self.lock();
+        c.live.retain(|w| w.strong_count() > 0);
+        c.live.push(Arc::downgrade(cache));
+    }
+
+    /// Folds `cache` in for good: its comm is closing.
+    pub fn retire(&self, cache: &Arc<RegistrationCache>) {
+        let s = cache.stats();
+        let mut c = self.lock();
+        c.live.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(cache)));
+        add_counters(&mut c.retired, &s);
+    }
+
+    /// The sum over every comm's cache, live and closed: counters since
+    /// start, `entries` and `bytes` of the live ones.
+    pub fn read(&self) -> CacheStats {
+        let mut c = self.lock();
+        let mut sum = c.retired;
+        for cache in c.live.iter().filter_map(Weak::upgrade) {
+            let s = cache.stats();
+            add_counters(&mut sum, &s);
+            sum.entries += s.entries;
+            sum.bytes += s.bytes;
+        }
+        let r = &mut c.reported;
+        for (now, last) in [(&mut sum.hits, &mut r.hits), (&mut sum.misses, &mut r.misses), (&mut sum.evictions, &mut r.evictions), (&mut sum.invalidations, &mut r.invalidations), (&mut sum.uncached, &mut r.uncached)] {
+            *now = (*now).max(*last);
+            *last = *now;
+        }
+        sum
+    }
+}
+
+fn add_counters(to: &mut CacheStats, s: &CacheStats) {
+    to.hits += s.hits;
+    to.misses += s.misses;
+    to.evictions += s.evictions;
+    to.invalidations += s.invalidations;
+    to.uncached += s.uncached;
+}
+
+/// One device's share of a [`PluginStats`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct NicStats {
+    /// `device:port`, as the plugin's log lines name it.
+    pub nic: String,
+    /// Bytes and posts by direction (out: sends; in: receives) and path.
+    pub traffic: Vec<PathTraffic>,
+    /// Comms open on it.
+    pub comms: usize,
+    /// Its comms' registration caches, summed.
+    pub rcache: CacheStats,
+}
+
+/// Everything the plugin counts, at one moment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PluginStats {
+    /// Since the plugin's init.
+    pub uptime: Duration,
+    /// Each device, in NCCL's index order.
+    pub nics: Vec<NicStats>,
+    /// Connections refused under `require`.
+    pub refused_staged: u64,
+    /// Requests failed on a peer's claim.
+    pub refused_peer_claims: u64,
+    /// Connections closed during setup.
+    pub refused_setup_closed: u64,
+}
+
+/// A snapshot of `site`'s counters.
+pub fn snapshot(site: &Site) -> PluginStats {
+    PluginStats {
+        uptime: site.started.elapsed(),
+        nics: site
+            .nics
+            .iter()
+            .map(|n| NicStats { nic: n.label(), traffic: n.traffic.read(), comms: n.open_comms.load(Relaxed), rcache: n.caches.read() })
+            .collect(),
+        refused_staged: site.refusals.staged.load(Relaxed),
+        refused_peer_claims: site.refusals.peer_claims.load(Relaxed),
+        refused_setup_closed: site.refusals.setup_closed.load(Relaxed),
+    }
+}
+
+/// One of a [`CacheStats`]' counters.
+type CacheCounter = fn(&CacheStats) -> u64;
+
+/// `stats` in the text format (the README's "Metrics" table).
+pub fn prometheus_text(stats: &PluginStats) -> String {
+    let mut out = String::with_capacity(4096);
+    let agent = || ("agent", AGENT_LABEL.to_owned());
+    write_family(&mut out, "gpudirect_uptime_seconds", "gauge", "How long the plugin had run when this snapshot was taken (monotonic).", &[(vec![agent()], format!("{:.6}", stats.uptime.as_secs_f64()))]);
+    write_path_traffic(&mut out, AGENT_LABEL, stats.nics.iter().map(|n| (n.nic.as_str(), n.traffic.as_slice())));
+    let per_nic = |f: &dyn Fn(&NicStats) -> String| -> Vec<_> { stats.nics.iter().map(|n| (vec![agent(), ("nic", n.nic.clone())], f(n))).collect() };
+    write_family(&mut out, "gpudirect_connections", "gauge", "NCCL comms open, by NIC.", &per_nic(&|n| n.comms.to_string()));
+    let reasons = [("nccl_staged", stats.refused_staged), ("nccl_peer_claim", stats.refused_peer_claims), ("nccl_setup_closed", stats.refused_setup_closed)];
+    let refusals: Vec<_> = reasons.iter().map(|(why, n)| (vec![agent(), ("reason", (*why).to_owned())], n.to_string())).collect();
+    write_family(&mut out, "gpudirect_refusals_total", "counter", "What the plugin refused, by reason (each also logged).", &refusals);
+    let counters: [(&str, &str, CacheCounter); 5] = [
+        ("hits", "Registrations served by a comm's registration cache.", |c| c.hits),
+        ("misses", "Registrations that registered memory.", |c| c.misses),
+        ("evictions", "Cached regions dropped to stay within the cache's bounds.", |c| c.evictions),
+        ("invalidations", "Cached regions dropped because their memory changed or was freed.", |c| c.invalidations),
+        ("uncached", "Registrations made but not cached (GPU ranges across several mappings).", |c| c.uncached),
+    ];
+    for (name, help, get) in counters {
+        write_family(&mut out, &format!("gpudirect_rcache_{name}_total"), "counter", help, &per_nic(&|n| get(&n.rcache).to_string()));
+    }
+    write_family(&mut out, "gpudirect_rcache_entries", "gauge", "Regions cached now, over every open comm.", &per_nic(&|n| n.rcache.entries.to_string()));
+    write_family(&mut out, "gpudirect_rcache_bytes", "gauge", "Bytes of the regions cached now (pinned).", &per_nic(&|n| n.rcache.bytes.to_string()));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpudirect::metrics::{DataPath, Direction, PathCounters};
+
+    fn stats(hits: u64) -> PluginStats {
+        let t = PathCounters::default();
+        t.add(Direction::Out, DataPath::Staged, 4096);
+        t.add(Direction::In, DataPath::Host, 100);
+        PluginStats {
+            uptime: Duration::from_millis(1500),
+            nics: vec![NicStats { nic: "rxe0:1".into(), traffic: t.read(), comms: 2, rcache: CacheStats { hits, misses: 3, entries: 1, bytes: 4096, ..CacheStats::default() } }],
+            refused_staged: 1,
+            refused_peer_claims: 0,
+            refused_setup_closed: 5,
+        }
+    }
+
+    /// Every series from the start (zeros included), staged bytes under
+    /// their own path, the plugin's refusal reasons and cache families.
+    #[test]
+    fn the_text_has_every_family_and_path() {
+        let text = prometheus_text(&stats(7));
+        for line in [
+            r#"gpudirect_bytes_total{agent="nccl-net",nic="rxe0:1",direction="out",path="staged"} 4096"#,
+            r#"gpudirect_bytes_total{agent="nccl-net",nic="rxe0:1",direction="out",path="gdr"} 0"#,
+            r#"gpudirect_bytes_total{agent="nccl-net",nic="rxe0:1",direction="in",path="host"} 100"#,
+            r#"gpudirect_connections{agent="nccl-net",nic="rxe0:1"} 2"#,
+            r#"gpudirect_refusals_total{agent="nccl-net",reason="nccl_staged"} 1"#,
+            r#"gpudirect_refusals_total{agent="nccl-net",reason="nccl_setup_closed"} 5"#,
+            r#"gpudirect_rcache_hits_total{agent="nccl-net",nic="rxe0:1"} 7"#,
+            r#"gpudirect_rcache_bytes{agent="nccl-net",nic="rxe0:1"} 4096"#,
+            r#"gpudirect_uptime_seconds{agent="nccl-net"} 1.500000"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
+        assert_eq!(text.lines().filter(|l| l.starts_with("gpudirect_bytes_total{")).count(), 6);
+    }
+
+    /// A cache whose last holder let go before its comm retired it is
+    /// missing from the sum; the counters reported never go down.
+    #[test]
+    fn cache_counters_never_go_down() {
+        let totals = CacheTotals::default();
+        let mut c = totals.lock();
+        c.retired.hits = 10;
+        c.reported.hits = 15; // a cache gone before it was folded in
+        drop(c);
+        assert_eq!(totals.read().hits, 15);
+        totals.lock().retired.hits = 20;
+        assert_eq!(totals.read().hits, 20);
+    }
+}
