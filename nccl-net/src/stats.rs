@@ -149,7 +149,9 @@ pub fn prometheus_text(stats: &PluginStats) -> String {
     write_family(&mut out, "gpudirect_uptime_seconds", "gauge", "How long the plugin had run when this snapshot was taken (monotonic).", &[(vec![agent()], format!("{:.6}", stats.uptime.as_secs_f64()))]);
     write_path_traffic(&mut out, AGENT_LABEL, stats.nics.iter().map(|n| (n.nic.as_str(), n.traffic.as_slice())));
     let per_nic = |f: &dyn Fn(&NicStats) -> String| -> Vec<_> { stats.nics.iter().map(|n| (vec![agent(), ("nic", n.nic.clone())], f(n))).collect() };
-    write_family(&mut out, "gpudirect_connections", "gauge", "NCCL comms open, by NIC.", &per_nic(&|n| n.comms.to_string()));
+    let comms: usize = stats.nics.iter().map(|n| n.comms).sum();
+    write_family(&mut out, "gpudirect_connections", "gauge", "NCCL comms open (each its own queue pair), by state.", &[(vec![agent(), ("state", "live".to_owned())], comms.to_string())]);
+    write_family(&mut out, "gpudirect_nic_connections", "gauge", "NCCL comms open, by NIC.", &per_nic(&|n| n.comms.to_string()));
     let reasons = [("nccl_staged", stats.refused_staged), ("nccl_peer_claim", stats.refused_peer_claims), ("nccl_setup_closed", stats.refused_setup_closed)];
     let refusals: Vec<_> = reasons.iter().map(|(why, n)| (vec![agent(), ("reason", (*why).to_owned())], n.to_string())).collect();
     write_family(&mut out, "gpudirect_refusals_total", "counter", "What the plugin refused, by reason (each also logged).", &refusals);
@@ -195,7 +197,8 @@ mod tests {
             r#"gpudirect_bytes_total{agent="nccl-net",nic="rxe0:1",direction="out",path="staged"} 4096"#,
             r#"gpudirect_bytes_total{agent="nccl-net",nic="rxe0:1",direction="out",path="gdr"} 0"#,
             r#"gpudirect_bytes_total{agent="nccl-net",nic="rxe0:1",direction="in",path="host"} 100"#,
-            r#"gpudirect_connections{agent="nccl-net",nic="rxe0:1"} 2"#,
+            r#"gpudirect_connections{agent="nccl-net",state="live"} 2"#,
+            r#"gpudirect_nic_connections{agent="nccl-net",nic="rxe0:1"} 2"#,
             r#"gpudirect_refusals_total{agent="nccl-net",reason="nccl_staged"} 1"#,
             r#"gpudirect_refusals_total{agent="nccl-net",reason="nccl_setup_closed"} 5"#,
             r#"gpudirect_rcache_hits_total{agent="nccl-net",nic="rxe0:1"} 7"#,

@@ -226,3 +226,37 @@ fn rates_divide_by_the_agents_own_clock() {
     assert_eq!(f.agents[0].continuity, Continuity::Restarted);
     assert!(matches!(read_err(&(text("a", &[], &[], &[]) + &up(-1.0))), ViewError::NotACount { .. }));
 }
+
+/// The NCCL plugin's endpoint, as its own renderer writes it, reads as
+/// an agent named `nccl-net`: its staged bytes staged, its comms live,
+/// its refusals by reason, the verdict red on the staged NIC.
+#[test]
+fn the_nccl_plugin_s_exposition_reads_as_an_agent() {
+    use gpudirect::metrics::{DataPath, Direction, PathCounters};
+    use nccl_net_gpudirect::{prometheus_text, NicStats, PluginStats};
+    let plugin = |staged: u64, uptime: f64| {
+        let t = PathCounters::default();
+        t.add(Direction::Out, DataPath::Staged, staged);
+        t.add(Direction::Out, DataPath::Gdr, 3 * staged);
+        let nic = |name: &str, traffic| NicStats { nic: name.into(), traffic, comms: 1, rcache: Default::default() };
+        prometheus_text(&PluginStats {
+            uptime: Duration::from_secs_f64(uptime),
+            nics: vec![nic("mlx5_0:1", t.read()), nic("mlx5_1:1", PathCounters::default().read())],
+            refused_staged: 0,
+            refused_peer_claims: 2,
+            refused_setup_closed: 0,
+        })
+    };
+    let mut bed = Bed::new();
+    assert!(bed.push(&plugin(0, 1.0)).is_none());
+    let f = bed.push(&plugin(MIB, 2.0)).unwrap();
+    let a = &f.agents[0];
+    assert_eq!(a.name, "nccl-net");
+    let staged = a.nics.iter().find(|n| n.nic == "mlx5_0:1").unwrap();
+    assert_eq!(staged.rates[0], [(3 * MIB) as f64, 0.0, MIB as f64]);
+    assert_eq!(staged.staged_share(0), Some(0.25));
+    assert!(verdict(staged).contains("staged"), "{}", verdict(staged));
+    let s = snap(&plugin(MIB, 2.0), Instant::now(), SystemTime::now());
+    let c = &s.agents["nccl-net"];
+    assert_eq!((c.connections["live"], c.refusals["nccl_peer_claim"]), (2, 2));
+}
