@@ -18,7 +18,7 @@ use crate::log;
 use crate::reg::Reg;
 use crate::setup::{connect as setup_connect, Listen};
 use crate::site::Site;
-use crate::stats::{prometheus_text, snapshot, PluginStats};
+use crate::stats::{prometheus_text, PluginStats};
 
 static SITE: OnceLock<std::result::Result<Site, (String, NcclResult)>> = OnceLock::new();
 /// The metrics endpoint, when `GPUDIRECT_METRICS` asked for one: started
@@ -79,7 +79,7 @@ fn init(logger: Logger) -> Result<()> {
     };
     let served = METRICS.get_or_init(|| {
         let Some(addr) = site.config.metrics else { return Ok(None) };
-        let render: Render = Arc::new(move || prometheus_text(&snapshot(site)));
+        let render: Render = Arc::new(move || prometheus_text(&site.stats()));
         match MetricsEndpoint::start(addr, "nccl-net", render) {
             Ok(ep) => {
                 log::info_init(&format!("metrics at http://{}/metrics ({METRICS_ENV})", ep.addr()));
@@ -97,7 +97,7 @@ fn init(logger: Logger) -> Result<()> {
 /// The plugin's counters now, once init has opened its devices.
 pub fn stats() -> Option<PluginStats> {
     match SITE.get() {
-        Some(Ok(site)) => Some(snapshot(site)),
+        Some(Ok(site)) => Some(site.stats()),
         _ => None,
     }
 }

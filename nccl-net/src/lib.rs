@@ -57,6 +57,16 @@
 //! `NET/GPUDirect : mlx5_3:1: sent N B from GPU memory, N B from host memory; received ...`.
 //! `gpudirect nccl-log` reads these lines.
 //!
+//! # Metrics: `GPUDIRECT_METRICS`
+//! `PORT` (on loopback) or `IP:PORT`: the plugin serves its counters
+//! ([`stats`]) in Prometheus' text format there, from a thread of its own
+//! (`gpudirect::metrics::MetricsEndpoint`, with its bounds), started at
+//! the first init and said in an init line. Bytes are counted per device
+//! and direction by path: `gdr` for GPU memory NCCL registered, `host` for
+//! host memory on a connection with no GPU, `staged` for the host memory
+//! of a connection judged staged ([`data_path`]). A port that cannot be
+//! bound stops init, naming it.
+//!
 //! # NCCL's variables it honours
 //! `NCCL_IB_HCA` (NCCL's syntax: prefixes, `=` exact, `^` exclude,
 //! `:port`), `NCCL_IB_GID_INDEX` (otherwise the library's RoCE v2 choice),

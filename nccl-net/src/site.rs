@@ -6,7 +6,7 @@
 
 use std::ffi::{c_int, CString};
 use std::net::IpAddr;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 
 use gpudirect::gdr::GdrFacts;
@@ -18,7 +18,7 @@ use gpudirect::{devices, gpu_count, probe_window_range, AccessFlags, Context, Li
 
 use crate::config::{Config, KeysChoice};
 use crate::error::{NetError, Result};
-use crate::stats::{CacheTotals, Refusals};
+use crate::stats::{CacheTotals, NicStats, PluginStats, Refusals};
 use crate::verdict::{levels, ptr_support, PairJudgement};
 
 /// What the key a receive hands its peer opens, on one device.
@@ -261,6 +261,21 @@ impl Site {
             caches: CacheTotals::default(),
             open_comms: AtomicUsize::new(0),
         })
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> PluginStats {
+        PluginStats {
+            uptime: self.started.elapsed(),
+            nics: self
+                .nics
+                .iter()
+                .map(|n| NicStats { nic: n.label(), traffic: n.traffic.read(), comms: n.open_comms.load(Relaxed), rcache: n.caches.read() })
+                .collect(),
+            refused_staged: self.refusals.staged.load(Relaxed),
+            refused_peer_claims: self.refusals.peer_claims.load(Relaxed),
+            refused_setup_closed: self.refusals.setup_closed.load(Relaxed),
+        }
     }
 
     /// Device `dev`, or the error NCCL gets for an index past the last.

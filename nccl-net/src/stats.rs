@@ -1,18 +1,18 @@
-//! What the plugin counts, as one snapshot ([`PluginStats`]), and that
+//! What the plugin counts, as one snapshot ([`PluginStats`], taken by
+//! `Site::stats`), and that
 //! snapshot in Prometheus' text format: each device's bytes by direction
 //! and path (from the registration that moved them and the connection's
 //! judgement: `verdict::data_path`), the comms' registration caches, and
 //! what was refused. Served at `GPUDIRECT_METRICS` (see the crate doc);
 //! the names are the engine's where they mean the same.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use gpudirect::metrics::{write_family, write_path_traffic, PathTraffic};
 use gpudirect::rcache::{CacheStats, RegistrationCache};
 
-use crate::site::Site;
 
 /// The label every series of the plugin carries as `agent`.
 pub const AGENT_LABEL: &str = "nccl-net";
@@ -124,20 +124,6 @@ pub struct PluginStats {
     pub refused_setup_closed: u64,
 }
 
-/// A snapshot of `site`'s counters.
-pub fn snapshot(site: &Site) -> PluginStats {
-    PluginStats {
-        uptime: site.started.elapsed(),
-        nics: site
-            .nics
-            .iter()
-            .map(|n| NicStats { nic: n.label(), traffic: n.traffic.read(), comms: n.open_comms.load(Relaxed), rcache: n.caches.read() })
-            .collect(),
-        refused_staged: site.refusals.staged.load(Relaxed),
-        refused_peer_claims: site.refusals.peer_claims.load(Relaxed),
-        refused_setup_closed: site.refusals.setup_closed.load(Relaxed),
-    }
-}
 
 /// One of a [`CacheStats`]' counters.
 type CacheCounter = fn(&CacheStats) -> u64;
