@@ -190,4 +190,37 @@ mod tests {
         assert!(Config::from_vars(vars(&[("NCCL_IB_SL", "high")])).is_err());
         assert_eq!(Config::from_vars(vars(&[("NCCL_NET_GDR_LEVEL", "SYS"), ("HOME", "/")])).unwrap().nccl_env.len(), 1);
     }
+
+    /// Attack (review): `GPUDIRECT_METRICS` values. A port alone is served
+    /// on loopback only (never off-host by default); spaces around are
+    /// the user's, spaces inside, a sign, a hostname, a port past 65535
+    /// are refused naming the variable; an explicit IP (v4 or v6) is taken.
+    #[test]
+    fn metrics_values_taken_and_refused() {
+        use std::net::SocketAddr;
+        let m = |v: &str| Config::from_vars(vars(&[("GPUDIRECT_METRICS", v)])).map(|c| c.metrics);
+        assert_eq!(m("9400").unwrap(), Some(SocketAddr::from(([127, 0, 0, 1], 9400))));
+        assert_eq!(m(" 9400\n").unwrap(), Some(SocketAddr::from(([127, 0, 0, 1], 9400))));
+        assert_eq!(m("").unwrap(), None);
+        assert_eq!(m("   ").unwrap(), None);
+        assert_eq!(Config::from_vars(vars(&[])).unwrap().metrics, None);
+        assert_eq!(m("[::1]:9400").unwrap(), Some("[::1]:9400".parse().unwrap()));
+        assert!(m("[::1]:9400").unwrap().unwrap().ip().is_loopback());
+        for bad in ["94 00", "+9400", "-9400", "localhost:9400", "host.example:9400", "65536", "99999999999999999999", "::1:9400", "127.0.0.1", "127.0.0.1:", ":9400", "0x2000", "9400,9401", "127.0.0.1:9400 0.0.0.0:9401"] {
+            let e = m(bad).expect_err(bad).to_string();
+            assert!(e.contains("GPUDIRECT_METRICS"), "{bad:?}: {e}");
+        }
+        // The last setting wins, as for every other variable here.
+        assert_eq!(Config::from_vars(vars(&[("GPUDIRECT_METRICS", "junk"), ("GPUDIRECT_METRICS", "9401")])).unwrap().metrics, Some(SocketAddr::from(([127, 0, 0, 1], 9401))));
+    }
+
+    /// Attack (review, input cost / output carrying input): a huge
+    /// `GPUDIRECT_METRICS` is refused with a message of bounded length
+    /// (it goes into NCCL's log as init's error), not the whole value.
+    #[test]
+    fn a_huge_metrics_value_is_not_echoed_whole() {
+        let huge = "9".repeat(1 << 20);
+        let e = Config::from_vars(vars(&[("GPUDIRECT_METRICS", &huge)])).unwrap_err().to_string();
+        assert!(e.len() < 1024, "the refusal of a 1 MiB value is {} bytes long", e.len());
+    }
 }

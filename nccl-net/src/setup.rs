@@ -41,6 +41,7 @@ use gpudirect::{current_gpu, Endpoint, RemoteBuffer};
 
 use crate::abi::HANDLE_MAXSIZE;
 use crate::comm::{Comm, Parts};
+use crate::config::GdrPolicy;
 use crate::error::{NetError, Result};
 use crate::log;
 use crate::site::Site;
@@ -265,7 +266,7 @@ impl Listen {
         let p = &mut self.pending[i];
         let parts = Parts::new(site, &site.nics[nic], Side::Recv, tc).map_err(Refusal::Fail)?;
         p.buf = wire::reply(&parts.qp.endpoint(), parts.ctrl.addr(), parts.ctrl.rkey()).to_vec();
-        let gpu = current_gpu().ok().flatten();
+        let gpu = proxy_gpu(site).map_err(Refusal::Fail)?;
         p.proven = Some(Proven { parts, peer_ep, fifo, gpu, written: 0 });
         Ok(true)
     }
@@ -423,11 +424,33 @@ pub fn connect(site: &'static Site, nic: usize, handle: &mut [u8; HANDLE_MAXSIZE
     }
 }
 
+/// The GPU current on the calling thread (NCCL's proxy thread), which the
+/// connection's judgement reads: `None` where there is none, or no CUDA
+/// driver at all. A driver that fails to say is not taken as "no GPU"
+/// (that would judge a GPU's staged traffic as plain host memory): under
+/// `require` the connection is refused naming it; under `prefer` and
+/// `off` it runs judged without a GPU, said at WARN.
+fn proxy_gpu(site: &Site) -> Result<Option<usize>> {
+    match current_gpu() {
+        Ok(gpu) => Ok(gpu),
+        Err(gpudirect::Error::CudaUnavailable(_)) => Ok(None),
+        Err(e) if site.config.policy == GdrPolicy::Require => Err(NetError::Refused(format!(
+            "cannot tell which GPU is current on NCCL's proxy thread ({e}), so whether this connection would stage a GPU's traffic \
+             through host memory cannot be judged ({}=require refuses what it cannot judge; prefer runs it, said here)",
+            GdrPolicy::VAR
+        ))),
+        Err(e) => {
+            log::warn(&format!("cannot tell which GPU is current on NCCL's proxy thread ({e}): this connection is judged as having none, its host bytes counted as host"));
+            Ok(None)
+        }
+    }
+}
+
 fn start_connect(site: &Site, nic: usize, h: &Handle, tc: Option<u8>) -> Result<Connecting> {
     let stream = nonblocking_connect(h.addr)?;
     let parts = Parts::new(site, &site.nics[nic], Side::Send, tc)?;
     let out = wire::hello(&h.token, &parts.qp.endpoint(), parts.ctrl.addr(), parts.ctrl.rkey()).to_vec();
-    let gpu = current_gpu().ok().flatten();
+    let gpu = proxy_gpu(site)?;
     Ok(Connecting { stream, peer: h.addr, since: Instant::now(), parts: Some(parts), out, written: 0, buf: Vec::new(), replied: None, gpu })
 }
 

@@ -42,9 +42,9 @@ pub struct CacheTotals {
 struct Caches {
     live: Vec<Weak<RegistrationCache>>,
     retired: CacheStats,
-    /// The counters last reported: a cache whose last holder let go
-    /// before its comm folded it in is missing from a sum for a moment,
-    /// and counters never go down.
+    /// The counters last reported: counters never go down, and a shortfall
+    /// (counts no longer found anywhere) is kept in `retired`, so later
+    /// counts still show.
     reported: CacheStats,
 }
 
@@ -62,8 +62,11 @@ impl CacheTotals {
 
     /// Folds `cache` in for good: its comm is closing.
     pub fn retire(&self, cache: &Arc<RegistrationCache>) {
-        let s = cache.stats();
+        // Read under the lock: a snapshot between the read and the fold
+        // would count the cache's newer counts live, then the older ones
+        // folded in.
         let mut c = self.lock();
+        let s = cache.stats();
         c.live.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(cache)));
         add_counters(&mut c.retired, &s);
     }
@@ -79,12 +82,31 @@ impl CacheTotals {
             sum.entries += s.entries;
             sum.bytes += s.bytes;
         }
-        let r = &mut c.reported;
-        for (now, last) in [(&mut sum.hits, &mut r.hits), (&mut sum.misses, &mut r.misses), (&mut sum.evictions, &mut r.evictions), (&mut sum.invalidations, &mut r.invalidations), (&mut sum.uncached, &mut r.uncached)] {
-            *now = (*now).max(*last);
-            *last = *now;
+        let Caches { retired, reported, .. } = &mut *c;
+        for i in 0..COUNTERS {
+            let (now, last) = (*counter(&mut sum, i), *counter(reported, i));
+            if now < last {
+                *counter(retired, i) += last - now;
+                *counter(&mut sum, i) = last;
+            }
+            *counter(reported, i) = now.max(last);
         }
         sum
+    }
+}
+
+/// How many counters a [`CacheStats`] has ([`counter`]'s indices).
+const COUNTERS: usize = 5;
+
+/// A [`CacheStats`]' counter `i` (its gauges, `entries` and `bytes`, are
+/// not counters).
+fn counter(s: &mut CacheStats, i: usize) -> &mut u64 {
+    match i {
+        0 => &mut s.hits,
+        1 => &mut s.misses,
+        2 => &mut s.evictions,
+        3 => &mut s.invalidations,
+        _ => &mut s.uncached,
     }
 }
 
@@ -208,5 +230,77 @@ mod tests {
         assert_eq!(totals.read().hits, 15);
         totals.lock().retired.hits = 20;
         assert_eq!(totals.read().hits, 20);
+    }
+
+    /// Attack (review): the high-water mark keeps counters from going
+    /// down, but must not swallow what happens after. A cache with 5 hits
+    /// gone before it was folded in (the mark holds 15 = 10 retired + 5),
+    /// then 3 more hits folded in by a closing comm: 18 hits happened, and
+    /// a counter that stays at 15 shows a rate of 0 while hits go on.
+    #[test]
+    fn cache_counters_count_on_after_a_lost_cache() {
+        let totals = CacheTotals::default();
+        let mut c = totals.lock();
+        c.retired.hits = 10;
+        c.reported.hits = 15; // 5 hits of a cache gone before it was folded in
+        drop(c);
+        assert_eq!(totals.read().hits, 15);
+        totals.lock().retired.hits += 3; // a comm closing with 3 hits
+        assert_eq!(totals.read().hits, 18, "3 hits that happened after a lost cache never show");
+    }
+
+    /// Attack (review): readers on several threads while counters are
+    /// folded in never see a counter go down.
+    #[test]
+    fn cache_counters_never_go_down_across_threads() {
+        let totals = std::sync::Arc::new(CacheTotals::default());
+        let writer = {
+            let t = totals.clone();
+            std::thread::spawn(move || {
+                for i in 0..20_000u64 {
+                    let mut c = t.lock();
+                    c.retired.misses += 1;
+                    // now and then a cache's counters vanish for a moment
+                    if i % 7 == 0 {
+                        c.retired.misses -= 1;
+                    } else if i % 7 == 1 {
+                        c.retired.misses += 1;
+                    }
+                }
+            })
+        };
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let t = totals.clone();
+                std::thread::spawn(move || {
+                    let mut last = 0;
+                    for _ in 0..20_000 {
+                        let now = t.read().misses;
+                        assert!(now >= last, "misses went from {last} to {now}");
+                        last = now;
+                    }
+                })
+            })
+            .collect();
+        writer.join().unwrap();
+        for r in readers {
+            r.join().unwrap();
+        }
+    }
+
+    /// Attack (review): a NIC name with the text format's specials
+    /// forges no series and no other label: every line is a comment or
+    /// a sample of a family the plugin declared, and the name comes back.
+    #[test]
+    fn nic_names_cannot_forge_series() {
+        let evil = "x\"} 1\ngpudirect_bytes_total{agent=\"other\",nic=\"y\",direction=\"out\",path=\"gdr\"} 999\r\\";
+        let mut s = stats(1);
+        s.nics[0].nic = evil.to_owned();
+        let text = prometheus_text(&s);
+        assert!(!text.contains("agent=\"other\""), "{text}");
+        for l in text.lines() {
+            assert!(l.starts_with('#') || l.contains("{agent=\"nccl-net\""), "forged line {l:?}");
+        }
+        assert!(!text.contains(" 999\n"), "{text}");
     }
 }

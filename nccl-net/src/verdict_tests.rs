@@ -163,3 +163,49 @@ fn a_staged_byte_is_never_counted_as_gdr() {
     assert_eq!(host, ConnPath::Host);
     assert_eq!(data_path(None, matches!(host, ConnPath::Staged { .. })), DataPath::Host);
 }
+
+/// Attack (review): every mix of registrations seen before the first
+/// transfer, GPU or none, side and policy, and every registration a later
+/// send or receive (of a group mixing GPU and host buffers) names: host
+/// memory of a connection judged staged is `staged`, a host mirror is
+/// `staged`, GPU memory `gdr`, and nothing staged is `gdr` or `host`.
+#[test]
+fn no_staged_byte_under_any_mix() {
+    let healthy = pair("two-socket-sys", "mlx5_0", |_| {});
+    let broken = pair("two-socket-sys", "mlx5_0", |f| {
+        f.gpu.gdr_supported = Some(false);
+        f.gpu.dma_buf_supported = Some(false);
+    });
+    let gpus = [None, Some(RegistrationPath::DmaBuf), Some(RegistrationPath::PeerMemory), Some(RegistrationPath::HostStaged)];
+    for side in [Side::Send, Side::Recv] {
+        for host in [false, true] {
+            for first in gpus {
+                for gpu in [None, Some(&healthy), Some(&broken)] {
+                    let path = judge(side, Seen { host, gpu: first }, gpu, "mlx5_0", &[]);
+                    let staged = matches!(path, ConnPath::Staged { .. });
+                    // A GPU current and only host memory seen, or a mirror: staged.
+                    let must_stage = first == Some(RegistrationPath::HostStaged) || (first.is_none() && gpu.is_some());
+                    assert_eq!(staged, must_stage, "{side:?} host={host} first={first:?} gpu={} -> {path:?}", gpu.is_some());
+                    for policy in [GdrPolicy::Off, GdrPolicy::Prefer, GdrPolicy::Require] {
+                        let (_, action) = decide(policy, side, &path, gpu.map(|_| 0), "mlx5_0");
+                        if matches!(action, Action::Refuse(_)) {
+                            assert!(staged && policy == GdrPolicy::Require);
+                            continue;
+                        }
+                        // A group of receives mixing every kind of buffer.
+                        for reg in gpus {
+                            let dp = data_path(reg, staged);
+                            let want = match reg {
+                                Some(RegistrationPath::HostStaged) => DataPath::Staged,
+                                Some(_) => DataPath::Gdr,
+                                None if staged => DataPath::Staged,
+                                None => DataPath::Host,
+                            };
+                            assert_eq!(dp, want, "{policy:?} {path:?} reg={reg:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

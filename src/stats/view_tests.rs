@@ -260,3 +260,63 @@ fn the_nccl_plugin_s_exposition_reads_as_an_agent() {
     let c = &s.agents["nccl-net"];
     assert_eq!((c.connections["live"], c.refusals["nccl_peer_claim"]), (2, 2));
 }
+
+/// Attack (review, fail open): the plugin's text with its staged series
+/// cut (a proxy, a relabelling, an older plugin) and GPU bytes moving:
+/// the verdict is "cannot tell", never "not staged" or "no GPU traffic",
+/// and says so when drawn.
+#[test]
+fn plugin_text_without_staged_series_cannot_tell() {
+    use gpudirect::metrics::{DataPath, Direction, PathCounters};
+    use nccl_net_gpudirect::{prometheus_text, NicStats, PluginStats};
+    let plugin = |gdr: u64, host: u64, uptime: f64| {
+        let t = PathCounters::default();
+        t.add(Direction::Out, DataPath::Gdr, gdr);
+        t.add(Direction::In, DataPath::Host, host);
+        let text = prometheus_text(&PluginStats {
+            uptime: Duration::from_secs_f64(uptime),
+            nics: vec![NicStats { nic: "mlx5_0:1".into(), traffic: t.read(), comms: 1, rcache: Default::default() }],
+            refused_staged: 0,
+            refused_peer_claims: 0,
+            refused_setup_closed: 0,
+        });
+        text.lines().filter(|l| !l.contains("path=\"staged\"")).map(|l| format!("{l}\n")).collect::<String>()
+    };
+    for (gdr, host) in [(MIB, 0), (0, MIB), (0, 0)] {
+        let mut bed = Bed::new();
+        assert!(bed.push(&plugin(0, 0, 1.0)).is_none());
+        let f = bed.push(&plugin(gdr, host, 2.0)).unwrap();
+        let nic = &f.agents[0].nics[0];
+        assert!(matches!(nic.verdict, Verdict::Unread { .. }), "gdr {gdr} host {host}: {:?}", nic.verdict);
+        assert!(verdict(nic).contains("cannot tell"), "{}", verdict(nic));
+    }
+}
+
+/// Attack (review, output carrying input): a NIC name with the format's
+/// specials and control characters comes back whole from the plugin's
+/// text, forges no other agent or NIC, and is drawn escaped.
+#[test]
+fn plugin_nic_names_round_trip_and_are_drawn_escaped() {
+    use gpudirect::metrics::{DataPath, Direction, PathCounters};
+    use nccl_net_gpudirect::{prometheus_text, NicStats, PluginStats};
+    let evil = "x\"} 1\ngpudirect_bytes_total{agent=\"other\",nic=\"y\",direction=\"out\",path=\"staged\"} 999\r\u{1b}[2J\\";
+    let t = PathCounters::default();
+    t.add(Direction::Out, DataPath::Staged, 4096);
+    let text = prometheus_text(&PluginStats {
+        uptime: Duration::from_secs(1),
+        nics: vec![NicStats { nic: evil.into(), traffic: t.read(), comms: 1, rcache: Default::default() }],
+        refused_staged: 0,
+        refused_peer_claims: 0,
+        refused_setup_closed: 0,
+    });
+    let s = snap(&text, Instant::now(), SystemTime::now());
+    assert_eq!(s.agents.keys().collect::<Vec<_>>(), ["nccl-net"]);
+    let a = &s.agents["nccl-net"];
+    assert_eq!(a.nics.keys().collect::<Vec<_>>(), [evil]);
+    assert_eq!(a.nics[evil][0][2], 4096);
+    let mut bed = Bed::new();
+    bed.push(&text);
+    let f = bed.push(&text).unwrap();
+    let drawn = render(&f, "127.0.0.1:9400", Style::default());
+    assert!(!drawn.contains('\u{1b}') && !drawn.contains('\r'), "{drawn:?}");
+}

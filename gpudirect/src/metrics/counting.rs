@@ -106,9 +106,13 @@ impl PathCounters {
         }
     }
 
-    /// Counts one post of `bytes` going `dir`, all on `path`.
+    /// Counts one post of `bytes` going `dir`, all on `path`; a post of
+    /// no bytes counts nothing (posts are those that carried bytes).
     #[inline]
     pub fn add(&self, dir: Direction, path: DataPath, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
         self.bytes[dir as usize][path as usize].fetch_add(bytes, Relaxed);
         self.posts[dir as usize][path as usize].fetch_add(1, Relaxed);
     }
@@ -247,6 +251,21 @@ mod tests {
         assert_eq!((find(Direction::Out, DataPath::Staged).bytes, find(Direction::Out, DataPath::Gdr).bytes), (4096, 0));
         assert_eq!((find(Direction::In, DataPath::Gdr).posts, find(Direction::In, DataPath::Host).posts, find(Direction::In, DataPath::Staged).posts), (1, 1, 0));
         assert_eq!(got.len(), 6);
+    }
+
+    /// Attack (review): `gpudirect_posts_total` counts "posts that
+    /// carried bytes". The NCCL plugin counts each send of a group with
+    /// `add`, zero-size ones included (comm.rs `post_group`), and a
+    /// zero-size send's path is `host` whatever the connection: a staged
+    /// connection's empty sends show as host posts. A post of no bytes
+    /// counts nothing, as `count` does.
+    #[test]
+    fn a_post_of_no_bytes_counts_no_post() {
+        let c = PathCounters::default();
+        c.add(Direction::Out, DataPath::Host, 0);
+        c.count(Direction::Out, &[0, 0, 0]);
+        let posts: u64 = c.read().iter().map(|t| t.posts).sum();
+        assert_eq!(posts, 0, "a post of 0 bytes was counted as one that carried bytes");
     }
 
     #[test]

@@ -79,7 +79,12 @@ pub fn parse_metrics_addr(v: &str) -> Result<SocketAddr, String> {
             return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
         }
     }
-    v.parse().map_err(|_| format!("{METRICS_ENV}={v:?}: a port (served on loopback) or IP:PORT"))
+    v.parse().map_err(|_| {
+        // Said back cut short: the value may be anything the environment holds.
+        let shown: String = v.chars().take(64).collect();
+        let cut = if shown.len() < v.len() { format!(" (cut from {} bytes)", v.len()) } else { String::new() };
+        format!("{METRICS_ENV}={shown:?}{cut}: a port (served on loopback) or IP:PORT")
+    })
 }
 
 /// Where [`METRICS_ENV`] asks for metrics: `None` when unset or empty.
