@@ -340,6 +340,7 @@ impl Agent {
         let pool = &self.core.pool;
         let sealed = md.encode_sealed_part().is_ok_and(|b| pool.key.verify(wire::auth::Label::Metadata, &[&b], &md.seal));
         if !sealed {
+            self.core.metadata_seal.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let what = format!("the seal of the metadata of {:?}", md.name);
             return Err(EngineError::Auth { peer: md.name.clone(), source: AuthError::BadProof { what } });
         }

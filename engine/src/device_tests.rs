@@ -435,3 +435,23 @@ fn the_snapshot_and_the_endpoint_count_host_bytes_by_direction() {
     }
     assert!(text.contains("gpudirect_request_seconds_count{agent=\"scraped\",op=\"write\"} 1\n"));
 }
+
+/// Metadata whose seal does not verify (another cluster's, or altered
+/// on the way) is refused and counted as `metadata_seal`, in the
+/// snapshot and at the endpoint's text.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn metadata_with_a_bad_seal_is_refused_and_counted() {
+    let a = agent("sealed-a", Some(secret(1)));
+    let stranger = agent("sealed-b", Some(secret(2)));
+    assert!(matches!(a.load_remote(&stranger.metadata()), Err(EngineError::Auth { .. })));
+    let member = agent("sealed-c", Some(secret(1)));
+    let mut md = member.metadata();
+    md.seal[0] ^= 1;
+    assert!(matches!(a.load_remote(&md), Err(EngineError::Auth { .. })));
+    md.seal[0] ^= 1;
+    a.load_remote(&md).unwrap();
+    assert_eq!(a.stats().refusals.metadata_seal, 2);
+    let text = crate::prometheus_text(&a.stats());
+    assert!(text.contains("gpudirect_refusals_total{agent=\"sealed-a\",reason=\"metadata_seal\"} 2\n"), "{text}");
+}

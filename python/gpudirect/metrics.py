@@ -213,6 +213,7 @@ class Collector:
             for reason, n in [
                 ("control", r["control"]),
                 ("unknown_sender", r["unknown_sender"]),
+                ("metadata_seal", r["metadata_seal"]),
                 ("broadcast_forged", b["forged"]),
                 ("broadcast_unknown", b["unknown"]),
                 ("broadcast_not_owner", b["not_owner"]),

@@ -175,6 +175,8 @@ class Refusals(TypedDict):
     """Control requests refused (as :meth:`Agent.refused_requests`)."""
     unknown_sender: int
     """Messages dropped because the connection they came on was no longer known."""
+    metadata_seal: int
+    """Peers' metadata refused because its seal did not verify (from a rendezvous, or given to :meth:`Agent.load_remote`)."""
     broadcast: BroadcastRefusals
     """As :meth:`Agent.broadcast_refusals`."""
 

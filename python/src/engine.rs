@@ -250,6 +250,7 @@ fn agent_stats_dict<'py>(py: Python<'py>, s: AgentStats) -> PyResult<Bound<'py, 
     let refusals = PyDict::new(py);
     refusals.set_item("control", s.refusals.control)?;
     refusals.set_item("unknown_sender", s.refusals.unknown_sender)?;
+    refusals.set_item("metadata_seal", s.refusals.metadata_seal)?;
     refusals.set_item("broadcast", broadcast_refusals_dict(py, s.refusals.broadcast)?)?;
     let d = PyDict::new(py);
     d.set_item("agent", s.agent)?;

@@ -56,6 +56,7 @@ def snapshot():
         "refusals": {
             "control": 5,
             "unknown_sender": 6,
+            "metadata_seal": 14,
             "broadcast": {"forged": 7, "unknown": 8, "not_owner": 9, "unpublished": 10, "unknown_peers": 11, "busy": 12, "malformed": 13},
         },
     }
@@ -136,7 +137,7 @@ def test_requests_refusals_events_and_peers_carry_their_labels_and_values():
     }
     refusals = {dict(k[1])["reason"]: v for k, v in samples(f["gpudirect_refusals"]).items()}
     assert refusals == {
-        "control": 5, "unknown_sender": 6, "broadcast_forged": 7, "broadcast_unknown": 8, "broadcast_not_owner": 9,
+        "control": 5, "unknown_sender": 6, "metadata_seal": 14, "broadcast_forged": 7, "broadcast_unknown": 8, "broadcast_not_owner": 9,
         "broadcast_unpublished": 10, "broadcast_unknown_peers": 11, "broadcast_busy": 12, "broadcast_malformed": 13,
     }
     events = {dict(k[1])["kind"]: v for k, v in samples(f["gpudirect_peer_events"]).items()}

@@ -122,6 +122,10 @@ pub struct Refusals {
     /// longer known here (closed, and pushed out of the bounded memory
     /// of closed connections).
     pub unknown_sender: u64,
+    /// Peers' metadata refused because its seal did not verify: from a
+    /// rendezvous ([`Agent::lookup`](crate::Agent::lookup)) or given to
+    /// [`Agent::load_remote`](crate::Agent::load_remote).
+    pub metadata_seal: u64,
 }
 
 /// The snapshot of the agent of `core`.
@@ -161,6 +165,7 @@ pub(crate) fn take(core: &Core) -> AgentStats {
             control: pool.refused(),
             broadcast: core.cast_refusals.read(),
             unknown_sender: core.unknown_sender.load(std::sync::atomic::Ordering::Relaxed),
+            metadata_seal: core.metadata_seal.load(std::sync::atomic::Ordering::Relaxed),
         },
     }
 }

@@ -56,6 +56,7 @@ pub fn prometheus_text(stats: &AgentStats) -> String {
     let reasons = [
         ("control", r.control),
         ("unknown_sender", r.unknown_sender),
+        ("metadata_seal", r.metadata_seal),
         ("broadcast_forged", b.forged),
         ("broadcast_unknown", b.unknown),
         ("broadcast_not_owner", b.not_owner),

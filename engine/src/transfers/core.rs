@@ -258,6 +258,9 @@ pub(crate) struct Core {
     pub(crate) latency: [Arc<LatencyCounters>; 2],
     /// Messages dropped as from a connection no longer known.
     pub(crate) unknown_sender: AtomicU64,
+    /// Peers' metadata refused: its seal did not verify (from a rendezvous
+    /// or handed to `load_remote`).
+    pub(crate) metadata_seal: AtomicU64,
     /// When the agent started.
     pub(crate) started: std::time::Instant,
     /// The broadcast receiving side, set once by the agent.
@@ -292,6 +295,7 @@ impl Core {
             peers: Mutex::default(),
             latency: Default::default(),
             unknown_sender: AtomicU64::new(0),
+            metadata_seal: AtomicU64::new(0),
             started: std::time::Instant::now(),
             relay: OnceLock::new(),
             sources: Mutex::default(),
