@@ -800,9 +800,7 @@ impl Comm {
         }
         let traffic = &self.nic().traffic;
         for (&size, &path) in r.sizes[..r.n].iter().zip(&r.paths) {
-            if size > 0 {
-                traffic.add(Direction::In, path, size as u64);
-            }
+            traffic.add(Direction::In, path, size as u64);
         }
         Outcome::Done
     }

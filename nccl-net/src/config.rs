@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 
-use gpudirect::metrics::{parse_metrics_addr, METRICS_ENV};
+use gpudirect::metrics::{metrics_addr_from, METRICS_ENV};
 use gpudirect::nccl::{param_int, Int, NicList};
 
 use crate::error::{NetError, Result};
@@ -142,7 +142,7 @@ impl Config {
             service_level: int("NCCL_IB_SL", 15)?.map(|n| n as u8),
             timeout: int("NCCL_IB_TIMEOUT", 31)?.map(|n| n as u8),
             retry_cnt: int("NCCL_IB_RETRY_CNT", 7)?.map(|n| n as u8),
-            metrics: get(METRICS_ENV).map(str::trim).filter(|v| !v.is_empty()).map(parse_metrics_addr).transpose().map_err(NetError::Config)?,
+            metrics: metrics_addr_from(get(METRICS_ENV)).map_err(NetError::Config)?,
             nccl_env: vars.into_iter().filter(|(k, _)| k.starts_with("NCCL_")).collect(),
         })
     }

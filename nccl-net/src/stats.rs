@@ -68,7 +68,7 @@ impl CacheTotals {
         let mut c = self.lock();
         let s = cache.stats();
         c.live.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(cache)));
-        add_counters(&mut c.retired, &s);
+        add_counters(&mut c.retired, s);
     }
 
     /// The sum over every comm's cache, live and closed: counters since
@@ -78,7 +78,7 @@ impl CacheTotals {
         let mut sum = c.retired;
         for cache in c.live.iter().filter_map(Weak::upgrade) {
             let s = cache.stats();
-            add_counters(&mut sum, &s);
+            add_counters(&mut sum, s);
             sum.entries += s.entries;
             sum.bytes += s.bytes;
         }
@@ -98,6 +98,16 @@ impl CacheTotals {
 /// How many counters a [`CacheStats`] has ([`counter`]'s indices).
 const COUNTERS: usize = 5;
 
+/// Each counter's name in `gpudirect_rcache_<name>_total` and its help,
+/// at its [`counter`] index.
+const COUNTER_NAMES: [(&str, &str); COUNTERS] = [
+    ("hits", "Registrations served by a comm's registration cache."),
+    ("misses", "Registrations that registered memory."),
+    ("evictions", "Cached regions dropped to stay within the cache's bounds."),
+    ("invalidations", "Cached regions dropped because their memory changed or was freed."),
+    ("uncached", "Registrations made but not cached (GPU ranges across several mappings)."),
+];
+
 /// A [`CacheStats`]' counter `i` (its gauges, `entries` and `bytes`, are
 /// not counters).
 fn counter(s: &mut CacheStats, i: usize) -> &mut u64 {
@@ -110,12 +120,10 @@ fn counter(s: &mut CacheStats, i: usize) -> &mut u64 {
     }
 }
 
-fn add_counters(to: &mut CacheStats, s: &CacheStats) {
-    to.hits += s.hits;
-    to.misses += s.misses;
-    to.evictions += s.evictions;
-    to.invalidations += s.invalidations;
-    to.uncached += s.uncached;
+fn add_counters(to: &mut CacheStats, mut s: CacheStats) {
+    for i in 0..COUNTERS {
+        *counter(to, i) += *counter(&mut s, i);
+    }
 }
 
 /// One device's share of a [`PluginStats`].
@@ -147,9 +155,6 @@ pub struct PluginStats {
 }
 
 
-/// One of a [`CacheStats`]' counters.
-type CacheCounter = fn(&CacheStats) -> u64;
-
 /// `stats` in the text format (the README's "Metrics" table).
 pub fn prometheus_text(stats: &PluginStats) -> String {
     let mut out = String::with_capacity(4096);
@@ -163,15 +168,12 @@ pub fn prometheus_text(stats: &PluginStats) -> String {
     let reasons = [("nccl_staged", stats.refused_staged), ("nccl_peer_claim", stats.refused_peer_claims), ("nccl_setup_closed", stats.refused_setup_closed)];
     let refusals: Vec<_> = reasons.iter().map(|(why, n)| (vec![agent(), ("reason", (*why).to_owned())], n.to_string())).collect();
     write_family(&mut out, "gpudirect_refusals_total", "counter", "What the plugin refused, by reason (each also logged).", &refusals);
-    let counters: [(&str, &str, CacheCounter); 5] = [
-        ("hits", "Registrations served by a comm's registration cache.", |c| c.hits),
-        ("misses", "Registrations that registered memory.", |c| c.misses),
-        ("evictions", "Cached regions dropped to stay within the cache's bounds.", |c| c.evictions),
-        ("invalidations", "Cached regions dropped because their memory changed or was freed.", |c| c.invalidations),
-        ("uncached", "Registrations made but not cached (GPU ranges across several mappings).", |c| c.uncached),
-    ];
-    for (name, help, get) in counters {
-        write_family(&mut out, &format!("gpudirect_rcache_{name}_total"), "counter", help, &per_nic(&|n| get(&n.rcache).to_string()));
+    for (i, (name, help)) in COUNTER_NAMES.iter().enumerate() {
+        let value = |n: &NicStats| {
+            let mut c = n.rcache;
+            counter(&mut c, i).to_string()
+        };
+        write_family(&mut out, &format!("gpudirect_rcache_{name}_total"), "counter", help, &per_nic(&value));
     }
     write_family(&mut out, "gpudirect_rcache_entries", "gauge", "Regions cached now, over every open comm.", &per_nic(&|n| n.rcache.entries.to_string()));
     write_family(&mut out, "gpudirect_rcache_bytes", "gauge", "Bytes of the regions cached now (pinned).", &per_nic(&|n| n.rcache.bytes.to_string()));

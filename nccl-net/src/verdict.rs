@@ -184,8 +184,7 @@ fn staged_cause(side: Side, pair: &PairJudgement, nic: &str, env: &[(String, Str
 /// judged to carry a GPU's traffic through it.
 pub fn data_path(gpu: Option<RegistrationPath>, staged: bool) -> DataPath {
     match gpu {
-        Some(RegistrationPath::HostStaged) => DataPath::Staged,
-        Some(_) => DataPath::Gdr,
+        Some(path) => DataPath::of_gpu(path),
         None if staged => DataPath::Staged,
         None => DataPath::Host,
     }

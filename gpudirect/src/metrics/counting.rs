@@ -38,8 +38,17 @@ impl DataPath {
     pub fn of(location: Location) -> DataPath {
         match location {
             Location::Host => DataPath::Host,
-            Location::Gpu { path: RegistrationPath::HostStaged, .. } => DataPath::Staged,
-            Location::Gpu { .. } => DataPath::Gdr,
+            Location::Gpu { path, .. } => DataPath::of_gpu(path),
+        }
+    }
+
+    /// The path of bytes moved from or into GPU memory registered by
+    /// `path`: `staged` through a host mirror, else `gdr`.
+    pub fn of_gpu(path: RegistrationPath) -> DataPath {
+        // Every path named: a new one is judged here before it is counted.
+        match path {
+            RegistrationPath::HostStaged => DataPath::Staged,
+            RegistrationPath::DmaBuf | RegistrationPath::PeerMemory => DataPath::Gdr,
         }
     }
 
@@ -98,11 +107,8 @@ impl PathCounters {
     /// Counts one post of `bytes` going `dir`.
     #[inline]
     pub fn count(&self, dir: Direction, bytes: &PathBytes) {
-        for (p, &b) in bytes.iter().enumerate() {
-            if b != 0 {
-                self.bytes[dir as usize][p].fetch_add(b, Relaxed);
-                self.posts[dir as usize][p].fetch_add(1, Relaxed);
-            }
+        for (&path, &b) in DataPath::ALL.iter().zip(bytes) {
+            self.add(dir, path, b);
         }
     }
 

@@ -92,10 +92,16 @@ pub fn parse_metrics_addr(v: &str) -> Result<SocketAddr, String> {
 /// # Errors
 /// As [`parse_metrics_addr`].
 pub fn metrics_addr_from_env() -> Result<Option<SocketAddr>, String> {
-    match std::env::var(METRICS_ENV) {
-        Ok(v) if !v.trim().is_empty() => parse_metrics_addr(v.trim()).map(Some),
-        _ => Ok(None),
-    }
+    metrics_addr_from(std::env::var(METRICS_ENV).ok().as_deref())
+}
+
+/// Where a value of [`METRICS_ENV`] (`None`: unset) asks for metrics:
+/// `None` when unset or blank, else [`parse_metrics_addr`] of it trimmed.
+///
+/// # Errors
+/// As [`parse_metrics_addr`].
+pub fn metrics_addr_from(value: Option<&str>) -> Result<Option<SocketAddr>, String> {
+    value.map(str::trim).filter(|v| !v.is_empty()).map(parse_metrics_addr).transpose()
 }
 
 #[cfg(test)]

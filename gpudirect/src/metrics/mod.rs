@@ -16,4 +16,4 @@ mod exposition;
 
 pub use counting::{now_ns, sample_start, DataPath, Direction, Histogram, LatencyCounters, PathBytes, PathCounters, PathTraffic, LATENCY_BOUNDS, LATENCY_SAMPLE};
 pub use endpoint::{MetricsEndpoint, Render, ACCEPTS_PER_SEC, ACCEPT_BURST, MAX_CONNECTIONS, MAX_REQUEST, MIN_SILENT_AGE, RENDER_EVERY, SCRAPE_TIMEOUT};
-pub use exposition::{escape_label, metrics_addr_from_env, parse_metrics_addr, write_family, write_path_traffic, Sample, METRICS_ENV, PROMETHEUS_CONTENT_TYPE};
+pub use exposition::{escape_label, metrics_addr_from, metrics_addr_from_env, parse_metrics_addr, write_family, write_path_traffic, Sample, METRICS_ENV, PROMETHEUS_CONTENT_TYPE};
