@@ -151,7 +151,11 @@ impl Tracker {
             land(done, written);
         }
         let (wr_id, opcode) = (done.wr_id, done.opcode);
-        if !signaled_before {
+        if pos == 0 {
+            // The common case, one signaled request at the front: a pop
+            // costs a fraction of a drain's setup and guard.
+            q.pending.pop_front();
+        } else if !signaled_before {
             // Landed in place, then dropped in place: no entry is moved.
             if lands {
                 q.pending.range(..pos).for_each(|p| land(p, usize::MAX));

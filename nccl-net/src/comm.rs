@@ -435,6 +435,7 @@ impl Comm {
     /// [`NetError::Refused`] at the first transfer under `require`;
     /// [`NetError::Invalid`] for a size past [`MAX_BYTES`] or memory
     /// outside `reg`; [`NetError::Remote`] once the peer failed.
+    #[inline]
     pub fn isend(&self, data: u64, size: usize, tag: i32, reg: *const Reg) -> Result<*mut c_void> {
         let mut guard = self.lock();
         let g = &mut *guard;
@@ -672,6 +673,7 @@ impl Comm {
     /// # Errors
     /// [`NetError::Remote`] once the comm failed (a work request failed,
     /// or the peer stopped answering within the retry bound).
+    #[inline]
     pub fn test(&self, slot: usize, sizes: &mut [i32; MAX_RECVS]) -> Result<Option<usize>> {
         let mut guard = self.lock();
         let g = &mut *guard;
@@ -709,6 +711,7 @@ impl Comm {
         }
     }
 
+    #[inline]
     fn progress(&self, g: &mut Inner) -> Result<()> {
         loop {
             let got = g.cq.poll(&mut g.wcs)?;

@@ -362,6 +362,7 @@ unsafe extern "C" fn dereg_mr(c: Ptr, mhandle: Ptr) -> NcclResult {
     })
 }
 
+#[inline]
 fn isend(c: Ptr, data: Ptr, size: usize, tag: c_int, mhandle: Ptr, req: *mut Ptr) -> Result<()> {
     let c = comm(c)?;
     // SAFETY: NCCL's out pointer, written before anything can fail later.
