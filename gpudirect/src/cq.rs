@@ -1,8 +1,7 @@
 //! Completion queues (`ibv_create_cq`, `ibv_poll_cq`) and the work
 //! completions they report.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::mem::MaybeUninit;
@@ -15,39 +14,15 @@ use gpudirect_sys as sys;
 use crate::context::Context;
 use crate::deadline::{set_nonblocking, Deadline};
 use crate::error::{check, Error, Errno, Result};
+use crate::hash::NumberMap;
 use crate::tracker::{tag_of, Tracker};
 use crate::sync::Mutex;
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 
 struct Channel(NonNull<sys::ibv_comp_channel>);
 
-/// Hashes the numbers the trackers are found by (queue pair numbers the
-/// provider assigns, tags this library assigns): a multiply, where the
-/// standard SipHash cost about 60 instructions per completion. Neither key
-/// comes from a peer, so there is no flooding to resist.
-#[derive(Default)]
-struct NumberHasher(u64);
-
-impl Hasher for NumberHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_u64(&mut self, n: u64) {
-        // Fibonacci hashing: the high bits, which the table's probing reads
-        // first, depend on every bit of the number.
-        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-type ByNumber<K> = HashMap<K, Arc<Tracker>, BuildHasherDefault<NumberHasher>>;
+/// Trackers by a number the provider or this library assigned.
+type ByNumber<K> = NumberMap<K, Arc<Tracker>>;
 
 /// What polling needs, under one lock that is held from `ibv_poll_cq`
 /// until every completion it returned is matched to its work request: two

@@ -219,6 +219,7 @@ mod wc;
 mod wire;
 pub mod deadline;
 pub mod decode;
+pub mod hash;
 pub mod sockaddr;
 pub mod sync;
 mod tracker;

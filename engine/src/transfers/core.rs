@@ -15,7 +15,6 @@
 //! earlier post never touches a later one.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -24,6 +23,7 @@ use gpudirect::CompletionQueue;
 use gpudirect::SendTemplate;
 use gpudirect::deadline::Deadline;
 use gpudirect::Error;
+use gpudirect::hash::NumberMap;
 use gpudirect::sync::Mutex;
 use gpudirect::{WcError, WcStatus, WorkCompletion};
 
@@ -207,25 +207,6 @@ pub(crate) type Inbox = Mutex<Vec<(String, Msg)>>;
 /// receiver sends one ack and at most one miss per chunk and receiver).
 const MAX_INBOX: usize = 1 << 16;
 
-/// Post ids are distinct counters: one multiply spreads them over the
-/// hash (the table keys on its top bits too, which counters leave zero).
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
 pub(crate) struct Core {
     /// Itself, for what needs an owning handle from `&self` (the
     /// broadcast relay makes transfer requests).
@@ -243,7 +224,8 @@ pub(crate) struct Core {
     pub(crate) progress: crate::nics::wake::Progress,
     pub(crate) pool: Arc<ConnPool>,
     pub(crate) registry: Registry,
-    outstanding: Mutex<HashMap<u64, Outstanding, BuildHasherDefault<IdHasher>>>,
+    /// By post id: distinct counters, hashed by one multiply.
+    outstanding: Mutex<NumberMap<u64, Outstanding>>,
     notes: Mutex<VecDeque<Notification>>,
     /// Notifications received whose GPU flush failed: handed out only
     /// after a flush succeeds, before any received later.

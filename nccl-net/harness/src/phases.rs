@@ -462,21 +462,12 @@ pub fn bench_recv(p: &Plugin, ctl: &mut Ctl, size: usize, iters: usize) -> Resul
             }
         }
         if !progressed {
-            idle_wait();
+            // Nothing progressed: yield, as NCCL's proxy thread does.
+            std::thread::yield_now();
         }
     }
     ctl.sync();
     Ok(())
-}
-
-/// What a bench loop does when no request progressed: yield, as NCCL's
-/// proxy thread does, or sleep `HARNESS_IDLE_SLEEP_US` microseconds.
-fn idle_wait() {
-    static SLEEP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    match *SLEEP.get_or_init(|| std::env::var("HARNESS_IDLE_SLEEP_US").ok().and_then(|v| v.parse().ok()).unwrap_or(0)) {
-        0 => std::thread::yield_now(),
-        us => std::thread::sleep(Duration::from_micros(us)),
-    }
 }
 
 /// The sending half of the bandwidth run, `window` messages in flight:
@@ -507,7 +498,8 @@ pub fn bench_send(p: &Plugin, ctl: &mut Ctl, size: usize, iters: usize, window: 
             }
         }
         if !progressed {
-            idle_wait();
+            // Nothing progressed: yield, as NCCL's proxy thread does.
+            std::thread::yield_now();
         }
     }
     let secs = t.elapsed().as_secs_f64();
