@@ -478,6 +478,29 @@ pub fn bench_send(p: &Plugin, ctl: &mut Ctl, size: usize, iters: usize, window: 
     let (mut next, mut done, mut tests, mut nulls) = (0, 0, 0u64, 0u64);
     let mut pend = VecDeque::new();
     let t = Instant::now();
+    if window == 1 {
+        // One in flight: isend until taken, then test until done, the
+        // shape of `raw`'s post and poll loop, so that the instructions
+        // counted against it differ by the calls, not by the loops.
+        for i in 0..iters {
+            let r = loop {
+                let r = p.isend(c, buf.at((i % 32) * size), size, 0, buf.mh)?;
+                if !r.is_null() {
+                    break r;
+                }
+                nulls += 1;
+                std::thread::yield_now();
+            };
+            loop {
+                tests += 1;
+                if p.test(r)?.is_some() {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        done = iters;
+    }
     while done < iters {
         while next < iters && pend.len() < window {
             let r = p.isend(c, buf.at((next % 32) * size), size, 0, buf.mh)?;
