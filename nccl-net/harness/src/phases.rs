@@ -470,6 +470,32 @@ pub fn bench_recv(p: &Plugin, ctl: &mut Ctl, size: usize, iters: usize) -> Resul
     Ok(())
 }
 
+/// One message in flight: isend until taken, then test until done, the
+/// shape of `raw`'s post and poll loop, so that the instructions counted
+/// against it differ by the calls, not by the loops around them. Returns
+/// the test calls and the empty isend calls.
+fn send_one_at_a_time(p: &Plugin, c: Ptr, buf: &mut Buf, size: usize, iters: usize) -> Result<(u64, u64), String> {
+    let (mut tests, mut nulls) = (0u64, 0u64);
+    for i in 0..iters {
+        let r = loop {
+            let r = p.isend(c, buf.at((i % 32) * size), size, 0, buf.mh)?;
+            if !r.is_null() {
+                break r;
+            }
+            nulls += 1;
+            std::thread::yield_now();
+        };
+        loop {
+            tests += 1;
+            if p.test(r)?.is_some() {
+                break;
+            }
+            std::thread::yield_now();
+        }
+    }
+    Ok((tests, nulls))
+}
+
 /// The sending half of the bandwidth run, `window` messages in flight:
 /// prints MB/s and the test calls per message.
 pub fn bench_send(p: &Plugin, ctl: &mut Ctl, size: usize, iters: usize, window: usize) -> Result<(), String> {
@@ -479,26 +505,7 @@ pub fn bench_send(p: &Plugin, ctl: &mut Ctl, size: usize, iters: usize, window: 
     let mut pend = VecDeque::new();
     let t = Instant::now();
     if window == 1 {
-        // One in flight: isend until taken, then test until done, the
-        // shape of `raw`'s post and poll loop, so that the instructions
-        // counted against it differ by the calls, not by the loops.
-        for i in 0..iters {
-            let r = loop {
-                let r = p.isend(c, buf.at((i % 32) * size), size, 0, buf.mh)?;
-                if !r.is_null() {
-                    break r;
-                }
-                nulls += 1;
-                std::thread::yield_now();
-            };
-            loop {
-                tests += 1;
-                if p.test(r)?.is_some() {
-                    break;
-                }
-                std::thread::yield_now();
-            }
-        }
+        (tests, nulls) = send_one_at_a_time(p, c, &mut buf, size, iters)?;
         done = iters;
     }
     while done < iters {
