@@ -82,6 +82,9 @@ const WR_PROBE: u64 = 2 << 32;
 const WR_BIND: u64 = 3 << 32;
 /// The last invalidation of a group's windows, plus its slot.
 const WR_INV: u64 = 4 << 32;
+// `progress` takes any id below WR_FIFO for a send's slot: every tagged
+// id must stay above it.
+const _: () = assert!(WR_PROBE >= WR_FIFO && WR_BIND >= WR_FIFO && WR_INV >= WR_FIFO);
 /// Nothing completed for this long with a request waiting: probe the peer.
 const PROBE_AFTER: Duration = Duration::from_secs(1);
 
