@@ -751,9 +751,11 @@ impl Comm {
             return Ok(());
         }
         if wc.wr_id & !0xffff == WR_INV {
-            let slot = wc.wr_id as usize & 0xffff;
-            let req = g.groups[slot % MAX_REQUESTS][0];
-            for w in g.windows[slot * MAX_RECVS..(slot + 1) * MAX_RECVS].iter_mut().flatten() {
+            // Only this comm's own ids complete here (the tracker drops any
+            // other), but the slot is bounded all the same, as `groups` is.
+            let slot = (wc.wr_id as usize & 0xffff) % MAX_REQUESTS;
+            let req = g.groups[slot][0];
+            for w in g.windows.get_mut(slot * MAX_RECVS..(slot + 1) * MAX_RECVS).into_iter().flatten().flatten() {
                 w.bound = false;
             }
             let r = &mut g.reqs[req];
