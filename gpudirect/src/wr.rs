@@ -532,17 +532,67 @@ impl SendTemplate {
         SendTemplate { signaled: false, ..self }
     }
 
-    /// The request of one post.
+    /// The operation of one post, `imm` its immediate data where it has one.
     #[inline]
-    pub(crate) fn aim<'a>(&self, local: LocalSlice<'a>, remote_addr: u64, rkey: u32, imm: u32, wr_id: u64) -> SendWr<'a> {
-        let op = match self.op {
+    fn op(&self, imm: u32) -> SendOp {
+        match self.op {
             TemplateOp::Write => SendOp::Write,
             TemplateOp::WriteWithImm => SendOp::WriteWithImm(imm),
             TemplateOp::Send => SendOp::Send,
             TemplateOp::SendWithImm => SendOp::SendWithImm(imm),
-        };
-        let (remote_addr, rkey) = if matches!(self.op, TemplateOp::Write | TemplateOp::WriteWithImm) { (remote_addr, rkey) } else { (0, 0) };
-        SendWr { wr_id, op, local: local.into(), remote_addr, rkey, signaled: self.signaled, inline: false, window: None }
+        }
+    }
+
+    /// Whether its posts name the peer's memory.
+    #[inline]
+    fn is_write(&self) -> bool {
+        matches!(self.op, TemplateOp::Write | TemplateOp::WriteWithImm)
+    }
+
+    /// The request of one post.
+    #[inline]
+    pub(crate) fn aim<'a>(&self, local: LocalSlice<'a>, remote_addr: u64, rkey: u32, imm: u32, wr_id: u64) -> SendWr<'a> {
+        let (remote_addr, rkey) = if self.is_write() { (remote_addr, rkey) } else { (0, 0) };
+        SendWr { wr_id, op: self.op(imm), local: local.into(), remote_addr, rkey, signaled: self.signaled, inline: false, window: None }
+    }
+
+    /// What a completion of its posts reports as the operation.
+    #[inline]
+    pub(crate) fn wc_opcode(&self) -> WcOpcode {
+        self.op(0).wc_opcode()
+    }
+
+    /// Whether its posts produce a completion when they succeed.
+    #[inline]
+    pub(crate) fn signaled(&self) -> bool {
+        self.signaled
+    }
+
+    /// Builds one post of it on an extended queue pair, its bytes `sge`:
+    /// what [`SendWr::write_ex`] builds for the request [`aim`](Self::aim)
+    /// makes, without making it (the queue pair's aimed post, whose cost
+    /// per message is the point of a template).
+    ///
+    /// # Safety
+    /// As [`SendWr::write_ex`]: `qpx` is a live extended queue pair inside
+    /// `ibv_wr_start` on this thread, created with this template's opcode
+    /// among its `send_ops_flags`; `sge` names registered memory (at least
+    /// one byte) held until the request's completion.
+    #[inline]
+    pub(crate) unsafe fn write_ex(&self, qpx: *mut sys::ibv_qp_ex, wr_id: u64, sge: sys::ibv_sge, remote_addr: u64, rkey: u32, imm: u32) {
+        // SAFETY: the caller's contract; the builders only record the
+        // request until ibv_wr_complete.
+        unsafe {
+            (*qpx).wr_id = wr_id;
+            (*qpx).wr_flags = if self.signaled { sys::IBV_SEND_SIGNALED } else { 0 };
+            match self.op {
+                TemplateOp::Write => sys::ibv_wr_rdma_write(qpx, rkey, remote_addr),
+                TemplateOp::WriteWithImm => sys::ibv_wr_rdma_write_imm(qpx, rkey, remote_addr, imm.to_be()),
+                TemplateOp::Send => sys::ibv_wr_send(qpx),
+                TemplateOp::SendWithImm => sys::ibv_wr_send_imm(qpx, imm.to_be()),
+            }
+            sys::ibv_wr_set_sge(qpx, sge.lkey, sge.addr, sge.length);
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use testkit::pattern;
 
 use gpudirect::{
     AccessFlags, CompletionQueue, Error, MemoryRegion, ProtectionDomain, QpConfig, QueuePair, RecvWr, SendList,
-    SendWr, SgList, WcOpcode,
+    SendTemplate, SendWr, SgList, WcOpcode,
 };
 
 fn sg_config(n: u32) -> QpConfig {
@@ -305,5 +305,91 @@ fn both_posting_apis_move_the_same_bytes() {
         let mut word = [0u8; 8];
         dst.read_at(0, &mut word).unwrap();
         assert_eq!(u64::from_ne_bytes(word), 100, "fetch-add then compare-swap, extended_posting {extended}");
+    }
+}
+
+/// Aimed posts (`post_aimed`, built straight from the template on an
+/// extended queue pair) through both posting APIs: each template's bytes,
+/// immediate and id land as `post_send` lands them; an empty slice (the
+/// general path) carries the immediate alone; unsignaled posts complete
+/// with the next signaled one and release their memory with it; a slice
+/// of another domain and a post past the queue's depth are refused before
+/// anything is posted, and the queue posts again once its completion is
+/// reaped.
+#[test]
+#[ignore = "needs an RDMA device"]
+fn aimed_posts_land_as_post_send_lands_them() {
+    for extended in [true, false] {
+        let config = QpConfig { extended_posting: extended, max_send_wr: 4, ..QpConfig::default() };
+        let lb = loopback(&config);
+        assert_eq!(lb.a.qp.extended_posting(), extended, "Soft-RoCE has the extended API");
+        let src = MemoryRegion::alloc(&lb.pd, 4096, AccessFlags::default()).unwrap();
+        let dst = MemoryRegion::alloc(&lb.pd, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).unwrap();
+        let back = MemoryRegion::alloc(&lb.pd, 4096, AccessFlags::default()).unwrap();
+        let data = pattern(4096, 60 + u64::from(extended));
+        src.write_at(0, &data).unwrap();
+        let r = dst.remote();
+        let sent = |id: u64| {
+            let wc = wait_one(&lb.a.cq).ok().unwrap();
+            assert_eq!((wc.wr_id, wc.opcode), (id, WcOpcode::RdmaWrite), "extended_posting {extended}");
+        };
+        let write_imm = SendTemplate::write_with_imm();
+        for (i, (from, to)) in [(0usize, 512u64), (100, 2048), (3000, 0)].into_iter().enumerate() {
+            lb.b.qp.post_recv(&[RecvWr::empty().wr_id(10 + i as u64)]).unwrap();
+            lb.a.qp.post_aimed(&write_imm, src.slice(from..from + 256).unwrap(), r.addr + to, r.rkey, 70 + i as u32, i as u64).unwrap();
+            sent(i as u64);
+            let wc = wait_one(&lb.b.cq).ok().unwrap();
+            assert_eq!((wc.wr_id, wc.opcode, wc.imm), (10 + i as u64, WcOpcode::RecvRdmaWithImm, Some(70 + i as u32)));
+            let mut got = vec![0; 256];
+            dst.read_at(to as usize, &mut got).unwrap();
+            assert_eq!(got, data[from..from + 256], "write with immediate {i}, extended_posting {extended}");
+        }
+        // No bytes: the immediate alone, by the general path.
+        lb.b.qp.post_recv(&[RecvWr::empty().wr_id(20)]).unwrap();
+        lb.a.qp.post_aimed(&write_imm, src.slice(0..0).unwrap(), r.addr, r.rkey, 99, 5).unwrap();
+        sent(5);
+        let wc = wait_one(&lb.b.cq).ok().unwrap();
+        assert_eq!((wc.wr_id, wc.byte_len, wc.imm), (20, 0, Some(99)));
+        // A plain write, two unsignaled before it: one completion, and the
+        // memory of all three is free once it is reaped.
+        let quiet = SendTemplate::write().unsignaled();
+        lb.a.qp.post_aimed(&quiet, src.slice(0..100).unwrap(), r.addr + 3500, r.rkey, 0, 6).unwrap();
+        lb.a.qp.post_aimed(&quiet, src.slice(100..200).unwrap(), r.addr + 3600, r.rkey, 0, 7).unwrap();
+        lb.a.qp.post_aimed(&SendTemplate::write(), src.slice(200..300).unwrap(), r.addr + 3700, r.rkey, 0, 8).unwrap();
+        sent(8);
+        src.write_at(0, &data[..300]).unwrap();
+        let mut got = vec![0; 300];
+        dst.read_at(3500, &mut got).unwrap();
+        assert_eq!(got, data[..300], "unsignaled writes, extended_posting {extended}");
+        // Sends, with and without immediate, into posted receives.
+        lb.b.qp.post_recv(&[RecvWr::new(back.slice(0..1000).unwrap()).wr_id(30)]).unwrap();
+        lb.b.qp.post_recv(&[RecvWr::new(back.slice(1000..2000).unwrap()).wr_id(31)]).unwrap();
+        lb.a.qp.post_aimed(&SendTemplate::send(), src.slice(500..600).unwrap(), 0, 0, 0, 9).unwrap();
+        lb.a.qp.post_aimed(&SendTemplate::send_with_imm(), src.slice(600..900).unwrap(), 0, 0, 41, 10).unwrap();
+        for id in [9, 10] {
+            let wc = wait_one(&lb.a.cq).ok().unwrap();
+            assert_eq!((wc.wr_id, wc.opcode), (id, WcOpcode::Send));
+        }
+        let wc = wait_one(&lb.b.cq).ok().unwrap();
+        assert_eq!((wc.wr_id, wc.opcode, wc.byte_len, wc.imm), (30, WcOpcode::Recv, 100, None));
+        let wc = wait_one(&lb.b.cq).ok().unwrap();
+        assert_eq!((wc.wr_id, wc.byte_len, wc.imm), (31, 300, Some(41)));
+        assert_eq!(gathered(&[(&back, 0..100), (&back, 1000..1300)]), data[500..900], "sends, extended_posting {extended}");
+        // Refused before posting: another domain's memory, then a fifth
+        // post on a queue of four whose completions are not reaped.
+        let other = ProtectionDomain::new(lb.pd.context()).unwrap();
+        let foreign = MemoryRegion::alloc(&other, 64, AccessFlags::default()).unwrap();
+        let refused = lb.a.qp.post_aimed(&SendTemplate::write(), foreign.slice(0..64).unwrap(), r.addr, r.rkey, 0, 11);
+        assert!(matches!(refused, Err(Error::ForeignMemoryRegion)), "{refused:?}");
+        for id in 12..16 {
+            lb.a.qp.post_aimed(&SendTemplate::write(), src.slice(0..64).unwrap(), r.addr, r.rkey, 0, id).unwrap();
+        }
+        let full = lb.a.qp.post_aimed(&SendTemplate::write(), src.slice(0..64).unwrap(), r.addr, r.rkey, 0, 16);
+        assert!(matches!(full, Err(Error::QueueFull { .. })), "{full:?}");
+        sent(12);
+        lb.a.qp.post_aimed(&SendTemplate::write(), src.slice(0..64).unwrap(), r.addr, r.rkey, 0, 16).unwrap();
+        for id in 13..17 {
+            sent(id);
+        }
     }
 }

@@ -477,7 +477,7 @@ impl QueuePair {
     /// [`Error::Verb`].
     #[inline]
     pub fn post_aimed(&self, template: &SendTemplate, local: LocalSlice<'_>, remote_addr: u64, rkey: u32, imm: u32, wr_id: u64) -> Result<()> {
-        self.inner.post_aimed(template.aim(local, remote_addr, rkey, imm, wr_id))
+        self.inner.post_aimed(template, local, remote_addr, rkey, imm, wr_id)
     }
 
     /// Posts a batch of receives with one call. See

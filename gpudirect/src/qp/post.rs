@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::wc::WorkCompletion;
 use crate::mr::{Hold, LocalSlice, SgList};
 use crate::tracker::{finish_post, posted_count, Pending, WorkQueue, SEQ_MASK};
-use crate::wr::{RecvWr, SendList, SendOp, SendWr};
+use crate::wr::{RecvWr, SendList, SendOp, SendTemplate, SendWr};
 
 use super::QpInner;
 
@@ -68,9 +68,41 @@ impl QpInner {
 
     /// [`QueuePair::post_aimed`](super::QueuePair::post_aimed): one request
     /// of one slice, not inline, not atomic, not a read, so what is left of
-    /// `check_send` is the slice's domain and length.
+    /// `check_send` is the slice's domain and length. The common case (an
+    /// extended queue pair, bytes the NIC reads where they are) is built
+    /// straight from the template: held, entered and posted as
+    /// [`post_ex`](Self::post_ex) does one request, without a [`SendWr`]
+    /// or the loop over a batch (docs/performance.md: the plugin's send).
     #[inline]
-    pub(super) fn post_aimed(&self, wr: SendWr<'_>) -> Result<()> {
+    pub(super) fn post_aimed(&self, t: &SendTemplate, local: LocalSlice<'_>, remote_addr: u64, rkey: u32, imm: u32, wr_id: u64) -> Result<()> {
+        let Some(qpx) = self.qpx.filter(|_| !local.is_empty() && !local.mr.is_host_staged()) else {
+            return self.post_aimed_wr(t.aim(local, remote_addr, rkey, imm, wr_id));
+        };
+        SgList::from(local).check(&self.core.pd)?;
+        let mut q = self.core.tracker.send.lock();
+        q.room_for(1, "send")?;
+        let hold = local.mr.claim_for_nic(local.offset, local.len, false)?;
+        let seq = q.next_seq;
+        q.pending.push_back(Pending { seq, wr_id, opcode: t.wc_opcode(), signaled: t.signaled(), hold: Hold::One(hold) });
+        let qpx = qpx.as_ptr();
+        // SAFETY: this queue pair's extended view, its send queue locked
+        // (`q`) from start to complete; the template's opcodes are among
+        // those every extended queue pair is created with; the slice is
+        // of this domain, at most u32::MAX bytes (checked), not empty, and
+        // held by the entry just made until its completion is reaped.
+        let ret = unsafe {
+            sys::ibv_wr_start(qpx);
+            t.write_ex(qpx, self.core.tracker.tag | seq, local.sge(), remote_addr, rkey, imm);
+            sys::ibv_wr_complete(qpx)
+        };
+        finish_post(&mut q, 1, usize::from(ret == 0), "ibv_wr_complete", ret)
+    }
+
+    /// `post_aimed` without an extended queue pair, or of a slice that is
+    /// empty or host-staged: the request made, and posted as `post_send`
+    /// posts one.
+    #[cold]
+    fn post_aimed_wr(&self, wr: SendWr<'_>) -> Result<()> {
         wr.local.check(&self.core.pd)?;
         if wr.stages_out() {
             return self.post_send_staged(std::slice::from_ref(&wr));
