@@ -2,18 +2,23 @@
 //! library (the NCCL plugin) lock the same way and run under the same
 //! tools. A leaf module.
 //!
-//! Two reasons it is not `std::sync::Mutex` used directly:
+//! Why it is not `std::sync::Mutex`:
 //! - Poisoning carries no meaning here: every critical section leaves its
 //!   data consistent before anything that can panic, so a panic on another
-//!   thread must not turn every later post or poll into a panic too.
-//! - valgrind's helgrind and drd see only `pthread_*` synchronisation. The
-//!   standard mutex is built on futexes, which they cannot see, so every
-//!   access it orders would be reported as a race. With the `valgrind`
-//!   feature the same type is a `pthread_mutex_t`, which both tools
-//!   understand, so the concurrency tests run under them with suppressions
-//!   for std's internals only (testbed/sanitize --threads). The default build keeps the futex
-//!   mutex: its uncontended lock and unlock are a few inline instructions,
-//!   where a pthread mutex is a call into libc, on every post and poll.
+//!   thread must not turn every later post or poll into a panic too. The
+//!   default build is parking_lot's mutex, which does not poison: the
+//!   standard one checks whether the thread is panicking at every lock and
+//!   unlock, about 15 user-space instructions per lock held, and a post
+//!   and poll take three of them (the NCCL plugin's send five; measured in
+//!   docs/performance.md). Its uncontended lock and unlock are inline.
+//! - valgrind's helgrind and drd see only `pthread_*` synchronisation. A
+//!   futex mutex, parking_lot's or the standard one, is invisible to them,
+//!   so every access it orders would be reported as a race. With the
+//!   `valgrind` feature the same type is a `pthread_mutex_t`, which both
+//!   tools understand, so the concurrency tests run under them with
+//!   suppressions for std's internals only (testbed/sanitize --threads);
+//!   the default build does not use it because a pthread mutex is a call
+//!   into libc on every post and poll.
 
 use std::ops::{Deref, DerefMut};
 
@@ -39,11 +44,11 @@ impl<T> DerefMut for Guard<'_, T> {
 
 #[cfg(not(feature = "valgrind"))]
 mod imp {
-    pub(crate) type Guard<'a, T> = std::sync::MutexGuard<'a, T>;
+    pub(crate) type Guard<'a, T> = parking_lot::MutexGuard<'a, T>;
 
-    /// A mutex that ignores poisoning.
+    /// A mutex that does not poison (parking_lot's).
     #[derive(Default)]
-    pub struct Mutex<T>(std::sync::Mutex<T>);
+    pub struct Mutex<T>(parking_lot::Mutex<T>);
 
     impl<T> std::fmt::Debug for Mutex<T> {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -54,13 +59,14 @@ mod imp {
     impl<T> Mutex<T> {
         /// A mutex holding `value`.
         pub fn new(value: T) -> Self {
-            Mutex(std::sync::Mutex::new(value))
+            Mutex(parking_lot::Mutex::new(value))
         }
 
         /// Locks it, waiting while another thread holds it; a panic of a
         /// thread that held it does not poison it.
+        #[inline]
         pub fn lock(&self) -> super::Guard<'_, T> {
-            super::Guard { inner: self.0.lock().unwrap_or_else(|p| p.into_inner()) }
+            super::Guard { inner: self.0.lock() }
         }
     }
 }
