@@ -450,8 +450,14 @@ unsafe extern "C" fn test(req: Ptr, done: *mut c_int, sizes: *mut c_int) -> Nccl
         if let Some(n) = c.test(slot, &mut got)? {
             if !sizes.is_null() {
                 // SAFETY: NCCL's array holds one size per receive of the
-                // request (one for a send).
-                unsafe { std::ptr::copy_nonoverlapping(got.as_ptr(), sizes, n) };
+                // request (one for a send); one is written without a call.
+                unsafe {
+                    if n == 1 {
+                        *sizes = got[0];
+                    } else {
+                        std::ptr::copy_nonoverlapping(got.as_ptr(), sizes, n);
+                    }
+                }
             }
             // SAFETY: checked above.
             unsafe { *done = 1 };
