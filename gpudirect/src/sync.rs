@@ -21,8 +21,17 @@
 //!   into libc on every post and poll.
 
 use std::ops::{Deref, DerefMut};
+use std::panic::{RefUnwindSafe, UnwindSafe};
 
 pub use imp::Mutex;
+
+// As the standard mutex is, whatever it holds: a panic leaves no critical
+// section half done (see above), so what a caller's `catch_unwind` sees
+// after one is consistent. Without these, every public type holding a
+// lock (QueuePair, CompletionQueue, ...) could not be used inside
+// `catch_unwind`, in either build.
+impl<T> UnwindSafe for Mutex<T> {}
+impl<T> RefUnwindSafe for Mutex<T> {}
 
 /// A locked [`Mutex`]: unlocks when dropped.
 pub struct Guard<'a, T> {
