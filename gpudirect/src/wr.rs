@@ -100,6 +100,34 @@ impl SendOp {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd(_))
     }
 
+    /// Records the operation on an extended queue pair (its `ibv_wr_*`
+    /// builder), `rkey` and `addr` the remote side where it has one: the
+    /// one place an operation meets the extended API, for requests and
+    /// templates alike.
+    ///
+    /// # Safety
+    /// `qpx` is a live extended queue pair inside `ibv_wr_start` on this
+    /// thread, created with this opcode among its `send_ops_flags`; the
+    /// operation is not a bind (`SendWr::write_ex` binds).
+    #[inline]
+    unsafe fn write_ex(self, qpx: *mut sys::ibv_qp_ex, rkey: u32, addr: u64) {
+        // SAFETY: the caller's contract; the builders only record the
+        // request until ibv_wr_complete.
+        unsafe {
+            match self {
+                SendOp::Send => sys::ibv_wr_send(qpx),
+                SendOp::SendWithImm(imm) => sys::ibv_wr_send_imm(qpx, imm.to_be()),
+                SendOp::Write => sys::ibv_wr_rdma_write(qpx, rkey, addr),
+                SendOp::WriteWithImm(imm) => sys::ibv_wr_rdma_write_imm(qpx, rkey, addr, imm.to_be()),
+                SendOp::Read => sys::ibv_wr_rdma_read(qpx, rkey, addr),
+                SendOp::CompareSwap { compare, swap } => sys::ibv_wr_atomic_cmp_swp(qpx, rkey, addr, compare, swap),
+                SendOp::FetchAdd(add) => sys::ibv_wr_atomic_fetch_add(qpx, rkey, addr, add),
+                SendOp::Invalidate(key) => sys::ibv_wr_local_inv(qpx, key),
+                SendOp::BindWindow { .. } => unreachable!("a bind names its window"),
+            }
+        }
+    }
+
     /// The verbs opcode and the immediate data (zero when none).
     #[inline]
     fn raw(self) -> (sys::ibv_wr_opcode, u32) {
@@ -440,19 +468,10 @@ impl SendWr<'_> {
                 window.posted_bind(rkey, self.local.one().expect("a bind names one slice").mr);
                 return;
             }
-            match self.op {
-                SendOp::Send => sys::ibv_wr_send(qpx),
-                SendOp::SendWithImm(imm) => sys::ibv_wr_send_imm(qpx, imm.to_be()),
-                SendOp::Write => sys::ibv_wr_rdma_write(qpx, rkey, addr),
-                SendOp::WriteWithImm(imm) => sys::ibv_wr_rdma_write_imm(qpx, rkey, addr, imm.to_be()),
-                SendOp::Read => sys::ibv_wr_rdma_read(qpx, rkey, addr),
-                SendOp::CompareSwap { compare, swap } => sys::ibv_wr_atomic_cmp_swp(qpx, rkey, addr, compare, swap),
-                SendOp::FetchAdd(add) => sys::ibv_wr_atomic_fetch_add(qpx, rkey, addr, add),
-                SendOp::Invalidate(key) => {
-                    sys::ibv_wr_local_inv(qpx, key);
-                    return;
-                }
-                SendOp::BindWindow { .. } => unreachable!("a bind names its window"),
+            self.op.write_ex(qpx, rkey, addr);
+            if matches!(self.op, SendOp::Invalidate(_)) {
+                // An invalidation names no memory.
+                return;
             }
             match self.local.one() {
                 Some(s) if self.inline => {
@@ -580,17 +599,13 @@ impl SendTemplate {
     /// one byte) held until the request's completion.
     #[inline]
     pub(crate) unsafe fn write_ex(&self, qpx: *mut sys::ibv_qp_ex, wr_id: u64, sge: sys::ibv_sge, remote_addr: u64, rkey: u32, imm: u32) {
-        // SAFETY: the caller's contract; the builders only record the
-        // request until ibv_wr_complete.
+        // SAFETY: the caller's contract (a template's operation is never a
+        // bind); the builders only record the request until
+        // ibv_wr_complete.
         unsafe {
             (*qpx).wr_id = wr_id;
             (*qpx).wr_flags = if self.signaled { sys::IBV_SEND_SIGNALED } else { 0 };
-            match self.op {
-                TemplateOp::Write => sys::ibv_wr_rdma_write(qpx, rkey, remote_addr),
-                TemplateOp::WriteWithImm => sys::ibv_wr_rdma_write_imm(qpx, rkey, remote_addr, imm.to_be()),
-                TemplateOp::Send => sys::ibv_wr_send(qpx),
-                TemplateOp::SendWithImm => sys::ibv_wr_send_imm(qpx, imm.to_be()),
-            }
+            self.op(imm).write_ex(qpx, rkey, remote_addr);
             sys::ibv_wr_set_sge(qpx, sge.lkey, sge.addr, sge.length);
         }
     }

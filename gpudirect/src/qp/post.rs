@@ -78,12 +78,14 @@ impl QpInner {
         let Some(qpx) = self.qpx.filter(|_| !local.is_empty() && !local.mr.is_host_staged()) else {
             return self.post_aimed_wr(t.aim(local, remote_addr, rkey, imm, wr_id));
         };
-        SgList::from(local).check(&self.core.pd)?;
+        let list = SgList::from(local);
+        list.check(&self.core.pd)?;
         let mut q = self.core.tracker.send.lock();
         q.room_for(1, "send")?;
-        let hold = local.mr.claim_for_nic(local.offset, local.len, false)?;
+        // The NIC reads it: held as ClaimLocal holds a request's memory.
+        let hold = list.claim(false)?;
         let seq = q.next_seq;
-        q.pending.push_back(Pending { seq, wr_id, opcode: t.wc_opcode(), signaled: t.signaled(), hold: Hold::One(hold) });
+        q.pending.push_back(Pending { seq, wr_id, opcode: t.wc_opcode(), signaled: t.signaled(), hold });
         let qpx = qpx.as_ptr();
         // SAFETY: this queue pair's extended view, its send queue locked
         // (`q`) from start to complete; the template's opcodes are among
