@@ -370,6 +370,24 @@ def test_a_broadcast_awaited_reaches_every_receiver_and_the_source_nic_sends_it_
 
 
 @needs_device
+def test_waiting_for_a_broadcast_never_posted_raises():
+    src, r = agent("trainer-np"), agent("infer-np")
+    r.register("w", np.zeros(16, dtype=np.uint8))
+    src.register("p", np.arange(16, dtype=np.uint8))
+    src.load_remote(r.metadata())
+    r.load_remote(src.metadata())
+    cast = src.broadcast("p", 0, 16, [("infer-np", "w", 0)], b"x")
+    with pytest.raises(gpudirect.EngineError, match="never posted"):
+        cast.wait(1.0)
+
+    async def main():
+        with pytest.raises(gpudirect.EngineError, match="never posted"):
+            await cast
+
+    asyncio.run(main())
+
+
+@needs_device
 def test_an_agent_without_a_secret_listens_on_loopback_and_a_network_address_needs_one():
     for var in ("GPUDIRECT_SECRET_FILE", "GPUDIRECT_SECRET"):
         assert var not in os.environ, f"{var} is set: this test checks an agent without a secret"
@@ -549,6 +567,9 @@ def test_abort_gives_up_on_a_post_and_the_next_one_reconnects():
     assert not waiter.is_alive() and outcome and "aborted" in str(outcome[0].value)
     with pytest.raises(gpudirect.AbortedError):
         big.status()
+    # A failed status is the wait's to raise: the failure, not "never posted".
+    with pytest.raises(gpudirect.AbortedError, match="aborted"):
+        big.wait(1.0)
     assert a.connections() == 0
 
     b, dst, again = target(b"again")
