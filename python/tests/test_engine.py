@@ -369,6 +369,19 @@ def test_a_broadcast_awaited_reaches_every_receiver_and_the_source_nic_sends_it_
         src.broadcast("params", 0, size, [("nobody", "weights", 0)], b"x")
 
 
+def assert_never_posted(x) -> None:
+    """A wait and an await on `x` (a request or a broadcast never posted)
+    raise at once rather than return and hide the missing post()."""
+    with pytest.raises(gpudirect.EngineError, match="never posted"):
+        x.wait(1.0)
+
+    async def main():
+        with pytest.raises(gpudirect.EngineError, match="never posted"):
+            await x
+
+    asyncio.run(main())
+
+
 @needs_device
 def test_waiting_for_a_broadcast_never_posted_raises():
     src, r = agent("trainer-np"), agent("infer-np")
@@ -376,15 +389,7 @@ def test_waiting_for_a_broadcast_never_posted_raises():
     src.register("p", np.arange(16, dtype=np.uint8))
     src.load_remote(r.metadata())
     r.load_remote(src.metadata())
-    cast = src.broadcast("p", 0, 16, [("infer-np", "w", 0)], b"x")
-    with pytest.raises(gpudirect.EngineError, match="never posted"):
-        cast.wait(1.0)
-
-    async def main():
-        with pytest.raises(gpudirect.EngineError, match="never posted"):
-            await cast
-
-    asyncio.run(main())
+    assert_never_posted(src.broadcast("p", 0, 16, [("infer-np", "w", 0)], b"x"))
 
 
 @needs_device
@@ -405,14 +410,7 @@ def test_waiting_for_a_request_never_posted_raises():
     b.register("t", np.zeros(16, dtype=np.uint8))
     a.load_remote(b.metadata())
     req = a.prepare("write", [("s", 0, "decode", "t", 0, 16)])
-    with pytest.raises(gpudirect.EngineError, match="never posted"):
-        req.wait(1.0)
-
-    async def main():
-        with pytest.raises(gpudirect.EngineError, match="never posted"):
-            await req
-
-    asyncio.run(main())
+    assert_never_posted(req)
     req.post()
     req.wait(10.0)
     assert req.status() == "done"
