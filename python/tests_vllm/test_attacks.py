@@ -246,6 +246,29 @@ def test_a_non_trainer_put_and_another_session_are_refused_and_the_real_update_l
     del forged
 
 
+def test_the_next_buckets_put_arriving_first_is_kept_and_the_update_lands(vllm_config):
+    """The trainer posts bucket k + 1 (into the other slot) while bucket
+    k's broadcast is in flight, and the two can be whole at a worker in
+    either order. A worker that dropped the early put as out of order
+    then waited for it until its timeout (seen in the guest: no
+    acknowledgement of bucket 1 within 30 s). A put two ahead is still
+    refused."""
+    m = Model()
+    e = engine(vllm_config, m)
+    u = update()
+    a, b = torch.randn(300), torch.randn(10).to(torch.bfloat16)
+    p, w = stream(u, [a, b])
+    assert p.count == 2
+    e._inbox = Inbox([(T, _wire.Note("put", SI, 1, 2).encode()), w(e, 1), w(e, 0)])
+    r, exc, took = in_thread(lambda: e.receive_weights(u), 5)
+    assert took is not None and exc is None, f"{exc!r} after {took} s"
+    assert e.weight_version == 1
+    got = dict(m.loaded)
+    assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
+    assert [n.bucket for n in map(_wire.Note.decode, e._agent.sent)] == [0, 1], "acknowledged in order"
+    assert e.refusals == {"out_of_order": 1}
+
+
 def test_a_put_over_stale_bucket_bytes_is_refused_not_loaded(vllm_config):
     m = Model()
     e = engine(vllm_config, m)

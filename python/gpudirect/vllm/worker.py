@@ -264,11 +264,12 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
         trainer = trainer_name(info.group)
         slot = _wire.HEADER + info.bucket_bytes
         partial: Dict[int, Any] = {}
+        ahead: Dict[int, int] = {}
         k = 0
         reachable = True
         try:
             for k in range(plan.count):
-                nonce = self._wait_bucket(inbox, trainer, session, v, k)
+                nonce = self._wait_bucket(inbox, trainer, session, v, k, plan.count, ahead)
                 base = (k % 2) * slot
                 head = _wire.Header.unpack(bytes(self._buckets[base : base + _wire.HEADER].cpu().numpy()))
                 want = plan.length(k)
@@ -302,10 +303,16 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
             raise
         self.weight_version, self.partial_version = v, None
 
-    def _wait_bucket(self, inbox: Inbox, trainer: str, session: int, v: int, k: int) -> int:
+    def _wait_bucket(self, inbox: Inbox, trainer: str, session: int, v: int, k: int, buckets: int, ahead: Dict[int, int]) -> int:
         """Until the trainer's put of bucket ``k`` of version ``v``; its
-        nonce."""
+        nonce. The put of bucket ``k + 1`` may come first: the trainer
+        sends it into the other slot while bucket ``k``'s broadcast is
+        still in flight, and either broadcast can be whole here first. It
+        is kept in ``ahead`` for the next call (dropping it lost the
+        bucket: the worker then waited for a put already taken)."""
         assert self.info is not None
+        if k in ahead:
+            return ahead.pop(k)
         deadline = time.monotonic() + self.info.timeout
         while True:
             # The deadline holds however many notifications are queued.
@@ -328,6 +335,8 @@ class GpudirectWeightTransferEngine(WeightTransferEngine[GpudirectWeightTransfer
                 count(self.refusals, "stale_version")
             elif note.version > v:
                 count(self.refusals, "other_version")
+            elif note.bucket == k + 1 < buckets:
+                ahead[note.bucket] = note.nonce
             elif note.bucket != k:
                 count(self.refusals, "out_of_order")
             else:
