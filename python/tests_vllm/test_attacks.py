@@ -226,22 +226,35 @@ def in_thread(fn: Callable[[], Any], limit: float):
 # ---------------------------------------------- worker: attacks that held from the start
 
 
-def test_a_non_trainer_put_and_another_session_are_refused_and_the_real_update_lands(vllm_config):
+def two_buckets(vllm_config):
+    """A worker engine and an update of two parameters that spans two
+    buckets: (model, engine, update, the parameters, the bucket writer)."""
     m = Model()
     e = engine(vllm_config, m)
     u = update()
     a, b = torch.randn(300), torch.randn(10).to(torch.bfloat16)
     p, w = stream(u, [a, b])
     assert p.count == 2
+    return m, e, u, (a, b), w
+
+
+def assert_landed(m, e, params) -> None:
+    """Version 1 is whole at the worker: each parameter loaded as sent."""
+    a, b = params
+    assert e.weight_version == 1
+    got = dict(m.loaded)
+    assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
+
+
+def test_a_non_trainer_put_and_another_session_are_refused_and_the_real_update_lands(vllm_config):
+    m, e, u, params, w = two_buckets(vllm_config)
     forged = stream(u, [torch.ones(300), torch.ones(10).to(torch.bfloat16)])[1](e, 0)
     e._inbox = Inbox([("g.w1", _wire.Note("put", SI, 1, 0).encode()),          # a member posing: refused
                       (T, _wire.Note("put", SI ^ 1, 1, 0).encode()),           # another session
                       (T, _wire.Note("put", SI, 0, 0).encode()),               # a stale version
                       (T, b"garbage"), w(e, 0), w(e, 1)])
     e.receive_weights(u)
-    assert e.weight_version == 1
-    got = dict(m.loaded)
-    assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
+    assert_landed(m, e, params)
     assert e.refusals == {"not_trainer": 1, "other_session": 1, "stale_version": 1, "malformed": 1}
     del forged
 
@@ -253,18 +266,11 @@ def test_the_next_buckets_put_arriving_first_is_kept_and_the_update_lands(vllm_c
     then waited for it until its timeout (seen in the guest: no
     acknowledgement of bucket 1 within 30 s). A put two ahead is still
     refused."""
-    m = Model()
-    e = engine(vllm_config, m)
-    u = update()
-    a, b = torch.randn(300), torch.randn(10).to(torch.bfloat16)
-    p, w = stream(u, [a, b])
-    assert p.count == 2
+    m, e, u, params, w = two_buckets(vllm_config)
     e._inbox = Inbox([(T, _wire.Note("put", SI, 1, 2).encode()), w(e, 1), w(e, 0)])
     r, exc, took = in_thread(lambda: e.receive_weights(u), 5)
     assert took is not None and exc is None, f"{exc!r} after {took} s"
-    assert e.weight_version == 1
-    got = dict(m.loaded)
-    assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
+    assert_landed(m, e, params)
     assert [n.bucket for n in map(_wire.Note.decode, e._agent.sent)] == [0, 1], "acknowledged in order"
     assert e.refusals == {"out_of_order": 1}
 
